@@ -1,0 +1,213 @@
+"""Views of the cluster, folded from watch events: what the rules need of each object.
+
+Each ``*Record`` is built from the whole object the API server served (a pure function of
+that object) and keeps only what decisions read — except :class:`VMRecord`, which keeps the
+object itself, because a patch is computed against the last observed VM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from handlers.messages import vm_key
+
+HOST_PASSTHROUGH = "host-passthrough"
+OWNER_ANNOTATION = "vmstream.io/owner"
+ENDED_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def _get(obj: Any, *path: str) -> Any:
+    for part in path:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(part)
+    return obj
+
+
+def _true_condition(conditions: Any, type_: str) -> dict[str, Any] | None:
+    for condition in conditions or ():
+        if isinstance(condition, dict) and condition.get("type") == type_:
+            return condition if condition.get("status") == "True" else None
+    return None
+
+
+def _gpu_devices(domain: Any) -> tuple[str, ...]:
+    gpus = _get(domain, "devices", "gpus") or ()
+    return tuple(sorted(g["deviceName"] for g in gpus if isinstance(g, dict) and g.get("deviceName")))
+
+
+def effective_run_strategy(spec: dict[str, Any]) -> str:
+    """``spec.runStrategy``, or the deprecated ``spec.running`` mapped onto it."""
+    strategy = spec.get("runStrategy")
+    if isinstance(strategy, str):
+        return strategy
+    running = spec.get("running")
+    if running is True:
+        return "Always"
+    if running is False:
+        return "Halted"
+    return "Manual"
+
+
+@dataclass(frozen=True, slots=True)
+class VMRecord:
+    key: str
+    namespace: str
+    name: str
+    uid: str
+    resource_version: str
+    project: str | None
+    owner: str | None
+    run_strategy: str
+    gpu_devices: tuple[str, ...]
+    cpu_model: str | None
+    printable_status: str | None
+    restart_required: bool
+    uses_instancetype: bool
+    object: dict[str, Any] = field(compare=False, repr=False)
+
+    @classmethod
+    def from_object(cls, obj: dict[str, Any], *, project_label: str) -> VMRecord:
+        metadata = obj.get("metadata") or {}
+        spec = obj.get("spec") or {}
+        domain = _get(spec, "template", "spec", "domain")
+        namespace = metadata.get("namespace") or "default"
+        return cls(
+            key=vm_key(namespace, metadata["name"]),
+            namespace=namespace,
+            name=metadata["name"],
+            uid=str(metadata.get("uid") or ""),
+            resource_version=str(metadata.get("resourceVersion") or ""),
+            project=(metadata.get("labels") or {}).get(project_label),
+            owner=(metadata.get("annotations") or {}).get(OWNER_ANNOTATION),
+            run_strategy=effective_run_strategy(spec),
+            gpu_devices=_gpu_devices(domain),
+            cpu_model=_get(domain, "cpu", "model"),
+            printable_status=_get(obj, "status", "printableStatus"),
+            restart_required=_true_condition(_get(obj, "status", "conditions"), "RestartRequired")
+            is not None,
+            uses_instancetype=bool(spec.get("instancetype")),
+            object=obj,
+        )
+
+    @property
+    def has_gpu(self) -> bool:
+        return bool(self.gpu_devices)
+
+    def recipients(self) -> list[str]:
+        """Who hears about this VM: its recorded owner, else its project's group."""
+        if self.owner:
+            return [self.owner]
+        return [f"project:{self.project}"] if self.project else []
+
+
+@dataclass(frozen=True, slots=True)
+class VMIRecord:
+    key: str  # the VM's key: a VMI is named after its VM
+    uid: str
+    node: str | None
+    phase: str | None
+    gpu_devices: tuple[str, ...]
+    cpu_model: str | None
+    unschedulable: bool
+    eviction_requested: bool
+    evacuation_node: str | None
+
+    @classmethod
+    def from_object(cls, obj: dict[str, Any]) -> VMIRecord:
+        metadata = obj.get("metadata") or {}
+        status = obj.get("status") or {}
+        domain = _get(obj, "spec", "domain")
+        conditions = status.get("conditions")
+        scheduled = next(
+            (c for c in conditions or () if isinstance(c, dict) and c.get("type") == "PodScheduled"),
+            None,
+        )
+        return cls(
+            key=vm_key(metadata.get("namespace") or "default", metadata["name"]),
+            uid=str(metadata.get("uid") or ""),
+            node=status.get("nodeName"),
+            phase=status.get("phase"),
+            gpu_devices=_gpu_devices(domain),
+            cpu_model=_get(domain, "cpu", "model"),
+            unschedulable=bool(
+                scheduled
+                and scheduled.get("status") == "False"
+                and scheduled.get("reason") == "Unschedulable"
+            ),
+            eviction_requested=_true_condition(conditions, "EvictionRequested") is not None,
+            evacuation_node=status.get("evacuationNodeName"),
+        )
+
+    @property
+    def active(self) -> bool:
+        """Holds (or is about to hold) its node's resources: not ended."""
+        return self.phase not in ENDED_PHASES
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    name: str
+    gpu_allocatable: dict[str, int]
+    unschedulable: bool
+    ready: bool
+
+    @classmethod
+    def from_object(cls, obj: dict[str, Any]) -> NodeRecord:
+        """Extended resources (names with a '/') are kept: devices are looked up by name."""
+        allocatable = _get(obj, "status", "allocatable") or {}
+        conditions = _get(obj, "status", "conditions")
+        gpus: dict[str, int] = {}
+        for resource, quantity in allocatable.items():
+            if "/" in resource:
+                try:
+                    gpus[resource] = int(str(quantity))
+                except ValueError:
+                    continue
+        return cls(
+            name=obj["metadata"]["name"],
+            gpu_allocatable=gpus,
+            unschedulable=bool(_get(obj, "spec", "unschedulable")),
+            ready=_true_condition(conditions, "Ready") is not None,
+        )
+
+    @property
+    def schedulable(self) -> bool:
+        return self.ready and not self.unschedulable
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenanceRecord:
+    name: str
+    node: str
+    reason: str | None
+    phase: str | None
+
+    @classmethod
+    def from_object(cls, obj: dict[str, Any]) -> MaintenanceRecord:
+        return cls(
+            name=obj["metadata"]["name"],
+            node=str(_get(obj, "spec", "nodeName") or ""),
+            reason=_get(obj, "spec", "reason"),
+            phase=_get(obj, "status", "phase"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class KubeVirtRecord:
+    cpu_model: str | None
+    eviction_strategy: str | None
+    permitted_devices: tuple[str, ...]
+
+    @classmethod
+    def from_object(cls, obj: dict[str, Any]) -> KubeVirtRecord:
+        configuration = _get(obj, "spec", "configuration") or {}
+        pci = _get(configuration, "permittedHostDevices", "pciHostDevices") or ()
+        return cls(
+            cpu_model=configuration.get("cpuModel"),
+            eviction_strategy=configuration.get("evictionStrategy"),
+            permitted_devices=tuple(
+                sorted(d["resourceName"] for d in pci if isinstance(d, dict) and d.get("resourceName"))
+            ),
+        )

@@ -1,0 +1,179 @@
+"""A decision as data: the commands, notifications, audit record and state changes one
+input leads to — and the small builder the rules use to write one.
+
+input → rule(ctx) → :class:`Decision` → the shell sends its messages and applies its
+changes. The builder gives every output a deterministic id, so the same input always
+yields byte-identical outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from handlers import ids
+from handlers.catalog import Catalog
+from handlers.config import Config
+from handlers.messages import (
+    AuditInput,
+    AuditOutcome,
+    AuditRecord,
+    Command,
+    CommandType,
+    GPUMutation,
+    Notification,
+    NotificationType,
+    ObjectRef,
+    Severity,
+)
+from handlers.state import Change, Overlay, StateView
+
+OutputTopic = Literal["commands", "notifications", "audit", "dlq"]
+
+
+def subject_key(subject: ObjectRef) -> str:
+    """The Kafka key of an output about ``subject`` (``vm/<ns>/<name>``, ``node/<name>``)."""
+    if subject.kind in ("VirtualMachine", "VirtualMachineInstance"):
+        return f"vm/{subject.namespace}/{subject.name}"
+    if subject.kind == "Node":
+        return f"node/{subject.name}"
+    return f"{subject.kind}/{subject.name}"
+
+
+def vm_subject(key: str) -> ObjectRef:
+    _, namespace, name = key.split("/", 2)
+    return ObjectRef(kind="VirtualMachine", namespace=namespace, name=name)
+
+
+def node_subject(node: str) -> ObjectRef:
+    return ObjectRef(kind="Node", name=node)
+
+
+def subject_of_key(key: str | None, *, fallback: str) -> ObjectRef:
+    """The subject an intent key names (``vm/<ns>/<name>``, ``node/<name>``)."""
+    kind, _, rest = (key or "").partition("/")
+    if kind == "vm" and rest.count("/") == 1:
+        return vm_subject(key or "")
+    if kind == "node" and rest:
+        return node_subject(rest)
+    return ObjectRef(kind="Intent", name=fallback)
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    topic: OutputTopic
+    key: str
+    value: Command | Notification | AuditRecord | Any
+
+
+@dataclass(slots=True)
+class Decision:
+    commands: list[Command] = field(default_factory=list)
+    notifications: list[Notification] = field(default_factory=list)
+    audit: AuditRecord | None = None
+    changes: list[Change] = field(default_factory=list)
+
+    def outputs(self) -> list[Output]:
+        """Commands, then notifications, then the audit record that names them."""
+        out = [Output("commands", subject_key(c.target), c) for c in self.commands]
+        out += [Output("notifications", subject_key(n.subject), n) for n in self.notifications]
+        if self.audit is not None:
+            out.append(Output("audit", self.audit.input.key or "", self.audit))
+        return out
+
+
+@dataclass(slots=True)
+class Context:
+    """What a rule works with: the state (with its own writes), the policy and the time.
+
+    ``cause`` names the input (an intent_id, an event_id, a deadline): every id the rule
+    issues derives from it.
+    """
+
+    state: Overlay
+    config: Config
+    catalog: Catalog
+    now: datetime
+    cause: str
+    commands: list[Command] = field(default_factory=list)
+    notifications: list[Notification] = field(default_factory=list)
+
+    @classmethod
+    def open(cls, state: StateView, config: Config, catalog: Catalog, now: datetime, cause: str) -> Context:
+        return cls(Overlay(state), config, catalog, now, cause)
+
+    def command(
+        self,
+        type_: CommandType,
+        target: ObjectRef,
+        *,
+        patch: list[dict[str, Any]] | None = None,
+        base_resource_version: str | None = None,
+        manifest: dict[str, Any] | None = None,
+        mutation: GPUMutation | None = None,
+        requested_by: str | None = None,
+    ) -> Command:
+        command = Command(
+            command_id=ids.command_id(self.cause, type_, subject_key(target)),
+            type=type_,
+            target=target,
+            cause=self.cause,
+            issued_at=self.now,
+            patch=patch,
+            base_resource_version=base_resource_version,
+            manifest=manifest,
+            mutation=mutation,
+            requested_by=requested_by,
+        )
+        self.commands.append(command)
+        return command
+
+    def notify(
+        self,
+        type_: NotificationType,
+        *,
+        subject: ObjectRef,
+        episode: str,
+        recipients: list[str],
+        project: str | None,
+        severity: Severity,
+        message: str,
+        details: dict[str, Any] | None = None,
+        deadline: datetime | None = None,
+    ) -> Notification:
+        """A notification named by (type, subject, episode): the same fact, the same id."""
+        notification = Notification(
+            notification_id=ids.notification_id(type_, subject_key(subject), episode),
+            type=type_,
+            recipients=recipients,
+            project=project,
+            subject=subject,
+            severity=severity,
+            message=message,
+            details=details or {},
+            deadline=deadline,
+            at=self.now,
+        )
+        self.notifications.append(notification)
+        return notification
+
+    def decide(
+        self,
+        *,
+        topic: str,
+        key: str | None,
+        outcome: AuditOutcome,
+        reason: str | None = None,
+    ) -> Decision:
+        """Close the decision with its one audit record."""
+        audit = AuditRecord(
+            audit_id=ids.audit_id(topic, self.cause, outcome),
+            at=self.now,
+            input=AuditInput(topic=topic, key=key, ref=self.cause),
+            outcome=outcome,
+            reason=reason,
+            commands=[c.command_id for c in self.commands],
+            notifications=[n.notification_id for n in self.notifications],
+        )
+        return Decision(list(self.commands), list(self.notifications), audit, self.state.changes())

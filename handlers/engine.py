@@ -1,0 +1,187 @@
+"""The decision engine: one entry point per kind of input, each a pure function.
+
+    (state, raw input, time) → Decision(commands, notifications, audit, changes, dead letters)
+
+The worker, ``vmstream simulate`` and ``vmstream replay`` all call these, so the code that
+is tested is the code that runs. Every input consumed yields exactly one audit record;
+malformed input yields a dead letter as well; nothing here raises for bad input.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from handlers import ids
+from handlers.catalog import Catalog
+from handlers.config import Config
+from handlers.decisions import Context, Decision, Output, subject_of_key
+from handlers.drains import due_deadlines, fire_deadline
+from handlers.intents import create_vm, drain_node, restart_vm, set_gpu, undrain_node
+from handlers.messages import (
+    AuditInput,
+    AuditRecord,
+    DeadLetter,
+    DeadLetterSource,
+    InvalidIntent,
+    MalformedMessage,
+    parse_intent,
+    parse_watch_event,
+)
+from handlers.observing import observe
+from handlers.state import StateView
+
+INTENTS_TOPIC = "vmstream.intents"
+EVENTS_TOPIC = "vmstream.k8s-events"
+TIMER_TOPIC = "vmstream.timer"  # names deadline firings in audit records; no such Kafka topic
+
+_RULES: dict[str, Callable[[Context, Any], str | None]] = {
+    "create_vm": create_vm,
+    "set_gpu": set_gpu,
+    "restart_vm": restart_vm,
+    "drain_node": drain_node,
+    "undrain_node": undrain_node,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Where an input came from; partition and offset are known only on Kafka."""
+
+    topic: str
+    key: str | None
+    partition: int | None = None
+    offset: int | None = None
+
+
+@dataclass(slots=True)
+class Result:
+    """A decision plus any dead letter, ready for the shell to send and apply."""
+
+    decision: Decision
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+
+    def outputs(self) -> list[Output]:
+        return [Output("dlq", "", d) for d in self.dead_letters] + self.decision.outputs()
+
+
+class Engine:
+    """The rules bound to one AZ's policy. Holds no state between calls."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.catalog = Catalog.from_config(config)
+
+    def _context(self, state: StateView, now: datetime, cause: str) -> Context:
+        return Context.open(state, self.config, self.catalog, now, cause)
+
+    def on_intent(self, state: StateView, raw: bytes | str | dict[str, Any], source: Source, now: datetime) -> Result:
+        try:
+            intent = parse_intent(raw)
+        except MalformedMessage as exc:
+            return self.dead_letter(raw, str(exc), source, now)
+        except InvalidIntent as exc:
+            return Result(self._reject(state, exc.envelope.intent_id, exc.envelope.requested_by,
+                                       exc.envelope.project, exc.reason, source, now))
+        ctx = self._context(state, now, intent.intent_id)
+        previous = state.get("processed", intent.intent_id)
+        if previous is not None:
+            return Result(ctx.decide(
+                topic=source.topic, key=source.key, outcome="duplicate",
+                reason=f"intent {intent.intent_id} was already decided ({previous})",
+            ))
+        refusal = _RULES[intent.type](ctx, intent)
+        if refusal is not None:
+            return Result(self._reject(state, intent.intent_id, intent.requested_by, intent.project,
+                                       refusal, source, now))
+        reason = None if ctx.commands else "nothing to change: already as asked"
+        ctx.state.put("processed", intent.intent_id, "accepted")
+        return Result(ctx.decide(topic=source.topic, key=source.key, outcome="accepted", reason=reason))
+
+    def _reject(
+        self,
+        state: StateView,
+        intent_id: str,
+        requested_by: str,
+        project: str | None,
+        reason: str,
+        source: Source,
+        now: datetime,
+    ) -> Decision:
+        """A fresh context: nothing a refused rule prepared may leak into the decision."""
+        ctx = self._context(state, now, intent_id)
+        if state.get("processed", intent_id) is not None:
+            return ctx.decide(topic=source.topic, key=source.key, outcome="duplicate",
+                              reason=f"intent {intent_id} was already decided")
+        ctx.notify(
+            "intent_rejected",
+            subject=subject_of_key(source.key, fallback=intent_id),
+            episode=intent_id,
+            recipients=[requested_by],
+            project=project,
+            severity="warning",
+            message=f"Your request {intent_id} was refused: {reason}.",
+            details={"intent_id": intent_id, "reason": reason},
+        )
+        ctx.state.put("processed", intent_id, "rejected")
+        return ctx.decide(topic=source.topic, key=source.key, outcome="rejected", reason=reason)
+
+    def on_event(self, state: StateView, raw: bytes | str | dict[str, Any], source: Source, now: datetime) -> Result:
+        try:
+            event = parse_watch_event(raw)
+        except MalformedMessage as exc:
+            return self.dead_letter(raw, str(exc), source, now)
+        ctx = self._context(state, now, event.event_id)
+        ignored = observe(ctx, event)
+        outcome = "ignored" if ignored else "accepted"
+        return Result(ctx.decide(topic=source.topic, key=source.key, outcome=outcome, reason=ignored))
+
+    def on_tick(self, state: StateView, now: datetime) -> list[Result]:
+        """Fire every drain deadline that is due at ``now``; one decision per node."""
+        results = []
+        for node in due_deadlines(state.values("drains"), now):
+            episode = state.get("drains", node)
+            # Decided *as of the deadline*, however late the timer fires: a replay or a
+            # simulation reissues byte-identical commands.
+            ctx = self._context(state, episode.deadline, f"deadline/{node}/{episode.episode}")
+            fire_deadline(ctx, node)
+            results.append(Result(ctx.decide(topic=TIMER_TOPIC, key=f"node/{node}", outcome="accepted")))
+        return results
+
+    def dead_letter(self, raw: bytes | str | dict[str, Any], error: str, source: Source, now: datetime) -> Result:
+        original, encoding = _as_text(raw)
+        ref = (
+            f"{source.topic}:{source.partition}:{source.offset}"
+            if source.offset is not None
+            else f"raw:{ids.episode_id(source.topic, source.key or '', original)}"
+        )
+        letter = DeadLetter(
+            error=error,
+            source=DeadLetterSource(topic=source.topic, partition=source.partition, offset=source.offset),
+            original=original,
+            encoding=encoding,
+            at=now,
+        )
+        audit = AuditRecord(
+            audit_id=ids.audit_id(source.topic, ref, "rejected"),
+            at=now,
+            input=AuditInput(topic=source.topic, key=source.key, ref=ref),
+            outcome="rejected",
+            reason=f"malformed: {error}",
+        )
+        return Result(Decision(audit=audit), [letter])
+
+
+def _as_text(raw: bytes | str | dict[str, Any]) -> tuple[str, str]:
+    if isinstance(raw, str):
+        return raw, "utf-8"
+    if isinstance(raw, dict):
+        return json.dumps(raw, sort_keys=True), "utf-8"
+    try:
+        return raw.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        return base64.b64encode(raw).decode("ascii"), "base64"

@@ -1,0 +1,128 @@
+"""Intents: what upstream services ask for, checked and turned into commands.
+
+intent → authorize → rule → commands + notifications. A wrong request is *rejected*:
+the rule returns its reason, the requester gets ``intent_rejected``, the audit says why.
+Each rule returns ``None`` when it accepted, or the reason for refusing.
+"""
+
+from __future__ import annotations
+
+from handlers.catalog import UnknownGPUClass
+from handlers.cluster import VMIRecord, VMRecord
+from handlers.decisions import Context, node_subject, vm_subject
+from handlers.drains import end_drain, start_drain
+from handlers.gpus import GPURuleViolation, desired_vm, plan_patch
+from handlers.messages import (
+    CreateVMIntent,
+    DrainNodeIntent,
+    GPUMutation,
+    RestartVMIntent,
+    SetGPUIntent,
+    UndrainNodeIntent,
+    VMIntent,
+)
+from handlers.restarts import reconcile_pending, restart_refusal
+from handlers.vms import vm_manifest
+
+Refusal = str | None
+
+
+def _gpu_mutation(ctx: Context, gpu_class: str | None) -> GPUMutation:
+    device = None if gpu_class is None else ctx.catalog.lookup(gpu_class).device_name
+    return GPUMutation(device_name=device, eviction_strategy=ctx.config.gpu_vm.eviction_strategy)
+
+
+def _owned_vm(ctx: Context, intent: VMIntent) -> tuple[VMRecord | None, Refusal]:
+    """The VM the intent is about, if it exists and belongs to the intent's project."""
+    vm: VMRecord | None = ctx.state.get("vms", intent.vm_key())
+    if vm is None:
+        spec = intent.spec  # type: ignore[attr-defined]
+        return None, f"VM {spec.namespace}/{spec.name} does not exist"
+    if vm.project != intent.project:
+        return None, (
+            f"VM {vm.namespace}/{vm.name} does not belong to project {intent.project!r}"
+        )
+    return vm, None
+
+
+def create_vm(ctx: Context, intent: CreateVMIntent) -> Refusal:
+    if ctx.state.get("vms", intent.vm_key()) is not None:
+        return f"VM {intent.spec.namespace}/{intent.spec.name} already exists"
+    try:
+        gpu = None if intent.spec.gpu_class is None else _gpu_mutation(ctx, intent.spec.gpu_class)
+    except UnknownGPUClass as exc:
+        return str(exc)
+    manifest = vm_manifest(intent, project_label=ctx.config.labels.project, gpu=gpu)
+    ctx.command("create_vm", vm_subject(intent.vm_key()), manifest=manifest, requested_by=intent.requested_by)
+    return None
+
+
+def set_gpu(ctx: Context, intent: SetGPUIntent) -> Refusal:
+    vm, refusal = _owned_vm(ctx, intent)
+    if vm is None:
+        return refusal
+    try:
+        mutation = _gpu_mutation(ctx, intent.spec.gpu_class)
+        desired = desired_vm(vm.object, mutation)
+    except (UnknownGPUClass, GPURuleViolation) as exc:
+        return str(exc)
+    patch = plan_patch(vm.object, desired)
+    if not patch:
+        return None  # already as asked: no command; the audit says "no change"
+    ctx.command(
+        "patch_vm",
+        vm_subject(vm.key),
+        patch=patch,
+        base_resource_version=vm.resource_version,
+        mutation=mutation,
+        requested_by=intent.requested_by,
+    )
+    # Tell the owner now, not when the watch catches up: the change will wait for a restart.
+    reconcile_pending(ctx, VMRecord.from_object(desired, project_label=ctx.config.labels.project))
+    return None
+
+
+def restart_vm(ctx: Context, intent: RestartVMIntent) -> Refusal:
+    vm, refusal = _owned_vm(ctx, intent)
+    if vm is None:
+        return refusal
+    vmi: VMIRecord | None = ctx.state.get("vmis", vm.key)
+    refusal = restart_refusal(vm, vmi)
+    if refusal is None:
+        ctx.command("restart_vm", vm_subject(vm.key), requested_by=intent.requested_by)
+    return refusal
+
+
+def _operator_refusal(ctx: Context, requested_by: str, verb: str) -> Refusal:
+    if requested_by not in ctx.config.operators:
+        return f"{requested_by} may not {verb} nodes: only operators may"
+    return None
+
+
+def drain_node(ctx: Context, intent: DrainNodeIntent) -> Refusal:
+    refusal = _operator_refusal(ctx, intent.requested_by, "drain")
+    if refusal:
+        return refusal
+    if ctx.state.get("nodes", intent.spec.node) is None:
+        return f"node {intent.spec.node} is unknown in AZ {ctx.config.az}"
+    start_drain(
+        ctx,
+        node=intent.spec.node,
+        source="intent",
+        reason=intent.spec.reason,
+        requested_by=intent.requested_by,
+        notice_seconds=intent.spec.notice_seconds,
+    )
+    return None
+
+
+def undrain_node(ctx: Context, intent: UndrainNodeIntent) -> Refusal:
+    refusal = _operator_refusal(ctx, intent.requested_by, "undrain")
+    if refusal:
+        return refusal
+    node = ctx.state.get("nodes", intent.spec.node)
+    episode = end_drain(ctx, intent.spec.node)
+    if episode is None and (node is None or not node.unschedulable):
+        return f"node {intent.spec.node} is not being drained"
+    ctx.command("uncordon_node", node_subject(intent.spec.node), requested_by=intent.requested_by)
+    return None

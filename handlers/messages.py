@@ -1,0 +1,368 @@
+"""The wire contracts: every message vmstream reads or writes, as pydantic models.
+
+These models *are* CONTRACTS.md in code; the JSON Schemas and the AsyncAPI document in
+``docs/`` are generated from them (``vmstream schemas``). Changes must stay additive.
+
+Flow: raw bytes → :func:`parse_intent` / :func:`parse_watch_event` → handlers →
+:class:`Command`, :class:`Notification`, :class:`AuditRecord`, :class:`DeadLetter`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+)
+
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+RunStrategy = Literal["Always", "RerunOnFailure", "Manual", "Halted", "Once"]
+Cores = Literal[1, 2, 4, 8, 16, 32]
+MemoryGiB = Literal[1, 2, 4, 8, 16, 32, 64]
+Preference = Literal["linux", "windows"]
+Severity = Literal["info", "warning", "critical"]
+
+
+class Message(BaseModel):
+    """Base of every wire message: unknown fields are kept (additive contracts)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class Spec(BaseModel):
+    """Base of intent specs: unknown fields are refused, so typos reach the requester."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _dns1123(value: str) -> str:
+    if len(value) > 63 or not DNS1123_LABEL.match(value):
+        raise ValueError(
+            "must be a DNS-1123 label: at most 63 lowercase letters, digits or '-', "
+            "starting and ending with a letter or digit"
+        )
+    return value
+
+
+class VMRef(Spec):
+    namespace: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+
+    _check_namespace = field_validator("namespace")(_dns1123)
+    _check_name = field_validator("name")(_dns1123)
+
+
+# ---------------------------------------------------------------------------- intents
+
+
+class CreateVMSpec(VMRef):
+    cores: Cores
+    memory_gib: MemoryGiB
+    run_strategy: RunStrategy = "Manual"
+    preference: Preference = "linux"
+    image: str = Field(min_length=1)
+    gpu_class: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class SetGPUSpec(VMRef):
+    # Required, but may be null: null removes the GPU.
+    gpu_class: str | None
+
+
+class RestartVMSpec(VMRef):
+    pass
+
+
+class DrainNodeSpec(Spec):
+    node: str = Field(min_length=1)
+    reason: str = Field(min_length=1)
+    notice_seconds: int | None = Field(default=None, ge=0, le=7 * 24 * 3600)
+
+
+class UndrainNodeSpec(Spec):
+    node: str = Field(min_length=1)
+    reason: str | None = None
+
+
+class IntentBase(Message):
+    intent_id: str = Field(min_length=1, max_length=256)
+    requested_by: str = Field(min_length=1)
+    project: str | None = None
+    requested_at: AwareDatetime | None = None
+
+
+class VMIntent(IntentBase):
+    project: str = Field(min_length=1)  # a VM intent must name the VM's project
+
+    def vm_key(self) -> str:
+        spec: VMRef = self.spec  # type: ignore[attr-defined]
+        return vm_key(spec.namespace, spec.name)
+
+
+class CreateVMIntent(VMIntent):
+    type: Literal["create_vm"]
+    spec: CreateVMSpec
+
+
+class SetGPUIntent(VMIntent):
+    type: Literal["set_gpu"]
+    spec: SetGPUSpec
+
+
+class RestartVMIntent(VMIntent):
+    type: Literal["restart_vm"]
+    spec: RestartVMSpec
+
+
+class DrainNodeIntent(IntentBase):
+    type: Literal["drain_node"]
+    spec: DrainNodeSpec
+
+
+class UndrainNodeIntent(IntentBase):
+    type: Literal["undrain_node"]
+    spec: UndrainNodeSpec
+
+
+Intent = Annotated[
+    Union[CreateVMIntent, SetGPUIntent, RestartVMIntent, DrainNodeIntent, UndrainNodeIntent],
+    Field(discriminator="type"),
+]
+INTENT_TYPES = ("create_vm", "set_gpu", "restart_vm", "drain_node", "undrain_node")
+
+
+class IntentEnvelope(Message):
+    """The least an intent must carry for anyone to be told anything about it.
+
+    A message without these is *malformed* (dead letter); one with them but with a wrong
+    spec is a *rejected request* (its requester is told why).
+    """
+
+    intent_id: str = Field(min_length=1, max_length=256)
+    type: str = Field(min_length=1)
+    requested_by: str = Field(min_length=1)
+    project: str | None = None
+
+
+# ------------------------------------------------------------------------ watch events
+
+WATCHED_KINDS = ("VirtualMachine", "VirtualMachineInstance", "Node", "NodeMaintenance", "KubeVirt")
+
+
+class WatchEvent(Message):
+    event_id: str = Field(min_length=1, max_length=256)
+    type: Literal["ADDED", "MODIFIED", "DELETED", "RELISTED"]
+    kind: str = Field(min_length=1)
+    object: dict[str, Any]
+    observed_at: AwareDatetime
+
+    @field_validator("object")
+    @classmethod
+    def _has_name(cls, obj: dict[str, Any]) -> dict[str, Any]:
+        metadata = obj.get("metadata")
+        if not isinstance(metadata, dict) or not isinstance(metadata.get("name"), str):
+            raise ValueError("object.metadata.name is required")
+        return obj
+
+
+# ----------------------------------------------------------------------------- outputs
+
+
+class ObjectRef(Message):
+    kind: str
+    namespace: str | None = None
+    name: str
+
+
+class GPUMutation(Message):
+    """What a ``patch_vm`` command wants, so the applier can re-plan after a conflict."""
+
+    device_name: str | None = None  # None removes the GPU
+    eviction_strategy: Literal["External", "None"]
+
+
+CommandType = Literal[
+    "patch_vm",
+    "create_vm",
+    "restart_vm",
+    "start_vm",
+    "stop_vm",
+    "delete_vmi",
+    "cordon_node",
+    "uncordon_node",
+]
+
+
+class Command(Message):
+    command_id: str
+    type: CommandType
+    target: ObjectRef
+    cause: str
+    issued_at: AwareDatetime
+    patch: list[dict[str, Any]] | None = None
+    base_resource_version: str | None = None
+    manifest: dict[str, Any] | None = None
+    mutation: GPUMutation | None = None
+    requested_by: str | None = None
+
+
+class CommandResult(Message):
+    command_id: str
+    outcome: Literal["applied", "noop", "conflict_retried", "failed"]
+    error: str | None = None
+    at: AwareDatetime
+    type: CommandType | None = None
+    target: ObjectRef | None = None
+    resource_version: str | None = None
+
+
+NotificationType = Literal[
+    "drain_will_stop_gpu_vm",
+    "gpu_change_pending_restart",
+    "gpu_unavailable",
+    "intent_rejected",
+    "drain_completed",
+    "command_failed",
+]
+
+
+class Notification(Message):
+    notification_id: str
+    type: NotificationType
+    recipients: list[str]
+    project: str | None = None
+    subject: ObjectRef
+    severity: Severity
+    message: str
+    details: dict[str, Any] = Field(default_factory=dict)
+    deadline: AwareDatetime | None = None
+    at: AwareDatetime | None = None
+
+
+class AuditInput(Message):
+    topic: str
+    key: str | None
+    ref: str
+
+
+AuditOutcome = Literal["accepted", "rejected", "ignored", "duplicate", "applied", "failed"]
+
+
+class AuditRecord(Message):
+    audit_id: str
+    at: AwareDatetime
+    input: AuditInput
+    outcome: AuditOutcome
+    reason: str | None = None
+    commands: list[str] = Field(default_factory=list)
+    notifications: list[str] = Field(default_factory=list)
+
+
+class DeadLetterSource(Message):
+    topic: str
+    partition: int | None = None
+    offset: int | None = None
+
+
+class DeadLetter(Message):
+    error: str
+    source: DeadLetterSource
+    original: str
+    encoding: Literal["utf-8", "base64"] = "utf-8"
+    at: AwareDatetime | None = None
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def vm_key(namespace: str, name: str) -> str:
+    return f"vm/{namespace}/{name}"
+
+
+def node_key(name: str) -> str:
+    return f"node/{name}"
+
+
+def object_key(kind: str, namespace: str | None, name: str) -> str:
+    """The k8s-events key: ``<Kind>/<namespace>/<name>`` or ``<Kind>/<name>``."""
+    return f"{kind}/{namespace}/{name}" if namespace else f"{kind}/{name}"
+
+
+class MalformedMessage(ValueError):
+    """The bytes are not a message of the expected kind: they go to dead letters."""
+
+
+class InvalidIntent(ValueError):
+    """A well-formed intent whose content is wrong: it is rejected, its requester told."""
+
+    def __init__(self, envelope: IntentEnvelope, reason: str) -> None:
+        super().__init__(reason)
+        self.envelope = envelope
+        self.reason = reason
+
+
+_INTENT: TypeAdapter[Any] = TypeAdapter(Intent)
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    """One line per problem, each naming the field and the reason."""
+    parts = []
+    for item in error.errors(include_url=False):
+        loc = list(item["loc"])
+        if loc and loc[0] in INTENT_TYPES:  # the union's tag, not a field
+            loc = loc[1:]
+        where = ".".join(str(part) for part in loc)
+        parts.append(f"{where or '(message)'}: {item['msg']}")
+    return "; ".join(parts)
+
+
+def decode_json_object(raw: bytes | str | dict[str, Any]) -> dict[str, Any]:
+    if isinstance(raw, dict):
+        return raw
+    try:
+        value = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MalformedMessage(f"not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise MalformedMessage(f"not a JSON object but {type(value).__name__}")
+    return value
+
+
+def parse_intent(raw: bytes | str | dict[str, Any]) -> IntentEnvelope | Any:
+    """Parse an intent in two stages.
+
+    Raises :class:`MalformedMessage` when the envelope is unusable and
+    :class:`InvalidIntent` when the envelope is fine but the intent is not.
+    """
+    data = decode_json_object(raw)
+    try:
+        envelope = IntentEnvelope.model_validate(data)
+    except ValidationError as exc:
+        raise MalformedMessage(describe_validation_error(exc)) from exc
+    if envelope.type not in INTENT_TYPES:
+        raise InvalidIntent(
+            envelope, f"type: unknown intent type {envelope.type!r}; expected one of {', '.join(INTENT_TYPES)}"
+        )
+    try:
+        return _INTENT.validate_python(data)
+    except ValidationError as exc:
+        raise InvalidIntent(envelope, describe_validation_error(exc)) from exc
+
+
+def parse_watch_event(raw: bytes | str | dict[str, Any]) -> WatchEvent:
+    data = decode_json_object(raw)
+    try:
+        return WatchEvent.model_validate(data)
+    except ValidationError as exc:
+        raise MalformedMessage(describe_validation_error(exc)) from exc
+

@@ -1,0 +1,75 @@
+"""Pending restarts: a GPU or CPU-model change waits for the VM's next boot.
+
+KubeVirt never touches a running VMI for these fields, so the change *applies after a
+restart*. It is pending while a live VMI runs with other GPUs (or another CPU-model kind)
+than the VM's template — Superphenix's console compares the same — or while KubeVirt says
+``RestartRequired``. The owner is told once per pending episode; a restart or a stop ends it.
+"""
+
+from __future__ import annotations
+
+from handlers import ids
+from handlers.cluster import HOST_PASSTHROUGH, VMIRecord, VMRecord
+from handlers.decisions import Context, vm_subject
+from handlers.state import VMTracking, put_tracking
+
+RESTART_REFUSED = {
+    "Halted": "its run strategy is Halted: start it instead",
+    "Once": "its run strategy is Once: KubeVirt refuses to restart it",
+}
+
+
+def change_pending(vm: VMRecord, vmi: VMIRecord | None) -> bool:
+    if vmi is None or not vmi.active:
+        return False
+    if vm.restart_required:
+        return True
+    if set(vm.gpu_devices) != set(vmi.gpu_devices):
+        return True
+    return (vm.cpu_model == HOST_PASSTHROUGH) != (vmi.cpu_model == HOST_PASSTHROUGH)
+
+
+def reconcile_pending(ctx: Context, vm: VMRecord) -> None:
+    """Tell the owner once that a change waits for a restart; forget it once it doesn't."""
+    vmi: VMIRecord | None = ctx.state.get("vmis", vm.key)
+    tracking: VMTracking = ctx.state.get("tracking", vm.key) or VMTracking()
+    if not change_pending(vm, vmi):
+        if tracking.pending_episode is not None:
+            put_tracking(ctx.state, vm.key, VMTracking(None, tracking.unavailable_episode))
+        return
+    assert vmi is not None
+    episode = ids.episode_id(vm.key, vmi.uid, *vm.gpu_devices, str(vm.cpu_model))
+    if tracking.pending_episode == episode:
+        return
+    wanted = [ctx.catalog.for_device(d).display_name for d in vm.gpu_devices]
+    running = [ctx.catalog.for_device(d).display_name for d in vmi.gpu_devices]
+    now_text = f"GPU {wanted[0]}" if wanted else "no GPU"
+    ctx.notify(
+        "gpu_change_pending_restart",
+        subject=vm_subject(vm.key),
+        episode=episode,
+        recipients=vm.recipients(),
+        project=vm.project,
+        severity="info",
+        message=(
+            f"VM {vm.namespace}/{vm.name} will have {now_text} after its next restart; "
+            "until then it keeps running as it is."
+        ),
+        details={
+            "desired_gpus": [ctx.catalog.for_device(d).describe() for d in vm.gpu_devices],
+            "running_gpus": [ctx.catalog.for_device(d).describe() for d in vmi.gpu_devices],
+            "running_gpu_names": running,
+            "restart_required_condition": vm.restart_required,
+        },
+    )
+    put_tracking(ctx.state, vm.key, VMTracking(episode, tracking.unavailable_episode))
+
+
+def restart_refusal(vm: VMRecord, vmi: VMIRecord | None) -> str | None:
+    """Why a restart of ``vm`` must be refused, or None when it may go ahead."""
+    if vm.run_strategy in RESTART_REFUSED:
+        return f"cannot restart VM {vm.namespace}/{vm.name}: {RESTART_REFUSED[vm.run_strategy]}"
+    if vmi is None or not vmi.active:
+        return f"cannot restart VM {vm.namespace}/{vm.name}: it is not running"
+    return None
+

@@ -1,0 +1,63 @@
+"""The ``vmstream`` command: one entry point, one subcommand per job.
+
+Each subcommand lives in the module that owns its concern; this module only parses
+arguments and hands over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from streams.settings import load_settings
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from handlers.engine import Engine
+    from streams.simulating import run
+
+    settings = load_settings(args.config)
+    engine = Engine(settings.rules())
+    if args.input in (None, "-"):
+        return run(engine, sys.stdin, sys.stdout, settings.kafka)
+    with open(args.input, encoding="utf-8") as source:
+        return run(engine, source, sys.stdout, settings.kafka)
+
+
+def _schemas(args: argparse.Namespace) -> int:
+    from streams.schemas import write_schemas
+
+    for path in write_schemas(args.output):
+        print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vmstream", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    simulate = commands.add_parser("simulate", help="run the decision engine over JSON Lines, offline")
+    simulate.add_argument("--config", help="the worker's configuration file (YAML)")
+    simulate.add_argument("--input", default="-", help="JSON Lines input file, or - for stdin")
+    simulate.set_defaults(handler=_simulate)
+
+    schemas = commands.add_parser("schemas", help="write the JSON Schemas and the AsyncAPI document")
+    schemas.add_argument("--output", default="docs/schemas", help="directory to write into")
+    schemas.set_defaults(handler=_schemas)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr)
+    handler: Handler = args.handler
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

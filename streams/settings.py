@@ -1,0 +1,83 @@
+"""The configuration file (CONTRACTS.md) plus the shell's own options, from YAML and env.
+
+Precedence, highest first: environment variables (``VMSTREAM_<KEY>``, nested with
+``__``: ``VMSTREAM_DRAIN__NOTICE_SECONDS=60``), then the YAML file, then defaults. The
+rules see only :class:`~handlers.config.Config`; Kafka and worker options stay here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from handlers.config import Config
+
+OUTPUT_TOPICS = ("commands", "command-results", "notifications", "audit", "dlq")
+INPUT_TOPICS = ("intents", "k8s-events")
+
+
+class KafkaSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    topic_prefix: str = "vmstream."
+    partitions: int = Field(default=6, ge=1)
+    replication_factor: int = Field(default=1, ge=1)
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: str | None = None
+
+    def topic(self, name: str) -> str:
+        """The full name of a logical topic (``audit`` → ``vmstream.audit``)."""
+        return f"{self.topic_prefix}{name}"
+
+
+class WorkerSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    app_id: str = "vmstream"
+    store: str = "memory://"  # or rocksdb:// (through rocksdict)
+    web_port: int = 6066
+    tick_seconds: float = Field(default=1.0, gt=0)
+    exactly_once: bool = True
+
+
+class Settings(BaseSettings, Config):
+    model_config = SettingsConfigDict(
+        env_prefix="VMSTREAM_", env_nested_delimiter="__", frozen=True, extra="forbid"
+    )
+
+    kafka: KafkaSettings = KafkaSettings()
+    worker: WorkerSettings = WorkerSettings()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The file's values arrive as init arguments: the environment must win over them.
+        return env_settings, init_settings
+
+    def rules(self) -> Config:
+        """The policy the handlers obey."""
+        return Config.model_validate(self.model_dump(include=set(Config.model_fields)))
+
+
+def load_settings(path: str | Path | None) -> Settings:
+    data: dict[str, Any] = {}
+    if path is not None:
+        loaded = yaml.safe_load(Path(path).read_text())
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: the configuration must be a YAML mapping")
+        data = loaded
+    return Settings(**data)
