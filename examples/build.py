@@ -116,7 +116,8 @@ def bad_input() -> Script:
     s.intent("it-bad-3", "create_vm", {"namespace": "spx-proj-a", "name": "big-1", "cores": 3, "memory_gib": 128,
                                        "image": "quay.io/containerdisks/ubuntu:24.04"}, by=ALICE, project="proj-a")
     s.intent("it-bad-4", "drain_node", {"node": "gpu-node-1", "reason": "I want it"}, by=ALICE)
-    s.intent("it-bad-5", "restart_vm", {"namespace": "spx-proj-a", "name": "batch-1"}, by=ALICE, project="proj-a")
+    s.intent("it-bad-5", "create_vm", {"namespace": "spx-proj-a", "name": "web-1", "cores": 2, "memory_gib": 4,
+                                       "image": "quay.io/containerdisks/ubuntu:24.04"}, by=ALICE, project="proj-a")
     s.event("MODIFIED", vm("spx-proj-a", "batch-1", project="proj-a", owner=ALICE, run_strategy="Halted", gpu=RTX, rv=2))
     s.intent("it-bad-6", "restart_vm", {"namespace": "spx-proj-a", "name": "batch-1"}, by=ALICE, project="proj-a")
     s.intent("it-ok-1", "create_vm", {"namespace": "spx-proj-a", "name": "gpu-2", "cores": 8, "memory_gib": 64,

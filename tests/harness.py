@@ -1,0 +1,93 @@
+"""A small driver for the decision engine in tests: state in memory, time by hand.
+
+It feeds inputs exactly as ``simulate`` does (ticks first, then the input) and keeps every
+result, so a test reads like a scenario: observe objects, send an intent, look at what
+came out.
+"""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from handlers.config import Config
+from handlers.engine import EVENTS_TOPIC, INTENTS_TOPIC, Engine, Result, Source
+from handlers.messages import AuditRecord, Command, Notification
+from handlers.state import MemoryState
+from streams.scenarios import EXAMPLE_CONFIG
+
+START = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
+
+
+def config(**overrides: Any) -> Config:
+    return Config.model_validate({**EXAMPLE_CONFIG, **overrides})
+
+
+class Harness:
+    def __init__(self, cfg: Config | None = None) -> None:
+        self.engine = Engine(cfg or config())
+        self.state = MemoryState()
+        self.now = START
+        self.results: list[Result] = []
+        self._ids = itertools.count(1)
+
+    # ------------------------------------------------------------------ inputs
+
+    def wait(self, seconds: float) -> Harness:
+        self.now += timedelta(seconds=seconds)
+        return self
+
+    def tick(self) -> list[Result]:
+        results = self.engine.on_tick(self.state, self.now)
+        for result in results:
+            self._keep(result)
+        return results
+
+    def observe(self, obj: dict[str, Any], type_: str = "ADDED") -> Result:
+        self.tick()
+        metadata = obj["metadata"]
+        key = "/".join(p for p in (obj["kind"], metadata.get("namespace"), metadata["name"]) if p)
+        event = {"event_id": f"ev-{next(self._ids)}", "type": type_, "kind": obj["kind"],
+                 "object": obj, "observed_at": self.now.isoformat()}
+        return self._keep(self.engine.on_event(self.state, event, Source(EVENTS_TOPIC, key), self.now))
+
+    def observe_all(self, *objects: dict[str, Any]) -> Harness:
+        for obj in objects:
+            self.observe(obj)
+        return self
+
+    def intent(self, type_: str, spec: dict[str, Any], *, by: str = "alice@example.com",
+               project: str | None = "proj-a", intent_id: str | None = None) -> Result:
+        self.tick()
+        key = f"node/{spec['node']}" if "node" in spec else f"vm/{spec.get('namespace')}/{spec.get('name')}"
+        value: dict[str, Any] = {"intent_id": intent_id or f"it-{next(self._ids)}", "type": type_,
+                                 "requested_by": by, "spec": spec}
+        if project is not None:
+            value["project"] = project
+        return self.raw_intent(value, key=key)
+
+    def raw_intent(self, raw: Any, *, key: str | None = None, offset: int | None = None) -> Result:
+        source = Source(INTENTS_TOPIC, key, 0 if offset is not None else None, offset)
+        return self._keep(self.engine.on_intent(self.state, raw, source, self.now))
+
+    def _keep(self, result: Result) -> Result:
+        self.state.apply(result.decision.changes)
+        self.results.append(result)
+        return result
+
+    # ---------------------------------------------------------------- outputs
+
+    def commands(self, type_: str | None = None) -> list[Command]:
+        return [c for r in self.results for c in r.decision.commands if type_ in (None, c.type)]
+
+    def notifications(self, type_: str | None = None) -> list[Notification]:
+        return [n for r in self.results for n in r.decision.notifications if type_ in (None, n.type)]
+
+    def audits(self) -> list[AuditRecord]:
+        return [r.decision.audit for r in self.results if r.decision.audit is not None]
+
+    def vm_object(self, namespace: str, name: str) -> dict[str, Any]:
+        record = self.state.get("vms", f"vm/{namespace}/{name}")
+        assert record is not None, f"VM {namespace}/{name} is not in state"
+        return record.object

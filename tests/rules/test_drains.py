@@ -1,0 +1,241 @@
+"""Drains: every signal starts an episode, every GPU VM's owner is told once with the
+deadline and its fate, the deadline stops them, the requester hears when it is done."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from handlers.state import DrainEpisode
+from streams.scenarios import A100, RTX, node, node_maintenance, vm, vmi
+from tests.harness import START, Harness
+
+ALICE, BOB, OPS = "alice@example.com", "bob@example.com", "ops@example.com"
+
+
+def az(*, spare_rtx: int = 1) -> Harness:
+    """gpu-node-1 (2 RTX) runs three GPU VMs of different strategies and a CPU VM."""
+    h = Harness()
+    h.observe_all(
+        node("gpu-node-1", gpus={RTX: 2, A100: 1}),
+        node("gpu-node-2", gpus={RTX: spare_rtx} if spare_rtx else {}),
+        vm("p", "always-1", project="proj-a", owner=ALICE, gpu=RTX),
+        vmi("p", "always-1", node_name="gpu-node-1", gpu=RTX),
+        vm("p", "always-2", project="proj-a", owner=ALICE, gpu=RTX),
+        vmi("p", "always-2", node_name="gpu-node-1", gpu=RTX),
+        vm("p", "rerun-1", project="proj-b", owner=BOB, run_strategy="RerunOnFailure", gpu=A100),
+        vmi("p", "rerun-1", node_name="gpu-node-1", gpu=A100),
+        vm("p", "cpu-1", project="proj-a", owner=ALICE),
+        vmi("p", "cpu-1", node_name="gpu-node-1"),
+    )
+    return h
+
+
+def drain(h: Harness, *, by: str = OPS, notice: int | None = 600) -> None:
+    spec: dict[str, object] = {"node": "gpu-node-1", "reason": "firmware upgrade"}
+    if notice is not None:
+        spec["notice_seconds"] = notice
+    h.intent("drain_node", spec, by=by, project=None)
+
+
+def fates(h: Harness) -> dict[str, str]:
+    return {n.subject.name: n.details["outcome"] for n in h.notifications("drain_will_stop_gpu_vm")}
+
+
+def test_drain_intent_cordons_and_announces_each_gpu_vm_once_with_deadline() -> None:
+    h = az()
+    drain(h)
+    assert [c.type for c in h.commands()] == ["cordon_node"]
+    announced = h.notifications("drain_will_stop_gpu_vm")
+    assert sorted(n.subject.name for n in announced) == ["always-1", "always-2", "rerun-1"]
+    assert all(n.deadline == START + timedelta(seconds=600) for n in announced)
+    assert {n.subject.name: n.recipients for n in announced}["rerun-1"] == [BOB]
+    h.observe(node("gpu-node-1", gpus={RTX: 2, A100: 1}, unschedulable=True, rv=2), "MODIFIED")
+    assert len(h.notifications("drain_will_stop_gpu_vm")) == 3
+
+
+def test_non_gpu_vms_are_not_announced() -> None:
+    h = az()
+    drain(h)
+    assert "cpu-1" not in fates(h)
+
+
+def test_fates_count_each_free_card_once() -> None:
+    """One spare RTX elsewhere: one Always VM returns, the other waits; RerunOnFailure does not rerun."""
+    h = az(spare_rtx=1)
+    drain(h)
+    assert fates(h) == {"always-1": "returns_automatically", "always-2": "waits_for_gpu",
+                        "rerun-1": "needs_manual_start"}
+
+
+def test_no_spare_card_means_waiting_for_a_gpu() -> None:
+    h = az(spare_rtx=0)
+    drain(h)
+    assert fates(h)["always-1"] == "waits_for_gpu"
+
+
+def test_cards_on_a_cordoned_or_unready_node_are_not_spare() -> None:
+    h = az(spare_rtx=0)
+    h.observe(node("gpu-node-3", gpus={RTX: 4}, unschedulable=True))
+    h.observe(node("gpu-node-4", gpus={RTX: 4}, ready=False))
+    drain(h)
+    assert fates(h)["always-1"] == "waits_for_gpu"
+
+
+def test_default_notice_comes_from_config() -> None:
+    h = az()
+    drain(h, notice=None)
+    assert h.notifications("drain_will_stop_gpu_vm")[0].deadline == START + timedelta(seconds=900)
+
+
+def test_only_operators_may_drain() -> None:
+    h = az()
+    drain(h, by=ALICE)
+    assert h.commands() == []
+    [rejected] = h.notifications("intent_rejected")
+    assert rejected.recipients == [ALICE]
+    assert rejected.details["reason"] == "alice@example.com may not drain nodes: only operators may"
+
+
+def test_an_unknown_node_cannot_be_drained() -> None:
+    h = Harness()
+    h.intent("drain_node", {"node": "nope", "reason": "x"}, by=OPS, project=None)
+    assert "unknown" in h.notifications("intent_rejected")[0].details["reason"]
+
+
+def test_at_the_deadline_the_gpu_vms_left_are_stopped() -> None:
+    h = az()
+    drain(h)
+    h.wait(599)
+    assert h.tick() == []
+    h.wait(1)
+    [fired] = h.tick()
+    stopped = sorted(c.target.name for c in fired.decision.commands)
+    assert stopped == ["always-1", "always-2", "rerun-1"]
+    assert all(c.type == "delete_vmi" and c.issued_at == START + timedelta(seconds=600)
+               for c in fired.decision.commands)
+    assert fired.decision.audit is not None and fired.decision.audit.input.topic == "vmstream.timer"
+    h.wait(60)
+    assert h.tick() == []  # fires once
+
+
+def test_vms_stopped_by_their_owners_before_the_deadline_are_not_stopped_again() -> None:
+    h = az()
+    drain(h)
+    h.observe(vmi("p", "rerun-1", node_name="gpu-node-1", phase="Succeeded", gpu=A100), "MODIFIED")
+    h.wait(600)
+    [fired] = h.tick()
+    assert sorted(c.target.name for c in fired.decision.commands) == ["always-1", "always-2"]
+
+
+def test_drain_completed_goes_to_the_requester_with_the_tally() -> None:
+    h = az()
+    drain(h)
+    h.wait(600)
+    h.tick()
+    for name, device in (("always-1", RTX), ("always-2", RTX), ("rerun-1", A100)):
+        assert h.notifications("drain_completed") == []
+        h.observe(vmi("p", name, node_name="gpu-node-1", phase="Succeeded", gpu=device), "DELETED")
+    [done] = h.notifications("drain_completed")
+    assert done.recipients == [OPS]
+    assert done.details["gpu_vms"] == 3
+    assert done.details["stopped_at_deadline"] == ["vm/p/always-1", "vm/p/always-2", "vm/p/rerun-1"]
+    assert done.details["outcomes"]["needs_manual_start"] == ["vm/p/rerun-1"]
+
+
+def test_a_drain_of_a_node_without_gpu_vms_completes_at_once() -> None:
+    h = Harness()
+    h.observe(node("cpu-node", gpus={}))
+    h.intent("drain_node", {"node": "cpu-node", "reason": "kernel"}, by=OPS, project=None)
+    [done] = h.notifications("drain_completed")
+    assert done.details["gpu_vms"] == 0
+
+
+def test_a_node_maintenance_starts_the_same_announcements() -> None:
+    h = az()
+    h.observe(node_maintenance("nm-1", "gpu-node-1", "PSU replacement"))
+    assert sorted(fates(h)) == ["always-1", "always-2", "rerun-1"]
+    assert h.notifications("drain_will_stop_gpu_vm")[0].details["drain_source"] == "maintenance"
+    assert [c.type for c in h.commands()] == ["cordon_node"]
+    h.observe(node_maintenance("nm-1", "gpu-node-1", "PSU replacement"), "MODIFIED")
+    assert len(h.notifications("drain_will_stop_gpu_vm")) == 3
+
+
+def test_a_cordon_starts_an_episode_without_a_cordon_command() -> None:
+    h = az()
+    h.observe(node("gpu-node-1", gpus={RTX: 2, A100: 1}, unschedulable=True, rv=2), "MODIFIED")
+    assert len(h.notifications("drain_will_stop_gpu_vm")) == 3
+    assert h.commands() == []
+    episode: DrainEpisode = h.state.get("drains", "gpu-node-1")
+    assert episode.source == "cordon"
+
+
+def test_cordoning_a_node_without_gpu_vms_is_not_a_drain_episode() -> None:
+    h = Harness()
+    h.observe(node("cpu-node", gpus={}))
+    h.observe(node("cpu-node", gpus={}, unschedulable=True, rv=2), "MODIFIED")
+    assert h.state.get("drains", "cpu-node") is None
+
+
+def test_an_eviction_request_on_a_gpu_vmi_starts_an_episode() -> None:
+    h = az()
+    h.observe(vmi("p", "always-1", node_name="gpu-node-1", gpu=RTX, eviction_requested=True), "MODIFIED")
+    episode: DrainEpisode = h.state.get("drains", "gpu-node-1")
+    assert episode.source == "eviction"
+    assert len(h.notifications("drain_will_stop_gpu_vm")) == 3
+
+
+def test_a_gpu_vm_arriving_during_the_drain_is_announced_too() -> None:
+    h = az()
+    drain(h)
+    h.observe(vm("p", "late-1", project="proj-a", owner=ALICE, gpu=RTX))
+    h.observe(vmi("p", "late-1", node_name="gpu-node-1", gpu=RTX))
+    assert "late-1" in fates(h)
+
+
+def test_undrain_ends_the_episode_and_uncordons() -> None:
+    h = az()
+    drain(h)
+    h.intent("undrain_node", {"node": "gpu-node-1"}, by=OPS, project=None)
+    assert h.commands()[-1].type == "uncordon_node"
+    assert h.state.get("drains", "gpu-node-1") is None
+    h.wait(600)
+    assert h.tick() == []
+
+
+def test_undrain_of_a_node_not_being_drained_is_rejected() -> None:
+    h = az()
+    h.intent("undrain_node", {"node": "gpu-node-1"}, by=OPS, project=None)
+    assert h.notifications("intent_rejected")[0].details["reason"] == "node gpu-node-1 is not being drained"
+
+
+def test_uncordoning_after_a_cordon_calls_the_drain_off() -> None:
+    h = az()
+    drain(h)
+    h.observe(node("gpu-node-1", gpus={RTX: 2, A100: 1}, rv=1), "MODIFIED")  # before the cordon lands
+    assert h.state.get("drains", "gpu-node-1") is not None
+    h.observe(node("gpu-node-1", gpus={RTX: 2, A100: 1}, unschedulable=True, rv=2), "MODIFIED")
+    h.observe(node("gpu-node-1", gpus={RTX: 2, A100: 1}, rv=3), "MODIFIED")
+    assert h.state.get("drains", "gpu-node-1") is None
+
+
+def test_deleting_the_node_maintenance_ends_its_episode() -> None:
+    h = az()
+    h.observe(node_maintenance("nm-1", "gpu-node-1", "PSU"))
+    h.observe(node_maintenance("nm-1", "gpu-node-1", "PSU"), "DELETED")
+    assert h.state.get("drains", "gpu-node-1") is None
+
+
+@pytest.mark.parametrize("second", ["maintenance", "cordon", "intent"])
+def test_a_second_signal_joins_the_episode(second: str) -> None:
+    h = az()
+    drain(h)
+    if second == "maintenance":
+        h.observe(node_maintenance("nm-1", "gpu-node-1", "again"))
+    elif second == "cordon":
+        h.observe(node("gpu-node-1", gpus={RTX: 2, A100: 1}, unschedulable=True, rv=2), "MODIFIED")
+    else:
+        h.intent("drain_node", {"node": "gpu-node-1", "reason": "again"}, by=OPS, project=None)
+    assert len(h.notifications("drain_will_stop_gpu_vm")) == 3
+    assert len(h.commands("cordon_node")) == 1

@@ -1,0 +1,84 @@
+"""``vmstream simulate``: the contract of CONTRACTS.md, deterministic to the byte."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from handlers.engine import Engine
+from streams.settings import load_settings
+from streams.simulating import Simulation
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+SCENARIOS = sorted(p.stem for p in EXAMPLES.glob("*.jsonl"))
+
+
+def simulate(name: str) -> list[str]:
+    engine = Engine(load_settings(EXAMPLES / "config.yaml").rules())
+    with open(EXAMPLES / f"{name}.jsonl", encoding="utf-8") as lines:
+        return list(Simulation(engine).feed(lines))
+
+
+def outputs(name: str, topic: str) -> list[dict]:
+    return [json.loads(line)["value"] for line in simulate(name) if json.loads(line)["topic"] == topic]
+
+
+def test_examples_are_what_the_builder_writes(tmp_path: Path) -> None:
+    before = {p.name: p.read_text() for p in EXAMPLES.glob("*") if p.suffix in (".jsonl", ".yaml")}
+    subprocess.run([sys.executable, str(EXAMPLES / "build.py")], check=True)
+    after = {p.name: p.read_text() for p in EXAMPLES.glob("*") if p.suffix in (".jsonl", ".yaml")}
+    assert after == before, "examples/ are stale: run python examples/build.py"
+
+
+def test_the_cli_is_deterministic_to_the_byte() -> None:
+    def run() -> bytes:
+        return subprocess.run(
+            [sys.executable, "-m", "streams.cli", "simulate", "--config", str(EXAMPLES / "config.yaml"),
+             "--input", str(EXAMPLES / "drain.jsonl")],
+            check=True, capture_output=True, cwd=ROOT,
+        ).stdout
+
+    first = run()
+    assert first and first == run()
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_every_scenario_line_is_audited_once(name: str) -> None:
+    inputs = (EXAMPLES / f"{name}.jsonl").read_text().splitlines()
+    audits = [a for a in outputs(name, "vmstream.audit") if a["input"]["topic"] != "vmstream.timer"]
+    assert len(audits) == len(inputs)
+
+
+def test_drain_scenario_tells_owners_then_stops_then_completes() -> None:
+    kinds = [(json.loads(line)["topic"], json.loads(line)["value"].get("type")) for line in simulate("drain")]
+    order = [k for k in kinds if k[0] != "vmstream.audit"]
+    assert order == [
+        ("vmstream.commands", "cordon_node"),
+        ("vmstream.notifications", "drain_will_stop_gpu_vm"),
+        ("vmstream.notifications", "drain_will_stop_gpu_vm"),
+        ("vmstream.commands", "delete_vmi"),
+        ("vmstream.commands", "delete_vmi"),
+        ("vmstream.notifications", "drain_completed"),
+    ]
+
+
+def test_bad_input_scenario_dead_letters_and_rejects_and_goes_on() -> None:
+    letters = outputs("bad-input", "vmstream.dlq")
+    assert len(letters) == 3
+    rejected = [n["details"]["reason"] for n in outputs("bad-input", "vmstream.notifications")
+                if n["type"] == "intent_rejected"]
+    assert len(rejected) == 6
+    created = [c for c in outputs("bad-input", "vmstream.commands") if c["type"] == "create_vm"]
+    assert len(created) == 1  # the good intent after the bad ones
+
+
+def test_a_line_that_is_not_an_input_is_dead_lettered() -> None:
+    engine = Engine(load_settings(EXAMPLES / "config.yaml").rules())
+    out = [json.loads(line) for line in Simulation(engine).feed(['{"topic": "elsewhere"}'])]
+    assert [o["topic"] for o in out] == ["vmstream.dlq", "vmstream.audit"]
+    assert out[0]["value"]["source"] == {"topic": "simulate-input", "offset": 1}
