@@ -1,0 +1,296 @@
+"""The published schemas match the models and accept what vmstream really reads and writes.
+
+The committed files under ``docs/schemas/`` are what consumers code against, so they must
+be what :func:`streams.schemas.render_schemas` produces today, and every example input and
+every simulated output must validate against the schema of its topic — both the standalone
+JSON Schema file and the copy embedded in the AsyncAPI document.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from jsonschema import Draft202012Validator
+
+from handlers.engine import Engine
+from handlers.messages import InvalidIntent, MalformedMessage, parse_intent, parse_watch_event
+from streams.locations import shared_dir
+from streams.schemas import ASYNCAPI_FILE, CONFIG, MESSAGES, TOPICS, render_schemas
+from streams.settings import INPUT_TOPICS, OUTPUT_TOPICS, KafkaSettings, load_settings
+from streams.simulating import Simulation
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMAS_DIR = ROOT / "docs" / "schemas"
+EXAMPLES_DIR = ROOT / "examples"
+CONTRACTS = shared_dir() / "docs" / "CONTRACTS.md"
+SCENARIOS = sorted(path.name for path in EXAMPLES_DIR.glob("*.jsonl"))
+KAFKA = KafkaSettings()
+PREFIX = KAFKA.topic_prefix
+
+# Example values that are deliberately wrong in a way the schema can see, by file and id.
+# Other "bad" inputs there (unknown GPU class, wrong project, non-operator drain, restart
+# of a halted VM) are well-formed: only the rules can refuse them.
+SCHEMA_INVALID = {("bad-input.jsonl", "it-bad-3")}  # cores 3, memory_gib 128
+
+
+@cache
+def _committed(name: str) -> str:
+    return (SCHEMAS_DIR / name).read_text(encoding="utf-8")
+
+
+@cache
+def _rendered() -> dict[str, str]:
+    return render_schemas()
+
+
+@cache
+def _validator(topic: str) -> Draft202012Validator:
+    """The standalone JSON Schema file of a logical topic (``intents``, ``audit``, …)."""
+    doc = next(t.message for t in TOPICS if t.name == topic)
+    schema = json.loads(_committed(doc.file))
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema)
+
+
+@cache
+def _asyncapi() -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load(_committed(ASYNCAPI_FILE))
+    return document
+
+
+@cache
+def _asyncapi_validator(topic: str) -> Draft202012Validator:
+    """The payload schema of a channel's message, resolved inside the AsyncAPI document."""
+    document = _asyncapi()
+    (message_ref,) = document["channels"][topic]["messages"].values()
+    message = _resolve(document, message_ref["$ref"])
+    # The document is the root, so `#/components/schemas/...` resolves as tooling does.
+    return Draft202012Validator({"components": document["components"], **message["payload"]})
+
+
+def _resolve(document: dict[str, Any], ref: str) -> Any:
+    node: Any = document
+    for step in ref.removeprefix("#/").split("/"):
+        node = node[step]
+    return node
+
+
+def _errors(topic: str, value: Any) -> list[str]:
+    """Schema errors from both the file and the AsyncAPI copy; they must agree."""
+    plain = sorted(e.message for e in _validator(topic).iter_errors(value))
+    embedded = sorted(e.message for e in _asyncapi_validator(topic).iter_errors(value))
+    assert bool(plain) == bool(embedded), f"file and AsyncAPI schemas disagree: {plain} vs {embedded}"
+    return plain
+
+
+def _lines(name: str) -> list[dict[str, Any]]:
+    text = (EXAMPLES_DIR / name).read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _logical(topic: str) -> str:
+    assert topic.startswith(PREFIX), topic
+    return topic.removeprefix(PREFIX)
+
+
+def _ref(value: dict[str, Any]) -> str:
+    return str(value.get("intent_id") or value.get("event_id"))
+
+
+# ------------------------------------------------------------------------- staleness
+
+
+@pytest.mark.parametrize("name", sorted(render_schemas()))
+def test_committed_files_are_current(name: str) -> None:
+    path = SCHEMAS_DIR / name
+    assert path.exists(), f"{path} is missing: run `vmstream schemas --output docs/schemas`"
+    assert _committed(name) == _rendered()[name], (
+        f"{path} is stale: the models changed; run `vmstream schemas --output docs/schemas` "
+        "and commit the result"
+    )
+
+
+def test_no_stray_files() -> None:
+    stray = {path.name for path in SCHEMAS_DIR.iterdir()} - set(_rendered())
+    assert not stray, f"not written by `vmstream schemas`: {sorted(stray)}"
+
+
+def test_rendering_is_deterministic() -> None:
+    assert render_schemas() == _rendered()
+
+
+@pytest.mark.parametrize("name", sorted(n for n in render_schemas() if n.endswith(".json")))
+def test_json_schema_files_are_draft_2020_12(name: str) -> None:
+    schema = json.loads(_committed(name))
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert schema["$id"].endswith("/" + name)
+    assert schema["title"] and schema["description"]
+    Draft202012Validator.check_schema(schema)
+
+
+# -------------------------------------------------------------------------- examples
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_example_values_match_their_schema(scenario: str) -> None:
+    """Object values validate; raw-text values are the malformed cases and must not."""
+    declared = {ref for file, ref in SCHEMA_INVALID if file == scenario}
+    seen_invalid: set[str] = set()
+    checked = 0
+    for number, line in enumerate(_lines(scenario), start=1):
+        topic, value = _logical(line["topic"]), line["value"]
+        assert topic in INPUT_TOPICS, f"{scenario}:{number}: {topic} is not an input topic"
+        where = f"{scenario}:{number}"
+        if isinstance(value, str):
+            # A JSON string is the raw text of a deliberately malformed message.
+            assert scenario == "bad-input.jsonl", f"{where}: raw-text value outside bad-input"
+            try:
+                decoded = json.loads(value)
+            except json.JSONDecodeError:
+                continue  # not JSON at all: no schema to ask
+            assert _errors(topic, decoded), f"{where}: a malformed message passes the {topic} schema"
+            continue
+        checked += 1
+        errors = _errors(topic, value)
+        if _ref(value) in declared:
+            assert errors, f"{where}: {_ref(value)} is meant to fail the {topic} schema"
+            seen_invalid.add(_ref(value))
+        else:
+            assert not errors, f"{where}: {errors}"
+    assert checked, f"{scenario}: no JSON object values"
+    assert seen_invalid == declared, f"{scenario}: declared invalid but not found: {declared - seen_invalid}"
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_schema_accepts_whatever_the_parser_accepts(scenario: str) -> None:
+    """The schema may be looser than the models (validators it cannot express), never stricter."""
+    for number, line in enumerate(_lines(scenario), start=1):
+        topic, value = _logical(line["topic"]), line["value"]
+        try:
+            if topic == "intents":
+                parse_intent(value)
+            else:
+                parse_watch_event(value)
+        except (MalformedMessage, InvalidIntent):
+            continue
+        assert not _errors(topic, value if isinstance(value, dict) else json.loads(value)), (
+            f"{scenario}:{number}: the parser accepts what the schema refuses"
+        )
+
+
+def test_example_config_matches_config_schema() -> None:
+    schema = json.loads(_committed(CONFIG.file))
+    config = yaml.safe_load((EXAMPLES_DIR / "config.yaml").read_text(encoding="utf-8"))
+    assert not sorted(e.message for e in Draft202012Validator(schema).iter_errors(config))
+    assert list(Draft202012Validator(schema).iter_errors({"az": "az1", "typo": 1}))
+
+
+# ------------------------------------------------------------------------- simulation
+
+
+def _simulate(scenario: str, lines: list[str] | None = None) -> list[dict[str, Any]]:
+    settings = load_settings(EXAMPLES_DIR / "config.yaml")
+    simulation = Simulation(Engine(settings.rules()), settings.kafka)
+    if lines is None:
+        lines = (EXAMPLES_DIR / scenario).read_text(encoding="utf-8").splitlines()
+    return [json.loads(out) for out in simulation.feed(lines)]
+
+
+@cache
+def _all_outputs() -> tuple[tuple[str, int, dict[str, Any]], ...]:
+    return tuple((scenario, number, out) for scenario in SCENARIOS
+                 for number, out in enumerate(_simulate(scenario), start=1))
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_simulated_outputs_match_their_schema(scenario: str) -> None:
+    outputs = [(number, out) for name, number, out in _all_outputs() if name == scenario]
+    assert outputs, f"{scenario}: the simulation wrote nothing"
+    for number, out in outputs:
+        topic = _logical(out["topic"])
+        assert topic in OUTPUT_TOPICS, f"{scenario} output {number}: {topic} is not an output topic"
+        errors = _errors(topic, out["value"])
+        assert not errors, f"{scenario} output {number} ({topic}): {errors}"
+
+
+def test_simulations_exercise_every_written_topic() -> None:
+    """Guards the test above from passing vacuously; command results come from the applier."""
+    counts = Counter(_logical(out["topic"]) for _, _, out in _all_outputs())
+    assert {"commands", "notifications", "audit", "dlq"} <= set(counts), counts
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "AuditInput.key is required-but-nullable, yet outputs are serialized with "
+    "exclude_none, so a keyless input's audit record omits `key`"
+))
+def test_keyless_input_audit_matches_schema() -> None:
+    outputs = _simulate("keyless", ['{"topic": "vmstream.intents", "value": "{not json"}'])
+    audits = [out["value"] for out in outputs if out["topic"] == KAFKA.topic("audit")]
+    assert audits
+    for audit in audits:
+        assert not _errors("audit", audit), audit
+
+
+# -------------------------------------------------------------------------- AsyncAPI
+
+
+def _contract_topics() -> set[str]:
+    text = CONTRACTS.read_text(encoding="utf-8")
+    return set(re.findall(r"^\| `(vmstream\.[a-z0-9-]+)` \|", text, flags=re.MULTILINE))
+
+
+def test_asyncapi_names_every_contract_topic() -> None:
+    document = _asyncapi()
+    assert document["asyncapi"] == "3.0.0"
+    addresses = {channel["address"] for channel in document["channels"].values()}
+    expected = {KAFKA.topic(name) for name in (*INPUT_TOPICS, *OUTPUT_TOPICS)}
+    assert addresses == expected
+    contract = _contract_topics()
+    assert contract == expected, f"CONTRACTS.md lists {sorted(contract)}"
+
+
+def test_asyncapi_references_resolve() -> None:
+    document = _asyncapi()
+
+    def refs(node: Any) -> list[str]:
+        if isinstance(node, dict):
+            own = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
+            return own + [r for value in node.values() for r in refs(value)]
+        if isinstance(node, list):
+            return [r for item in node for r in refs(item)]
+        return []
+
+    found = refs(document)
+    assert found and all(ref.startswith("#/") for ref in found)
+    for ref in found:
+        _resolve(document, ref)  # KeyError names the broken ref
+    assert "$defs" not in yaml.safe_dump(document["components"]["schemas"])
+
+
+def test_asyncapi_operations_match_the_topology() -> None:
+    operations = _asyncapi()["operations"].values()
+    seen = {(op["tags"][0]["name"], op["action"], op["channel"]["$ref"].rsplit("/", 1)[1]) for op in operations}
+    assert seen == {
+        ("worker", "receive", "intents"),
+        ("worker", "receive", "k8s-events"),
+        ("worker", "receive", "command-results"),
+        ("worker", "send", "commands"),
+        ("worker", "send", "notifications"),
+        ("worker", "send", "audit"),
+        ("worker", "send", "dlq"),
+        ("applier", "receive", "commands"),
+        ("applier", "send", "command-results"),
+        ("applier", "send", "audit"),
+        ("watch-bridge", "send", "k8s-events"),
+    }
+
+
+def test_every_message_has_a_channel() -> None:
+    assert {topic.message.name for topic in TOPICS} == {doc.name for doc in MESSAGES}
