@@ -1,16 +1,18 @@
 """GPU capacity per device: how many cards exist, are held, and are free.
 
-Free cards of a device = over schedulable nodes (Ready, not cordoned), allocatable minus the
-cards held by VMIs that have not ended on that node. Everything here reads state; nothing
-is stored, so capacity can never drift from the cluster it is computed from.
+Free cards of a device = over schedulable nodes (Ready, not cordoned), allocatable minus
+the cards held by GPU VMIs there. Each node's :class:`~handlers.cluster.NodeUsage` is kept
+by that node's decisions (:func:`refresh_usage`); capacity sums them, so every worker
+instance can answer for the whole AZ.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
-from handlers.cluster import NodeRecord
-from handlers.state import StateView
+from handlers.cluster import NodeRecord, NodeUsage, Resident
+from handlers.state import Overlay, StateView
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,30 +27,36 @@ class Capacity:
         return {"total": self.total, "schedulable": self.schedulable, "used": self.used, "free": self.free}
 
 
-def held_on(state: StateView, node: str, device_name: str) -> int:
-    return sum(
-        vmi.gpu_devices.count(device_name) for vmi in state.vmis_on_node(node) if vmi.active
-    )
-
-
-def free_on(state: StateView, node: NodeRecord, device_name: str) -> int:
-    if not node.schedulable:
-        return 0
-    allocatable = node.gpu_allocatable.get(device_name, 0)
-    return max(0, allocatable - held_on(state, node.name, device_name)) if allocatable else 0
-
-
 def capacity(state: StateView, device_name: str, *, excluding_node: str | None = None) -> Capacity:
     """Capacity of ``device_name``, optionally as seen from outside one node (a drain)."""
     total = schedulable = used = free = 0
-    for node in state.values("nodes"):
-        allocatable = node.gpu_allocatable.get(device_name, 0)
-        if not allocatable or node.name == excluding_node:
+    for usage in state.values("usage"):
+        allocatable = usage.allocatable.get(device_name, 0)
+        if not allocatable or usage.node == excluding_node:
             continue
         total += allocatable
-        if node.schedulable:
-            held = held_on(state, node.name, device_name)
+        if usage.schedulable:
             schedulable += allocatable
-            used += min(held, allocatable)
-            free += max(0, allocatable - held)
+            used += min(usage.held.get(device_name, 0), allocatable)
+            free += usage.free(device_name)
     return Capacity(device_name, total, schedulable, used, free)
+
+
+def refresh_usage(state: Overlay, node: str) -> None:
+    """Recompute one node's usage from its record and its residents."""
+    record: NodeRecord | None = state.get("nodes", node)
+    residents: dict[str, Resident] = state.get("residents", node) or {}
+    held: Counter[str] = Counter()
+    for resident in residents.values():
+        held.update(resident.gpu_devices)
+    if record is None and not held:
+        usage = None
+    else:
+        usage = NodeUsage(
+            node=node,
+            schedulable=record.schedulable if record else False,
+            allocatable=dict(record.gpu_allocatable) if record else {},
+            held=dict(sorted(held.items())),
+        )
+    if usage != state.get("usage", node):
+        state.put("usage", node, usage)

@@ -211,3 +211,58 @@ class KubeVirtRecord:
                 sorted(d["resourceName"] for d in pci if isinstance(d, dict) and d.get("resourceName"))
             ),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Resident:
+    """A GPU VMI on a node, with what a drain needs to know of its VM.
+
+    The node-keyed view of the cluster: VM-keyed decisions publish a resident whenever
+    the VM or its VMI changes, so node-keyed decisions (drains) never read VM state that
+    lives in another partition.
+    """
+
+    key: str  # the VM's key
+    vmi_uid: str
+    gpu_devices: tuple[str, ...]  # held by the VMI
+    evacuating: bool  # EvictionRequested, or evacuationNodeName set
+    has_vm: bool
+    run_strategy: str | None
+    recipients: tuple[str, ...]
+    project: str | None
+    template_gpus: tuple[str, ...]  # what the VM comes back with
+
+
+def resident_of(vm: VMRecord | None, vmi: VMIRecord | None) -> tuple[str, Resident] | None:
+    """Where (node, resident) the VMI holds GPUs, or None when it holds none."""
+    if vmi is None or not vmi.active or not vmi.gpu_devices or not vmi.node:
+        return None
+    return vmi.node, Resident(
+        key=vmi.key,
+        vmi_uid=vmi.uid,
+        gpu_devices=vmi.gpu_devices,
+        evacuating=vmi.eviction_requested or bool(vmi.evacuation_node),
+        has_vm=vm is not None,
+        run_strategy=vm.run_strategy if vm else None,
+        recipients=tuple(vm.recipients()) if vm else (),
+        project=vm.project if vm else None,
+        template_gpus=vm.gpu_devices if vm else (),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class NodeUsage:
+    """One node's GPU cards: what it offers and what its residents hold.
+
+    Kept per node by the node's own decisions and read cluster-wide (capacity).
+    """
+
+    node: str
+    schedulable: bool
+    allocatable: dict[str, int]
+    held: dict[str, int]
+
+    def free(self, device_name: str) -> int:
+        if not self.schedulable:
+            return 0
+        return max(0, self.allocatable.get(device_name, 0) - self.held.get(device_name, 0))

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from handlers import ids
 from handlers.catalog import Catalog
+from handlers.cluster import Resident
 from handlers.config import Config
 from handlers.messages import (
     AuditInput,
@@ -67,12 +68,31 @@ class Output:
     value: Command | Notification | AuditRecord | Any
 
 
+@dataclass(frozen=True, slots=True)
+class ResidentUpdate:
+    """A VM-keyed decision telling a node-keyed one that a GPU VMI arrived, changed or left.
+
+    In the worker it travels through Kafka to the node's partition; in ``simulate`` it is
+    decided right after the decision that sent it.
+    """
+
+    node: str
+    vm_key: str
+    resident: Resident | None  # None: the VMI left the node (or holds no GPU any more)
+    cause: str
+
+
 @dataclass(slots=True)
 class Decision:
     commands: list[Command] = field(default_factory=list)
     notifications: list[Notification] = field(default_factory=list)
     audit: AuditRecord | None = None
     changes: list[Change] = field(default_factory=list)
+    forwards: list[ResidentUpdate] = field(default_factory=list)
+
+    @property
+    def has_effects(self) -> bool:
+        return bool(self.commands or self.notifications)
 
     def outputs(self) -> list[Output]:
         """Commands, then notifications, then the audit record that names them."""
@@ -98,6 +118,7 @@ class Context:
     cause: str
     commands: list[Command] = field(default_factory=list)
     notifications: list[Notification] = field(default_factory=list)
+    forwards: list[ResidentUpdate] = field(default_factory=list)
 
     @classmethod
     def open(cls, state: StateView, config: Config, catalog: Catalog, now: datetime, cause: str) -> Context:
@@ -158,6 +179,9 @@ class Context:
         self.notifications.append(notification)
         return notification
 
+    def forward(self, node: str, vm_key: str, resident: Resident | None) -> None:
+        self.forwards.append(ResidentUpdate(node, vm_key, resident, self.cause))
+
     def decide(
         self,
         *,
@@ -176,4 +200,6 @@ class Context:
             commands=[c.command_id for c in self.commands],
             notifications=[n.notification_id for n in self.notifications],
         )
-        return Decision(list(self.commands), list(self.notifications), audit, self.state.changes())
+        return Decision(
+            list(self.commands), list(self.notifications), audit, self.state.changes(), list(self.forwards)
+        )

@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 
 from handlers import ids
 from handlers.capacity import capacity
-from handlers.cluster import NodeRecord, VMIRecord, VMRecord
+from handlers.cluster import NodeRecord, Resident
 from handlers.decisions import Context, node_subject, vm_subject
 from handlers.messages import ObjectRef
 from handlers.state import DrainEpisode, DrainOutcome, DrainSource
@@ -79,8 +79,10 @@ def end_drain(ctx: Context, node: str) -> DrainEpisode | None:
     return episode
 
 
-def gpu_vmis_on(ctx: Context, node: str) -> list[VMIRecord]:
-    return [vmi for vmi in ctx.state.vmis_on_node(node) if vmi.active and vmi.gpu_devices]
+def residents_of(ctx: Context, node: str) -> list[Resident]:
+    """The GPU VMIs on ``node``, in key order."""
+    residents: dict[str, Resident] = ctx.state.get("residents", node) or {}
+    return [residents[key] for key in sorted(residents)]
 
 
 def reconcile_drain(ctx: Context, node: str) -> None:
@@ -91,8 +93,8 @@ def reconcile_drain(ctx: Context, node: str) -> None:
     observed: NodeRecord | None = ctx.state.get("nodes", node)
     if observed is not None and observed.unschedulable and not episode.cordon_observed:
         episode = replace(episode, cordon_observed=True)
-    on_node = gpu_vmis_on(ctx, node)
-    newcomers = [vmi for vmi in on_node if vmi.key not in episode.announced]
+    on_node = residents_of(ctx, node)
+    newcomers = [r for r in on_node if r.key not in episode.announced]
     if newcomers and not episode.completed:
         episode = _announce(ctx, episode, newcomers)
     if episode.deadline_passed:
@@ -114,21 +116,20 @@ def due_deadlines(episodes: Iterable[DrainEpisode], now: datetime) -> list[str]:
     return sorted(e.node for e in episodes if not e.deadline_passed and not e.completed and e.deadline <= now)
 
 
-def _announce(ctx: Context, episode: DrainEpisode, newcomers: list[VMIRecord]) -> DrainEpisode:
+def _announce(ctx: Context, episode: DrainEpisode, newcomers: list[Resident]) -> DrainEpisode:
     fates = plan_fates(ctx, episode, newcomers)
     announced = dict(episode.announced)
-    for vmi in newcomers:
-        vm: VMRecord | None = ctx.state.get("vms", vmi.key)
-        fate = fates[vmi.key]
-        gpu = ctx.catalog.for_device((vm.gpu_devices if vm and vm.gpu_devices else vmi.gpu_devices)[0])
-        strategy = vm.run_strategy if vm else "none (a VMI without a VM)"
-        subject = vm_subject(vmi.key)
+    for resident in newcomers:
+        fate = fates[resident.key]
+        gpu = ctx.catalog.for_device((resident.template_gpus or resident.gpu_devices)[0])
+        strategy = resident.run_strategy or "none (a VMI without a VM)"
+        subject = vm_subject(resident.key)
         ctx.notify(
             "drain_will_stop_gpu_vm",
             subject=subject,
             episode=episode.episode,
-            recipients=vm.recipients() if vm else list(ctx.config.operators),
-            project=vm.project if vm else None,
+            recipients=list(resident.recipients) if resident.has_vm else list(ctx.config.operators),
+            project=resident.project,
             severity="warning",
             message=(
                 f"Node {episode.node} is being drained ({episode.reason}): GPU VM "
@@ -142,59 +143,59 @@ def _announce(ctx: Context, episode: DrainEpisode, newcomers: list[VMIRecord]) -
                 "reason": episode.reason,
                 "drain_source": episode.source,
                 "outcome": fate,
-                "run_strategy": vm.run_strategy if vm else None,
+                "run_strategy": resident.run_strategy,
                 "gpu": gpu.describe(),
             },
             deadline=episode.deadline,
         )
-        announced[vmi.key] = fate
+        announced[resident.key] = fate
     return replace(episode, announced=announced)
 
 
-def plan_fates(ctx: Context, episode: DrainEpisode, vmis: list[VMIRecord]) -> dict[str, DrainOutcome]:
-    """Which of ``vmis`` come back by themselves, counting each free card once.
+def plan_fates(ctx: Context, episode: DrainEpisode, residents: list[Resident]) -> dict[str, DrainOutcome]:
+    """Which of ``residents`` come back by themselves, counting each free card once.
 
     Cards elsewhere already promised to VMs announced earlier in the episode are not
     promised again; VMs are taken in key order so the plan is deterministic.
     """
-    free: Counter[str] = Counter()
+    on_node = {r.key: r for r in residents_of(ctx, episode.node)}
     promised: Counter[str] = Counter()
     for key, fate in episode.announced.items():
-        vm: VMRecord | None = ctx.state.get("vms", key)
-        if fate == "returns_automatically" and vm and vm.gpu_devices:
-            promised[vm.gpu_devices[0]] += 1
+        earlier = on_node.get(key)
+        if fate == "returns_automatically" and earlier and earlier.template_gpus:
+            promised[earlier.template_gpus[0]] += 1
+    free: dict[str, int] = {}
     fates: dict[str, DrainOutcome] = {}
-    for vmi in sorted(vmis, key=lambda v: v.key):
-        vm = ctx.state.get("vms", vmi.key)
-        if vm is None or vm.run_strategy != "Always":
-            fates[vmi.key] = "needs_manual_start"
+    for resident in sorted(residents, key=lambda r: r.key):
+        if resident.run_strategy != "Always":
+            fates[resident.key] = "needs_manual_start"
             continue
-        if not vm.gpu_devices:  # its GPU was removed: it returns without one
-            fates[vmi.key] = "returns_automatically"
+        if not resident.template_gpus:  # its GPU was removed: it returns without one
+            fates[resident.key] = "returns_automatically"
             continue
-        device = vm.gpu_devices[0]
+        device = resident.template_gpus[0]
         if device not in free:
             free[device] = capacity(ctx.state, device, excluding_node=episode.node).free - promised[device]
         if free[device] > 0:
             free[device] -= 1
-            fates[vmi.key] = "returns_automatically"
+            fates[resident.key] = "returns_automatically"
         else:
-            fates[vmi.key] = "waits_for_gpu"
+            fates[resident.key] = "waits_for_gpu"
     return fates
 
 
-def _stop(ctx: Context, episode: DrainEpisode, on_node: list[VMIRecord]) -> DrainEpisode:
+def _stop(ctx: Context, episode: DrainEpisode, on_node: list[Resident]) -> DrainEpisode:
     stopped = list(episode.stopped)
-    for vmi in on_node:
-        if vmi.key in stopped:
+    for resident in on_node:
+        if resident.key in stopped:
             continue
-        _, namespace, name = vmi.key.split("/", 2)
+        _, namespace, name = resident.key.split("/", 2)
         ctx.command(
             "delete_vmi",
             ObjectRef(kind="VirtualMachineInstance", namespace=namespace, name=name),
             requested_by=episode.requested_by,
         )
-        stopped.append(vmi.key)
+        stopped.append(resident.key)
     return replace(episode, stopped=tuple(stopped))
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from handlers import ids
 from handlers.catalog import Catalog
 from handlers.config import Config
-from handlers.decisions import Context, Decision, Output, subject_of_key
+from handlers.decisions import Context, Decision, Output, ResidentUpdate, subject_of_key
 from handlers.drains import due_deadlines, fire_deadline
 from handlers.intents import create_vm, drain_node, restart_vm, set_gpu, undrain_node
 from handlers.messages import (
@@ -32,12 +32,14 @@ from handlers.messages import (
     parse_intent,
     parse_watch_event,
 )
-from handlers.observing import observe
+from handlers.observing import observe, settle_resident
 from handlers.state import StateView
 
 INTENTS_TOPIC = "vmstream.intents"
 EVENTS_TOPIC = "vmstream.k8s-events"
-TIMER_TOPIC = "vmstream.timer"  # names deadline firings in audit records; no such Kafka topic
+# Not Kafka topics: they name, in audit records, decisions that no external input caused.
+TIMER_TOPIC = "vmstream.timer"  # a drain deadline firing
+RESIDENTS_TOPIC = "vmstream.residents"  # a node learning that a GPU VMI came or went
 
 _RULES: dict[str, Callable[[Context, Any], str | None]] = {
     "create_vm": create_vm,
@@ -64,9 +66,11 @@ class Result:
 
     decision: Decision
     dead_letters: list[DeadLetter] = field(default_factory=list)
+    dead_letter_key: str | None = None  # a dead letter keeps its input's key
 
     def outputs(self) -> list[Output]:
-        return [Output("dlq", "", d) for d in self.dead_letters] + self.decision.outputs()
+        letters = [Output("dlq", self.dead_letter_key or "", d) for d in self.dead_letters]
+        return letters + self.decision.outputs()
 
 
 class Engine:
@@ -140,6 +144,15 @@ class Engine:
         outcome = "ignored" if ignored else "accepted"
         return Result(ctx.decide(topic=source.topic, key=source.key, outcome=outcome, reason=ignored))
 
+    def on_resident(self, state: StateView, update: ResidentUpdate, now: datetime) -> Result:
+        """A node's view of its GPU VMIs changed; audited only if it led to an effect."""
+        ctx = self._context(state, now, f"{update.cause}@{update.node}")
+        settle_resident(ctx, update)
+        decision = ctx.decide(topic=RESIDENTS_TOPIC, key=f"node/{update.node}", outcome="accepted")
+        if not decision.has_effects:
+            decision.audit = None
+        return Result(decision)
+
     def on_tick(self, state: StateView, now: datetime) -> list[Result]:
         """Fire every drain deadline that is due at ``now``; one decision per node."""
         results = []
@@ -173,7 +186,7 @@ class Engine:
             outcome="rejected",
             reason=f"malformed: {error}",
         )
-        return Result(Decision(audit=audit), [letter])
+        return Result(Decision(audit=audit), [letter], source.key)
 
 
 def _as_text(raw: bytes | str | dict[str, Any]) -> tuple[str, str]:

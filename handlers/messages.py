@@ -251,7 +251,7 @@ class Notification(Message):
 
 class AuditInput(Message):
     topic: str
-    key: str | None
+    key: str | None = None
     ref: str
 
 

@@ -1,27 +1,47 @@
 """Watch events: fold what Kubernetes shows into state, then reconcile what it touches.
 
-event → record (VM, VMI, Node, NodeMaintenance, KubeVirt) → state → the rules of the VM
-and of the nodes involved. The rules read the observed state, not the event type
-(level-based): a relist, a missed event or a redelivery converge to the same decisions.
+event → record → state → the rules of the VM or of the node. Each event is decided under
+its *decision key* (:func:`decision_key`): VMs and VMIs under their VM, Nodes and
+NodeMaintenances under their node. What a VM's decision must tell its node — a GPU VMI
+arrived, changed or left — travels as a :class:`~handlers.decisions.ResidentUpdate`.
+
+The rules read the observed state, not the event type (level-based): a relist, a missed
+event or a redelivery converge to the same decisions.
 """
 
 from __future__ import annotations
 
 from handlers.availability import reconcile_availability
+from handlers.capacity import refresh_usage
 from handlers.cluster import (
     KubeVirtRecord,
     MaintenanceRecord,
     NodeRecord,
+    Resident,
     VMIRecord,
     VMRecord,
+    resident_of,
 )
-from handlers.decisions import Context
-from handlers.drains import end_drain, gpu_vmis_on, reconcile_drain, start_drain
-from handlers.messages import WatchEvent
+from handlers.decisions import Context, ResidentUpdate
+from handlers.drains import end_drain, reconcile_drain, residents_of, start_drain
+from handlers.messages import WatchEvent, node_key, vm_key
 from handlers.restarts import reconcile_pending
 from handlers.state import KUBEVIRT_KEY, DrainEpisode
 
 Ignored = str | None
+CLUSTER_KEY = "cluster/kubevirt"
+
+
+def decision_key(event: WatchEvent) -> str:
+    """The key the event is decided under: its VM, its node, or the cluster."""
+    metadata = event.object.get("metadata") or {}
+    if event.kind in ("VirtualMachine", "VirtualMachineInstance"):
+        return vm_key(metadata.get("namespace") or "default", metadata["name"])
+    if event.kind == "Node":
+        return node_key(metadata["name"])
+    if event.kind == "NodeMaintenance":
+        return node_key(str((event.object.get("spec") or {}).get("nodeName") or ""))
+    return CLUSTER_KEY
 
 
 def observe(ctx: Context, event: WatchEvent) -> Ignored:
@@ -33,46 +53,70 @@ def observe(ctx: Context, event: WatchEvent) -> Ignored:
     return None
 
 
+# ------------------------------------------------------------- under the VM's key
+
+
 def _vm(ctx: Context, event: WatchEvent) -> None:
     vm = VMRecord.from_object(event.object, project_label=ctx.config.labels.project)
+    before = _residence(ctx, vm.key)
     if event.type == "DELETED":
         ctx.state.put("vms", vm.key, None)
         ctx.state.put("tracking", vm.key, None)
-        return
-    ctx.state.put("vms", vm.key, vm)
-    _reconcile_vm(ctx, vm.key)
+    else:
+        ctx.state.put("vms", vm.key, vm)
+        _reconcile_vm(ctx, vm.key)
+    _tell_nodes(ctx, vm.key, before)
 
 
 def _vmi(ctx: Context, event: WatchEvent) -> None:
     vmi = VMIRecord.from_object(event.object)
-    old: VMIRecord | None = ctx.state.get("vmis", vmi.key)
+    before = _residence(ctx, vmi.key)
     ctx.state.put("vmis", vmi.key, None if event.type == "DELETED" else vmi)
     _reconcile_vm(ctx, vmi.key)
-    if event.type != "DELETED" and vmi.active and vmi.gpu_devices:
-        evacuating = vmi.evacuation_node or (vmi.node if vmi.eviction_requested else None)
-        if evacuating:
-            start_drain(
-                ctx,
-                node=evacuating,
-                source="eviction",
-                reason="KubeVirt was asked to evict its VMs",
-                requested_by=None,
-            )
-    for node in sorted({n for n in (old.node if old else None, vmi.node) if n}):
-        reconcile_drain(ctx, node)
+    _tell_nodes(ctx, vmi.key, before)
+
+
+def _kubevirt(ctx: Context, event: WatchEvent) -> None:
+    record = None if event.type == "DELETED" else KubeVirtRecord.from_object(event.object)
+    ctx.state.put("kubevirt", KUBEVIRT_KEY, record)
+
+
+def _reconcile_vm(ctx: Context, key: str) -> None:
+    vm: VMRecord | None = ctx.state.get("vms", key)
+    if vm is not None:
+        reconcile_pending(ctx, vm)
+        reconcile_availability(ctx, vm)
+
+
+def _residence(ctx: Context, key: str) -> tuple[str, Resident] | None:
+    return resident_of(ctx.state.get("vms", key), ctx.state.get("vmis", key))
+
+
+def _tell_nodes(ctx: Context, key: str, before: tuple[str, Resident] | None) -> None:
+    """Forward the VM's GPU residence to the node(s) it concerns, if it changed."""
+    after = _residence(ctx, key)
+    if after == before:
+        return
+    if before is not None and (after is None or after[0] != before[0]):
+        ctx.forward(before[0], key, None)
+    if after is not None:
+        ctx.forward(after[0], key, after[1])
+
+
+# ------------------------------------------------------------ under the node's key
 
 
 def _node(ctx: Context, event: WatchEvent) -> None:
     new = NodeRecord.from_object(event.object)
     old: NodeRecord | None = ctx.state.get("nodes", new.name)
+    ctx.state.put("nodes", new.name, None if event.type == "DELETED" else new)
+    refresh_usage(ctx.state, new.name)
     if event.type == "DELETED":
-        ctx.state.put("nodes", new.name, None)
         reconcile_drain(ctx, new.name)
         return
-    ctx.state.put("nodes", new.name, new)
     episode: DrainEpisode | None = ctx.state.get("drains", new.name)
     cordoned_now = new.unschedulable and (old is None or not old.unschedulable)
-    if cordoned_now and episode is None and gpu_vmis_on(ctx, new.name):
+    if cordoned_now and episode is None and residents_of(ctx, new.name):
         start_drain(ctx, node=new.name, source="cordon", reason="the node was cordoned", requested_by=None)
         return
     if episode is not None and episode.cordon_observed and not new.unschedulable:
@@ -101,16 +145,24 @@ def _maintenance(ctx: Context, event: WatchEvent) -> None:
         )
 
 
-def _kubevirt(ctx: Context, event: WatchEvent) -> None:
-    record = None if event.type == "DELETED" else KubeVirtRecord.from_object(event.object)
-    ctx.state.put("kubevirt", KUBEVIRT_KEY, record)
-
-
-def _reconcile_vm(ctx: Context, key: str) -> None:
-    vm: VMRecord | None = ctx.state.get("vms", key)
-    if vm is not None:
-        reconcile_pending(ctx, vm)
-        reconcile_availability(ctx, vm)
+def settle_resident(ctx: Context, update: ResidentUpdate) -> None:
+    """A GPU VMI arrived on, changed on or left ``update.node``."""
+    residents: dict[str, Resident] = dict(ctx.state.get("residents", update.node) or {})
+    if update.resident is None:
+        residents.pop(update.vm_key, None)
+    else:
+        residents[update.vm_key] = update.resident
+    ctx.state.put("residents", update.node, residents or None)
+    refresh_usage(ctx.state, update.node)
+    if update.resident is not None and update.resident.evacuating:
+        start_drain(
+            ctx,
+            node=update.node,
+            source="eviction",
+            reason="KubeVirt was asked to evict its VMs",
+            requested_by=None,
+        )
+    reconcile_drain(ctx, update.node)
 
 
 _FOLDS = {

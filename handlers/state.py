@@ -4,43 +4,50 @@ Handlers never hold a Faust table: they read a :class:`StateView` and return
 :class:`Change` values. The shell applies the changes to wherever state lives (Kafka
 changelog tables in the worker, :class:`MemoryState` in ``simulate``, replay and tests).
 
-Tables and their keys (the same names the worker's tables use):
+Every table is written by decisions of one *decision key* only, so that in the worker a
+table key always lives in the partition of the input that writes it:
 
-================  ==================  ================================================
-table             key                 value
-================  ==================  ================================================
-``vms``           ``vm/<ns>/<name>``  :class:`~handlers.cluster.VMRecord`
-``vmis``          ``vm/<ns>/<name>``  :class:`~handlers.cluster.VMIRecord` (VMI = VM name)
-``nodes``         ``<node>``          :class:`~handlers.cluster.NodeRecord`
-``maintenances``  ``<name>``          :class:`~handlers.cluster.MaintenanceRecord`
-``kubevirt``      ``cluster``         :class:`~handlers.cluster.KubeVirtRecord`
-``tracking``      ``vm/<ns>/<name>``  :class:`VMTracking` (what the owner was told)
-``drains``        ``<node>``          :class:`DrainEpisode`
-``processed``     input ref           outcome of an intent/event already decided
-================  ==================  ================================================
+================  ==================  =======================  ============================
+table             key                 written under            value
+================  ==================  =======================  ============================
+``vms``           ``vm/<ns>/<name>``  that VM                  :class:`~handlers.cluster.VMRecord`
+``vmis``          ``vm/<ns>/<name>``  that VM (VMI = VM name)  :class:`~handlers.cluster.VMIRecord`
+``tracking``      ``vm/<ns>/<name>``  that VM                  :class:`VMTracking`
+``nodes``         ``<node>``          that node                :class:`~handlers.cluster.NodeRecord`
+``residents``     ``<node>``          that node                ``dict[vm key, Resident]``
+``drains``        ``<node>``          that node                :class:`DrainEpisode`
+``maintenances``  ``<name>``          its node                 :class:`~handlers.cluster.MaintenanceRecord`
+``processed``     ``<intent_id>``     the intent's key         outcome of an intent decided
+``usage``         ``<node>``          that node; read by all   :class:`~handlers.cluster.NodeUsage`
+``kubevirt``      ``cluster``         the KubeVirt CR; by all  :class:`~handlers.cluster.KubeVirtRecord`
+================  ==================  =======================  ============================
+
+``usage`` and ``kubevirt`` are cluster-wide facts: every worker instance reads all of them.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
-from handlers.cluster import VMIRecord
-
-TableName = Literal["vms", "vmis", "nodes", "maintenances", "kubevirt", "tracking", "drains", "processed"]
+TableName = Literal[
+    "vms", "vmis", "tracking", "nodes", "residents", "drains", "maintenances", "processed", "usage", "kubevirt"
+]
 TABLES: tuple[TableName, ...] = (
     "vms",
     "vmis",
-    "nodes",
-    "maintenances",
-    "kubevirt",
     "tracking",
+    "nodes",
+    "residents",
     "drains",
+    "maintenances",
     "processed",
+    "usage",
+    "kubevirt",
 )
+GLOBAL_TABLES: tuple[TableName, ...] = ("usage", "kubevirt")
 KUBEVIRT_KEY = "cluster"
 
 DrainSource = Literal["intent", "maintenance", "cordon", "eviction"]
@@ -78,11 +85,6 @@ class DrainEpisode:
     completed: bool = False  # kept until the episode ends, so a late signal starts no new one
 
 
-def put_tracking(state: Overlay, key: str, tracking: VMTracking) -> None:
-    """Store what the owner was told; an empty record is not kept."""
-    state.put("tracking", key, None if tracking.empty else tracking)
-
-
 @dataclass(frozen=True, slots=True)
 class Change:
     table: TableName
@@ -97,15 +99,12 @@ class StateView(Protocol):
 
     def values(self, table: TableName) -> Iterable[Any]: ...
 
-    def vmis_on_node(self, node: str) -> list[VMIRecord]: ...
-
 
 class MemoryState:
-    """State in dicts, with a node → VMIs index; used by simulate, replay and tests."""
+    """State in dicts; used by simulate, replay and tests."""
 
     def __init__(self) -> None:
         self.tables: dict[str, dict[str, Any]] = {name: {} for name in TABLES}
-        self._vmis_by_node: dict[str, set[str]] = defaultdict(set)
 
     def get(self, table: TableName, key: str) -> Any | None:
         return self.tables[table].get(key)
@@ -113,25 +112,12 @@ class MemoryState:
     def values(self, table: TableName) -> Iterable[Any]:
         return list(self.tables[table].values())
 
-    def vmis_on_node(self, node: str) -> list[VMIRecord]:
-        vmis = self.tables["vmis"]
-        return [vmis[key] for key in sorted(self._vmis_by_node.get(node, ()))]
-
     def apply(self, changes: Iterable[Change]) -> None:
         for change in changes:
-            table = self.tables[change.table]
-            if change.table == "vmis":
-                self._unindex(table.get(change.key))
             if change.value is None:
-                table.pop(change.key, None)
+                self.tables[change.table].pop(change.key, None)
             else:
-                table[change.key] = change.value
-                if change.table == "vmis":
-                    self._vmis_by_node[change.value.node or ""].add(change.key)
-
-    def _unindex(self, old: VMIRecord | None) -> None:
-        if old is not None:
-            self._vmis_by_node[old.node or ""].discard(old.key)
+                self.tables[change.table][change.key] = change.value
 
     def sizes(self) -> dict[str, int]:
         return {name: len(table) for name, table in self.tables.items()}
@@ -159,33 +145,17 @@ class Overlay:
         self._changes[(table, key)] = value
 
     def values(self, table: TableName) -> Iterator[Any]:
+        """Listing is only needed for ``usage`` and ``drains`` (keyed by node)."""
         mine = {key: value for (name, key), value in self._changes.items() if name == table}
         for value in self.base.values(table):
-            key = _key_of(table, value)
-            if key not in mine:
+            if value.node not in mine:
                 yield value
         yield from (value for value in mine.values() if value is not None)
-
-    def vmis_on_node(self, node: str) -> list[VMIRecord]:
-        found = {vmi.key: vmi for vmi in self.base.vmis_on_node(node)}
-        for (name, key), value in self._changes.items():
-            if name != "vmis":
-                continue
-            if value is None or value.node != node:
-                found.pop(key, None)
-            else:
-                found[key] = value
-        return [found[key] for key in sorted(found)]
 
     def changes(self) -> list[Change]:
         return [Change(table, key, value) for (table, key), value in self._changes.items()]
 
 
-def _key_of(table: TableName, value: Any) -> str:
-    if table in ("vms", "vmis"):
-        return str(value.key)
-    if table in ("nodes", "drains"):
-        return str(value.node if table == "drains" else value.name)
-    if table == "maintenances":
-        return str(value.name)
-    raise ValueError(f"table {table} cannot be listed")
+def put_tracking(state: Overlay, key: str, tracking: VMTracking) -> None:
+    """Store what the owner was told; an empty record is not kept."""
+    state.put("tracking", key, None if tracking.empty else tracking)

@@ -80,9 +80,12 @@ class Simulation:
         yield from self._emit(result)
 
     def _emit(self, result: Result) -> Iterator[str]:
+        """Apply and print a result, then decide what it told the nodes, depth first."""
         self.state.apply(result.decision.changes)
         for output in result.outputs():
             yield render(self.kafka.topic(output.topic), output.key, output.value)
+        for update in result.decision.forwards:
+            yield from self._emit(self.engine.on_resident(self.state, update, self.now))
 
 
 def render(topic: str, key: str, value: Any) -> str:

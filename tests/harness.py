@@ -72,8 +72,11 @@ class Harness:
         return self._keep(self.engine.on_intent(self.state, raw, source, self.now))
 
     def _keep(self, result: Result) -> Result:
+        """Apply a result and decide what it told the nodes, as ``simulate`` does."""
         self.state.apply(result.decision.changes)
         self.results.append(result)
+        for update in result.decision.forwards:
+            self._keep(self.engine.on_resident(self.state, update, self.now))
         return result
 
     # ---------------------------------------------------------------- outputs

@@ -226,10 +226,6 @@ def test_simulations_exercise_every_written_topic() -> None:
     assert {"commands", "notifications", "audit", "dlq"} <= set(counts), counts
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "AuditInput.key is required-but-nullable, yet outputs are serialized with "
-    "exclude_none, so a keyless input's audit record omits `key`"
-))
 def test_keyless_input_audit_matches_schema() -> None:
     outputs = _simulate("keyless", ['{"topic": "vmstream.intents", "value": "{not json"}'])
     audits = [out["value"] for out in outputs if out["topic"] == KAFKA.topic("audit")]

@@ -47,11 +47,24 @@ def test_the_cli_is_deterministic_to_the_byte() -> None:
     assert first and first == run()
 
 
+INTERNAL = {"vmstream.timer", "vmstream.residents"}
+
+
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_every_scenario_line_is_audited_once(name: str) -> None:
     inputs = (EXAMPLES / f"{name}.jsonl").read_text().splitlines()
-    audits = [a for a in outputs(name, "vmstream.audit") if a["input"]["topic"] != "vmstream.timer"]
+    audits = [a for a in outputs(name, "vmstream.audit") if a["input"]["topic"] not in INTERNAL]
     assert len(audits) == len(inputs)
+    assert len({a["audit_id"] for a in audits}) == len(audits)
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_every_effect_is_named_by_exactly_one_audit_record(name: str) -> None:
+    audits = outputs(name, "vmstream.audit")
+    named = [i for a in audits for i in a["commands"] + a["notifications"]]
+    issued = [c["command_id"] for c in outputs(name, "vmstream.commands")]
+    issued += [n["notification_id"] for n in outputs(name, "vmstream.notifications")]
+    assert sorted(named) == sorted(issued) and len(set(named)) == len(named)
 
 
 def test_drain_scenario_tells_owners_then_stops_then_completes() -> None:

@@ -165,8 +165,10 @@ def test_the_kubevirt_cr_gives_cluster_cpu_model_and_permitted_devices() -> None
 
 def test_deleted_objects_leave_state() -> None:
     h = Harness()
-    h.observe(vm("p", "v", project="proj-a"))
-    h.observe(vmi("p", "v", node_name="n"))
-    h.observe(vmi("p", "v", node_name="n"), "DELETED")
+    h.observe(vm("p", "v", project="proj-a", gpu=RTX))
+    h.observe(vmi("p", "v", node_name="n", gpu=RTX))
+    assert h.state.get("residents", "n") is not None
+    h.observe(vmi("p", "v", node_name="n", gpu=RTX), "DELETED")
     h.observe(vm("p", "v", project="proj-a"), "DELETED")
-    assert h.state.sizes()["vms"] == 0 and h.state.vmis_on_node("n") == []
+    assert h.state.sizes()["vms"] == h.state.sizes()["vmis"] == 0
+    assert h.state.get("residents", "n") is None and h.state.get("usage", "n") is None
