@@ -153,10 +153,11 @@ class Engine:
             decision.audit = None
         return Result(decision)
 
-    def on_tick(self, state: StateView, now: datetime) -> list[Result]:
-        """Fire every drain deadline that is due at ``now``; one decision per node."""
+    def on_tick(self, state: StateView, now: datetime, *, only: str | None = None) -> list[Result]:
+        """Fire every drain deadline due at ``now`` (or only ``only``'s); one decision per node."""
         results = []
-        for node in due_deadlines(state.values("drains"), now):
+        episodes = state.values("drains") if only is None else [state.get("drains", only)]
+        for node in due_deadlines([e for e in episodes if e is not None], now):
             episode = state.get("drains", node)
             # Decided *as of the deadline*, however late the timer fires: a replay or a
             # simulation reissues byte-identical commands.

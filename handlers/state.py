@@ -32,6 +32,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
+from handlers.cluster import (
+    KubeVirtRecord,
+    MaintenanceRecord,
+    NodeRecord,
+    NodeUsage,
+    Resident,
+    VMIRecord,
+    VMRecord,
+)
+
 TableName = Literal[
     "vms", "vmis", "tracking", "nodes", "residents", "drains", "maintenances", "processed", "usage", "kubevirt"
 ]
@@ -154,6 +164,22 @@ class Overlay:
 
     def changes(self) -> list[Change]:
         return [Change(table, key, value) for (table, key), value in self._changes.items()]
+
+
+def table_types() -> dict[TableName, Any]:
+    """The value type of each table, for codecs that store state outside Python."""
+    return {
+        "vms": VMRecord,
+        "vmis": VMIRecord,
+        "tracking": VMTracking,
+        "nodes": NodeRecord,
+        "residents": dict[str, Resident],
+        "drains": DrainEpisode,
+        "maintenances": MaintenanceRecord,
+        "processed": str,
+        "usage": NodeUsage,
+        "kubevirt": KubeVirtRecord,
+    }
 
 
 def put_tracking(state: Overlay, key: str, tracking: VMTracking) -> None:

@@ -36,6 +36,40 @@ def _schemas(args: argparse.Namespace) -> int:
     return 0
 
 
+def _worker(args: argparse.Namespace) -> int:
+    import faust
+
+    from streams.topics import ensure_topics
+    from streams.worker import Worker
+
+    settings = load_settings(args.config)
+    ensure_topics(settings.kafka)
+    worker = Worker(settings)
+    faust.Worker(worker.app, loglevel="DEBUG" if args.verbose else "INFO", quiet=True).execute_from_commandline()
+    return 0
+
+
+def _topics(args: argparse.Namespace) -> int:
+    from streams.topics import ensure_topics
+
+    settings = load_settings(args.config)
+    for name in ensure_topics(settings.kafka):
+        print(f"created {name}")
+    return 0
+
+
+def _kafka(args: argparse.Namespace) -> int:
+    from streams import localkafka
+
+    return localkafka.main([args.action])
+
+
+def _kube(args: argparse.Namespace) -> int:
+    from streams import localkube
+
+    return localkube.main([args.action])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vmstream", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
@@ -49,6 +83,22 @@ def build_parser() -> argparse.ArgumentParser:
     schemas = commands.add_parser("schemas", help="write the JSON Schemas and the AsyncAPI document")
     schemas.add_argument("--output", default="docs/schemas", help="directory to write into")
     schemas.set_defaults(handler=_schemas)
+    worker = commands.add_parser("worker", help="run the stream processor (Faust) on Kafka")
+    worker.add_argument("--config", help="the configuration file (YAML)")
+    worker.set_defaults(handler=_worker)
+
+    topics = commands.add_parser("topics", help="create the Kafka topics (idempotent)")
+    topics.add_argument("action", choices=["create"])
+    topics.add_argument("--config", help="the configuration file (YAML)")
+    topics.set_defaults(handler=_topics)
+
+    kafka = commands.add_parser("kafka", help="a local single-node Kafka broker (no Docker)")
+    kafka.add_argument("action", choices=["up", "down", "status"])
+    kafka.set_defaults(handler=_kafka)
+
+    kube = commands.add_parser("kube", help="a local kube-apiserver + etcd with KubeVirt's CRDs")
+    kube.add_argument("action", choices=["up", "down", "status"])
+    kube.set_defaults(handler=_kube)
     return parser
 
 

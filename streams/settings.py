@@ -44,6 +44,7 @@ class WorkerSettings(BaseModel):
     app_id: str = "vmstream"
     store: str = "memory://"  # or rocksdb:// (through rocksdict)
     web_port: int = 6066
+    web_host: str = "127.0.0.1"
     tick_seconds: float = Field(default=1.0, gt=0)
     exactly_once: bool = True
 

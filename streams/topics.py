@@ -1,0 +1,79 @@
+"""The Kafka topics of CONTRACTS.md, plus the worker's own routing topic — created once.
+
+Creation is idempotent (an existing topic is left as it is) and part of the worker's
+start-up and of ``vmstream topics create``. Retention follows what each topic is for: the
+audit stream is the record and never expires; dead letters wait weeks for a person.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from kafka.admin import NewTopic
+from kafka.errors import TopicAlreadyExistsError
+
+from streams.kafka_clients import admin_client
+from streams.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+DAY_MS = 24 * 3600 * 1000
+ROUTED = "worker-routed"  # the worker's repartition topic: inputs under their decision key
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    name: str  # logical name; the prefix is added from settings
+    purpose: str
+    configs: dict[str, str]
+
+
+TOPICS: tuple[TopicSpec, ...] = (
+    TopicSpec("intents", "requests from upstream services", {"retention.ms": str(30 * DAY_MS)}),
+    TopicSpec("k8s-events", "the watch bridge's events", {"retention.ms": str(7 * DAY_MS)}),
+    TopicSpec("commands", "what the applier must do", {"retention.ms": str(30 * DAY_MS)}),
+    TopicSpec("command-results", "what the applier did", {"retention.ms": str(30 * DAY_MS)}),
+    TopicSpec("notifications", "what people are told", {"retention.ms": str(30 * DAY_MS)}),
+    TopicSpec("audit", "the record of every decision", {"retention.ms": "-1", "retention.bytes": "-1"}),
+    TopicSpec("dlq", "malformed input, kept for a person", {"retention.ms": str(90 * DAY_MS)}),
+    TopicSpec(ROUTED, "inputs re-keyed by decision key (internal)", {"retention.ms": str(7 * DAY_MS)}),
+)
+
+
+def ensure_topics(kafka: KafkaSettings) -> list[str]:
+    """Create every missing topic; returns the names it created."""
+    client = admin_client(kafka)
+    try:
+        existing = set(client.list_topics())
+        wanted = [
+            NewTopic(
+                name=kafka.topic(spec.name),
+                num_partitions=kafka.partitions,
+                replication_factor=kafka.replication_factor,
+                topic_configs=spec.configs,
+            )
+            for spec in TOPICS
+            if kafka.topic(spec.name) not in existing
+        ]
+        created = []
+        for topic in wanted:  # one at a time: a race with another worker loses nothing
+            try:
+                client.create_topics([topic])
+                created.append(topic.name)
+            except TopicAlreadyExistsError:
+                pass
+        if created:
+            log.info("created topics", extra={"topics": created})
+        return created
+    finally:
+        client.close()
+
+
+def missing_topics(kafka: KafkaSettings) -> list[str]:
+    client = admin_client(kafka)
+    try:
+        existing = set(client.list_topics())
+    finally:
+        client.close()
+    return [kafka.topic(spec.name) for spec in TOPICS if kafka.topic(spec.name) not in existing]

@@ -1,0 +1,275 @@
+"""``vmstream worker``: the decision engine as a Faust stream processor.
+
+Topology (declared once, in :func:`build`)::
+
+    vmstream.k8s-events ──route──► vmstream.worker-routed ─┐   (re-keyed by decision key)
+    vmstream.intents ──────────────────────────────────────┴─decide─► commands, notifications,
+                                                                      audit, dlq
+    decide ──(a GPU VMI came or went)──► worker-routed, keyed by its node
+    timer ──(a drain deadline is due)──► worker-routed, keyed by its node
+
+``decide`` consumes intents and the routed topic together: both are keyed by decision key
+(``vm/<ns>/<name>``, ``node/<name>``) over the same number of partitions, so one instance
+owns a key's intents, events and table rows at once. Table rows are written under the
+partition of the message being decided, which is what keeps each row with its key. The
+rules run in :class:`~handlers.engine.Engine`; this module only moves bytes.
+
+Effectively once: Faust's exactly-once (transactions) is on where configured, but nothing
+relies on it alone — intents are deduplicated by ``intent_id`` in the ``processed`` table,
+and every output carries an id derived from its cause, so a redelivered input reissues
+the same ids and consumers drop repeats.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import faust
+from faust.types import EventT
+
+from handlers.decisions import ResidentUpdate
+from handlers.engine import Engine, Result, Source
+from handlers.messages import MalformedMessage, parse_watch_event
+from handlers.observing import decision_key
+from handlers.state import GLOBAL_TABLES, TABLES, Change, TableName
+from streams import metrics
+from streams.codecs import (
+    decode_resident_update,
+    decode_state,
+    encode_json,
+    encode_message,
+    encode_resident_update,
+    encode_state,
+)
+from streams.kafka_clients import faust_credentials
+from streams.settings import Settings
+from streams.topics import ROUTED, missing_topics
+
+log = logging.getLogger(__name__)
+
+KIND_HEADER = "vmstream-kind"  # event | resident | tick, on the routed topic
+SOURCE_HEADER = "vmstream-source"  # where a routed event was first read: topic/partition/offset
+
+TABLE_HELP: dict[TableName, str] = {
+    "vms": "VM key → last observed VirtualMachine (decided under the VM's key)",
+    "vmis": "VM key → last observed VMI (a VMI is named after its VM)",
+    "tracking": "VM key → what the owner was told (pending restart, GPU unavailable)",
+    "nodes": "node → last observed Node (decided under the node's key)",
+    "residents": "node → the GPU VMIs on it: the node-keyed view drains read",
+    "drains": "node → its drain episode",
+    "maintenances": "NodeMaintenance name → record (decided under its node's key)",
+    "processed": "intent_id → outcome (decided under the intent's key)",
+    "usage": "node → GPU cards offered and held: cluster-wide, read by every instance",
+    "kubevirt": "'cluster' → the KubeVirt CR's configuration: cluster-wide",
+}
+
+
+class TableState:
+    """The handlers' :class:`~handlers.state.StateView` over Faust tables of bytes.
+
+    Decoded values are cached beside the tables and reused while the stored bytes are
+    the same object, so a hot key is decoded once, not on every read.
+    """
+
+    def __init__(self, tables: Mapping[TableName, Any]) -> None:
+        self.tables = tables
+        self._decoded: dict[tuple[str, str], tuple[bytes, Any]] = {}
+
+    def get(self, table: TableName, key: str) -> Any | None:
+        raw = self.tables[table].get(key)
+        if raw is None:
+            return None
+        cached = self._decoded.get((table, key))
+        if cached is not None and cached[0] is raw:
+            return cached[1]
+        value = decode_state(table, raw)
+        self._decoded[(table, key)] = (raw, value)
+        return value
+
+    def values(self, table: TableName) -> Iterable[Any]:
+        return [self.get(table, key) for key in list(self.tables[table].keys())]
+
+    def apply(self, changes: Iterable[Change]) -> None:
+        for change in changes:
+            target = self.tables[change.table]
+            self._decoded.pop((change.table, change.key), None)
+            if change.value is None:
+                if change.key in target:
+                    del target[change.key]
+            else:
+                raw = encode_state(change.table, change.value)
+                target[change.key] = raw
+                self._decoded[(change.table, change.key)] = (raw, change.value)
+
+    def sizes(self) -> dict[str, int]:
+        return {name: len(table) for name, table in self.tables.items()}
+
+
+def _headers(event: EventT) -> dict[str, bytes]:
+    headers = event.message.headers or {}
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    return {str(k): (v if isinstance(v, bytes) else str(v).encode()) for k, v in items}
+
+
+def _key(event: EventT) -> str | None:
+    key = event.key
+    return key.decode("utf-8", "replace") if isinstance(key, bytes) else key
+
+
+class Worker:
+    """The Faust app with its topics, tables, agents and pages; one per process."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.kafka = settings.kafka
+        self.engine = Engine(settings.rules())
+        conf = settings.worker
+        self.app = faust.App(
+            conf.app_id,
+            broker=[f"kafka://{server}" for server in self.kafka.bootstrap_servers.split(",")],
+            broker_credentials=faust_credentials(self.kafka),
+            store=conf.store,
+            topic_partitions=self.kafka.partitions,
+            topic_replication_factor=self.kafka.replication_factor,
+            processing_guarantee="exactly_once" if conf.exactly_once else "at_least_once",
+            table_standby_replicas=0,
+            web_port=conf.web_port,
+            web_host=conf.web_host,
+            consumer_auto_offset_reset="earliest",
+            producer_acks=-1,
+        )
+        raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw",
+               "partitions": self.kafka.partitions}
+        self.intents = self.app.topic(self.kafka.topic("intents"), **raw)
+        self.events = self.app.topic(self.kafka.topic("k8s-events"), **raw)
+        self.routed = self.app.topic(self.kafka.topic(ROUTED), **raw)
+        self.decided = self.app.topic(self.kafka.topic("intents"), self.kafka.topic(ROUTED), **raw)
+        self.outputs = {name: self.app.topic(self.kafka.topic(name), **raw)
+                        for name in ("commands", "notifications", "audit", "dlq")}
+        self.tables = {
+            name: (self.app.GlobalTable if name in GLOBAL_TABLES else self.app.Table)(
+                f"state-{name}", key_type=str, value_type=bytes, partitions=self.kafka.partitions,
+                help=TABLE_HELP[name],
+            )
+            for name in TABLES
+        }
+        self.state = TableState(self.tables)
+        self.app.agent(self.events, name="route")(self._route)
+        self.app.agent(self.decided, name="decide")(self._decide)
+        self.app.timer(conf.tick_seconds)(self._tick)
+        self._page("/health", self._health)
+        self._page("/ready", self._ready)
+        self._page("/metrics", self._metrics)
+
+    # ------------------------------------------------------------------ agents
+
+    async def _route(self, stream: Any) -> None:
+        """Re-key each watch event by the key it is decided under."""
+        async for event in stream.events():
+            message = event.message
+            source = encode_json({"topic": message.topic, "partition": message.partition,
+                                  "offset": message.offset, "key": _key(event)})
+            try:
+                key = decision_key(parse_watch_event(event.value))
+            except MalformedMessage:
+                key = _key(event) or "malformed"  # decide dead-letters it, with its source
+            await self.routed.send(key=key.encode(), value=event.value, timestamp=message.timestamp,
+                                   headers={KIND_HEADER: b"event", SOURCE_HEADER: source})
+
+    async def _decide(self, stream: Any) -> None:
+        async for event in stream.events():
+            started = time.perf_counter()
+            kind = "intent"
+            try:
+                kind, results = self._decide_one(event)
+                for result in results:
+                    await self._commit(result, event.message.timestamp)
+            except Exception as error:  # a bug must not stop the partition: dead-letter it
+                log.exception("decision failed", extra={"topic": event.message.topic})
+                source = Source(event.message.topic, _key(event), event.message.partition, event.message.offset)
+                await self._commit(self.engine.dead_letter(event.value, f"internal error: {error!r}", source,
+                                                           self._time(event)), event.message.timestamp)
+            metrics.DECISION_SECONDS.labels(kind).observe(time.perf_counter() - started)
+
+    def _decide_one(self, event: EventT) -> tuple[str, list[Result]]:
+        message = event.message
+        now = self._time(event)
+        if message.topic == self.kafka.topic("intents"):
+            source = Source(message.topic, _key(event), message.partition, message.offset)
+            return "intent", [self.engine.on_intent(self.state, event.value, source, now)]
+        headers = _headers(event)
+        kind = headers.get(KIND_HEADER, b"").decode()
+        if kind == "event":
+            origin = json.loads(headers[SOURCE_HEADER])
+            source = Source(origin["topic"], origin["key"], origin["partition"], origin["offset"])
+            return "event", [self.engine.on_event(self.state, event.value, source, now)]
+        if kind == "resident":
+            return "resident", [self.engine.on_resident(self.state, decode_resident_update(event.value), now)]
+        if kind == "tick":
+            node = json.loads(event.value)["node"]
+            return "tick", self.engine.on_tick(self.state, now, only=node)
+        raise MalformedMessage(f"routed message without a known {KIND_HEADER} header: {kind!r}")
+
+    async def _commit(self, result: Result, timestamp: float) -> None:
+        """Apply a result: state first (same transaction), then outputs, then forwards."""
+        self.state.apply(result.decision.changes)
+        for output in result.outputs():
+            await self.outputs[output.topic].send(key=output.key.encode(), value=encode_message(output.value))
+            metrics.OUTPUTS.labels(output.topic).inc()
+        audit = result.decision.audit
+        if audit is not None:
+            metrics.INPUTS.labels(audit.input.topic, audit.outcome).inc()
+        for update in result.decision.forwards:
+            await self._forward(update, timestamp)
+
+    async def _forward(self, update: ResidentUpdate, timestamp: float) -> None:
+        """Tell a node's partition; the parent's timestamp keeps replays identical."""
+        await self.routed.send(key=f"node/{update.node}".encode(), value=encode_resident_update(update),
+                               timestamp=timestamp, headers={KIND_HEADER: b"resident"})
+
+    async def _tick(self) -> None:
+        """Ask each node with a due deadline to fire it, through the node's partition."""
+        now = datetime.now(UTC)
+        for episode in self.state.values("drains"):
+            if episode and not episode.deadline_passed and not episode.completed and episode.deadline <= now:
+                await self.routed.send(key=f"node/{episode.node}".encode(), value=encode_json({"node": episode.node}),
+                                       headers={KIND_HEADER: b"tick"})
+        for name, size in self.state.sizes().items():
+            metrics.TABLE_ROWS.labels(name).set(size)
+        metrics.record_lag(self.app)
+
+    @staticmethod
+    def _time(event: EventT) -> datetime:
+        """Decisions take the input's own time, so replaying it decides the same."""
+        return datetime.fromtimestamp(event.message.timestamp, UTC)
+
+    # ------------------------------------------------------------------- pages
+
+    def _page(self, path: str, handler: Any) -> None:
+        """Faust binds a page function to its view: wrap our bound method in a plain one."""
+
+        async def view(web: Any, request: Any) -> Any:
+            return await handler(web, request)
+
+        view.__name__ = f"page{path.replace('/', '_')}"
+        self.app.page(path)(view)
+
+    async def _health(self, web: Any, request: Any) -> Any:
+        return web.json({"status": "ok"})
+
+    async def _ready(self, web: Any, request: Any) -> Any:
+        """Ready once the tables are recovered from their changelogs and no topic is missing."""
+        recovered = self.app.tables.recovery.completed.is_set()
+        missing = await self.app.loop.run_in_executor(None, missing_topics, self.kafka)
+        ready = recovered and not missing
+        body = {"ready": ready, "tables_recovered": recovered, "missing_topics": missing}
+        return web.json(body, status=200 if ready else 503)
+
+    async def _metrics(self, web: Any, request: Any) -> Any:
+        return web.bytes(metrics.exposition(), content_type=metrics.CONTENT_TYPE)
+
