@@ -1,0 +1,451 @@
+"""``vmstream intent …``: a person's or a script's request, checked, published, answered.
+
+CLI arguments → :func:`build_intent` (the pydantic models the worker parses with, so a
+request the worker would refuse as malformed never leaves the machine) → :func:`publish_intent`
+on the intents topic under its contract key, with the idempotent producer → with ``--wait``,
+:class:`OutcomeWatch` reads the audit and notifications topics from the end offsets it noted
+*before* the publish, so however fast the worker answers, its record cannot be missed.
+
+Exit codes (also in ``vmstream intent --help``):
+
+- 0: published; with ``--wait``, accepted.
+- 1: with ``--wait``, decided but not accepted (rejected, duplicate, …): the outcome says why.
+- 2: invalid arguments, intent or configuration; nothing was published.
+- 3: with ``--wait``, no decision before ``--timeout``; the intent *was* published.
+- 4: Kafka could not be written or read (no broker, no topics).
+- 130: interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+import uuid
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar, get_args
+
+from pydantic import TypeAdapter, ValidationError
+
+from handlers.messages import (
+    INTENT_TYPES,
+    AuditRecord,
+    CreateVMIntent,
+    DrainNodeIntent,
+    Intent,
+    Notification,
+    Preference,
+    RestartVMIntent,
+    RunStrategy,
+    SetGPUIntent,
+    UndrainNodeIntent,
+    VMIntent,
+    node_key,
+)
+from streams.settings import KafkaSettings
+from streams.tailing import bounded, load_kafka_settings, quiet_kafka_logs, render_audit, render_notification
+
+if TYPE_CHECKING:
+    from kafka import KafkaConsumer
+
+log = logging.getLogger(__name__)
+
+AnyIntent = CreateVMIntent | SetGPUIntent | RestartVMIntent | DrainNodeIntent | UndrainNodeIntent
+
+EXIT_ACCEPTED = 0
+EXIT_NOT_ACCEPTED = 1
+EXIT_INVALID = 2
+EXIT_TIMEOUT = 3
+EXIT_KAFKA = 4
+EXIT_INTERRUPTED = 130
+
+DEFAULT_TIMEOUT = 30.0
+POLL_SECONDS = 0.5  # the longest one poll blocks; the deadline is checked between polls
+
+_INTENT: TypeAdapter[AnyIntent] = TypeAdapter(Intent)
+_M = TypeVar("_M", AuditRecord, Notification)
+
+
+class InvalidRequest(ValueError):
+    """The arguments do not make a valid intent; ``problems`` name the fields."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+class RequestError(RuntimeError):
+    """Kafka is not as the request needs it (e.g. the topics do not exist)."""
+
+
+# ------------------------------------------------------------------ building intents
+
+
+def field_problems(error: ValidationError) -> list[str]:
+    """``spec.cores: Input should be 1, 2, 4, 8, 16 or 32``: one per problem, by field."""
+    problems = []
+    for item in error.errors(include_url=False):
+        loc = list(item["loc"])
+        if loc and loc[0] in INTENT_TYPES:  # the union's tag, not a field
+            loc = loc[1:]
+        problems.append(f"{'.'.join(str(part) for part in loc) or '(intent)'}: {item['msg']}")
+    return problems
+
+
+def _labels(pairs: list[str] | None) -> tuple[dict[str, str], list[str]]:
+    labels: dict[str, str] = {}
+    problems = []
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            problems.append(f"spec.labels: {pair!r} is not KEY=VALUE")
+        else:
+            labels[key] = value
+    return labels, problems
+
+
+def intent_data(args: argparse.Namespace, *, now: datetime | None = None) -> tuple[dict[str, Any], list[str]]:
+    """The intent as JSON data, from parsed arguments, with optional fields left out when
+    unset; and the problems the models cannot see (a label without ``=``)."""
+    kind: str = args.intent_type
+    problems: list[str] = []
+    spec: dict[str, Any]
+    if kind in ("create_vm", "set_gpu", "restart_vm"):
+        spec = {"namespace": args.namespace, "name": args.name}
+    else:
+        spec = {"node": args.node}
+    if kind == "set_gpu":
+        spec["gpu_class"] = None if args.remove else args.gpu_class  # null is the request
+    elif kind == "create_vm":
+        labels, problems = _labels(args.label)
+        spec |= {"cores": args.cores, "memory_gib": args.memory_gib, "image": args.image}
+        optional = {"run_strategy": args.run_strategy, "preference": args.preference,
+                    "gpu_class": args.gpu_class, "labels": labels or None}
+        spec |= {field: value for field, value in optional.items() if value is not None}
+    elif kind == "drain_node":
+        spec["reason"] = args.reason
+        if args.notice_seconds is not None:  # unset: the worker's configured notice
+            spec["notice_seconds"] = args.notice_seconds
+    elif kind == "undrain_node" and args.reason is not None:
+        spec["reason"] = args.reason
+    data: dict[str, Any] = {
+        "intent_id": str(uuid.uuid4()) if args.intent_id is None else args.intent_id,
+        "type": kind,
+        "requested_by": args.requested_by,
+        "requested_at": (now or datetime.now(UTC)).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
+        "spec": spec,
+    }
+    if args.project is not None:
+        data["project"] = args.project
+    return data, problems
+
+
+def validate_intent(data: dict[str, Any]) -> AnyIntent:
+    """The worker's own models: raises :class:`InvalidRequest` naming each bad field."""
+    try:
+        return _INTENT.validate_python(data)
+    except ValidationError as exc:
+        raise InvalidRequest(field_problems(exc)) from exc
+
+
+def build_intent(args: argparse.Namespace, *, now: datetime | None = None) -> AnyIntent:
+    """The intent the arguments ask for; :class:`InvalidRequest` lists every problem at once."""
+    data, problems = intent_data(args, now=now)
+    try:
+        intent = validate_intent(data)
+    except InvalidRequest as exc:
+        problems += exc.problems
+    if problems:
+        raise InvalidRequest(problems)
+    return intent
+
+
+def intent_key(intent: AnyIntent) -> str:
+    """The contract key: ``vm/<namespace>/<name>`` or ``node/<name>``."""
+    if isinstance(intent, VMIntent):
+        return intent.vm_key()
+    return node_key(intent.spec.node)
+
+
+def encode_intent(intent: AnyIntent) -> bytes:
+    """Only what was set: a ``null`` GPU class is kept (it means remove), defaults are not."""
+    return intent.model_dump_json(exclude_unset=True).encode()
+
+
+# --------------------------------------------------------------------------- Kafka
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    topic: str
+    key: str
+    partition: int
+    offset: int
+
+    @property
+    def source_ref(self) -> str:
+        """The audit ``ref`` the worker gives a message it could not parse (dead-lettered)."""
+        return f"{self.topic}:{self.partition}:{self.offset}"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    audit: AuditRecord
+    notifications: list[Notification]
+    missing: list[str]  # notification ids the audit lists but the deadline came first
+
+
+def publish_intent(kafka: KafkaSettings, intent: AnyIntent, *, timeout: float) -> Published:
+    """Send one intent and wait for the broker's acknowledgement (acks=all, idempotent)."""
+    from kafka import KafkaProducer
+
+    from streams.kafka_clients import producer
+
+    topic, key = kafka.topic("intents"), intent_key(intent)
+    client = producer(kafka, max_block_ms=max(1, int(timeout * 1000)), **bounded(KafkaProducer, timeout))
+    try:
+        metadata = client.send(topic, key=key.encode(), value=encode_intent(intent)).get(timeout=timeout)
+    finally:
+        client.close(timeout=timeout)
+    log.debug("published %s to %s[%d]@%d", intent.intent_id, topic, metadata.partition, metadata.offset)
+    return Published(topic, key, metadata.partition, metadata.offset)
+
+
+class OutcomeWatch:
+    """The audit and notifications topics, read from their end offsets as of construction.
+
+    Construct it before publishing: the worker's answer is then at or after those offsets,
+    however soon it comes. No consumer group, no commits: watching changes nothing.
+    """
+
+    def __init__(self, kafka: KafkaSettings, *, timeout: float | None = None) -> None:
+        from kafka import KafkaConsumer
+        from kafka.structs import TopicPartition
+
+        from streams.kafka_clients import consumer
+
+        self.audit_topic = kafka.topic("audit")
+        self.notifications_topic = kafka.topic("notifications")
+        # read_committed: the worker writes in transactions; an aborted decision never happened.
+        self._client: KafkaConsumer = consumer(kafka, group_id=None, enable_auto_commit=False,
+                                               isolation_level="read_committed", **bounded(KafkaConsumer, timeout))
+        try:
+            partitions = []
+            for topic in (self.audit_topic, self.notifications_topic):
+                ids = self._client.partitions_for_topic(topic)
+                if not ids:
+                    raise RequestError(f"no topic {topic!r} on {kafka.bootstrap_servers} "
+                                       "(create them with `vmstream topics create`)")
+                partitions += [TopicPartition(topic, p) for p in sorted(ids)]
+            ends = self._client.end_offsets(partitions)
+            self._client.assign(partitions)
+            for tp in partitions:
+                self._client.seek(tp, ends[tp])
+        except BaseException:
+            self._client.close()
+            raise
+        self._notifications: dict[str, Notification] = {}
+
+    def __enter__(self) -> OutcomeWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._client.close()
+
+    def wait(self, refs: Collection[str], deadline: float) -> Outcome | None:
+        """The first audit record whose ``input.ref`` is one of ``refs``, with its notifications.
+
+        ``deadline`` is a ``time.monotonic()`` value. None if no such record came by then;
+        notifications still unseen at the deadline are listed in ``missing``.
+        """
+        audit: AuditRecord | None = None
+        while True:
+            if audit is not None and all(n in self._notifications for n in audit.notifications):
+                return self._outcome(audit)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None if audit is None else self._outcome(audit)
+            for records in self._client.poll(timeout_ms=int(min(remaining, POLL_SECONDS) * 1000)).values():
+                for record in records:
+                    if record.topic == self.audit_topic:
+                        found = _read(AuditRecord, record.value)
+                        if audit is None and found is not None and found.input.ref in refs:
+                            audit = found
+                    else:
+                        notification = _read(Notification, record.value)
+                        if notification is not None:
+                            self._notifications[notification.notification_id] = notification
+
+    def _outcome(self, audit: AuditRecord) -> Outcome:
+        seen = [self._notifications[n] for n in audit.notifications if n in self._notifications]
+        missing = [n for n in audit.notifications if n not in self._notifications]
+        return Outcome(audit, seen, missing)
+
+
+def _read(model: type[_M], raw: bytes | None) -> _M | None:
+    """A message of another producer's making may be anything: skip what is not ours to read."""
+    if raw is None:
+        return None
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        log.debug("skipping an unreadable %s: %s", model.__name__, exc)
+        return None
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def request(
+    kafka: KafkaSettings,
+    intent: AnyIntent,
+    *,
+    wait: bool,
+    timeout: float,
+    out: TextIO,
+    err: TextIO,
+) -> int:
+    """Publish ``intent``; with ``wait``, print its outcome. Returns the exit code."""
+    deadline = time.monotonic() + timeout
+    if not wait:
+        published = publish_intent(kafka, intent, timeout=timeout)
+        _print_published(intent, published, out)
+        return EXIT_ACCEPTED
+    with OutcomeWatch(kafka, timeout=timeout) as watch:  # before publishing: the answer cannot be missed
+        published = publish_intent(kafka, intent, timeout=max(0.001, deadline - time.monotonic()))
+        _print_published(intent, published, out)
+        outcome = watch.wait({intent.intent_id, published.source_ref}, deadline)
+    if outcome is None:
+        print(
+            f"vmstream intent: no decision on {intent.intent_id} within {timeout:g}s. It was published "
+            f"({published.topic}[{published.partition}]@{published.offset}) and may still be decided: "
+            f"is a worker running? Watch with `vmstream tail audit --follow`.",
+            file=err,
+        )
+        return EXIT_TIMEOUT
+    _print_outcome(outcome, out, err)
+    return EXIT_ACCEPTED if outcome.audit.outcome == "accepted" else EXIT_NOT_ACCEPTED
+
+
+def _print_published(intent: AnyIntent, published: Published, out: TextIO) -> None:
+    print(f"published {intent.type} {intent.intent_id} to {published.topic} under {published.key} "
+          f"(partition {published.partition}, offset {published.offset})", file=out, flush=True)
+
+
+def _print_outcome(outcome: Outcome, out: TextIO, err: TextIO) -> None:
+    print(render_audit(outcome.audit), file=out)
+    for command_id in outcome.audit.commands:
+        print(f"  command {command_id}", file=out)
+    for notification in outcome.notifications:
+        print(f"  {render_notification(notification)}", file=out)
+    for notification_id in outcome.missing:
+        print(f"vmstream intent: notification {notification_id} not seen before the deadline", file=err)
+    out.flush()
+
+
+def _run(args: argparse.Namespace) -> int:
+    from kafka.errors import KafkaError
+
+    quiet_kafka_logs(args)
+    try:
+        intent = build_intent(args)
+    except InvalidRequest as exc:
+        print(f"vmstream intent: invalid {args.intent_type} intent, nothing published:", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        kafka = load_kafka_settings(args.config)
+    except (OSError, ValueError) as exc:
+        print(f"vmstream intent: configuration: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        return request(kafka, intent, wait=args.wait, timeout=args.timeout, out=sys.stdout, err=sys.stderr)
+    except RequestError as exc:
+        print(f"vmstream intent: {exc}", file=sys.stderr)
+        return EXIT_KAFKA
+    except KafkaError as exc:
+        print(f"vmstream intent: Kafka at {kafka.bootstrap_servers}: {exc!r}", file=sys.stderr)
+        return EXIT_KAFKA
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, not {text}")
+    return value
+
+
+EXIT_CODES = (
+    "exit codes: 0 published (with --wait: accepted); 1 decided but not accepted (rejected, "
+    "duplicate, …); 2 invalid arguments or intent, nothing published; 3 no decision within "
+    "--timeout (the intent was published); 4 Kafka unreachable or topics missing"
+)
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``vmstream intent`` and its one subcommand per intent type."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--by", dest="requested_by", required=True, metavar="PRINCIPAL",
+                        help="who asks (e.g. alice@example.com); notifications go to them")
+    common.add_argument("--project", help="the project that owns the VM (required for VM intents)")
+    common.add_argument("--id", dest="intent_id", metavar="ID",
+                        help="the intent id (default: a new UUID); the same id twice has one effect")
+    common.add_argument("--config", help="the configuration file (YAML)")
+    common.add_argument("--wait", action="store_true", help="wait for the decision and print it")
+    common.add_argument("--timeout", type=_positive_seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                        help=f"give up publishing and waiting after SECONDS (default {DEFAULT_TIMEOUT:g})")
+
+    intent = commands.add_parser(
+        "intent", help="publish a validated intent (optionally wait for its decision)",
+        description="Publish one intent to the intents topic, after checking it against the "
+        "contract's models.", epilog=EXIT_CODES,
+    )
+    kinds = intent.add_subparsers(dest="intent_command", required=True, metavar="TYPE")
+
+    def kind(name: str, intent_type: str, help_text: str) -> argparse.ArgumentParser:
+        parser = kinds.add_parser(name, parents=[common], help=help_text, description=help_text,
+                                  epilog=EXIT_CODES)
+        parser.set_defaults(handler=_run, intent_type=intent_type)
+        return parser
+
+    def vm(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--namespace", required=True, help="the VM's namespace")
+        parser.add_argument("--name", required=True, help="the VM's name")
+
+    set_gpu = kind("set-gpu", "set_gpu", "give a VM a GPU of a class, or remove its GPU")
+    vm(set_gpu)
+    gpu = set_gpu.add_mutually_exclusive_group(required=True)
+    gpu.add_argument("--gpu-class", metavar="CLASS", help="the GPU class id (see the configuration)")
+    gpu.add_argument("--remove", action="store_true", help="remove the VM's GPU")
+
+    create = kind("create-vm", "create_vm", "create a VM")
+    vm(create)
+    create.add_argument("--cores", type=int, required=True, help="1, 2, 4, 8, 16 or 32")
+    create.add_argument("--memory-gib", type=int, required=True, help="1, 2, 4, 8, 16, 32 or 64")
+    create.add_argument("--image", required=True, help="the container disk image")
+    create.add_argument("--run-strategy", help=f"{' | '.join(get_args(RunStrategy))} (default Manual)")
+    create.add_argument("--preference", help=f"{' | '.join(get_args(Preference))} (default linux)")
+    create.add_argument("--gpu-class", metavar="CLASS", help="a GPU class id (default: no GPU)")
+    create.add_argument("--label", action="append", metavar="KEY=VALUE", help="a label; repeatable")
+
+    restart = kind("restart", "restart_vm", "restart a VM (applies a pending GPU change)")
+    vm(restart)
+
+    drain = kind("drain", "drain_node", "drain a node (operators only): GPU VMs are stopped after notice")
+    drain.add_argument("--node", required=True, help="the node's name")
+    drain.add_argument("--reason", required=True, help="why, told to the VMs' owners")
+    drain.add_argument("--notice-seconds", type=int, metavar="SECONDS",
+                       help="notice before GPU VMs are stopped (default: the configured notice)")
+
+    undrain = kind("undrain", "undrain_node", "end a node's drain (operators only)")
+    undrain.add_argument("--node", required=True, help="the node's name")
+    undrain.add_argument("--reason", help="why (optional)")
