@@ -1,0 +1,96 @@
+# vmstream: one image for every job of the `vmstream` command (the worker by default).
+#
+#   docker build -t vmstream .
+#   docker run --rm --read-only --tmpfs /tmp -v vmstream-data:/var/lib/vmstream \
+#     -v "$PWD/examples/config.yaml:/etc/vmstream/config.yaml:ro" \
+#     -e VMSTREAM_KAFKA__BOOTSTRAP_SERVERS=kafka:9092 -e VMSTREAM_WORKER__WEB_HOST=0.0.0.0 \
+#     -p 6066:6066 vmstream
+#
+# Read-only root filesystem: the process writes only under /tmp and /var/lib/vmstream
+# (Faust's data directory, declared a VOLUME). With `readOnlyRootFilesystem: true` in
+# Kubernetes, mount an emptyDir at both paths.
+#
+# The worker's web server (/health, /ready, /metrics) listens on 127.0.0.1 unless
+# VMSTREAM_WORKER__WEB_HOST (or worker.web_host in the config file) says otherwise: set it to
+# 0.0.0.0 for probes and port publishing to reach it. It is not set here because the
+# environment takes precedence over the config file.
+
+# ---------------------------------------------------------------------------- build
+FROM python:3.11-slim AS build
+
+# Set by BuildKit. On amd64 every dependency ships a binary wheel; elsewhere some
+# (faust-streaming's C extensions) may be built from source and need a compiler.
+ARG TARGETARCH
+# hadolint ignore=DL3008
+RUN if [ "${TARGETARCH:-amd64}" != "amd64" ]; then \
+        apt-get update \
+        && apt-get install -y --no-install-recommends gcc libc6-dev \
+        && rm -rf /var/lib/apt/lists/*; \
+    fi
+
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore
+RUN python -m venv /opt/vmstream
+ENV PATH=/opt/vmstream/bin:$PATH
+
+WORKDIR /src
+# The dependencies first, from pyproject.toml alone, so a source change reuses this layer.
+COPY pyproject.toml ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+        > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt
+# Then the package itself (no test extras). README.md is optional: the glob may match
+# nothing (pyproject.toml is named again so that even the legacy builder has a source).
+COPY pyproject.toml README.m[d] ./
+COPY handlers ./handlers
+COPY streams ./streams
+# pip and setuptools are not needed at run time (nothing imports them): leave them out of
+# the image, with fewer files to scan and patch.
+RUN pip install . \
+    && pip check \
+    && python -m pip uninstall -y pip setuptools
+
+# -------------------------------------------------------------------------- runtime
+FROM python:3.11-slim AS runtime
+
+LABEL org.opencontainers.image.title="vmstream" \
+      org.opencontainers.image.description="Keeps GPU-passthrough VMs on KubeVirt right, event by event, over Kafka." \
+      org.opencontainers.image.licenses="Apache-2.0"
+
+# A fixed, numeric non-root user, so `runAsNonRoot` can check it and volumes can be
+# prepared for it (fsGroup 10001).
+RUN groupadd --system --gid 10001 vmstream \
+    && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/vmstream \
+        --no-create-home --shell /usr/sbin/nologin vmstream \
+    && install -d -o 10001 -g 10001 -m 0750 /var/lib/vmstream \
+    && install -d -m 0755 /etc/vmstream
+
+COPY --from=build /opt/vmstream /opt/vmstream
+# A default configuration so the image runs as it is; mount your own over it.
+COPY examples/config.yaml /etc/vmstream/config.yaml
+
+# HOME and the data directory are the volume; caches and scratch files go to /tmp. The
+# bytecode was compiled at install time: nothing tries to write it at run time.
+# APP_DATADIR is Faust's data directory ({conf.name} is the app id): absolute, so the
+# tables do not depend on the working directory.
+ENV PATH=/opt/vmstream/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    HOME=/var/lib/vmstream \
+    XDG_CACHE_HOME=/tmp/.cache \
+    TMPDIR=/tmp \
+    APP_DATADIR=/var/lib/vmstream/{conf.name}-data
+
+WORKDIR /var/lib/vmstream
+VOLUME ["/var/lib/vmstream"]
+USER 10001:10001
+
+EXPOSE 6066
+# No curl in the slim image: Python asks the worker's own /health page. Only the worker
+# serves it: give `topics`, `watch` and `apply` containers --no-healthcheck.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('VMSTREAM_WORKER__WEB_PORT', '6066'), timeout=4)"]
+
+ENTRYPOINT ["vmstream"]
+CMD ["worker", "--config", "/etc/vmstream/config.yaml"]

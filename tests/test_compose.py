@@ -1,0 +1,248 @@
+"""docker-compose.yml and the Dockerfile stay in step with the code they package.
+
+No container engine is needed: the files are parsed, not run. The compose broker must
+behave like ``streams.localkafka``'s (same Kafka version, same single-node settings); the
+worker must reach it and run read-only as a non-root user; the image must run ``vmstream``
+on Python 3.11 or later.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from streams.localkafka import KAFKA_VERSION, SINGLE_NODE_SETTINGS
+from streams.settings import WorkerSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "Dockerfile"
+VMSTREAM_SERVICES = ("topics", "worker", "watch", "apply")
+OPT_IN_SERVICES = ("watch", "apply")
+
+
+# -- helpers -----------------------------------------------------------------------------
+
+
+def _env_value(value: Any) -> str:
+    """An environment value as the container sees it (YAML may have typed it)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "" if value is None else str(value)
+
+
+def _environment(service: dict[str, Any]) -> dict[str, str]:
+    """A service's environment, from either compose form (mapping or ``KEY=value`` list)."""
+    raw = service.get("environment") or {}
+    if isinstance(raw, list):
+        pairs = (item.partition("=") for item in raw)
+        return {key: value for key, _, value in pairs}
+    return {key: _env_value(value) for key, value in raw.items()}
+
+
+def _kafka_env_name(prop: str) -> str:
+    """The apache/kafka image's env name for a server property: ``a.b_c`` → ``KAFKA_A_B__C``."""
+    return "KAFKA_" + prop.replace("_", "__").replace(".", "_").upper()
+
+
+def _instructions(dockerfile: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, with continuation lines joined and comments dropped."""
+    result: list[tuple[str, str]] = []
+    pending = ""
+    for line in dockerfile.splitlines():
+        stripped = line.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.startswith("#"):  # a comment inside a continued instruction
+            continue
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        full = (pending + stripped).strip()
+        pending = ""
+        if full:
+            keyword, _, arguments = full.partition(" ")
+            result.append((keyword.upper(), arguments.strip()))
+    return result
+
+
+def _last(instructions: list[tuple[str, str]], keyword: str) -> str:
+    values = [arguments for kw, arguments in instructions if kw == keyword]
+    assert values, f"the Dockerfile has no {keyword}"
+    return values[-1]
+
+
+def _final_stage(instructions: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    starts = [i for i, (kw, _) in enumerate(instructions) if kw == "FROM"]
+    assert starts, "the Dockerfile has no FROM"
+    return instructions[starts[-1]:]
+
+
+def _python_version(image: str) -> tuple[int, int]:
+    match = re.fullmatch(r"(?:docker\.io/)?(?:library/)?python:(\d+)\.(\d+)[^\s]*", image)
+    assert match, f"not a python:X.Y image: {image!r}"
+    return int(match[1]), int(match[2])
+
+
+# -- fixtures ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    found = compose["services"]
+    assert isinstance(found, dict)
+    return found
+
+
+@pytest.fixture(scope="module")
+def dockerfile() -> list[tuple[str, str]]:
+    return _instructions(DOCKERFILE.read_text())
+
+
+# -- the broker --------------------------------------------------------------------------
+
+
+def test_kafka_image_is_the_local_launchers_version(services: dict[str, dict[str, Any]]) -> None:
+    image = services["kafka"]["image"]
+    assert image == f"apache/kafka:{KAFKA_VERSION}"
+
+
+def test_broker_has_every_single_node_setting(services: dict[str, dict[str, Any]]) -> None:
+    env = _environment(services["kafka"])
+    expected = {_kafka_env_name(prop): value for prop, value in SINGLE_NODE_SETTINGS.items()}
+    assert {name: env.get(name) for name in expected} == expected
+
+
+def test_broker_keeps_internal_topics_at_one_replica(services: dict[str, dict[str, Any]]) -> None:
+    """Spelled out: without these a one-node cluster has no offsets and no transactions."""
+    env = _environment(services["kafka"])
+    for prop in (
+        "offsets.topic.replication.factor",
+        "transaction.state.log.replication.factor",
+        "transaction.state.log.min.isr",
+    ):
+        assert SINGLE_NODE_SETTINGS[prop] == "1"
+        assert env[_kafka_env_name(prop)] == "1", prop
+
+
+def test_broker_is_one_kraft_node_reachable_as_kafka_9092(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    kafka = services["kafka"]
+    env = _environment(kafka)
+    assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"
+    assert env["KAFKA_NODE_ID"] == "1"
+    assert env["KAFKA_CONTROLLER_LISTENER_NAMES"] == "CONTROLLER"
+    assert env["CLUSTER_ID"]
+    advertised = env["KAFKA_ADVERTISED_LISTENERS"].split(",")
+    assert "PLAINTEXT://kafka:9092" in advertised
+    protocols = dict(item.split(":") for item in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    assert protocols["PLAINTEXT"] == "PLAINTEXT"
+    assert "healthcheck" in kafka
+
+
+# -- the vmstream services ---------------------------------------------------------------
+
+
+def test_worker_reaches_the_compose_broker(services: dict[str, dict[str, Any]]) -> None:
+    kafka_env = _environment(services["kafka"])
+    for name in VMSTREAM_SERVICES:
+        env = _environment(services[name])
+        bootstrap = env["VMSTREAM_KAFKA__BOOTSTRAP_SERVERS"]
+        assert bootstrap == "kafka:9092", name
+        assert f"PLAINTEXT://{bootstrap}" in kafka_env["KAFKA_ADVERTISED_LISTENERS"].split(",")
+
+
+def test_worker_serves_its_pages_outside_the_container(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    worker = services["worker"]
+    env = _environment(worker)
+    assert env["VMSTREAM_WORKER__WEB_HOST"] == "0.0.0.0"
+    port = int(env.get("VMSTREAM_WORKER__WEB_PORT", WorkerSettings().web_port))
+    assert any(str(mapping).endswith(f":{port}") for mapping in worker["ports"])
+    assert "/health" in json.dumps(worker["healthcheck"]["test"])
+
+
+def test_vmstream_services_run_read_only_as_non_root(services: dict[str, dict[str, Any]]) -> None:
+    for name in VMSTREAM_SERVICES:
+        service = services[name]
+        assert service["read_only"] is True, name
+        uid, _, gid = str(service["user"]).partition(":")
+        assert uid.isdigit() and int(uid) != 0, name
+        assert not gid or (gid.isdigit() and int(gid) != 0), name
+        assert "/tmp" in service["tmpfs"], name
+
+
+def test_worker_data_dir_is_a_volume(services: dict[str, dict[str, Any]]) -> None:
+    targets = {
+        volume["target"] if isinstance(volume, dict) else volume.split(":")[1]: volume
+        for volume in services["worker"]["volumes"]
+    }
+    assert "/var/lib/vmstream" in targets
+    config = targets["/etc/vmstream/config.yaml"]
+    assert isinstance(config, dict)
+    assert config["read_only"] is True
+    assert (ROOT / config["source"]).resolve() == (ROOT / "examples" / "config.yaml").resolve()
+
+
+def test_start_order(services: dict[str, dict[str, Any]]) -> None:
+    assert services["topics"]["depends_on"]["kafka"]["condition"] == "service_healthy"
+    assert services["topics"]["command"][:2] == ["topics", "create"]
+    assert services["worker"]["depends_on"]["topics"]["condition"] == "service_completed_successfully"
+
+
+def test_kubernetes_services_are_opt_in(services: dict[str, dict[str, Any]]) -> None:
+    for name in OPT_IN_SERVICES:
+        service = services[name]
+        assert service["profiles"] == ["kubernetes"], name
+        assert service["command"][0] == name
+        assert _environment(service)["KUBECONFIG"]
+    for name in ("kafka", "topics", "worker"):
+        assert "profiles" not in services[name], name
+
+
+# -- the image ---------------------------------------------------------------------------
+
+
+def test_image_is_python_3_11_or_later(dockerfile: list[tuple[str, str]]) -> None:
+    bases = [arguments.split()[0] for kw, arguments in dockerfile if kw == "FROM"]
+    assert bases, "no FROM"
+    for base in bases:
+        if base.startswith(("python:", "docker.io/", "library/")):
+            assert _python_version(base) >= (3, 11), base
+    assert _python_version(bases[-1]) >= (3, 11)  # the image people run
+
+
+def test_image_runs_vmstream_as_non_root(dockerfile: list[tuple[str, str]]) -> None:
+    final = _final_stage(dockerfile)
+    assert json.loads(_last(final, "ENTRYPOINT")) == ["vmstream"]
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert "vmstream" in scripts
+    uid = _last(final, "USER").partition(":")[0]
+    assert uid.isdigit() and int(uid) != 0
+    command = json.loads(_last(final, "CMD"))
+    assert command[0] == "worker"
+    assert command[command.index("--config") + 1] == "/etc/vmstream/config.yaml"
+
+
+def test_image_exposes_the_web_port_and_checks_health(dockerfile: list[tuple[str, str]]) -> None:
+    final = _final_stage(dockerfile)
+    assert str(WorkerSettings().web_port) in _last(final, "EXPOSE").split()
+    assert "/health" in _last(final, "HEALTHCHECK")
+    volumes = " ".join(arguments for kw, arguments in final if kw == "VOLUME")
+    assert "/var/lib/vmstream" in volumes
+    assert _last(final, "WORKDIR") == "/var/lib/vmstream"
