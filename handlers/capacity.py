@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from handlers.catalog import Catalog
 from handlers.cluster import NodeRecord, NodeUsage, Resident
 from handlers.state import Overlay, StateView
 
@@ -40,6 +41,17 @@ def capacity(state: StateView, device_name: str, *, excluding_node: str | None =
             used += min(usage.held.get(device_name, 0), allocatable)
             free += usage.free(device_name)
     return Capacity(device_name, total, schedulable, used, free)
+
+
+def capacity_report(state: StateView, catalog: Catalog) -> dict[str, dict[str, object]]:
+    """Every configured class's capacity, plus devices seen on nodes that map to no class."""
+    devices = {d for usage in state.values("usage") for d in usage.allocatable}
+    devices |= set(catalog.by_device)
+    report: dict[str, dict[str, object]] = {}
+    for device in sorted(devices):
+        gpu = catalog.for_device(device)
+        report[gpu.id or device] = {**gpu.describe(), **capacity(state, device).as_details()}
+    return report
 
 
 def refresh_usage(state: Overlay, node: str) -> None:

@@ -11,6 +11,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
+from streams import requesting, tailing
 from streams.settings import load_settings
 
 Handler = Callable[[argparse.Namespace], int]
@@ -43,8 +44,9 @@ def _worker(args: argparse.Namespace) -> int:
     from streams.worker import Worker
 
     settings = load_settings(args.config)
-    ensure_topics(settings.kafka)
     worker = Worker(settings)
+    ensure_topics(settings.kafka, changelogs=worker.changelogs())
+    logging.getLogger("kafka").setLevel(logging.WARNING)  # kafka-python admin chatter
     faust.Worker(worker.app, loglevel="DEBUG" if args.verbose else "INFO", quiet=True).execute_from_commandline()
     return 0
 
@@ -71,7 +73,9 @@ def _kube(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vmstream", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="vmstream", description="Keeps GPU-passthrough VMs on KubeVirt right, event by event, over Kafka."
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -99,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     kube = commands.add_parser("kube", help="a local kube-apiserver + etcd with KubeVirt's CRDs")
     kube.add_argument("action", choices=["up", "down", "status"])
     kube.set_defaults(handler=_kube)
+
+    requesting.add_parser(commands)
+    tailing.add_parser(commands)
     return parser
 
 

@@ -41,20 +41,32 @@ TOPICS: tuple[TopicSpec, ...] = (
 )
 
 
-def ensure_topics(kafka: KafkaSettings) -> list[str]:
-    """Create every missing topic; returns the names it created."""
+def changelog_topic(app_id: str, table: str) -> str:
+    """The name Faust gives a table's changelog."""
+    return f"{app_id}-{table}-changelog"
+
+
+def ensure_topics(kafka: KafkaSettings, *, changelogs: tuple[str, ...] = ()) -> list[str]:
+    """Create every missing topic (and the given compacted changelogs); returns those created.
+
+    Changelogs are created here, before the worker starts, because Faust's partition
+    assignor skips a topic it does not see yet — and a global table whose changelog was
+    skipped at the first assignment is not recovered until the next rebalance.
+    """
     client = admin_client(kafka)
     try:
         existing = set(client.list_topics())
+        specs = [(kafka.topic(spec.name), spec.configs) for spec in TOPICS]
+        specs += [(name, {"cleanup.policy": "compact"}) for name in changelogs]
         wanted = [
             NewTopic(
-                name=kafka.topic(spec.name),
+                name=name,
                 num_partitions=kafka.partitions,
                 replication_factor=kafka.replication_factor,
-                topic_configs=spec.configs,
+                topic_configs=configs,
             )
-            for spec in TOPICS
-            if kafka.topic(spec.name) not in existing
+            for name, configs in specs
+            if name not in existing
         ]
         created = []
         for topic in wanted:  # one at a time: a race with another worker loses nothing

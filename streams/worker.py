@@ -22,6 +22,7 @@ the same ids and consumers drop repeats.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -32,6 +33,7 @@ from typing import Any
 import faust
 from faust.types import EventT
 
+from handlers.capacity import capacity_report
 from handlers.decisions import ResidentUpdate
 from handlers.engine import Engine, Result, Source
 from handlers.messages import MalformedMessage, parse_watch_event
@@ -46,9 +48,10 @@ from streams.codecs import (
     encode_resident_update,
     encode_state,
 )
+from streams.globalview import GlobalView
 from streams.kafka_clients import faust_credentials
 from streams.settings import Settings
-from streams.topics import ROUTED, missing_topics
+from streams.topics import ROUTED, changelog_topic, missing_topics
 
 log = logging.getLogger(__name__)
 
@@ -72,18 +75,20 @@ TABLE_HELP: dict[TableName, str] = {
 class TableState:
     """The handlers' :class:`~handlers.state.StateView` over Faust tables of bytes.
 
-    Decoded values are cached beside the tables and reused while the stored bytes are
-    the same object, so a hot key is decoded once, not on every read.
+    Cluster-wide tables are read through the :class:`GlobalView` (every partition), with
+    this instance's own fresher rows first. Decoded values are cached beside the tables
+    and reused while the stored bytes are the same object, so a hot key is decoded once.
     """
 
-    def __init__(self, tables: Mapping[TableName, Any]) -> None:
+    def __init__(self, tables: Mapping[TableName, Any], view: GlobalView) -> None:
         self.tables = tables
+        self.view = view
         self._decoded: dict[tuple[str, str], tuple[bytes, Any]] = {}
 
     def get(self, table: TableName, key: str) -> Any | None:
         raw = self.tables[table].get(key)
         if raw is None:
-            return None
+            return self.view.tables[table].get(key) if table in self.view.tables else None
         cached = self._decoded.get((table, key))
         if cached is not None and cached[0] is raw:
             return cached[1]
@@ -92,7 +97,10 @@ class TableState:
         return value
 
     def values(self, table: TableName) -> Iterable[Any]:
-        return [self.get(table, key) for key in list(self.tables[table].keys())]
+        keys = set(self.tables[table].keys())
+        if table in self.view.tables:
+            keys |= set(self.view.tables[table])
+        return [value for key in sorted(keys) if (value := self.get(table, key)) is not None]
 
     def apply(self, changes: Iterable[Change]) -> None:
         for change in changes:
@@ -108,6 +116,12 @@ class TableState:
 
     def sizes(self) -> dict[str, int]:
         return {name: len(table) for name, table in self.tables.items()}
+
+
+def _suppresses_reemission(result: Result) -> bool:
+    """Whether the state this result writes would stop a re-decision from re-sending it."""
+    touched = {change.table for change in result.decision.changes}
+    return bool(touched & {"processed", "tracking", "drains", "residents"})
 
 
 def _headers(event: EventT) -> dict[str, bytes]:
@@ -136,6 +150,8 @@ class Worker:
             store=conf.store,
             topic_partitions=self.kafka.partitions,
             topic_replication_factor=self.kafka.replication_factor,
+            # Faust's exactly-once loses its transaction producers on a rebalance ("No
+            # transaction producer found"): opt-in only. Correctness comes from _commit.
             processing_guarantee="exactly_once" if conf.exactly_once else "at_least_once",
             table_standby_replicas=0,
             web_port=conf.web_port,
@@ -152,19 +168,24 @@ class Worker:
         self.outputs = {name: self.app.topic(self.kafka.topic(name), **raw)
                         for name in ("commands", "notifications", "audit", "dlq")}
         self.tables = {
-            name: (self.app.GlobalTable if name in GLOBAL_TABLES else self.app.Table)(
-                f"state-{name}", key_type=str, value_type=bytes, partitions=self.kafka.partitions,
-                help=TABLE_HELP[name],
-            )
+            name: self.app.Table(f"state-{name}", key_type=str, value_type=bytes,
+                                 partitions=self.kafka.partitions, help=TABLE_HELP[name])
             for name in TABLES
         }
-        self.state = TableState(self.tables)
+        self.view = GlobalView(
+            self.kafka.bootstrap_servers,
+            {name: changelog_topic(conf.app_id, self.tables[name].name) for name in GLOBAL_TABLES},
+        )
+        self.state = TableState(self.tables, self.view)
+        self.app.task(self.view.run)
+        self.missing_topics: list[str] | None = None  # checked at start, then while any is missing
         self.app.agent(self.events, name="route")(self._route)
         self.app.agent(self.decided, name="decide")(self._decide)
         self.app.timer(conf.tick_seconds)(self._tick)
         self._page("/health", self._health)
         self._page("/ready", self._ready)
         self._page("/metrics", self._metrics)
+        self._page("/capacity", self._capacity)
 
     # ------------------------------------------------------------------ agents
 
@@ -216,21 +237,35 @@ class Worker:
         raise MalformedMessage(f"routed message without a known {KIND_HEADER} header: {kind!r}")
 
     async def _commit(self, result: Result, timestamp: float) -> None:
-        """Apply a result: state first (same transaction), then outputs, then forwards."""
+        """Send a result's messages, then write its state.
+
+        The order is what makes a crash harmless without transactions: if the worker dies
+        after sending but before writing state (or committing the input's offset), the
+        input is decided again from the old state and yields the same ids, which
+        consumers drop. Were state written first, the re-decision would find the intent
+        ``processed`` (or the owner ``told``) and the lost messages would never be sent.
+        Only decisions whose state can suppress a re-emission wait for the broker's ack.
+        """
+        sent = [
+            await self.outputs[output.topic].send(
+                key=output.key.encode(), value=encode_message(output.value), force=True
+            )
+            for output in result.outputs()
+        ]
+        sent += [await self._forward(update, timestamp) for update in result.decision.forwards]
+        if _suppresses_reemission(result):
+            await asyncio.gather(*sent)
         self.state.apply(result.decision.changes)
         for output in result.outputs():
-            await self.outputs[output.topic].send(key=output.key.encode(), value=encode_message(output.value))
             metrics.OUTPUTS.labels(output.topic).inc()
         audit = result.decision.audit
         if audit is not None:
             metrics.INPUTS.labels(audit.input.topic, audit.outcome).inc()
-        for update in result.decision.forwards:
-            await self._forward(update, timestamp)
 
-    async def _forward(self, update: ResidentUpdate, timestamp: float) -> None:
+    async def _forward(self, update: ResidentUpdate, timestamp: float) -> Any:
         """Tell a node's partition; the parent's timestamp keeps replays identical."""
-        await self.routed.send(key=f"node/{update.node}".encode(), value=encode_resident_update(update),
-                               timestamp=timestamp, headers={KIND_HEADER: b"resident"})
+        return await self.routed.send(key=f"node/{update.node}".encode(), value=encode_resident_update(update),
+                                      timestamp=timestamp, headers={KIND_HEADER: b"resident"}, force=True)
 
     async def _tick(self) -> None:
         """Ask each node with a due deadline to fire it, through the node's partition."""
@@ -262,13 +297,22 @@ class Worker:
     async def _health(self, web: Any, request: Any) -> Any:
         return web.json({"status": "ok"})
 
+    def changelogs(self) -> tuple[str, ...]:
+        return tuple(changelog_topic(self.settings.worker.app_id, table.name) for table in self.tables.values())
+
     async def _ready(self, web: Any, request: Any) -> Any:
         """Ready once the tables are recovered from their changelogs and no topic is missing."""
-        recovered = self.app.tables.recovery.completed.is_set()
-        missing = await self.app.loop.run_in_executor(None, missing_topics, self.kafka)
+        recovered = self.app.tables.recovery.completed.is_set() and self.view.caught_up.is_set()
+        if self.missing_topics is None or self.missing_topics:
+            self.missing_topics = await self.app.loop.run_in_executor(None, missing_topics, self.kafka)
+        missing = self.missing_topics
         ready = recovered and not missing
         body = {"ready": ready, "tables_recovered": recovered, "missing_topics": missing}
         return web.json(body, status=200 if ready else 503)
+
+    async def _capacity(self, web: Any, request: Any) -> Any:
+        """GPU capacity per class as this instance sees it (usage is a global table)."""
+        return web.json(capacity_report(self.state, self.engine.catalog))
 
     async def _metrics(self, web: Any, request: Any) -> Any:
         return web.bytes(metrics.exposition(), content_type=metrics.CONTENT_TYPE)

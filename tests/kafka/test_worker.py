@@ -1,0 +1,146 @@
+"""The worker on a real broker: the same decisions as ``simulate``, through Kafka.
+
+Each test deploys its own topics and consumer group on the session's broker and runs
+real ``vmstream worker`` processes.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from streams.scenarios import cluster
+from tests.worker_process import Deployment, Outputs, WorkerProcess
+
+pytestmark = pytest.mark.kafka
+
+CLUSTER = list(cluster().jsonl())
+SET_GPU = {"intent_id": "it-gpu-1", "type": "set_gpu", "requested_by": "bob@example.com", "project": "proj-b",
+           "spec": {"namespace": "spx-proj-b", "name": "dev-1", "gpu_class": "nvidia-rtx-pro-6000-bse"}}
+
+
+def intent_line(value: dict[str, object], key: str) -> str:
+    return json.dumps({"topic": "vmstream.intents", "key": key, "value": value})
+
+
+def observed(outputs: Outputs, count: int) -> bool:
+    return len(outputs.audits(input__topic=outputs_topic(outputs, "k8s-events"))) >= count
+
+
+def outputs_topic(outputs: Outputs, name: str) -> str:
+    prefix = next(iter(outputs.topics)).rsplit(".", 1)[0]
+    return f"{prefix}.{name}"
+
+
+@pytest.fixture
+def deployment(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Deployment]:
+    deployment = Deployment(kafka_bootstrap, tmp_path)
+    deployment.create_topics()
+    yield deployment
+
+
+@pytest.fixture
+def outputs(deployment: Deployment) -> Iterator[Outputs]:
+    reader = Outputs(deployment)
+    yield reader
+    reader.close()
+
+
+def start_cluster(deployment: Deployment, outputs: Outputs) -> None:
+    deployment.publish_lines(CLUSTER)
+    outputs.wait_for(lambda o: observed(o, len(CLUSTER)), what="the cluster's events decided")
+
+
+def test_intents_become_commands_notifications_and_audit(deployment: Deployment, outputs: Outputs) -> None:
+    worker = WorkerProcess(deployment, "w1").start()
+    try:
+        start_cluster(deployment, outputs)
+        deployment.publish_lines([intent_line(SET_GPU, "vm/spx-proj-b/dev-1")])
+        outputs.wait_for(lambda o: o.audits(input__ref="it-gpu-1"), what="the intent's audit")
+        [audit] = outputs.audits(input__ref="it-gpu-1")
+        outputs.wait_for(lambda o: len(o.seen["commands"]) >= 1 and o.notifications("gpu_change_pending_restart"))
+        [command] = outputs.commands("patch_vm")
+        [told] = outputs.notifications("gpu_change_pending_restart")
+        assert audit["outcome"] == "accepted"
+        assert audit["commands"] == [command["command_id"]] and audit["notifications"] == [told["notification_id"]]
+        assert command["target"] == {"kind": "VirtualMachine", "namespace": "spx-proj-b", "name": "dev-1"}
+        assert outputs.keys["commands"] == ["vm/spx-proj-b/dev-1"]
+        assert told["recipients"] == ["project:proj-b"]
+    finally:
+        assert worker.stop() == 0, worker.tail()
+
+
+def test_malformed_input_is_dead_lettered_with_its_offset_and_the_line_goes_on(
+    deployment: Deployment, outputs: Outputs
+) -> None:
+    worker = WorkerProcess(deployment, "w1").start()
+    try:
+        start_cluster(deployment, outputs)
+        deployment.publish_raw("intents", "vm/spx-proj-b/dev-1", b"{not json")
+        deployment.publish_lines([intent_line(SET_GPU, "vm/spx-proj-b/dev-1")])
+        outputs.wait_for(lambda o: o.seen["dlq"] and o.audits(input__ref="it-gpu-1"), what="dead letter and audit")
+        [letter] = outputs.seen["dlq"]
+        assert letter["original"] == "{not json" and letter["error"].startswith("not JSON")
+        assert letter["source"]["topic"] == deployment.kafka.topic("intents")
+        assert isinstance(letter["source"]["partition"], int) and letter["source"]["offset"] == 0
+        assert outputs.keys["dlq"] == ["vm/spx-proj-b/dev-1"]
+        assert outputs.audits(input__ref="it-gpu-1")[0]["outcome"] == "accepted"
+    finally:
+        worker.stop()
+
+
+def test_the_same_intent_twice_has_one_effect(deployment: Deployment, outputs: Outputs) -> None:
+    worker = WorkerProcess(deployment, "w1").start()
+    try:
+        start_cluster(deployment, outputs)
+        deployment.publish_lines([intent_line(SET_GPU, "vm/spx-proj-b/dev-1")] * 2)
+        outputs.wait_for(lambda o: len(o.audits(input__ref="it-gpu-1")) == 2, what="both audits")
+        assert sorted(a["outcome"] for a in outputs.audits(input__ref="it-gpu-1")) == ["accepted", "duplicate"]
+        assert len(outputs.commands("patch_vm")) == 1
+    finally:
+        worker.stop()
+
+
+def test_state_survives_a_restart(deployment: Deployment, outputs: Outputs) -> None:
+    """A new worker recovers the tables from their changelogs and decides with them."""
+    first = WorkerProcess(deployment, "w1").start()
+    start_cluster(deployment, outputs)
+    assert first.stop() == 0, first.tail()
+    second = WorkerProcess(deployment, "w2").start()
+    try:
+        deployment.publish_lines([intent_line(SET_GPU, "vm/spx-proj-b/dev-1")])
+        outputs.wait_for(lambda o: o.audits(input__ref="it-gpu-1"), what="the intent's audit")
+        [audit] = outputs.audits(input__ref="it-gpu-1")
+        assert audit["outcome"] == "accepted", audit  # the VM is known: recovered, not re-read
+        outputs.wait_for(lambda o: o.notifications("gpu_change_pending_restart"), what="pending notice")
+        [command] = outputs.commands("patch_vm")
+        assert command["base_resource_version"] == "1"
+    finally:
+        second.stop()
+
+
+def test_two_instances_decide_a_drain(deployment: Deployment, outputs: Outputs) -> None:
+    """Whichever instance owns the node, it sees the node's GPU VMs and the AZ's free cards."""
+    workers = [WorkerProcess(deployment, "w1").start(), WorkerProcess(deployment, "w2")]
+    workers[1].start()
+    try:
+        start_cluster(deployment, outputs)
+        # Usage is a global table: each instance must see the other's nodes before deciding.
+        for worker in workers:
+            worker.wait_until("/capacity", lambda c: c["nvidia-rtx-pro-6000-bse"]["free"] == 2)
+        drain = {"intent_id": "it-drain-1", "type": "drain_node", "requested_by": "ops@example.com",
+                 "spec": {"node": "gpu-node-1", "reason": "firmware upgrade", "notice_seconds": 2}}
+        deployment.publish_lines([intent_line(drain, "node/gpu-node-1")])
+        outputs.wait_for(lambda o: len(o.notifications("drain_will_stop_gpu_vm")) >= 2, what="announcements")
+        fates = {n["subject"]["name"]: n["details"]["outcome"] for n in outputs.notifications("drain_will_stop_gpu_vm")}
+        assert fates == {"train-1": "returns_automatically", "batch-1": "needs_manual_start"}
+        outputs.wait_for(lambda o: len(o.commands("delete_vmi")) >= 2, what="the deadline's stops")
+        assert sorted(c["target"]["name"] for c in outputs.commands("delete_vmi")) == ["batch-1", "train-1"]
+        assert [c["type"] for c in outputs.commands("cordon_node")] == ["cordon_node"]
+    finally:
+        for worker in workers:
+            worker.stop(signal.SIGTERM)

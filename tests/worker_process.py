@@ -1,0 +1,189 @@
+"""Real ``vmstream worker`` processes for tests, each isolated by topic prefix and app id.
+
+A test gets its own topics (``t<id>.intents``, …), its own Faust app id (so its consumer
+group and changelog topics are its own), and a scratch directory as the worker's working
+directory. Readiness is the worker's own ``/ready`` page; outputs are read back with a
+consumer that polls until a condition holds or a deadline passes — never a sleep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kafka import KafkaConsumer, TopicPartition
+
+from streams.localkafka import free_ports
+from streams.publishing import publish, scenario_records
+from streams.settings import KafkaSettings
+from streams.topics import ensure_topics
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "examples" / "config.yaml"
+OUTPUTS = ("commands", "notifications", "audit", "dlq")
+
+
+@dataclass
+class Deployment:
+    """One isolated vmstream deployment on a shared broker: topics, app id, settings."""
+
+    bootstrap: str
+    workdir: Path
+    ident: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+
+    @property
+    def kafka(self) -> KafkaSettings:
+        return KafkaSettings(bootstrap_servers=self.bootstrap, topic_prefix=f"t{self.ident}.")
+
+    @property
+    def app_id(self) -> str:
+        return f"vmstream-{self.ident}"
+
+    def env(self, web_port: int) -> dict[str, str]:
+        return {
+            **os.environ,
+            "VMSTREAM_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
+            "VMSTREAM_KAFKA__TOPIC_PREFIX": self.kafka.topic_prefix,
+            "VMSTREAM_WORKER__APP_ID": self.app_id,
+            "VMSTREAM_WORKER__WEB_PORT": str(web_port),
+            "VMSTREAM_WORKER__TICK_SECONDS": "0.2",
+        }
+
+    def create_topics(self) -> None:
+        ensure_topics(self.kafka)
+
+    def publish_lines(self, lines: Iterable[str]) -> int:
+        return publish(self.kafka, scenario_records(lines, shift_to_now=True))
+
+    def publish_raw(self, logical_topic: str, key: str, value: bytes) -> int:
+        return publish(self.kafka, [(self.kafka.topic(logical_topic), key, value, int(time.time() * 1000))])
+
+
+class WorkerProcess:
+    """A ``vmstream worker`` subprocess of a deployment."""
+
+    def __init__(self, deployment: Deployment, name: str) -> None:
+        self.deployment = deployment
+        self.name = name
+        self.web_port = free_ports(1)[0]
+        self.cwd = deployment.workdir / name
+        self.cwd.mkdir(parents=True, exist_ok=True)
+        self.log = self.cwd / "worker.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 120.0) -> WorkerProcess:
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "streams.cli", "worker", "--config", str(CONFIG)],
+                cwd=self.cwd, env=self.deployment.env(self.web_port), stdout=log, stderr=subprocess.STDOUT,
+            )
+        self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise AssertionError(f"worker {self.name} exited {self.process.returncode}:\n{self.tail()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/ready", timeout=2) as answer:
+                    if json.loads(answer.read()).get("ready"):
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
+                pass
+            time.sleep(0.2)  # polling interval of a readiness probe, not synchronisation
+        raise AssertionError(f"worker {self.name} not ready after {timeout}s:\n{self.tail()}")
+
+    def page(self, path: str) -> Any:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}{path}", timeout=5) as answer:
+            return json.loads(answer.read())
+
+    def wait_until(self, path: str, condition: Callable[[Any], bool], timeout: float = 30.0) -> Any:
+        """Poll one of the worker's pages until ``condition`` holds on its JSON."""
+        deadline = time.monotonic() + timeout
+        while True:
+            body = self.page(path)
+            if condition(body):
+                return body
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name} {path} never satisfied the condition: {body}")
+            time.sleep(0.1)  # polling interval
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def tail(self, lines: int = 40) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+class Outputs:
+    """Everything the deployment wrote on its output topics, read as it arrives."""
+
+    def __init__(self, deployment: Deployment) -> None:
+        kafka = deployment.kafka
+        self.topics = {kafka.topic(name): name for name in OUTPUTS}
+        # Only committed output counts: under exactly-once, what a killed worker had not
+        # committed is aborted and decided again by its successor.
+        self.consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False,
+                                      isolation_level="read_committed")
+        partitions = [TopicPartition(topic, p) for topic in self.topics for p in range(kafka.partitions)]
+        self.consumer.assign(partitions)
+        self.consumer.seek_to_beginning(*partitions)
+        self.seen: dict[str, list[dict[str, Any]]] = {name: [] for name in OUTPUTS}
+        self.keys: dict[str, list[str]] = {name: [] for name in OUTPUTS}
+
+    def poll(self) -> None:
+        for records in self.consumer.poll(timeout_ms=200).values():
+            for record in records:
+                name = self.topics[record.topic]
+                self.seen[name].append(json.loads(record.value))
+                self.keys[name].append(record.key.decode() if record.key else "")
+
+    def wait_for(self, condition: Callable[[Outputs], bool], timeout: float = 60.0, what: str = "") -> None:
+        deadline = time.monotonic() + timeout
+        while not condition(self):
+            if time.monotonic() > deadline:
+                counts = {name: len(values) for name, values in self.seen.items()}
+                raise AssertionError(f"timed out waiting for {what or condition}; seen {counts}")
+            self.poll()
+
+    def audits(self, **match: Any) -> list[dict[str, Any]]:
+        return [a for a in self.seen["audit"] if all(_field(a, k) == v for k, v in match.items())]
+
+    def notifications(self, type_: str) -> list[dict[str, Any]]:
+        return [n for n in self.seen["notifications"] if n["type"] == type_]
+
+    def commands(self, type_: str) -> list[dict[str, Any]]:
+        return [c for c in self.seen["commands"] if c["type"] == type_]
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def _field(record: dict[str, Any], dotted: str) -> Any:
+    value: Any = record
+    for part in dotted.split("__"):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
