@@ -134,7 +134,7 @@ def _announce(ctx: Context, episode: DrainEpisode, newcomers: list[Resident]) ->
             message=(
                 f"Node {episode.node} is being drained ({episode.reason}): GPU VM "
                 f"{subject.namespace}/{subject.name} will be stopped at "
-                f"{episode.deadline.isoformat().replace('+00:00', 'Z')}, and "
+                f"{episode.deadline.strftime('%Y-%m-%d %H:%M:%S UTC')}, and "
                 + FATES[fate].format(gpu=gpu.display_name, strategy=strategy)
                 + "."
             ),

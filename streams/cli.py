@@ -11,7 +11,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from streams import requesting, tailing
+from streams import demo, requesting, tailing
 from streams.settings import load_settings
 
 Handler = Callable[[argparse.Namespace], int]
@@ -106,12 +106,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     requesting.add_parser(commands)
     tailing.add_parser(commands)
+    demo.add_parser(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, stream=sys.stderr)
+    if not args.verbose:
+        logging.getLogger("streams").setLevel(logging.INFO)
     handler: Handler = args.handler
     return handler(args)
 

@@ -166,6 +166,7 @@ class Script:
     """Builds a scenario as input lines, advancing a clock."""
 
     start: datetime
+    prefix: str = "ev"  # event ids are <prefix>-000001, …: unique within a scenario
     lines: list[dict[str, Any]] = field(default_factory=list)
     _events: int = 0
 
@@ -182,7 +183,7 @@ class Script:
         self.lines.append({
             "topic": EVENTS,
             "key": _key(obj),
-            "value": {"event_id": f"ev-{self._events:06d}", "type": type_, "kind": obj["kind"],
+            "value": {"event_id": f"{self.prefix}-{self._events:06d}", "type": type_, "kind": obj["kind"],
                       "object": obj, "observed_at": iso(self.start)},
         })
         return self
@@ -316,3 +317,39 @@ SCENARIOS = {
     "maintenance": maintenance,
     "bad-input": bad_input,
 }
+
+
+def demo_phases(notice_seconds: int = 15) -> list[tuple[str, Script]]:
+    """The demo, in phases the demo waits between (the cluster's reactions are scripted).
+
+    Until the watch bridge is in the loop, what Kubernetes would show after each command
+    (the VM patched, the VMI restarted, the VMIs stopped by the drain) comes from here.
+    """
+    s = cluster()
+    phases = [("the AZ as the watch bridge lists it", s)]
+    gpu = Script(s.now, "demo-gpu")
+    gpu.intent("demo-gpu-1", "set_gpu", {"namespace": "spx-proj-b", "name": "dev-1",
+                                         "gpu_class": "nvidia-rtx-pro-6000-bse"}, by=BOB, project="proj-b")
+    phases.append(("bob gives his running VM dev-1 a GPU", gpu))
+    patched = Script(gpu.now, "demo-patched")
+    patched.event("MODIFIED", vm("spx-proj-b", "dev-1", project="proj-b", memory="32Gi", gpu=RTX, rv=2))
+    patched.intent("demo-restart-1", "restart_vm", {"namespace": "spx-proj-b", "name": "dev-1"},
+                   by=BOB, project="proj-b")
+    phases.append(("the VM is patched; bob restarts it", patched))
+    restarted = Script(patched.now, "demo-restarted")
+    restarted.event("DELETED", vmi("spx-proj-b", "dev-1", node_name="cpu-node-1", phase="Succeeded"))
+    restarted.event("ADDED", vmi("spx-proj-b", "dev-1", node_name="gpu-node-2", gpu=RTX,
+                                 cpu_model="host-passthrough", generation=2))
+    phases.append(("dev-1 comes back on gpu-node-2 with its GPU", restarted))
+    drain_ = Script(restarted.now, "demo-drain")
+    drain_.intent("demo-drain-1", "drain_node", {"node": "gpu-node-1", "reason": "firmware upgrade",
+                                                  "notice_seconds": notice_seconds}, by=OPS)
+    phases.append((f"ops drains gpu-node-1 with {notice_seconds}s notice", drain_))
+    stopped = Script(drain_.now, "demo-stopped")
+    stopped.event("MODIFIED", node("gpu-node-1", gpus={RTX: 2}, unschedulable=True, rv=2))
+    stopped.event("DELETED", vmi("spx-proj-a", "train-1", node_name="gpu-node-1", phase="Succeeded", gpu=RTX))
+    stopped.event("DELETED", vmi("spx-proj-a", "batch-1", node_name="gpu-node-1", phase="Succeeded", gpu=RTX))
+    stopped.event("ADDED", vmi("spx-proj-a", "train-1", node_name="gpu-node-2", gpu=RTX,
+                               cpu_model="host-passthrough", generation=2))
+    phases.append(("the deadline passed: the GPU VMIs stop; train-1 (Always) restarts elsewhere", stopped))
+    return phases

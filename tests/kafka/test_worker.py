@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from streams.scenarios import cluster
-from tests.worker_process import Deployment, Outputs, WorkerProcess
+from streams.running import Deployment, Outputs, WorkerProcess
 
 pytestmark = pytest.mark.kafka
 

@@ -1,9 +1,10 @@
-"""Real ``vmstream worker`` processes for tests, each isolated by topic prefix and app id.
+"""Running vmstream as separate processes: the demo and the tests drive real workers.
 
-A test gets its own topics (``t<id>.intents``, …), its own Faust app id (so its consumer
-group and changelog topics are its own), and a scratch directory as the worker's working
-directory. Readiness is the worker's own ``/ready`` page; outputs are read back with a
-consumer that polls until a condition holds or a deadline passes — never a sleep.
+A :class:`Deployment` is one isolated vmstream on a broker: its own topics
+(``t<id>.intents``, …), its own Faust app id (so its consumer group and changelogs are its
+own). :class:`WorkerProcess` runs ``vmstream worker`` for it, ready when its ``/ready``
+page says so; :class:`Outputs` reads what it wrote, polling until a condition holds or a
+deadline passes.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from typing import Any
 from kafka import KafkaConsumer, TopicPartition
 
 from streams.localkafka import free_ports
+from streams.locations import REPO_ROOT
 from streams.publishing import publish, scenario_records
 from streams.settings import KafkaSettings
 from streams.topics import ensure_topics
 
-ROOT = Path(__file__).resolve().parent.parent
-CONFIG = ROOT / "examples" / "config.yaml"
+CONFIG = REPO_ROOT / "examples" / "config.yaml"
 OUTPUTS = ("commands", "notifications", "audit", "dlq")
 
 
@@ -73,8 +74,9 @@ class Deployment:
 class WorkerProcess:
     """A ``vmstream worker`` subprocess of a deployment."""
 
-    def __init__(self, deployment: Deployment, name: str) -> None:
+    def __init__(self, deployment: Deployment, name: str, *, config: Path = CONFIG) -> None:
         self.deployment = deployment
+        self.config = config
         self.name = name
         self.web_port = free_ports(1)[0]
         self.cwd = deployment.workdir / name
@@ -85,7 +87,7 @@ class WorkerProcess:
     def start(self, timeout: float = 120.0) -> WorkerProcess:
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "streams.cli", "worker", "--config", str(CONFIG)],
+                [sys.executable, "-m", "streams.cli", "worker", "--config", str(self.config)],
                 cwd=self.cwd, env=self.deployment.env(self.web_port), stdout=log, stderr=subprocess.STDOUT,
             )
         self.wait_ready(timeout)
@@ -140,7 +142,9 @@ class WorkerProcess:
 class Outputs:
     """Everything the deployment wrote on its output topics, read as it arrives."""
 
-    def __init__(self, deployment: Deployment) -> None:
+    def __init__(self, deployment: Deployment,
+                 on_arrival: Callable[[str, bytes], None] | None = None) -> None:
+        self.on_arrival = on_arrival
         kafka = deployment.kafka
         self.topics = {kafka.topic(name): name for name in OUTPUTS}
         # Only committed output counts: under exactly-once, what a killed worker had not
@@ -153,12 +157,19 @@ class Outputs:
         self.seen: dict[str, list[dict[str, Any]]] = {name: [] for name in OUTPUTS}
         self.keys: dict[str, list[str]] = {name: [] for name in OUTPUTS}
 
-    def poll(self) -> None:
+    def poll(self) -> list[tuple[str, bytes]]:
+        """Read what arrived; returns it as (logical topic, raw value) in arrival order."""
+        arrived = []
         for records in self.consumer.poll(timeout_ms=200).values():
             for record in records:
                 name = self.topics[record.topic]
                 self.seen[name].append(json.loads(record.value))
                 self.keys[name].append(record.key.decode() if record.key else "")
+                arrived.append((name, record.value))
+        if self.on_arrival is not None:
+            for name, value in sorted(arrived, key=lambda item: OUTPUTS.index(item[0])):
+                self.on_arrival(name, value)
+        return arrived
 
     def wait_for(self, condition: Callable[[Outputs], bool], timeout: float = 60.0, what: str = "") -> None:
         deadline = time.monotonic() + timeout

@@ -1,0 +1,107 @@
+"""``vmstream demo``: the worker on a local Kafka broker, with a realistic scenario.
+
+It starts a broker (Kafka's own jars, no Docker), creates the topics, starts a real
+``vmstream worker``, then plays :func:`~streams.scenarios.demo_phases`: the AZ's state as
+watch events, a GPU added to a running VM, its restart, and a drain of a GPU node. Every
+notification, command and audit outcome is printed as it arrives; between phases the demo
+waits for what the worker must have said. Everything it started is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import TextIO
+
+from streams.localkafka import LocalKafka
+from streams.running import Deployment, Outputs, WorkerProcess
+from streams.scenarios import demo_phases
+from streams.tailing import render
+
+Expectation = Callable[[Outputs], bool]
+
+
+def _expectations(notice_seconds: int) -> list[tuple[str, Expectation]]:
+    """What must have come out after each phase before the next one is played."""
+
+    def audited(count: int) -> Expectation:
+        return lambda o: len(o.seen["audit"]) >= count
+
+    def told(type_: str, count: int = 1) -> Expectation:
+        return lambda o: len(o.notifications(type_)) >= count
+
+    def commanded(type_: str, count: int = 1) -> Expectation:
+        return lambda o: len(o.commands(type_)) >= count
+
+    return [
+        ("all watch events decided", audited(16)),
+        ("the owner told the GPU waits for a restart", told("gpu_change_pending_restart")),
+        ("a restart command", commanded("restart_vm")),
+        ("the restart observed", audited(21)),
+        ("every GPU VM owner on gpu-node-1 told, and the deadline's stops",
+         lambda o: told("drain_will_stop_gpu_vm", 2)(o) and commanded("delete_vmi", 2)(o)),
+        ("the operator told the drain is complete", told("drain_completed")),
+    ]
+
+
+class Printer:
+    """Prints each output as one readable line, the way ``vmstream tail`` does."""
+
+    LABELS = {"notifications": "notify ", "commands": "command", "audit": "audit  ", "dlq": "dead   "}
+
+    def __init__(self, out: TextIO, *, show_audit: bool) -> None:
+        self.out = out
+        self.show_audit = show_audit
+
+    def __call__(self, topic: str, value: bytes) -> None:
+        if topic == "audit" and not self.show_audit:
+            return
+        self.out.write(f"  {self.LABELS[topic]} {render(topic, value)}\n")
+        self.out.flush()
+
+
+def run(out: TextIO, *, notice_seconds: int, show_audit: bool, timeout: float) -> int:
+    with ExitStack() as stack:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vmstream-demo-")))
+        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+        if not bootstrap:
+            out.write("starting a local Kafka broker (jars from Maven Central, cached)...\n")
+            bootstrap = stack.enter_context(LocalKafka()).bootstrap_servers
+        deployment = Deployment(bootstrap, workdir)
+        deployment.create_topics()
+        out.write(f"broker {bootstrap}; topics {deployment.kafka.topic('*')}; starting the worker...\n")
+        worker = WorkerProcess(deployment, "worker").start()
+        stack.callback(worker.stop)
+        outputs = Outputs(deployment, on_arrival=Printer(out, show_audit=show_audit))
+        stack.callback(outputs.close)
+        out.write(f"worker ready: http://127.0.0.1:{worker.web_port}/ready, /metrics, /capacity\n")
+        started = time.monotonic()
+        phases = demo_phases(notice_seconds)
+        for (title, script), (waiting_for, expected) in zip(phases, _expectations(notice_seconds), strict=True):
+            out.write(f"\n== {title}\n")
+            deployment.publish_lines(script.jsonl())
+            wait = timeout + (notice_seconds if "deadline" in waiting_for else 0)
+            outputs.wait_for(expected, timeout=wait, what=waiting_for)
+        counts = ", ".join(f"{len(values)} {name}" for name, values in outputs.seen.items())
+        out.write(f"\ndone in {time.monotonic() - started:.1f}s: {counts}; GPU capacity now:\n")
+        for cards in worker.page("/capacity").values():
+            out.write(f"  {cards['display_name']}: {cards['free']} of {cards['total']} free\n")
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    return run(sys.stdout, notice_seconds=args.notice_seconds, show_audit=args.audit, timeout=args.timeout)
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    demo = commands.add_parser("demo", help="the worker on a local Kafka broker, with a realistic scenario")
+    demo.add_argument("--notice-seconds", type=int, default=15, help="the drain's notice (default 15)")
+    demo.add_argument("--audit", action="store_true", help="print audit records too")
+    demo.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each phase")
+    demo.set_defaults(handler=main)
