@@ -223,7 +223,9 @@ class CommandResult(Message):
     at: AwareDatetime
     type: CommandType | None = None
     target: ObjectRef | None = None
-    resource_version: str | None = None
+    resource_version: str | None = None  # of the object after the change, when known
+    cause: str | None = None  # the command's cause (intent_id, event_id, deadline)
+    requested_by: str | None = None
 
 
 NotificationType = Literal[

@@ -1,0 +1,76 @@
+"""Command results: what the applier did, recorded once and told to whom it concerns.
+
+command + what the API server answered → :class:`CommandResult`, one audit record, and —
+when it failed — a ``command_failed`` notification to whoever asked and the VM's owner.
+The applier calls this; the ids derive from the command's id, so a command applied again
+after a crash records the same result ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from handlers import ids
+from handlers.decisions import subject_key
+from handlers.messages import AuditInput, AuditRecord, Command, CommandResult, Notification
+
+Outcome = Literal["applied", "noop", "conflict_retried", "failed"]
+COMMANDS_TOPIC = "vmstream.commands"
+
+
+@dataclass(frozen=True, slots=True)
+class ResultDecision:
+    result: CommandResult
+    audit: AuditRecord
+    notification: Notification | None
+
+
+def decide_result(
+    command: Command,
+    *,
+    outcome: Outcome,
+    now: datetime,
+    error: str | None = None,
+    resource_version: str | None = None,
+    owner: str | None = None,
+    topic: str = COMMANDS_TOPIC,
+) -> ResultDecision:
+    """Record what applying ``command`` came to; tell people when it failed."""
+    result = CommandResult(
+        command_id=command.command_id,
+        outcome=outcome,
+        error=error,
+        at=now,
+        type=command.type,
+        target=command.target,
+        resource_version=resource_version,
+        cause=command.cause,
+        requested_by=command.requested_by,
+    )
+    notification = None
+    if outcome == "failed":
+        recipients = sorted({p for p in (command.requested_by, owner) if p})
+        target = command.target
+        where = f"{target.namespace}/{target.name}" if target.namespace else target.name
+        notification = Notification(
+            notification_id=ids.notification_id("command_failed", subject_key(target), command.command_id),
+            type="command_failed",
+            recipients=recipients,
+            subject=target,
+            severity="critical",
+            message=f"vmstream could not {command.type.replace('_', ' ')} {target.kind} {where}: {error}.",
+            details={"command_id": command.command_id, "cause": command.cause, "error": error},
+            at=now,
+        )
+    audit = AuditRecord(
+        audit_id=ids.audit_id(topic, command.command_id, outcome),
+        at=now,
+        input=AuditInput(topic=topic, key=subject_key(command.target), ref=command.command_id),
+        outcome="failed" if outcome == "failed" else "applied",
+        reason=error if outcome == "failed" else (None if outcome == "applied" else outcome),
+        commands=[command.command_id],
+        notifications=[notification.notification_id] if notification else [],
+    )
+    return ResultDecision(result, audit, notification)
