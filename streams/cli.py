@@ -11,7 +11,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from streams import demo, requesting, tailing
+from streams import demo, replaying, requesting, tailing
 from streams.settings import load_settings
 
 Handler = Callable[[argparse.Namespace], int]
@@ -107,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     requesting.add_parser(commands)
     tailing.add_parser(commands)
     demo.add_parser(commands)
+    replaying.add_parser(commands)
     return parser
 
 

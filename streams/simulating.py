@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from handlers.decisions import Output
 from handlers.engine import EVENTS_TOPIC, INTENTS_TOPIC, Engine, Result, Source
 from handlers.state import MemoryState
 from streams.settings import KafkaSettings
@@ -65,27 +66,35 @@ class Simulation:
             if not isinstance(line, dict) or line.get("topic") not in self._inputs:
                 raise ValueError(f"expected {{topic, key, value}} with topic one of {sorted(self._inputs)}")
         except ValueError as exc:
-            yield from self._emit(self.engine.dead_letter(text, f"input line {number}: {exc}",
-                                                           Source(SIMULATION_INPUT, None, None, number), self.now))
-            return
-        self.now = input_time(line, self.now)
-        for result in self.engine.on_tick(self.state, self.now):
-            yield from self._emit(result)
-        value = line.get("value")
-        source = Source(line["topic"], line.get("key"))
-        if self._inputs[line["topic"]] == INTENTS_TOPIC:
+            letter = self.engine.dead_letter(text, f"input line {number}: {exc}",
+                                             Source(SIMULATION_INPUT, None, None, number), self.now)
+            outputs = self._settle(letter)
+        else:
+            self.now = input_time(line, self.now)
+            outputs = self.step(line["value"], Source(line["topic"], line.get("key")), self.now)
+        for output in outputs:
+            yield render(self.kafka.topic(output.topic), output.key, output.value)
+
+    def step(self, value: Any, source: Source, now: datetime) -> list[Output]:
+        """Decide one input at ``now``: due deadlines first, then the input itself."""
+        self.now = max(self.now, now)
+        outputs = self.tick(self.now)
+        if self._inputs[source.topic] == INTENTS_TOPIC:
             result = self.engine.on_intent(self.state, value, source, self.now)
         else:
             result = self.engine.on_event(self.state, value, source, self.now)
-        yield from self._emit(result)
+        return outputs + self._settle(result)
 
-    def _emit(self, result: Result) -> Iterator[str]:
-        """Apply and print a result, then decide what it told the nodes, depth first."""
+    def tick(self, now: datetime) -> list[Output]:
+        return [output for result in self.engine.on_tick(self.state, now) for output in self._settle(result)]
+
+    def _settle(self, result: Result) -> list[Output]:
+        """Apply a result, then decide what it told the nodes, depth first."""
         self.state.apply(result.decision.changes)
-        for output in result.outputs():
-            yield render(self.kafka.topic(output.topic), output.key, output.value)
+        outputs = result.outputs()
         for update in result.decision.forwards:
-            yield from self._emit(self.engine.on_resident(self.state, update, self.now))
+            outputs += self._settle(self.engine.on_resident(self.state, update, self.now))
+        return outputs
 
 
 def render(topic: str, key: str, value: Any) -> str:

@@ -6,6 +6,7 @@ real ``vmstream worker`` processes.
 
 from __future__ import annotations
 
+import io
 import json
 import signal
 from collections.abc import Iterator
@@ -144,3 +145,32 @@ def test_two_instances_decide_a_drain(deployment: Deployment, outputs: Outputs) 
     finally:
         for worker in workers:
             worker.stop(signal.SIGTERM)
+
+
+def test_replay_reproduces_the_audit_stream_and_catches_an_altered_record(
+    deployment: Deployment, outputs: Outputs
+) -> None:
+    from handlers.engine import Engine
+    from streams.replaying import replay
+    from streams.running import CONFIG
+    from streams.settings import load_settings
+
+    worker = WorkerProcess(deployment, "w1").start()
+    try:
+        start_cluster(deployment, outputs)
+        deployment.publish_lines([intent_line(SET_GPU, "vm/spx-proj-b/dev-1")])
+        deployment.publish_raw("intents", "vm/x/y", b"{not json")
+        outputs.wait_for(lambda o: o.audits(input__ref="it-gpu-1") and o.seen["dlq"], what="decisions")
+    finally:
+        worker.stop()
+    engine = Engine(load_settings(CONFIG).rules())
+    clean = replay(engine, deployment.kafka, io.StringIO())
+    assert clean.clean, clean
+    assert clean.matched == len(CLUSTER) + 2
+
+    [audit] = outputs.audits(input__ref="it-gpu-1")
+    forged = {**audit, "outcome": "rejected", "reason": "forged"}
+    deployment.publish_raw("audit", audit["input"]["key"], json.dumps(forged).encode())
+    altered = replay(engine, deployment.kafka, io.StringIO())
+    assert [audit_id for audit_id, _ in altered.different] == [audit["audit_id"]]
+    assert altered.different[0][1]["outcome"] == ("accepted", "rejected")
