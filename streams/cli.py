@@ -40,14 +40,15 @@ def _schemas(args: argparse.Namespace) -> int:
 def _worker(args: argparse.Namespace) -> int:
     import faust
 
+    from streams.logs import logging_config
     from streams.topics import ensure_topics
     from streams.worker import Worker
 
     settings = load_settings(args.config)
     worker = Worker(settings)
     ensure_topics(settings.kafka, changelogs=worker.changelogs())
-    logging.getLogger("kafka").setLevel(logging.WARNING)  # kafka-python admin chatter
-    faust.Worker(worker.app, loglevel="DEBUG" if args.verbose else "INFO", quiet=True).execute_from_commandline()
+    level = "DEBUG" if args.verbose else "INFO"
+    faust.Worker(worker.app, loglevel=level, quiet=True, logging_config=logging_config(level)).execute_from_commandline()
     return 0
 
 

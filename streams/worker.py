@@ -261,6 +261,12 @@ class Worker:
         audit = result.decision.audit
         if audit is not None:
             metrics.INPUTS.labels(audit.input.topic, audit.outcome).inc()
+            quiet = audit.outcome in ("accepted", "ignored") and not result.decision.has_effects
+            log.log(logging.DEBUG if quiet else logging.INFO, "decided", extra={
+                "ref": audit.input.ref, "topic": audit.input.topic, "key": audit.input.key,
+                "outcome": audit.outcome, "reason": audit.reason, "commands": audit.commands,
+                "notifications": audit.notifications,
+            })
 
     async def _forward(self, update: ResidentUpdate, timestamp: float) -> Any:
         """Tell a node's partition; the parent's timestamp keeps replays identical."""
