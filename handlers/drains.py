@@ -106,8 +106,9 @@ def reconcile_drain(ctx: Context, node: str) -> None:
 
 def fire_deadline(ctx: Context, node: str) -> None:
     """The notice is over: stop the GPU VMs still on the node."""
-    episode: DrainEpisode = ctx.state.get("drains", node)
-    ctx.state.put("drains", node, replace(episode, deadline_passed=True))
+    episode: DrainEpisode | None = ctx.state.get("drains", node)
+    if episode is not None:
+        ctx.state.put("drains", node, replace(episode, deadline_passed=True))
     reconcile_drain(ctx, node)
 
 

@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from handlers import ids
 from handlers.catalog import Catalog
@@ -33,7 +33,7 @@ from handlers.messages import (
     parse_watch_event,
 )
 from handlers.observing import observe, settle_resident
-from handlers.state import StateView
+from handlers.state import DrainEpisode, StateView
 
 INTENTS_TOPIC = "vmstream.intents"
 EVENTS_TOPIC = "vmstream.k8s-events"
@@ -141,8 +141,9 @@ class Engine:
             return self.dead_letter(raw, str(exc), source, now)
         ctx = self._context(state, now, event.event_id)
         ignored = observe(ctx, event)
-        outcome = "ignored" if ignored else "accepted"
-        return Result(ctx.decide(topic=source.topic, key=source.key, outcome=outcome, reason=ignored))
+        if ignored:
+            return Result(ctx.decide(topic=source.topic, key=source.key, outcome="ignored", reason=ignored))
+        return Result(ctx.decide(topic=source.topic, key=source.key, outcome="accepted"))
 
     def on_resident(self, state: StateView, update: ResidentUpdate, now: datetime) -> Result:
         """A node's view of its GPU VMIs changed; audited only if it led to an effect."""
@@ -157,8 +158,9 @@ class Engine:
         """Fire every drain deadline due at ``now`` (or only ``only``'s); one decision per node."""
         results = []
         episodes = state.values("drains") if only is None else [state.get("drains", only)]
-        for node in due_deadlines([e for e in episodes if e is not None], now):
-            episode = state.get("drains", node)
+        due = {e.node: e for e in episodes if e is not None}
+        for node in due_deadlines(due.values(), now):
+            episode: DrainEpisode = due[node]
             # Decided *as of the deadline*, however late the timer fires: a replay or a
             # simulation reissues byte-identical commands.
             ctx = self._context(state, episode.deadline, f"deadline/{node}/{episode.episode}")
@@ -190,7 +192,7 @@ class Engine:
         return Result(Decision(audit=audit), [letter], source.key)
 
 
-def _as_text(raw: bytes | str | dict[str, Any]) -> tuple[str, str]:
+def _as_text(raw: bytes | str | dict[str, Any]) -> tuple[str, Literal["utf-8", "base64"]]:
     if isinstance(raw, str):
         return raw, "utf-8"
     if isinstance(raw, dict):

@@ -29,3 +29,8 @@ def audit_id(topic: str, ref: str, outcome: str) -> str:
 def episode_id(*parts: str) -> str:
     """Name an episode (a drain, a pending restart) by what started it."""
     return _digest("episode", *parts)[:16]
+
+
+def watch_event_id(kind: str, namespace: str | None, name: str, resource_version: str, type_: str) -> str:
+    """Name a watch event by the object version it shows: a re-published version keeps its id."""
+    return f"evt-{_digest('watch-event', kind, namespace or '', name, resource_version, type_)}"

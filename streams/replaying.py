@@ -24,6 +24,7 @@ from typing import Any, TextIO
 from kafka import TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 
+from handlers.decisions import Output
 from handlers.engine import Engine, Source
 from handlers.messages import AuditRecord
 from streams.kafka_clients import consumer
@@ -135,12 +136,16 @@ def replay(engine: Engine, kafka: KafkaSettings, out: TextIO) -> Comparison:
         key = record.key.decode("utf-8", "replace") if record.key else None
         source = Source(record.topic, key, record.partition, record.offset)
         at = datetime.fromtimestamp(record.timestamp / 1000, UTC)
-        replayed += [o.value for o in simulation.step(record.value, source, at) if o.topic == "audit"]
+        replayed += _audits(simulation.step(record.value, source, at))
         progress.step()
     # The worker's timer fired what was due by now; so does the replay.
-    replayed += [o.value for o in simulation.tick(datetime.now(UTC)) if o.topic == "audit"]
+    replayed += _audits(simulation.tick(datetime.now(UTC)))
     progress.close()
     return compare(replayed, recorded, skip_topics={kafka.topic("commands")})
+
+
+def _audits(outputs: list[Output]) -> list[AuditRecord]:
+    return [o.value for o in outputs if isinstance(o.value, AuditRecord)]
 
 
 def report(comparison: Comparison, out: TextIO) -> None:

@@ -124,7 +124,7 @@ def render_command(command: Command) -> str:
 
 def render_command_result(result: CommandResult) -> str:
     """``applied patch_vm VirtualMachine ns/name [command id] rv 42``, or the error."""
-    parts = [result.outcome]
+    parts: list[str] = [result.outcome]
     if result.type is not None:
         parts.append(result.type)
     if result.target is not None:

@@ -124,13 +124,13 @@ def _suppresses_reemission(result: Result) -> bool:
     return bool(touched & {"processed", "tracking", "drains", "residents"})
 
 
-def _headers(event: EventT) -> dict[str, bytes]:
+def _headers(event: EventT[Any]) -> dict[str, bytes]:
     headers = event.message.headers or {}
     items = headers.items() if isinstance(headers, Mapping) else headers
     return {str(k): (v if isinstance(v, bytes) else str(v).encode()) for k, v in items}
 
 
-def _key(event: EventT) -> str | None:
+def _key(event: EventT[Any]) -> str | None:
     key = event.key
     return key.decode("utf-8", "replace") if isinstance(key, bytes) else key
 
@@ -159,14 +159,11 @@ class Worker:
             consumer_auto_offset_reset="earliest",
             producer_acks=-1,
         )
-        raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw",
-               "partitions": self.kafka.partitions}
-        self.intents = self.app.topic(self.kafka.topic("intents"), **raw)
-        self.events = self.app.topic(self.kafka.topic("k8s-events"), **raw)
-        self.routed = self.app.topic(self.kafka.topic(ROUTED), **raw)
-        self.decided = self.app.topic(self.kafka.topic("intents"), self.kafka.topic(ROUTED), **raw)
-        self.outputs = {name: self.app.topic(self.kafka.topic(name), **raw)
-                        for name in ("commands", "notifications", "audit", "dlq")}
+        self.intents = self._topic("intents")
+        self.events = self._topic("k8s-events")
+        self.routed = self._topic(ROUTED)
+        self.decided = self._topic("intents", ROUTED)
+        self.outputs = {name: self._topic(name) for name in ("commands", "notifications", "audit", "dlq")}
         self.tables = {
             name: self.app.Table(f"state-{name}", key_type=str, value_type=bytes,
                                  partitions=self.kafka.partitions, help=TABLE_HELP[name])
@@ -186,6 +183,14 @@ class Worker:
         self._page("/ready", self._ready)
         self._page("/metrics", self._metrics)
         self._page("/capacity", self._capacity)
+
+    def _topic(self, *names: str) -> Any:
+        """Topics of bytes: the codecs are ours (streams/codecs.py), not Faust's."""
+        return self.app.topic(
+            *(self.kafka.topic(name) for name in names),
+            key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw",
+            partitions=self.kafka.partitions,
+        )
 
     # ------------------------------------------------------------------ agents
 
@@ -217,7 +222,7 @@ class Worker:
                                                            self._time(event)), event.message.timestamp)
             metrics.DECISION_SECONDS.labels(kind).observe(time.perf_counter() - started)
 
-    def _decide_one(self, event: EventT) -> tuple[str, list[Result]]:
+    def _decide_one(self, event: EventT[Any]) -> tuple[str, list[Result]]:
         message = event.message
         now = self._time(event)
         if message.topic == self.kafka.topic("intents"):
@@ -285,7 +290,7 @@ class Worker:
         metrics.record_lag(self.app)
 
     @staticmethod
-    def _time(event: EventT) -> datetime:
+    def _time(event: EventT[Any]) -> datetime:
         """Decisions take the input's own time, so replaying it decides the same."""
         return datetime.fromtimestamp(event.message.timestamp, UTC)
 
@@ -308,7 +313,8 @@ class Worker:
 
     async def _ready(self, web: Any, request: Any) -> Any:
         """Ready once the tables are recovered from their changelogs and no topic is missing."""
-        recovered = self.app.tables.recovery.completed.is_set() and self.view.caught_up.is_set()
+        tables_recovered = self.app.tables.recovery.completed.is_set()  # type: ignore[attr-defined]
+        recovered = tables_recovered and self.view.caught_up.is_set()
         if self.missing_topics is None or self.missing_topics:
             self.missing_topics = await self.app.loop.run_in_executor(None, missing_topics, self.kafka)
         missing = self.missing_topics

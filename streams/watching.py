@@ -1,0 +1,596 @@
+"""Kubernetes → Kafka: the watch bridge (``vmstream watch``).
+
+API server → list, then watch, one thread per kind → :class:`~handlers.messages.WatchEvent`
+→ idempotent producer → ``vmstream.k8s-events`` (key ``<Kind>/<namespace>/<name>``) →
+the worker. Nothing here decides anything; the bridge only makes sure that what the API
+server showed reaches Kafka, in order per object, even across restarts of the watch.
+
+How it keeps that promise:
+
+* A (re)list publishes every object as ``RELISTED`` and, for each object it knew before
+  but the list no longer holds, a ``DELETED`` carrying the last object it saw: the
+  deletions that happened while it was away (a ``410 Gone``) are not lost.
+* The resourceVersion a watch resumes from — and the objects kept for that reconciliation
+  — advance only when Kafka has acknowledged every event up to it (``acks=all``). A
+  failed send, a broken connection or a crash therefore resumes from a point that
+  republishes whatever might not have been written: at least once, never lost. A
+  republished version has the same ``event_id`` (a hash of kind, object, resourceVersion
+  and type), so consumers drop the repeat.
+* Network errors, 5xx and anything else unexpected are retried with exponential backoff
+  and full jitter (tenacity, capped at :data:`BACKOFF_CAP`); the process never dies of them.
+
+Objects are read raw (``_preload_content=False``): the client's models would drop
+fields they do not know and cost more than the JSON itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import signal
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Literal
+
+import pydantic_core
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_when_event_set,
+    wait_random_exponential,
+)
+
+from handlers.ids import watch_event_id
+from handlers.messages import WatchEvent, object_key
+from streams.kafka_clients import producer
+from streams.settings import KafkaSettings, load_settings
+
+if TYPE_CHECKING:
+    from kafka import KafkaProducer
+    from kafka.producer.future import FutureRecordMetadata
+    from urllib3 import BaseHTTPResponse
+
+log = logging.getLogger(__name__)
+
+EventType = Literal["ADDED", "MODIFIED", "DELETED", "RELISTED"]
+
+TOPIC = "k8s-events"
+LIST_PAGE = 500  # objects per list page: a 10,000-VM AZ is listed in 20 requests
+WATCH_SECONDS = 300  # one watch request's lifetime, server side (jittered up to 2x)
+CONNECT_SECONDS = 10.0
+READ_GRACE_SECONDS = 60.0  # a watch silent this long past its lifetime is a dead connection
+BACKOFF_FIRST = 0.5  # the first retry waits up to this, doubling per failure...
+BACKOFF_CAP = 30.0  # ...up to this
+STATS_SECONDS = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    """A watched resource: its kind (as in WatchEvent.kind and the key), where it is served."""
+
+    kind: str
+    group: str  # "" for the core API
+    version: str
+    plural: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+KINDS: tuple[Kind, ...] = (
+    Kind("VirtualMachine", "kubevirt.io", "v1", "virtualmachines"),
+    Kind("VirtualMachineInstance", "kubevirt.io", "v1", "virtualmachineinstances"),
+    Kind("Node", "", "v1", "nodes"),
+    Kind("NodeMaintenance", "nodemaintenance.medik8s.io", "v1beta1", "nodemaintenances"),
+    Kind("KubeVirt", "kubevirt.io", "v1", "kubevirts"),
+)
+
+# Core kinds are listed through CoreV1Api (their path is /api/v1, not /apis/<group>/...).
+_CORE_LISTERS = {"nodes": "list_node"}
+
+
+def select_kinds(names: Iterable[str] | str | None) -> tuple[Kind, ...]:
+    """The kinds named (``VirtualMachine,Node`` or plurals, any case); all when none."""
+    if names is None:
+        return KINDS
+    if isinstance(names, str):
+        names = names.split(",")
+    wanted = [name.strip().lower() for name in names if name.strip()]
+    by_name = {k.kind.lower(): k for k in KINDS} | {k.plural: k for k in KINDS}
+    unknown = [name for name in wanted if name not in by_name]
+    if unknown:
+        choices = ", ".join(k.kind for k in KINDS)
+        raise ValueError(f"unknown kind(s) {', '.join(unknown)}; choose from {choices}")
+    return tuple(k for k in KINDS if k in {by_name[name] for name in wanted})
+
+
+# ------------------------------------------------------------------------- errors
+
+
+class Gone(Exception):
+    """The resourceVersion the watcher holds is too old (410): it must relist."""
+
+
+class WatchError(Exception):
+    """The API server ended a watch with an error status other than 410."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(f"watch error {code}: {message}")
+        self.code = code
+
+
+class PublishFailed(Exception):
+    """Kafka did not acknowledge an event: resume from the last acknowledged point."""
+
+
+# ------------------------------------------------------------------------- events
+
+
+def watch_event(kind: Kind, type_: EventType, obj: dict[str, Any], *, now: datetime | None = None) -> tuple[str, bytes]:
+    """(key, value) of the WatchEvent showing ``obj``; checked against the contract's model.
+
+    ``metadata.managedFields`` is dropped (it can be most of an object and nobody reads it).
+    """
+    metadata = obj.get("metadata") or {}
+    metadata.pop("managedFields", None)
+    namespace = metadata.get("namespace")
+    name = metadata.get("name", "")
+    event = WatchEvent(
+        event_id=watch_event_id(kind.kind, namespace, name, str(metadata.get("resourceVersion", "")), type_),
+        type=type_,
+        kind=kind.kind,
+        object=obj,
+        observed_at=now or datetime.now(UTC),
+    )
+    return object_key(kind.kind, namespace, name), event.model_dump_json().encode()
+
+
+def _key_of(kind: Kind, obj: dict[str, Any]) -> str:
+    metadata = obj.get("metadata") or {}
+    return object_key(kind.kind, metadata.get("namespace"), metadata.get("name", ""))
+
+
+class Publisher:
+    """Sends watch events to the k8s-events topic; the futures say when Kafka has them."""
+
+    def __init__(self, kafka_producer: KafkaProducer, topic: str) -> None:
+        self.producer = kafka_producer
+        self.topic = topic
+
+    def send(self, kind: Kind, type_: EventType, obj: dict[str, Any]) -> FutureRecordMetadata:
+        key, value = watch_event(kind, type_, obj)
+        return self.producer.send(self.topic, key=key.encode(), value=value)
+
+
+# ------------------------------------------------------------------------- one kind
+
+
+@dataclass
+class WatchStats:
+    """Counts for logs and tests; written by the watcher's thread only."""
+
+    published: Counter[str] = field(default_factory=Counter)
+    relists: int = 0
+    gone: int = 0
+    failures: int = 0
+    bookmarks: int = 0
+    last_error: str | None = None
+
+    def line(self) -> str:
+        published = " ".join(f"{t.lower()}={n}" for t, n in sorted(self.published.items())) or "none"
+        return (
+            f"published[{published}] relists={self.relists} gone={self.gone} "
+            f"failures={self.failures} bookmarks={self.bookmarks}"
+        )
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A sent event (or a bookmark, ``future`` None) not yet applied to the watcher's state."""
+
+    resource_version: str
+    key: str | None
+    obj: bytes | None  # the object as JSON; None once deleted
+    future: FutureRecordMetadata | None
+
+
+class Watcher:
+    """Lists and watches one kind; its state (resourceVersion, known objects) outlives a run.
+
+    ``known`` maps each key to the object last *acknowledged* on Kafka, as JSON (a tenth of
+    the memory of the parsed dict): what a relist compares against to find deletions.
+    ``resource_version`` is where the next watch resumes; None means "relist first".
+    """
+
+    def __init__(self, kind: Kind, *, watch_seconds: int = WATCH_SECONDS) -> None:
+        self.kind = kind
+        self.watch_seconds = watch_seconds
+        self.resource_version: str | None = None
+        self.known: dict[str, bytes] = {}
+        self.stats = WatchStats()
+        self._pending: deque[_Pending] = deque()
+        self._response: BaseHTTPResponse | None = None
+        self._lock = threading.Lock()
+
+    # The loop ---------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event, api: client.ApiClient, publisher: Publisher) -> None:
+        """Keep Kafka in step with this kind until ``stop`` is set; never raises."""
+        while not stop.is_set():
+            retrying = Retrying(
+                retry=retry_if_exception_type(Exception),
+                wait=self._wait,
+                stop=stop_when_event_set(stop),
+                sleep=stop.wait,
+                before_sleep=self._log_retry,
+                reraise=True,
+            )
+            try:
+                for attempt in retrying:
+                    with attempt:
+                        self._step(stop, api, publisher)
+            except Exception:  # only when stopping: the retry loop gives up only then
+                if not stop.is_set():
+                    log.exception("watch kind=%s loop ended unexpectedly; restarting", self.kind.kind)
+
+    def interrupt(self) -> None:
+        """Unblock a watch waiting for data (from another thread), so that stop is prompt."""
+        with self._lock:
+            response = self._response
+        if response is not None:
+            try:
+                response.shutdown()  # type: ignore[attr-defined]  # urllib3 >= 2.3
+            except Exception as error:  # already closed: nothing to unblock
+                log.debug("watch kind=%s interrupt: %s", self.kind.kind, error)
+
+    def _step(self, stop: threading.Event, api: client.ApiClient, publisher: Publisher) -> None:
+        """Relist if needed, then one watch request until it ends."""
+        if self.resource_version is None:
+            self.relist(api, publisher)
+        if not stop.is_set():
+            self._watch(stop, api, publisher)
+
+    def _wait(self, state: RetryCallState) -> float:
+        error = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(error, Gone) and state.attempt_number == 1:
+            return 0.0  # relist at once; a relist loop backs off from the second time
+        return _backoff(state)
+
+    def _log_retry(self, state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        wait = state.next_action.sleep if state.next_action is not None else 0.0
+        if isinstance(error, Gone):
+            self.stats.gone += 1
+            log.info("watch kind=%s gone (410): %s; relisting in %.1fs", self.kind.kind, error, wait)
+            return
+        self.stats.failures += 1
+        self.stats.last_error = f"{type(error).__name__}: {error}"
+        log.warning(
+            "watch kind=%s failed attempt=%d error=%s; retrying from resource_version=%s in %.1fs",
+            self.kind.kind, state.attempt_number, self.stats.last_error, self.resource_version, wait,
+        )
+
+    # Reading the API server ------------------------------------------------------------
+
+    def _call(self, api: client.ApiClient, **params: Any) -> BaseHTTPResponse:
+        kind = self.kind
+        try:
+            if kind.group:
+                response = client.CustomObjectsApi(api).list_cluster_custom_object(
+                    kind.group, kind.version, kind.plural, _preload_content=False, **params
+                )
+            else:
+                lister = getattr(client.CoreV1Api(api), _CORE_LISTERS[kind.plural])
+                response = lister(_preload_content=False, **params)
+        except ApiException as error:
+            if error.status == 410:
+                raise Gone(error.reason) from error
+            raise
+        return response  # type: ignore[no-any-return]
+
+    def _list(self, api: client.ApiClient) -> tuple[list[dict[str, Any]], str]:
+        """Every object (paged, one consistent snapshot) and the list's resourceVersion."""
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            params: dict[str, Any] = {"limit": LIST_PAGE, "_request_timeout": (CONNECT_SECONDS, 120.0)}
+            if token:
+                params["_continue"] = token
+            response = self._call(api, **params)
+            try:
+                page = json.loads(response.data)
+            finally:
+                response.release_conn()
+            for item in page.get("items") or []:
+                # Lists of core kinds leave these out of their items; a watch carries them.
+                item.setdefault("apiVersion", self.kind.api_version)
+                item.setdefault("kind", self.kind.kind)
+                items.append(item)
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items, str(page["metadata"]["resourceVersion"])
+
+    def relist(self, api: client.ApiClient, publisher: Publisher) -> None:
+        """List, publish the state as RELISTED and the deletions missed as DELETED.
+
+        The new state replaces the old only once Kafka has acknowledged all of it: if a send
+        fails, the next attempt relists again and still knows what to call deleted.
+        """
+        self._settle(block=True)
+        self.resource_version = None
+        started = time.monotonic()
+        items, resource_version = self._list(api)
+        sent: list[FutureRecordMetadata] = []
+        listed: dict[str, bytes] = {}
+        for obj in items:
+            key = _key_of(self.kind, obj)
+            sent.append(publisher.send(self.kind, "RELISTED", obj))
+            listed[key] = pydantic_core.to_json(obj)
+        gone = [key for key in self.known if key not in listed]
+        for key in gone:
+            sent.append(publisher.send(self.kind, "DELETED", json.loads(self.known[key])))
+        for future in sent:
+            _acknowledged(future)
+        self.known = listed
+        self.resource_version = resource_version
+        self.stats.relists += 1
+        self.stats.published["RELISTED"] += len(items)
+        self.stats.published["DELETED"] += len(gone)
+        log.info(
+            "watch kind=%s relisted objects=%d deleted_while_away=%d resource_version=%s seconds=%.2f",
+            self.kind.kind, len(items), len(gone), resource_version, time.monotonic() - started,
+        )
+
+    def _watch(self, stop: threading.Event, api: client.ApiClient, publisher: Publisher) -> None:
+        """One watch request from the acknowledged resourceVersion, until it ends."""
+        lifetime = random.randint(self.watch_seconds, 2 * self.watch_seconds)  # spread reconnects
+        response = self._call(
+            api,
+            watch=True,
+            resource_version=self.resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=lifetime,
+            _request_timeout=(CONNECT_SECONDS, lifetime + READ_GRACE_SECONDS),
+        )
+        with self._lock:
+            self._response = response
+        clean = False
+        try:
+            if stop.is_set():  # stop came while connecting: interrupt() found nothing to shut
+                return
+            for line in iter_resp_lines(response):
+                if line:
+                    self._on_event(json.loads(line), publisher)
+                    self._settle(block=False)
+                if stop.is_set():
+                    break
+            clean = True
+        except Exception:
+            if stop.is_set():
+                return  # the interrupt broke the read; what was sent is settled below
+            raise
+        finally:
+            with self._lock:
+                self._response = None
+            if clean:
+                response.release_conn()
+            else:
+                response.close()
+                response.release_conn()
+            self._settle(block=True)
+
+    def _on_event(self, event: dict[str, Any], publisher: Publisher) -> None:
+        type_ = event.get("type")
+        obj = event.get("object") or {}
+        if type_ == "ERROR":
+            code = int(obj.get("code") or 0)
+            message = str(obj.get("message") or obj.get("reason") or "")
+            if code == 410:
+                raise Gone(message)
+            raise WatchError(code, message)
+        resource_version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+        if type_ == "BOOKMARK":
+            self.stats.bookmarks += 1
+            self._pending.append(_Pending(resource_version, None, None, None))
+            return
+        if type_ not in ("ADDED", "MODIFIED", "DELETED"):
+            log.warning("watch kind=%s ignores an event of type %r", self.kind.kind, type_)
+            return
+        future = publisher.send(self.kind, type_, obj)
+        kept = None if type_ == "DELETED" else pydantic_core.to_json(obj)
+        self._pending.append(_Pending(resource_version, _key_of(self.kind, obj), kept, future))
+        self.stats.published[type_] += 1
+
+    def _settle(self, *, block: bool) -> None:
+        """Apply, in order, what Kafka has acknowledged: the known objects and the resume point.
+
+        Stops at the first event not yet acknowledged (unless ``block``); on a failed send
+        waits for the rest, drops them all and raises, so the watch resumes before it.
+        """
+        pending = self._pending
+        while pending:
+            head = pending[0]
+            if head.future is not None:
+                if not block and not head.future.is_done:
+                    return
+                try:
+                    _acknowledged(head.future)
+                except PublishFailed:
+                    for rest in pending:
+                        if rest.future is not None:
+                            rest.future.exception if rest.future.is_done else _quietly(rest.future)
+                    pending.clear()
+                    raise
+            pending.popleft()
+            if head.key is not None:
+                if head.obj is None:
+                    self.known.pop(head.key, None)
+                else:
+                    self.known[head.key] = head.obj
+            if head.resource_version:
+                self.resource_version = head.resource_version
+
+
+def _backoff(state: RetryCallState) -> float:
+    return float(_JITTERED(state))
+
+
+_JITTERED = wait_random_exponential(multiplier=BACKOFF_FIRST, max=BACKOFF_CAP)
+
+
+def _acknowledged(future: FutureRecordMetadata) -> None:
+    """Wait for Kafka's acknowledgement (bounded by the producer's delivery timeout)."""
+    try:
+        future.get()
+    except Exception as error:
+        raise PublishFailed(f"Kafka did not acknowledge an event: {error}") from error
+
+
+def _quietly(future: FutureRecordMetadata) -> None:
+    try:
+        future.get()
+    except Exception:  # already reported through the first failure
+        pass
+
+
+# ------------------------------------------------------------------------- the bridge
+
+
+class Bridge:
+    """All the kinds' watchers, each on its own thread, sharing one idempotent producer."""
+
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        kube: client.Configuration,
+        *,
+        kinds: Sequence[Kind] = KINDS,
+        watch_seconds: int = WATCH_SECONDS,
+        stats_seconds: float = STATS_SECONDS,
+    ) -> None:
+        self.kafka = kafka
+        self.kube = kube
+        self.stats_seconds = stats_seconds
+        self.watchers = {kind.kind: Watcher(kind, watch_seconds=watch_seconds) for kind in kinds}
+
+    def run(self, stop: threading.Event) -> None:
+        """Watch until ``stop`` is set; then flush what was sent and return."""
+        kafka_producer = producer(self.kafka, client_id="vmstream-watch", linger_ms=5)
+        publisher = Publisher(kafka_producer, self.kafka.topic(TOPIC))
+        apis = {name: client.ApiClient(self.kube) for name in self.watchers}
+        threads = [
+            threading.Thread(
+                target=watcher.run, args=(stop, apis[name], publisher), name=f"watch-{name}", daemon=True
+            )
+            for name, watcher in self.watchers.items()
+        ]
+        log.info("watch started kinds=%s topic=%s", ",".join(self.watchers), publisher.topic)
+        try:
+            for thread in threads:
+                thread.start()
+            while not stop.wait(self.stats_seconds):
+                self.log_stats()
+        finally:
+            stop.set()
+            for watcher in self.watchers.values():
+                watcher.interrupt()
+            for thread in threads:
+                thread.join()
+            kafka_producer.flush()
+            kafka_producer.close()
+            for api in apis.values():
+                api.close()
+            self.log_stats()
+            log.info("watch stopped")
+
+    def log_stats(self) -> None:
+        for name, watcher in self.watchers.items():
+            log.info(
+                "watch kind=%s resource_version=%s known=%d %s",
+                name, watcher.resource_version, len(watcher.known), watcher.stats.line(),
+            )
+
+
+# ------------------------------------------------------------------------- the command
+
+
+def kube_configuration(kubeconfig: str | None) -> client.Configuration:
+    """From ``--kubeconfig``, else ``KUBECONFIG``, else in-cluster, else ``~/.kube/config``."""
+    configuration = client.Configuration()
+    path = kubeconfig or os.environ.get("KUBECONFIG")
+    if path:
+        config.load_kube_config(config_file=path, client_configuration=configuration)
+    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=configuration)
+    else:
+        config.load_kube_config(client_configuration=configuration)
+    return configuration
+
+
+def main(args: argparse.Namespace) -> int:
+    """``vmstream watch``: run the bridge until SIGINT or SIGTERM."""
+    from streams.topics import ensure_topics
+
+    try:
+        kinds = select_kinds(args.kinds)
+        settings = load_settings(args.config)
+        kube = kube_configuration(args.kubeconfig)
+    except (ValueError, OSError, config.ConfigException) as error:
+        log.error("watch: %s", error)
+        return 2
+    try:
+        ensure_topics(settings.kafka)
+    except Exception as error:  # Kafka may come later: the watchers retry their sends
+        log.warning("watch: could not check the topics (%s); continuing", error)
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("watch: %s received, stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    Bridge(settings.kafka, kube, kinds=kinds).run(stop)
+    return 0
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``vmstream watch``."""
+    watch = commands.add_parser(
+        "watch",
+        help="publish Kubernetes watch events (VMs, VMIs, Nodes, NodeMaintenances, KubeVirt) to Kafka",
+        description="List, then watch the kinds vmstream reacts to and publish every change to "
+        "the k8s-events topic; relists after 410 Gone, reconnects with backoff.",
+    )
+    watch.add_argument("--config", help="the configuration file (YAML); its kafka section is used")
+    watch.add_argument(
+        "--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else in-cluster, else ~/.kube/config)"
+    )
+    watch.add_argument(
+        "--kinds", metavar="KIND[,KIND...]",
+        help=f"watch only these (default: all of {', '.join(k.kind for k in KINDS)})",
+    )
+    watch.set_defaults(handler=main)
+
+
+def iter_kinds() -> Iterator[str]:
+    """The kind names the bridge knows, for help texts and checks."""
+    return (kind.kind for kind in KINDS)
+
+
+__all__ = ["KINDS", "Bridge", "Kind", "Publisher", "Watcher", "add_parser", "kube_configuration", "main", "select_kinds", "watch_event"]
