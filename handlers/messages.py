@@ -53,9 +53,13 @@ def _dns1123(value: str) -> str:
     return value
 
 
+_DNS1123_SCHEMA = {"pattern": DNS1123_LABEL.pattern, "maxLength": 63}
+
+
 class VMRef(Spec):
-    namespace: str = Field(min_length=1)
-    name: str = Field(min_length=1)
+    namespace: str = Field(min_length=1, description="The VM's namespace (spx-<project> on Superphenix).",
+                           json_schema_extra=_DNS1123_SCHEMA)
+    name: str = Field(min_length=1, description="The VM's name, a DNS-1123 label.", json_schema_extra=_DNS1123_SCHEMA)
 
     _check_namespace = field_validator("namespace")(_dns1123)
     _check_name = field_validator("name")(_dns1123)
@@ -65,18 +69,17 @@ class VMRef(Spec):
 
 
 class CreateVMSpec(VMRef):
-    cores: Cores
-    memory_gib: MemoryGiB
-    run_strategy: RunStrategy = "Manual"
-    preference: Preference = "linux"
-    image: str = Field(min_length=1)
-    gpu_class: str | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
+    cores: Cores = Field(description="vCPU cores, on one socket.")
+    memory_gib: MemoryGiB = Field(description="Guest memory in GiB.")
+    run_strategy: RunStrategy = Field("Manual", description="KubeVirt run strategy; Manual creates it stopped.")
+    preference: Preference = Field("linux", description="The VirtualMachineClusterPreference.")
+    image: str = Field(min_length=1, description="The container disk image to boot.")
+    gpu_class: str | None = Field(None, description="A GPU class id of this AZ (case-insensitive).")
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra labels for the VM.")
 
 
 class SetGPUSpec(VMRef):
-    # Required, but may be null: null removes the GPU.
-    gpu_class: str | None
+    gpu_class: str | None = Field(description="A GPU class id of this AZ, or null to remove the GPU (required).")
 
 
 class RestartVMSpec(VMRef):
@@ -84,9 +87,11 @@ class RestartVMSpec(VMRef):
 
 
 class DrainNodeSpec(Spec):
-    node: str = Field(min_length=1)
-    reason: str = Field(min_length=1)
-    notice_seconds: int | None = Field(default=None, ge=0, le=7 * 24 * 3600)
+    node: str = Field(min_length=1, description="The node to drain.")
+    reason: str = Field(min_length=1, description="Why; told to every owner whose GPU VM will stop.")
+    notice_seconds: int | None = Field(
+        default=None, ge=0, le=7 * 24 * 3600, description="Notice before GPU VMs are stopped; default from config."
+    )
 
 
 class UndrainNodeSpec(Spec):
@@ -95,9 +100,9 @@ class UndrainNodeSpec(Spec):
 
 
 class IntentBase(Message):
-    intent_id: str = Field(min_length=1, max_length=256)
-    requested_by: str = Field(min_length=1)
-    project: str | None = None
+    intent_id: str = Field(min_length=1, max_length=256, description="The same id twice has one effect.")
+    requested_by: str = Field(min_length=1, description="The principal asking; told if the intent is refused.")
+    project: str | None = Field(None, description="Required for VM intents: the project that must own the VM.")
     requested_at: AwareDatetime | None = None
 
 

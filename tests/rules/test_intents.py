@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streams.scenarios import A100, RTX, node, vm, vmi
 from tests.harness import Harness
@@ -247,3 +249,25 @@ def test_ids_are_deterministic_across_engines() -> None:
     two = cluster().intent("set_gpu", spec, intent_id="it-x")
     assert one.decision.commands[0].command_id == two.decision.commands[0].command_id
     assert one.decision.audit == two.decision.audit
+
+
+@given(
+    cores=st.sampled_from([1, 2, 4, 8, 16, 32]),
+    memory=st.sampled_from([1, 2, 4, 8, 16, 32, 64]),
+    strategy=st.sampled_from(["Always", "RerunOnFailure", "Manual", "Halted", "Once"]),
+    preference=st.sampled_from(["linux", "windows"]),
+    gpu=st.sampled_from([None, "nvidia-a100", "NVIDIA-RTX-PRO-6000-BSE"]),
+    labels=st.dictionaries(st.sampled_from(["team", "app.kubernetes.io/part-of", "tier"]),
+                           st.from_regex(r"[a-z0-9]([a-z0-9-]{0,10}[a-z0-9])?", fullmatch=True), max_size=3),
+)
+@settings(max_examples=60, deadline=None)
+def test_every_created_manifest_validates_against_kubevirts_schema(
+    cores: int, memory: int, strategy: str, preference: str, gpu: str | None, labels: dict[str, str]
+) -> None:
+    h = Harness()
+    spec = create_spec(cores=cores, memory_gib=memory, run_strategy=strategy, preference=preference,
+                       gpu_class=gpu, labels=labels)
+    [command] = h.intent("create_vm", spec).decision.commands
+    assert command.manifest is not None
+    validate_vm(command.manifest)
+    assert command.manifest["spec"]["runStrategy"] == strategy
