@@ -74,9 +74,11 @@ class Deployment:
 class WorkerProcess:
     """A ``vmstream worker`` subprocess of a deployment."""
 
-    def __init__(self, deployment: Deployment, name: str, *, config: Path = CONFIG) -> None:
+    def __init__(self, deployment: Deployment, name: str, *, config: Path = CONFIG,
+                 env: dict[str, str] | None = None) -> None:
         self.deployment = deployment
         self.config = config
+        self.env = env or {}
         self.name = name
         self.web_port = free_ports(1)[0]
         self.cwd = deployment.workdir / name
@@ -88,7 +90,7 @@ class WorkerProcess:
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "streams.cli", "worker", "--config", str(self.config)],
-                cwd=self.cwd, env=self.deployment.env(self.web_port), stdout=log, stderr=subprocess.STDOUT,
+                cwd=self.cwd, env={**self.deployment.env(self.web_port), **self.env}, stdout=log, stderr=subprocess.STDOUT,
             )
         self.wait_ready(timeout)
         return self

@@ -106,12 +106,14 @@ def test_the_same_intent_twice_has_one_effect(deployment: Deployment, outputs: O
         worker.stop()
 
 
-def test_state_survives_a_restart(deployment: Deployment, outputs: Outputs) -> None:
-    """A new worker recovers the tables from their changelogs and decides with them."""
-    first = WorkerProcess(deployment, "w1").start()
+@pytest.mark.parametrize("store", ["memory://", "rocksdb://"])
+def test_state_survives_a_restart(deployment: Deployment, outputs: Outputs, store: str) -> None:
+    """A new worker (in another directory) recovers the tables from their changelogs."""
+    env = {"VMSTREAM_WORKER__STORE": store}
+    first = WorkerProcess(deployment, "w1", env=env).start()
     start_cluster(deployment, outputs)
     assert first.stop() == 0, first.tail()
-    second = WorkerProcess(deployment, "w2").start()
+    second = WorkerProcess(deployment, "w2", env=env).start()
     try:
         deployment.publish_lines([intent_line(SET_GPU, "vm/spx-proj-b/dev-1")])
         outputs.wait_for(lambda o: o.audits(input__ref="it-gpu-1"), what="the intent's audit")
