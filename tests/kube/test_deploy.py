@@ -1,0 +1,677 @@
+"""deploy/ renders to objects a real API server accepts, with least-privilege RBAC.
+
+The kustomization is rendered by the real kustomize where there is one (``kubectl
+kustomize``), else by tests/kustomize.py; where both exist they must agree. Then:
+
+* every rendered object passes a server-side dry run (``dryRun=All``) — schema, defaults
+  and admission, including Pod Security "restricted", whose warnings count as failures;
+* the RBAC objects are created for real and SubjectAccessReviews ask the RBAC authorizer
+  what each ServiceAccount may do: the watch bridge exactly list+watch on what it
+  watches, the applier exactly the verbs it uses, the worker nothing at all — compared
+  with what any authenticated ServiceAccount may do, over every resource the API server
+  serves and every verb;
+* on the local control plane, requests made *as* those ServiceAccounts (client
+  certificates with their user and group names) get 200 or 403 accordingly.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from streams.settings import load_settings
+from tests import kustomize
+from tests.kube_apiserver import Kube
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = ROOT / "deploy" / "base"
+NAMESPACE = "vmstream"
+IMAGE = "vmstream:0.1.0"
+FIELD_MANAGER = "vmstream-deploy-test"
+SECRET = "vmstream-kafka"
+
+WATCH, APPLY, WORKER = "vmstream-watch", "vmstream-apply", "vmstream-worker"
+DEPLOYMENTS = {WORKER: 2, WATCH: 1, APPLY: 1}  # name → replicas
+COMMANDS = {WORKER: "worker", WATCH: "watch", APPLY: "apply"}
+WRITABLE = ("/tmp", "/var/lib/vmstream")
+CONFIG_PATH = "/etc/vmstream/config.yaml"
+VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+
+# (group, resource[/subresource]) → verbs: the specification the manifests must meet.
+WATCH_GRANTS: dict[tuple[str, str], set[str]] = {
+    ("kubevirt.io", "virtualmachines"): {"list", "watch"},
+    ("kubevirt.io", "virtualmachineinstances"): {"list", "watch"},
+    ("kubevirt.io", "kubevirts"): {"list", "watch"},
+    ("", "nodes"): {"list", "watch"},
+    ("nodemaintenance.medik8s.io", "nodemaintenances"): {"list", "watch"},
+}
+APPLY_GRANTS: dict[tuple[str, str], set[str]] = {
+    ("kubevirt.io", "virtualmachines"): {"get", "create", "patch"},
+    ("kubevirt.io", "virtualmachineinstances"): {"get", "delete"},
+    ("", "nodes"): {"get", "patch"},
+    ("subresources.kubevirt.io", "virtualmachines/restart"): {"update"},
+    ("subresources.kubevirt.io", "virtualmachines/start"): {"update"},
+    ("subresources.kubevirt.io", "virtualmachines/stop"): {"update"},
+}
+# KubeVirt's aggregated API (virt-api) is not served locally: its subresources are
+# checked by name, beside everything discovery lists.
+EXTRA_RESOURCES: dict[tuple[str, str], bool] = {  # → namespaced
+    ("subresources.kubevirt.io", f"virtualmachines/{action}"): True
+    for action in ("start", "stop", "restart", "migrate", "softreboot", "pause", "unpause")
+}
+# Verbs RBAC knows beyond the usual eight, where they matter.
+SPECIAL_VERBS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("", "users"): ("impersonate",),
+    ("", "groups"): ("impersonate",),
+    ("", "serviceaccounts"): ("impersonate",),
+    ("rbac.authorization.k8s.io", "clusterroles"): ("bind", "escalate"),
+    ("rbac.authorization.k8s.io", "roles"): ("bind", "escalate"),
+}
+
+Manifest = kustomize.Manifest
+Check = tuple[str, str, str, str]  # (group, resource[/subresource], namespace, verb)
+
+
+def sa_user(name: str) -> str:
+    return f"system:serviceaccount:{NAMESPACE}:{name}"
+
+
+# Groups a ServiceAccount token authenticates with (system:authenticated is added by the
+# API server to any authenticated user, so a client certificate gets it too).
+SA_GROUPS = ("system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}")
+
+
+# -- rendering -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def rendered() -> list[Manifest]:
+    return kustomize.build(BASE)
+
+
+@pytest.fixture(scope="module")
+def objects(rendered: list[Manifest]) -> dict[tuple[str, str], Manifest]:
+    """Rendered objects by (kind, name); names are unique per kind here."""
+    by_kind_name = {(o["kind"], o["metadata"]["name"]): o for o in rendered}
+    assert len(by_kind_name) == len(rendered)
+    return by_kind_name
+
+
+def test_the_renderer_agrees_with_the_real_kustomize() -> None:
+    command = kustomize.kustomize_command()
+    if command is None:
+        pytest.skip("no kustomize or kubectl here: the tests use tests/kustomize.py alone")
+    real = {kustomize.key(o): o for o in kustomize.build_with(command, BASE)}
+    ours = {kustomize.key(o): o for o in kustomize.render(BASE)}
+    assert sorted(ours) == sorted(real)
+    for object_key, obj in real.items():
+        assert ours[object_key] == obj, object_key
+
+
+def test_exactly_the_expected_objects_in_the_vmstream_namespace(rendered: list[Manifest]) -> None:
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in rendered) == sorted(
+        [
+            ("Namespace", NAMESPACE),
+            ("ServiceAccount", WATCH),
+            ("ServiceAccount", APPLY),
+            ("ServiceAccount", WORKER),
+            ("ClusterRole", WATCH),
+            ("ClusterRole", APPLY),
+            ("ClusterRoleBinding", WATCH),
+            ("ClusterRoleBinding", APPLY),
+            ("ConfigMap", "vmstream-config"),
+            ("Deployment", WORKER),
+            ("Deployment", WATCH),
+            ("Deployment", APPLY),
+            ("PodDisruptionBudget", WORKER),
+            ("Service", WORKER),
+        ]
+    )
+    for obj in rendered:
+        meta = obj["metadata"]
+        if obj["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
+            assert meta["namespace"] == NAMESPACE, obj["kind"]
+        assert meta["labels"]["app.kubernetes.io/part-of"] == "vmstream"
+    # No credentials are committed: the Secret is the operator's to create.
+    assert not [o for o in rendered if o["kind"] == "Secret"]
+
+
+def _container(deployment: Manifest) -> Manifest:
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    container: Manifest = containers[0]
+    return container
+
+
+@pytest.mark.parametrize("name", DEPLOYMENTS)
+def test_each_deployment_runs_its_job_locked_down(
+    objects: dict[tuple[str, str], Manifest], name: str
+) -> None:
+    deployment = objects["Deployment", name]
+    spec = deployment["spec"]
+    pod = spec["template"]["spec"]
+    container = _container(deployment)
+    assert spec["replicas"] == DEPLOYMENTS[name]
+    selector = spec["selector"]["matchLabels"]
+    assert selector.items() <= spec["template"]["metadata"]["labels"].items()
+    assert pod["serviceAccountName"] == name
+    assert container["image"] == IMAGE
+    assert container["args"] == [COMMANDS[name], "--config", CONFIG_PATH]
+
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = container["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["runAsUser"] == 10001
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+
+    resources = container["resources"]
+    assert {"cpu", "memory"} <= resources["requests"].keys()
+    assert {"cpu", "memory"} <= resources["limits"].keys()
+
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    for path in WRITABLE:
+        assert "emptyDir" in volumes[mounts[path]["name"]], path
+        assert not mounts[path].get("readOnly"), path
+    config_mount = mounts[str(Path(CONFIG_PATH).parent)]
+    assert volumes[config_mount["name"]]["configMap"]["name"] == "vmstream-config"
+    assert objects["ConfigMap", "vmstream-config"]["data"].keys() == {Path(CONFIG_PATH).name}
+
+    # The Kafka credentials: environment variables from the Secret, never in the ConfigMap.
+    env = {e["name"]: e for e in container["env"]}
+    for variable, secret_key in (
+        ("VMSTREAM_KAFKA__SASL_USERNAME", "username"),
+        ("VMSTREAM_KAFKA__SASL_PASSWORD", "password"),
+    ):
+        assert env[variable]["valueFrom"]["secretKeyRef"] == {"name": SECRET, "key": secret_key}
+    # ... and the broker's CA from the same Secret, where the configuration looks for it.
+    cafile = load_settings(BASE / "config.yaml").kafka.ssl_cafile
+    assert cafile is not None
+    ca_mount = mounts[str(Path(cafile).parent)]
+    ca_volume = volumes[ca_mount["name"]]["secret"]
+    assert ca_volume["secretName"] == SECRET
+    assert {"key": "ca.crt", "path": Path(cafile).name} in ca_volume["items"]
+
+
+def test_only_the_worker_serves_http_and_only_it_is_probed(
+    objects: dict[tuple[str, str], Manifest],
+) -> None:
+    worker = _container(objects["Deployment", WORKER])
+    ports = {p["name"]: p["containerPort"] for p in worker["ports"]}
+
+    def probe(kind: str) -> tuple[str, int]:
+        get = worker[kind]["httpGet"]
+        port = get["port"]
+        return get["path"], ports[port] if isinstance(port, str) else port
+
+    assert probe("livenessProbe") == ("/health", 6066)
+    assert probe("readinessProbe") == ("/ready", 6066)
+    assert probe("startupProbe") == ("/health", 6066)
+    env = {e["name"]: e.get("value") for e in worker["env"]}
+    assert env["VMSTREAM_WORKER__WEB_HOST"] == "0.0.0.0"  # reachable by the kubelet
+    assert env["VMSTREAM_WORKER__WEB_PORT"] == "6066"
+    for name in (WATCH, APPLY):
+        container = _container(objects["Deployment", name])
+        assert not container.get("ports"), name
+        for kind in ("livenessProbe", "readinessProbe", "startupProbe"):
+            assert "httpGet" not in container.get(kind, {}), (name, kind)
+
+
+def test_the_worker_has_no_kubernetes_identity(objects: dict[tuple[str, str], Manifest]) -> None:
+    assert objects["ServiceAccount", WORKER]["automountServiceAccountToken"] is False
+    assert objects["Deployment", WORKER]["spec"]["template"]["spec"][
+        "automountServiceAccountToken"
+    ] is False
+    for obj in objects.values():
+        for subject in obj.get("subjects", []):
+            assert subject["name"] != WORKER, obj["metadata"]["name"]
+
+
+def test_the_worker_service_and_disruption_budget_select_the_worker_pods(
+    objects: dict[tuple[str, str], Manifest],
+) -> None:
+    deployment = objects["Deployment", WORKER]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    others = [
+        objects["Deployment", n]["spec"]["template"]["metadata"]["labels"] for n in (WATCH, APPLY)
+    ]
+    service = objects["Service", WORKER]["spec"]
+    budget = objects["PodDisruptionBudget", WORKER]["spec"]
+    for selector in (service["selector"], budget["selector"]["matchLabels"]):
+        assert selector.items() <= pod_labels.items()
+        assert not any(selector.items() <= labels.items() for labels in others)
+    assert budget["minAvailable"] == 1
+    (port,) = service["ports"]
+    assert port["port"] == 6066 and port["targetPort"] == "http"
+
+
+def test_the_bindings_give_each_role_to_its_own_service_account(
+    objects: dict[tuple[str, str], Manifest],
+) -> None:
+    for name in (WATCH, APPLY):
+        binding = objects["ClusterRoleBinding", name]
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": name,
+        }
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}
+        ]
+
+
+def test_the_configuration_is_valid_and_secrets_arrive_by_environment(
+    monkeypatch: pytest.MonkeyPatch, objects: dict[tuple[str, str], Manifest], tmp_path: Path
+) -> None:
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(objects["ConfigMap", "vmstream-config"]["data"]["config.yaml"])
+    monkeypatch.setenv("VMSTREAM_KAFKA__SASL_USERNAME", "vmstream")
+    monkeypatch.setenv("VMSTREAM_KAFKA__SASL_PASSWORD", "example-only")
+    kafka = load_settings(config_file).kafka
+    assert kafka.security_protocol == "SASL_SSL"
+    assert kafka.sasl_mechanism is not None
+    assert kafka.sasl_username == "vmstream"
+    assert kafka.sasl_password is not None
+    assert kafka.sasl_password.get_secret_value() == "example-only"
+    assert not any(
+        host.startswith(("127.", "localhost")) for host in kafka.bootstrap_servers.split(",")
+    )
+
+
+# -- the API server --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Resource:
+    group: str
+    version: str
+    plural: str
+    namespaced: bool
+
+
+class Api:
+    """Raw requests to the API server: server-side apply, discovery, access reviews."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self.authz = client.AuthorizationV1Api(api)
+        self.kinds: dict[tuple[str, str], Resource] = {}  # (apiVersion, kind) →
+        self.resources: dict[tuple[str, str], bool] = {}  # (group, resource) → namespaced
+        self._discover()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> tuple[int, Any, list[str]]:
+        """(status, decoded body, Warning headers); raises ApiException on an error status."""
+        response = self.api.call_api(
+            path,
+            method,
+            query_params=query or [],
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+        )
+        try:
+            data = json.loads(response.data) if response.data else None
+            warnings = response.headers.getlist("Warning")
+            return response.status, data, warnings
+        finally:
+            response.release_conn()
+
+    def _discover(self) -> None:
+        _, groups, _ = self.request("GET", "/apis")
+        versions = [("", "v1", "/api/v1")]
+        for group in groups["groups"]:
+            preferred = group["preferredVersion"]["groupVersion"]
+            versions.append((group["name"], preferred.split("/")[1], f"/apis/{preferred}"))
+        for group_name, version, path in versions:
+            _, listing, _ = self.request("GET", path)
+            for item in listing["resources"]:
+                self.resources[group_name, item["name"]] = item["namespaced"]
+                if "/" not in item["name"]:
+                    api_version = f"{group_name}/{version}" if group_name else version
+                    self.kinds[api_version, item["kind"]] = Resource(
+                        group_name, version, item["name"], item["namespaced"]
+                    )
+
+    def path(self, obj: Manifest) -> str:
+        resource = self.kinds[obj["apiVersion"], obj["kind"]]
+        prefix = f"/apis/{obj['apiVersion']}" if resource.group else "/api/v1"
+        meta = obj["metadata"]
+        scope = f"/namespaces/{meta['namespace']}" if resource.namespaced else ""
+        return f"{prefix}{scope}/{resource.plural}/{meta['name']}"
+
+    def apply(self, obj: Manifest, *, dry_run: bool) -> tuple[int, Any, list[str]]:
+        """Server-side apply, as ``kubectl apply --server-side [--dry-run=server]``."""
+        query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+        if dry_run:
+            query.append(("dryRun", "All"))
+        return self.request(
+            "PATCH", self.path(obj), query=query, body=obj,
+            content_type="application/apply-patch+yaml",
+        )
+
+    def exists(self, obj: Manifest) -> bool:
+        try:
+            self.request("GET", self.path(obj))
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    def delete(self, obj: Manifest) -> None:
+        try:
+            self.request("DELETE", self.path(obj))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def allowed(self, user: str, groups: tuple[str, ...], check: Check) -> bool:
+        group, resource, namespace, verb = check
+        plural, _, subresource = resource.partition("/")
+        review = client.V1SubjectAccessReview(
+            spec=client.V1SubjectAccessReviewSpec(
+                user=user,
+                groups=list(groups),
+                resource_attributes=client.V1ResourceAttributes(
+                    group=group,
+                    resource=plural,
+                    subresource=subresource or None,
+                    namespace=namespace or None,
+                    verb=verb,
+                ),
+            )
+        )
+        status = self.authz.create_subject_access_review(review).status
+        return bool(status.allowed)
+
+
+def _apply_order(obj: Manifest) -> int:
+    """Namespaces first, then identities and roles, then the rest (as kubectl sorts)."""
+    order = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap")
+    return order.index(obj["kind"]) if obj["kind"] in order else len(order)
+
+
+@pytest.fixture(scope="module")
+def server(kube: Kube) -> Iterator[Api]:
+    with kube.api_client() as api:
+        yield Api(api)
+
+
+@pytest.fixture(scope="module")
+def namespace(server: Api, objects: dict[tuple[str, str], Manifest], kube: Kube) -> Iterator[str]:
+    """The vmstream namespace, for real: dry runs of namespaced objects need it."""
+    ns = objects["Namespace", NAMESPACE]
+    existed = server.exists(ns)
+    server.apply(ns, dry_run=False)
+    yield NAMESPACE
+    # Locally no namespace controller finishes a deletion: the namespace would stay
+    # Terminating and refuse new objects for the rest of the session. Leave it there.
+    if not existed and kube.local is None:
+        server.delete(ns)
+
+
+@pytest.mark.kube
+def test_every_rendered_object_passes_a_server_side_dry_run(
+    server: Api, namespace: str, rendered: list[Manifest]
+) -> None:
+    for obj in sorted(rendered, key=_apply_order):
+        status, body, warnings = server.apply(obj, dry_run=True)
+        assert status in (200, 201), (obj["kind"], body)
+        # Pod Security admission answers a workload that breaks "restricted" (the
+        # namespace's warn level) with a warning: there must be none, of any kind.
+        assert warnings == [], (obj["kind"], obj["metadata"]["name"], warnings)
+        assert body["metadata"]["name"] == obj["metadata"]["name"]
+
+
+@pytest.mark.kube
+def test_pod_security_warnings_would_be_seen(
+    server: Api, namespace: str, objects: dict[tuple[str, str], Manifest]
+) -> None:
+    """The check above can fail: a worker that may escalate privileges is warned about."""
+    worker = json.loads(json.dumps(objects["Deployment", WORKER]))
+    worker["metadata"]["name"] = f"t-{uuid.uuid4().hex[:8]}"
+    _container(worker)["securityContext"]["allowPrivilegeEscalation"] = True
+    _, _, warnings = server.apply(worker, dry_run=True)
+    assert any("allowPrivilegeEscalation" in w for w in warnings), warnings
+
+
+@pytest.fixture(scope="module")
+def rbac(server: Api, namespace: str, rendered: list[Manifest]) -> Iterator[Api]:
+    """The ServiceAccounts, ClusterRoles and ClusterRoleBindings, created for real."""
+    kinds = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+    wanted = sorted((o for o in rendered if o["kind"] in kinds), key=_apply_order)
+    created = [obj for obj in wanted if not server.exists(obj)]
+    for obj in wanted:
+        server.apply(obj, dry_run=False)
+    # The RBAC authorizer reads bindings from an informer: wait until it has them.
+    deadline = time.monotonic() + 30
+    probes = [
+        (sa_user(WATCH), ("kubevirt.io", "virtualmachines", "", "list")),
+        (sa_user(APPLY), ("kubevirt.io", "virtualmachines", "", "patch")),
+    ]
+    while not all(server.allowed(user, SA_GROUPS, check) for user, check in probes):
+        assert time.monotonic() < deadline, "the bindings never took effect"
+        time.sleep(0.1)
+    yield server
+    for obj in reversed(created):
+        server.delete(obj)
+
+
+def _can(server: Api, name: str, group: str, resource: str, verb: str, namespace: str = "") -> bool:
+    return server.allowed(sa_user(name), SA_GROUPS, (group, resource, namespace, verb))
+
+
+@pytest.mark.kube
+@pytest.mark.parametrize("namespace_", ["", "spx-project-1"], ids=["cluster-wide", "a-tenant"])
+def test_the_watch_bridge_can_list_and_watch_what_it_watches(
+    rbac: Api, namespace_: str
+) -> None:
+    for (group, resource), verbs in WATCH_GRANTS.items():
+        scoped = namespace_ if rbac.resources.get((group, resource), True) else ""
+        for verb in ("list", "watch"):
+            assert verb in verbs
+            assert _can(rbac, WATCH, group, resource, verb, scoped), (group, resource, verb)
+        for verb in ("get", "create", "update", "patch", "delete"):
+            assert not _can(rbac, WATCH, group, resource, verb, scoped), (group, resource, verb)
+
+
+@pytest.mark.kube
+@pytest.mark.parametrize("namespace_", ["", "spx-project-1"], ids=["cluster-wide", "a-tenant"])
+def test_the_applier_can_do_what_it_applies(rbac: Api, namespace_: str) -> None:
+    for group, resource, verb in (
+        ("kubevirt.io", "virtualmachines", "get"),
+        ("kubevirt.io", "virtualmachines", "create"),
+        ("kubevirt.io", "virtualmachines", "patch"),
+        ("kubevirt.io", "virtualmachineinstances", "get"),
+        ("kubevirt.io", "virtualmachineinstances", "delete"),
+        ("subresources.kubevirt.io", "virtualmachines/restart", "update"),
+        ("subresources.kubevirt.io", "virtualmachines/start", "update"),
+        ("subresources.kubevirt.io", "virtualmachines/stop", "update"),
+    ):
+        assert _can(rbac, APPLY, group, resource, verb, namespace_), (group, resource, verb)
+    assert _can(rbac, APPLY, "", "nodes", "patch")
+    assert _can(rbac, APPLY, "", "nodes", "get")
+    for group, resource, verb in (
+        ("kubevirt.io", "virtualmachines", "delete"),
+        ("kubevirt.io", "virtualmachines", "update"),
+        ("kubevirt.io", "virtualmachineinstances", "patch"),
+        ("subresources.kubevirt.io", "virtualmachines/migrate", "update"),
+        ("", "pods/eviction", "create"),
+    ):
+        assert not _can(rbac, APPLY, group, resource, verb, namespace_), (group, resource, verb)
+
+
+@pytest.mark.kube
+@pytest.mark.parametrize("name", [WATCH, APPLY, WORKER])
+def test_no_service_account_can_delete_nodes_read_secrets_or_create_pods(
+    rbac: Api, name: str
+) -> None:
+    assert not _can(rbac, name, "", "nodes", "delete")
+    for verb in ("get", "list", "watch"):
+        assert not _can(rbac, name, "", "secrets", verb)  # cluster-wide
+        assert not _can(rbac, name, "", "secrets", verb, NAMESPACE)  # nor its own
+    assert not _can(rbac, name, "", "pods", "create")
+    assert not _can(rbac, name, "", "pods", "create", NAMESPACE)
+
+
+def _checks(server: Api) -> list[Check]:
+    """Every verb on every resource served (and KubeVirt's subresources), in the vmstream
+    namespace for namespaced ones (where cluster-wide and namespace grants both count)."""
+    resources = {**server.resources, **EXTRA_RESOURCES}
+    checks: list[Check] = []
+    for (group, resource), namespaced in sorted(resources.items()):
+        namespace = NAMESPACE if namespaced else ""
+        for verb in (*VERBS, *SPECIAL_VERBS.get((group, resource), ())):
+            checks.append((group, resource, namespace, verb))
+    return checks
+
+
+def _granted(grants: dict[tuple[str, str], set[str]], server: Api) -> set[Check]:
+    result = set()
+    for (group, resource), verbs in grants.items():
+        namespaced = {**server.resources, **EXTRA_RESOURCES}[group, resource]
+        result |= {(group, resource, NAMESPACE if namespaced else "", v) for v in verbs}
+    return result
+
+
+@pytest.mark.kube
+def test_each_service_account_may_do_exactly_what_its_job_needs(rbac: Api) -> None:
+    checks = _checks(rbac)
+    assert len(checks) > 500  # discovery found the API server's resources
+
+    def allowed_set(user: str) -> set[Check]:
+        return {check for check in checks if rbac.allowed(user, SA_GROUPS, check)}
+
+    # What any ServiceAccount may do with no binding of its own (self reviews, say).
+    baseline = allowed_set(sa_user(f"nobody-{uuid.uuid4().hex[:8]}"))
+    assert not {c for c in baseline if c[3] in ("list", "watch", "patch", "delete")}
+    expected: dict[str, set[Check]] = {
+        WATCH: baseline | _granted(WATCH_GRANTS, rbac),
+        APPLY: baseline | _granted(APPLY_GRANTS, rbac),
+        WORKER: baseline,
+    }
+    for name, want in expected.items():
+        got = allowed_set(sa_user(name))
+        assert got - want == set(), f"{name} may do more than it needs"
+        assert want - got == set(), f"{name} may not do what it needs"
+
+
+# -- requests as the ServiceAccounts (local control plane only) ------------------------
+
+
+def _status_of(call: Callable[[], object]) -> int:
+    try:
+        call()
+    except ApiException as exc:
+        return int(exc.status)
+    return 200
+
+
+def _minimal_vm(name: str) -> Manifest:
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": name},
+        "spec": {
+            "runStrategy": "Halted",
+            "template": {
+                "spec": {
+                    "domain": {"devices": {}, "memory": {"guest": "128Mi"}},
+                },
+            },
+        },
+    }
+
+
+@pytest.mark.kube
+def test_requests_made_as_the_service_accounts_are_allowed_or_forbidden(
+    kube: Kube, rbac: Api, kube_namespace: str
+) -> None:
+    if kube.local is None:
+        pytest.skip("acting as a ServiceAccount needs the local control plane's CA")
+    node_name = f"t-node-{uuid.uuid4().hex[:8]}"
+    vm_name = "vm-1"
+    with kube.api_client() as admin:
+        core = client.CoreV1Api(admin)
+        core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node_name)))
+        client.CustomObjectsApi(admin).create_namespaced_custom_object(
+            "kubevirt.io", "v1", kube_namespace, "virtualmachines", _minimal_vm(vm_name)
+        )
+    try:
+        clients = {
+            name: config.new_client_from_config(
+                config_file=str(kube.local.client_cert(sa_user(name), SA_GROUPS))
+            )
+            for name in (WATCH, APPLY, WORKER)
+        }
+        try:
+            status: dict[str, dict[str, int]] = {}
+            for name, api in clients.items():
+                core = client.CoreV1Api(api)
+                custom = client.CustomObjectsApi(api)
+                label = {"metadata": {"labels": {"vmstream-test": name}}}
+                status[name] = {
+                    "list vms": _status_of(
+                        lambda: custom.list_cluster_custom_object(
+                            "kubevirt.io", "v1", "virtualmachines"
+                        )
+                    ),
+                    "list nodes": _status_of(lambda: core.list_node()),
+                    "get vm": _status_of(
+                        lambda: custom.get_namespaced_custom_object(
+                            "kubevirt.io", "v1", kube_namespace, "virtualmachines", vm_name
+                        )
+                    ),
+                    "patch vm": _status_of(
+                        lambda: custom.patch_namespaced_custom_object(
+                            "kubevirt.io", "v1", kube_namespace, "virtualmachines", vm_name,
+                            label,
+                        )
+                    ),
+                    "patch node": _status_of(lambda: core.patch_node(node_name, label)),
+                    "delete node": _status_of(lambda: core.delete_node(node_name)),
+                    "list secrets": _status_of(lambda: core.list_secret_for_all_namespaces()),
+                }
+        finally:
+            for api in clients.values():
+                api.close()
+        assert status == {
+            WATCH: {
+                "list vms": 200, "list nodes": 200, "get vm": 403, "patch vm": 403,
+                "patch node": 403, "delete node": 403, "list secrets": 403,
+            },
+            APPLY: {
+                "list vms": 403, "list nodes": 403, "get vm": 200, "patch vm": 200,
+                "patch node": 200, "delete node": 403, "list secrets": 403,
+            },
+            WORKER: {
+                "list vms": 403, "list nodes": 403, "get vm": 403, "patch vm": 403,
+                "patch node": 403, "delete node": 403, "list secrets": 403,
+            },
+        }
+    finally:
+        with kube.api_client() as admin:
+            client.CoreV1Api(admin).delete_node(node_name)
