@@ -785,7 +785,7 @@ def install_crds(kubeconfig: Path, paths: Sequence[Path], *, timeout: float = 60
 def _crd_established(ext: Any, name: str) -> bool:
     response = ext.read_custom_resource_definition_status(name, _preload_content=False)
     try:
-        conditions = json.loads(response.data).get("status", {}).get("conditions", [])
+        conditions = (json.loads(response.data).get("status") or {}).get("conditions") or []
     finally:
         response.release_conn()
     return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
