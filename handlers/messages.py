@@ -18,6 +18,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    JsonValue,
     TypeAdapter,
     ValidationError,
     field_validator,
@@ -53,7 +54,7 @@ def _dns1123(value: str) -> str:
     return value
 
 
-_DNS1123_SCHEMA = {"pattern": DNS1123_LABEL.pattern, "maxLength": 63}
+_DNS1123_SCHEMA: dict[str, JsonValue] = {"pattern": DNS1123_LABEL.pattern, "maxLength": 63}
 
 
 class VMRef(Spec):

@@ -46,7 +46,8 @@ from handlers.messages import (
     node_key,
 )
 from streams.settings import KafkaSettings
-from streams.tailing import bounded, load_kafka_settings, quiet_kafka_logs, render_audit, render_notification
+from streams.settings import load_kafka_settings
+from streams.tailing import bounded, quiet_kafka_logs, render_audit, render_notification
 
 if TYPE_CHECKING:
     from kafka import KafkaConsumer

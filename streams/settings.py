@@ -49,13 +49,10 @@ class WorkerSettings(BaseModel):
     exactly_once: bool = False  # Faust's transactions break on rebalance: see streams/worker.py
 
 
-class Settings(BaseSettings, Config):
-    model_config = SettingsConfigDict(
-        env_prefix="VMSTREAM_", env_nested_delimiter="__", frozen=True, extra="forbid"
-    )
+class EnvironmentFirst(BaseSettings):
+    """Settings whose file values arrive as init arguments, so the environment must win."""
 
-    kafka: KafkaSettings = KafkaSettings()
-    worker: WorkerSettings = WorkerSettings()
+    model_config = SettingsConfigDict(env_prefix="VMSTREAM_", env_nested_delimiter="__", frozen=True)
 
     @classmethod
     def settings_customise_sources(
@@ -66,19 +63,51 @@ class Settings(BaseSettings, Config):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # The file's values arrive as init arguments: the environment must win over them.
         return env_settings, init_settings
+
+
+class Settings(EnvironmentFirst, Config):
+    """The whole configuration file: the AZ's policy plus Kafka and worker options."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="VMSTREAM_", env_nested_delimiter="__", frozen=True, extra="forbid"
+    )
+
+    kafka: KafkaSettings = KafkaSettings()
+    worker: WorkerSettings = WorkerSettings()
 
     def rules(self) -> Config:
         """The policy the handlers obey."""
         return Config.model_validate(self.model_dump(include=set(Config.model_fields)))
 
 
+class ClientSettings(EnvironmentFirst):
+    """The file as a client (``intent``, ``tail``) sees it: only ``kafka`` matters, so a
+    person can publish or read without the AZ's policy."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="VMSTREAM_", env_nested_delimiter="__", frozen=True, extra="ignore"
+    )
+
+    kafka: KafkaSettings = KafkaSettings()
+
+
+def read_yaml(path: str | Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not YAML: {exc}") from exc
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path}: the configuration must be a YAML mapping")
+    return loaded
+
+
 def load_settings(path: str | Path | None) -> Settings:
-    data: dict[str, Any] = {}
-    if path is not None:
-        loaded = yaml.safe_load(Path(path).read_text())
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{path}: the configuration must be a YAML mapping")
-        data = loaded
-    return Settings(**data)
+    return Settings(**read_yaml(path))
+
+
+def load_kafka_settings(path: str | Path | None) -> KafkaSettings:
+    """``kafka`` from the configuration file and ``VMSTREAM_KAFKA__*``, as the worker reads it."""
+    return ClientSettings(**{k: v for k, v in read_yaml(path).items() if k == "kafka"}).kafka

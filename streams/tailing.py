@@ -26,9 +26,7 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
-import yaml
 from pydantic import ValidationError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from handlers.messages import (
     AuditRecord,
@@ -50,7 +48,7 @@ from handlers.messages import (
     node_key,
     parse_intent,
 )
-from streams.settings import KafkaSettings
+from streams.settings import KafkaSettings, load_kafka_settings
 
 if TYPE_CHECKING:
     from kafka import KafkaConsumer
@@ -276,43 +274,6 @@ def resolve_topic(kafka: KafkaSettings, name: str) -> tuple[str, str | None]:
 
 
 # ------------------------------------------------------------------------- settings
-
-
-class _ClientSettings(BaseSettings):
-    """The worker's configuration as a client sees it: only ``kafka`` matters, the rest is
-    ignored, so a person can tail or publish without the AZ's policy file."""
-
-    model_config = SettingsConfigDict(env_prefix="VMSTREAM_", env_nested_delimiter="__", frozen=True,
-                                      extra="ignore")
-
-    kafka: KafkaSettings = KafkaSettings()
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return env_settings, init_settings  # as the worker: the environment wins over the file
-
-
-def load_kafka_settings(path: str | None) -> KafkaSettings:
-    """``kafka`` from the configuration file and ``VMSTREAM_KAFKA__*``, like the worker reads it."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        with open(path, encoding="utf-8") as source:
-            try:
-                loaded = yaml.safe_load(source)
-            except yaml.YAMLError as exc:
-                raise ValueError(f"{path}: not YAML: {exc}") from exc
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{path}: the configuration must be a YAML mapping")
-        if "kafka" in loaded:
-            data["kafka"] = loaded["kafka"]
-    return _ClientSettings(**data).kafka
 
 
 # ---------------------------------------------------------------------------- reading

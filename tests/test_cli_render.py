@@ -15,7 +15,8 @@ from handlers.messages import SetGPUIntent, parse_intent
 from streams import requesting, tailing
 from streams.requesting import InvalidRequest, build_intent, encode_intent, intent_key
 from streams.settings import KafkaSettings
-from streams.tailing import json_line, load_kafka_settings, render, resolve_topic
+from streams.settings import load_kafka_settings
+from streams.tailing import json_line, render, resolve_topic
 
 ROOT = Path(__file__).resolve().parent.parent
 NOW = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
