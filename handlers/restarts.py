@@ -11,7 +11,7 @@ from __future__ import annotations
 from handlers import ids
 from handlers.cluster import HOST_PASSTHROUGH, VMIRecord, VMRecord
 from handlers.decisions import Context, vm_subject
-from handlers.state import VMTracking, put_tracking
+from handlers.state import StateView, VMTracking, put_tracking
 
 RESTART_REFUSED = {
     "Halted": "its run strategy is Halted: start it instead",
@@ -63,6 +63,22 @@ def reconcile_pending(ctx: Context, vm: VMRecord) -> None:
         },
     )
     put_tracking(ctx.state, vm.key, VMTracking(episode, tracking.unavailable_episode))
+
+
+def pending_detail(state: StateView, key: str) -> dict[str, object] | None:
+    """What waits for a restart on VM ``key``, as the owner was told; None if nothing."""
+    tracking: VMTracking | None = state.get("tracking", key)
+    vm: VMRecord | None = state.get("vms", key)
+    if tracking is None or tracking.pending_episode is None or vm is None:
+        return None
+    vmi: VMIRecord | None = state.get("vmis", key)
+    return {
+        "vm": key,
+        "episode": tracking.pending_episode,
+        "desired_gpus": list(vm.gpu_devices),
+        "running_gpus": list(vmi.gpu_devices) if vmi else [],
+        "restart_required_condition": vm.restart_required,
+    }
 
 
 def restart_refusal(vm: VMRecord, vmi: VMIRecord | None) -> str | None:

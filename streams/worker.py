@@ -35,6 +35,7 @@ from faust.types import EventT
 
 from handlers.capacity import capacity_report
 from handlers.decisions import ResidentUpdate
+from handlers.restarts import pending_detail
 from handlers.engine import Engine, Result, Source
 from handlers.messages import MalformedMessage, parse_watch_event
 from handlers.observing import decision_key
@@ -183,6 +184,7 @@ class Worker:
         self._page("/ready", self._ready)
         self._page("/metrics", self._metrics)
         self._page("/capacity", self._capacity)
+        self._page("/pending", self._pending)
 
     def _topic(self, *names: str) -> Any:
         """Topics of bytes: the codecs are ours (streams/codecs.py), not Faust's."""
@@ -325,6 +327,11 @@ class Worker:
     async def _capacity(self, web: Any, request: Any) -> Any:
         """GPU capacity per class as this instance sees it (usage is a global table)."""
         return web.json(capacity_report(self.state, self.engine.catalog))
+
+    async def _pending(self, web: Any, request: Any) -> Any:
+        """VMs of this instance's partitions whose GPU change waits for a restart."""
+        keys = sorted(self.tables["tracking"].keys())
+        return web.json([d for key in keys if (d := pending_detail(self.state, key)) is not None])
 
     async def _metrics(self, web: Any, request: Any) -> Any:
         return web.bytes(metrics.exposition(), content_type=metrics.CONTENT_TYPE)

@@ -66,6 +66,16 @@ def test_a_restart_with_the_new_spec_clears_the_pending_state() -> None:
     assert len(h.notifications("gpu_change_pending_restart")) == 2
 
 
+def test_pending_detail_says_what_waits_for_the_restart() -> None:
+    from handlers.restarts import pending_detail
+
+    h = running_vm()
+    assert pending_detail(h.state, "vm/spx-proj-a/w-1") is None
+    h.observe(vm("spx-proj-a", "w-1", project="proj-a", owner=ALICE, gpu=RTX, rv=2), "MODIFIED")
+    detail = pending_detail(h.state, "vm/spx-proj-a/w-1")
+    assert detail is not None and detail["desired_gpus"] == [RTX] and detail["running_gpus"] == []
+
+
 def test_a_stop_clears_the_pending_state() -> None:
     h = running_vm()
     h.observe(vm("spx-proj-a", "w-1", project="proj-a", owner=ALICE, gpu=RTX, rv=2), "MODIFIED")
