@@ -1,0 +1,646 @@
+"""The applier: commands → the Kubernetes API → command results.
+
+    commands topic → :class:`Command` → already has a result? skip
+        → :meth:`KubeApplier.apply` (the API server) → :class:`Applied`
+        → :func:`~handlers.results.decide_result` → notifications, audit, command-results
+        → commit the command's offset
+
+Level-based (ARCHITECTURE.md, principle 2): a ``patch_vm`` is sent with the observed
+``resourceVersion`` as a precondition. When the VM has moved on (another writer, a 409),
+the patch is planned again from the live VM with the very functions the worker planned it
+with (:func:`~handlers.gpus.desired_vm`, :func:`~handlers.gpus.plan_patch`), so only the
+GPU fields are ever touched and nobody else's change is clobbered.
+
+Effectively once: the command-results topic is the ledger. At start-up (and before every
+batch, so a rebalance hands over what another applier did) it is read to the end; a command
+whose id already has a result is skipped, with no second effect and no second result. The
+result is published last and the offset committed after it, so a crash in between
+re-applies a command: the level-based rules make that a ``noop`` for everything except a
+restart, which would happen a second time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import FrameType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import urllib3
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from pydantic import ValidationError
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential, wait_random
+
+from handlers.cluster import OWNER_ANNOTATION
+from handlers.decisions import subject_key
+from handlers.engine import Engine, Source
+from handlers.gpus import GPURuleViolation, desired_vm, plan_patch
+from handlers.messages import Command, describe_validation_error
+from handlers.results import Outcome, decide_result
+from streams.codecs import encode_message
+from streams.kafka_clients import consumer, producer
+from streams.settings import Settings, load_settings
+from streams.topics import ensure_topics
+
+if TYPE_CHECKING:
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka.consumer.fetcher import ConsumerRecord
+    from pydantic import BaseModel
+
+log = logging.getLogger(__name__)
+
+KUBEVIRT = ("kubevirt.io", "v1")
+SUBRESOURCE_PATH = "/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/virtualmachines/{name}/{action}"
+JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
+MAX_REPLANS = 5  # a VM that changes under us this often is being fought over: give up, say so
+ENDED_PHASES = frozenset({"Succeeded", "Failed"})
+
+T = TypeVar("T")
+
+# Worth another try: the server is busy or away, not saying no.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    urllib3.exceptions.HTTPError,  # connection refused/reset, timeouts, exhausted retries
+    http.client.HTTPException,
+    ConnectionError,
+    TimeoutError,
+)
+
+
+def is_transient(error: BaseException) -> bool:
+    """429 and 5xx, timeouts and connection errors; never another 4xx (that is an answer)."""
+    if isinstance(error, ApiException):
+        status = int(error.status or 0)
+        return status == 429 or status >= 500
+    return isinstance(error, TRANSIENT_ERRORS)
+
+
+def api_message(error: ApiException) -> str:
+    """What the API server said: the Status ``message`` when there is one."""
+    body = error.body.decode("utf-8", "replace") if isinstance(error.body, bytes) else error.body
+    try:
+        status = json.loads(body or "")
+    except ValueError:
+        status = None
+    message = status.get("message") if isinstance(status, dict) else None
+    if isinstance(message, str) and message:
+        return message
+    text = (body or "").strip() or str(error.reason or "")
+    return f"HTTP {error.status}: {text}" if text else f"HTTP {error.status}"
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Backoff for transient failures; after ``attempts`` the command fails (never blocks)."""
+
+    attempts: int = 6
+    initial_seconds: float = 0.5
+    max_seconds: float = 10.0
+    connect_timeout: float = 5.0
+    read_timeout: float = 30.0
+
+    def retrying(self) -> Retrying:
+        return Retrying(
+            retry=retry_if_exception(is_transient),
+            stop=stop_after_attempt(self.attempts),
+            wait=wait_exponential(multiplier=self.initial_seconds, max=self.max_seconds) + wait_random(0, self.initial_seconds),
+            reraise=True,
+            before_sleep=lambda state: log.warning(
+                "transient API error, retrying (attempt %d): %s",
+                state.attempt_number,
+                state.outcome.exception() if state.outcome else None,
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What applying one command came to — the input of ``decide_result``."""
+
+    outcome: Outcome
+    error: str | None = None
+    resource_version: str | None = None
+    owner: str | None = None
+
+
+class ApplyError(Exception):
+    """The command cannot be applied as it stands: a terminal ``failed``."""
+
+    def __init__(self, message: str, *, owner: str | None = None) -> None:
+        super().__init__(message)
+        self.owner = owner
+
+
+def _owner(obj: dict[str, Any] | None) -> str | None:
+    annotations = ((obj or {}).get("metadata") or {}).get("annotations") or {}
+    owner = annotations.get(OWNER_ANNOTATION)
+    return owner if isinstance(owner, str) and owner else None
+
+
+def _rv(obj: dict[str, Any]) -> str | None:
+    rv = (obj.get("metadata") or {}).get("resourceVersion")
+    return str(rv) if rv is not None else None
+
+
+def _where(command: Command) -> tuple[str, str]:
+    target = command.target
+    if not target.namespace:
+        raise ApplyError(f"{command.type} needs a namespaced target, got {target.kind} {target.name}")
+    return target.namespace, target.name
+
+
+class KubeApplier:
+    """Applies one command to the API server; knows nothing of Kafka.
+
+    ``subresource_url`` is where ``subresources.kubevirt.io`` answers: by default the API
+    server itself (virt-api is aggregated into it in a real cluster).
+    """
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        *,
+        subresource_url: str | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        self.api = api
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+        self.subresource_url = subresource_url.rstrip("/") if subresource_url else None
+        self.retry = retry or RetryPolicy()
+        self._handlers: dict[str, Callable[[Command], Applied]] = {
+            "patch_vm": self._patch_vm,
+            "create_vm": self._create_vm,
+            "restart_vm": lambda command: self._subresource(command, "restart"),
+            "start_vm": lambda command: self._subresource(command, "start"),
+            "stop_vm": lambda command: self._subresource(command, "stop"),
+            "delete_vmi": self._delete_vmi,
+            "cordon_node": lambda command: self._set_unschedulable(command, True),
+            "uncordon_node": lambda command: self._set_unschedulable(command, False),
+        }
+
+    def apply(self, command: Command) -> Applied:
+        """Apply ``command``; never raises for what the API server answers."""
+        try:
+            return self._handlers[command.type](command)
+        except ApplyError as exc:
+            return Applied("failed", error=str(exc), owner=exc.owner or self._owner_of_target(command))
+        except ApiException as exc:
+            return Applied("failed", error=api_message(exc), owner=self._owner_of_target(command))
+        except TRANSIENT_ERRORS as exc:
+            return Applied("failed", error=f"the API server did not answer: {exc}",
+                           owner=self._owner_of_target(command))
+
+    # --- calls ---------------------------------------------------------------------------
+
+    def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """One API call, retried with backoff while the failure is transient."""
+        timeout = (self.retry.connect_timeout, self.retry.read_timeout)
+        for attempt in self.retry.retrying():
+            with attempt:
+                return fn(*args, _request_timeout=timeout, **kwargs)
+        raise AssertionError("unreachable: tenacity re-raises the last error")
+
+    def _get_vm(self, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            vm: dict[str, Any] = self._call(
+                self.custom.get_namespaced_custom_object, *KUBEVIRT, namespace, "virtualmachines", name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                raise ApplyError(f"VirtualMachine {namespace}/{name} does not exist") from exc
+            raise
+        return vm
+
+    def _get_vmi(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            vmi: dict[str, Any] = self._call(
+                self.custom.get_namespaced_custom_object, *KUBEVIRT, namespace, "virtualmachineinstances", name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return vmi
+
+    def _owner_of_target(self, command: Command) -> str | None:
+        """The VM's recorded owner, for the failure notice; best effort, one quick try."""
+        if command.type == "create_vm":
+            return _owner(command.manifest)
+        target = command.target
+        if target.kind not in ("VirtualMachine", "VirtualMachineInstance") or not target.namespace:
+            return None
+        try:
+            vm = self.custom.get_namespaced_custom_object(
+                *KUBEVIRT, target.namespace, "virtualmachines", target.name,
+                _request_timeout=(self.retry.connect_timeout, self.retry.read_timeout),
+            )
+        except (ApiException, *TRANSIENT_ERRORS):
+            return None
+        return _owner(vm)
+
+    # --- patch_vm ------------------------------------------------------------------------
+
+    def _json_patch_vm(self, namespace: str, name: str, patch: list[dict[str, Any]], rv: str | None) -> dict[str, Any]:
+        """Send ``patch`` only if the VM is still at ``rv``.
+
+        Replacing ``metadata.resourceVersion`` makes it a precondition the API server checks
+        (409 Conflict when stale). A ``test`` op would do too, but fails with 422 — the same
+        status as a validation error, so a conflict could not be told apart.
+        """
+        guarded = [{"op": "replace", "path": "/metadata/resourceVersion", "value": rv}, *patch]
+        vm: dict[str, Any] = self._call(
+            self.custom.patch_namespaced_custom_object, *KUBEVIRT, namespace, "virtualmachines", name, guarded,
+            _content_type=JSON_PATCH,
+        )
+        return vm
+
+    def _patch_vm(self, command: Command) -> Applied:
+        namespace, name = _where(command)
+        live = self._get_vm(namespace, name)
+        owner = _owner(live)
+        try:
+            if command.patch is not None and _rv(live) == command.base_resource_version:
+                if not command.patch:
+                    return Applied("noop", resource_version=_rv(live), owner=owner)
+                try:
+                    patched = self._json_patch_vm(namespace, name, command.patch, _rv(live))
+                    return Applied("applied", resource_version=_rv(patched), owner=owner)
+                except ApiException as exc:
+                    if exc.status != 409:
+                        raise
+                    log.info("VM %s/%s changed under command %s: planning again", namespace, name,
+                             command.command_id)
+                    live = self._get_vm(namespace, name)
+            return self._replan(command, namespace, name, live)
+        except ApiException as exc:
+            raise ApplyError(api_message(exc), owner=owner) from exc
+
+    def _replan(self, command: Command, namespace: str, name: str, live: dict[str, Any]) -> Applied:
+        """Plan the command's mutation again from the live VM, as the worker would have."""
+        if command.mutation is None:
+            raise ApplyError(
+                f"VirtualMachine {namespace}/{name} changed since the command was planned "
+                f"(resourceVersion {_rv(live)}, planned against {command.base_resource_version}) "
+                "and the command carries no mutation to plan again",
+                owner=_owner(live),
+            )
+        for _ in range(MAX_REPLANS):
+            owner = _owner(live)
+            try:
+                desired = desired_vm(live, command.mutation)
+            except GPURuleViolation as exc:
+                raise ApplyError(str(exc), owner=owner) from exc
+            patch = plan_patch(live, desired)
+            if not patch:
+                return Applied("noop", resource_version=_rv(live), owner=owner)
+            try:
+                patched = self._json_patch_vm(namespace, name, patch, _rv(live))
+                return Applied("conflict_retried", resource_version=_rv(patched), owner=owner)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise ApplyError(api_message(exc), owner=owner) from exc
+            live = self._get_vm(namespace, name)
+        raise ApplyError(
+            f"VirtualMachine {namespace}/{name} kept changing: gave up after {MAX_REPLANS} conflicts",
+            owner=_owner(live),
+        )
+
+    # --- create_vm -----------------------------------------------------------------------
+
+    def _create_vm(self, command: Command) -> Applied:
+        manifest = command.manifest
+        if not manifest:
+            raise ApplyError("a create_vm command must carry a manifest")
+        metadata = manifest.get("metadata") or {}
+        namespace = str(metadata.get("namespace") or command.target.namespace or "")
+        name = str(metadata.get("name") or command.target.name)
+        if not namespace:
+            raise ApplyError("a create_vm manifest must name its namespace")
+        owner = _owner(manifest)
+        try:
+            created: dict[str, Any] = self._call(
+                self.custom.create_namespaced_custom_object, *KUBEVIRT, namespace, "virtualmachines", manifest
+            )
+            return Applied("applied", resource_version=_rv(created), owner=owner)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise ApplyError(api_message(exc), owner=owner) from exc
+        existing = self._get_vm(namespace, name)
+        if _owner(existing) == owner:
+            # Created before — by this very command, replayed, or an earlier one like it.
+            return Applied("noop", resource_version=_rv(existing), owner=owner)
+        raise ApplyError(
+            f"VirtualMachine {namespace}/{name} already exists and was not created for "
+            f"{owner or 'this request'}",
+            owner=owner,
+        )
+
+    # --- restart_vm, start_vm, stop_vm ---------------------------------------------------
+
+    def _subresource(self, command: Command, action: str) -> Applied:
+        """``PUT …/virtualmachines/{name}/{action}``: virt-api's door, not a CRD path.
+
+        CustomObjectsApi cannot reach it; ``call_api`` with ``_preload_content=False`` can
+        (and ``_host`` sends it elsewhere when virt-api is not aggregated).
+        """
+        namespace, name = _where(command)
+        path = SUBRESOURCE_PATH.format(namespace=namespace, name=name, action=action)
+        try:
+            response = self._call(
+                self.api.call_api, path, "PUT",
+                header_params={"Accept": "application/json", "Content-Type": "application/json"},
+                body={}, auth_settings=["BearerToken"], _preload_content=False, _host=self.subresource_url,
+            )
+        except ApiException as exc:
+            if exc.status == 409 and self._already_so(namespace, name, action):
+                return Applied("noop")
+            raise
+        response.read()
+        response.release_conn()
+        return Applied("applied")
+
+    def _already_so(self, namespace: str, name: str, action: str) -> bool:
+        """After a 409: is the VM already as a start or stop would leave it (level-based)?"""
+        if action not in ("start", "stop"):
+            return False
+        vmi = self._get_vmi(namespace, name)
+        running = vmi is not None and (vmi.get("status") or {}).get("phase") not in ENDED_PHASES
+        return running if action == "start" else not running
+
+    # --- delete_vmi ----------------------------------------------------------------------
+
+    def _delete_vmi(self, command: Command) -> Applied:
+        namespace, name = _where(command)
+        try:
+            self._call(
+                self.custom.delete_namespaced_custom_object, *KUBEVIRT, namespace, "virtualmachineinstances", name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return Applied("noop")
+            raise
+        return Applied("applied")
+
+    # --- cordon_node, uncordon_node ------------------------------------------------------
+
+    def _set_unschedulable(self, command: Command, unschedulable: bool) -> Applied:
+        name = command.target.name
+        try:
+            node = self._call(self.core.read_node, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise ApplyError(f"node {name} does not exist") from exc
+            raise
+        if bool(node.spec and node.spec.unschedulable) == unschedulable:
+            return Applied("noop", resource_version=node.metadata.resource_version)
+        # null removes the field, as a never-cordoned node has none.
+        body = {"spec": {"unschedulable": True if unschedulable else None}}
+        patched = self._call(self.core.patch_node, name, body, _content_type=MERGE_PATCH)
+        return Applied("applied", resource_version=patched.metadata.resource_version)
+
+
+# ------------------------------------------------------------------------------ Kafka side
+
+
+class ResultLedger:
+    """Which commands already have a result, read from the command-results topic itself.
+
+    The topic is the record (no local state to lose): read from the beginning at start-up,
+    then caught up before every batch, so results another applier published count too.
+    """
+
+    def __init__(self, settings: Settings, *, timeout: float = 60.0) -> None:
+        from kafka import TopicPartition
+
+        self.topic = settings.kafka.topic("command-results")
+        self.consumer: KafkaConsumer = consumer(
+            settings.kafka, enable_auto_commit=False, isolation_level="read_committed",
+            client_id=f"{settings.worker.app_id}-applier-ledger",
+        )
+        deadline = time.monotonic() + timeout
+        partitions = self.consumer.partitions_for_topic(self.topic)
+        while not partitions:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"topic {self.topic} has no partitions (does it exist?)")
+            time.sleep(0.2)  # metadata is not loaded yet
+            partitions = self.consumer.partitions_for_topic(self.topic)
+        self.partitions = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+        self.consumer.assign(self.partitions)
+        self.consumer.seek_to_beginning(*self.partitions)
+        self.done: set[str] = set()
+
+    def __contains__(self, command_id: object) -> bool:
+        return command_id in self.done
+
+    def add(self, command_id: str) -> None:
+        self.done.add(command_id)
+
+    def catch_up(self, timeout: float = 60.0) -> None:
+        """Read every result up to the end offsets as they are now."""
+        ends = self.consumer.end_offsets(self.partitions)
+        deadline = time.monotonic() + timeout
+        while any(self.consumer.position(tp) < end for tp, end in ends.items()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"could not read {self.topic} to its end in {timeout}s")
+            for records in self.consumer.poll(timeout_ms=200).values():
+                for record in records:
+                    self._read(record.value)
+
+    def _read(self, raw: bytes | None) -> None:
+        try:
+            value = json.loads(raw or b"")
+        except ValueError:
+            return
+        if isinstance(value, dict) and isinstance(value.get("command_id"), str):
+            self.done.add(value["command_id"])
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Applier:
+    """The loop: consume commands, apply each once, publish what came of it, commit."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        kube: KubeApplier,
+        *,
+        group_id: str | None = None,
+        clock: Callable[[], datetime] = _now,
+    ) -> None:
+        self.settings = settings
+        self.kafka = settings.kafka
+        self.kube = kube
+        self.group_id = group_id or f"{settings.worker.app_id}-applier"
+        self.clock = clock
+        self.commands_topic = self.kafka.topic("commands")
+        self.engine = Engine(settings.rules())  # only for its dead letters
+        self.ready = threading.Event()
+
+    def run(self, stop: threading.Event) -> None:
+        """Run until ``stop`` is set; ``ready`` is set once the ledger has been read."""
+        ledger = ResultLedger(self.settings)
+        out = producer(self.kafka)
+        commands = consumer(
+            self.kafka, self.commands_topic, group_id=self.group_id, enable_auto_commit=False,
+            auto_offset_reset="earliest", isolation_level="read_committed",
+            client_id=f"{self.settings.worker.app_id}-applier",
+        )
+        try:
+            ledger.catch_up()
+            log.info("applier ready: %d commands already have a result", len(ledger.done))
+            self.ready.set()
+            while not stop.is_set():
+                batch = commands.poll(timeout_ms=500)
+                if not batch:
+                    continue
+                ledger.catch_up()
+                for partition, records in batch.items():
+                    for record in records:
+                        if stop.is_set():
+                            return  # uncommitted: the next applier takes it from here
+                        self.handle(record, ledger, out)
+                        self._commit(commands, partition, record.offset + 1)
+        finally:
+            commands.close()
+            out.close()
+            ledger.close()
+
+    @staticmethod
+    def _commit(commands: KafkaConsumer, partition: Any, offset: int) -> None:
+        from kafka.errors import CommitFailedError
+        from kafka.structs import OffsetAndMetadata
+
+        try:
+            commands.commit({partition: OffsetAndMetadata(offset, "", -1)})
+        except CommitFailedError as exc:  # a rebalance took the partition: the ledger covers it
+            log.warning("commit failed (partition moved?): %s", exc)
+
+    def handle(self, record: ConsumerRecord, ledger: ResultLedger, out: KafkaProducer) -> None:
+        """One command record: skip it, dead-letter it, or apply it and publish the result."""
+        key = record.key.decode("utf-8", "replace") if record.key else None
+        raw: bytes = record.value or b""
+        try:
+            command = Command.model_validate_json(raw)
+        except ValidationError as exc:
+            source = Source(record.topic, key, record.partition, record.offset)
+            result = self.engine.dead_letter(raw, describe_validation_error(exc), source, self.clock())
+            log.warning("malformed command at %s:%d:%d", record.topic, record.partition, record.offset)
+            self._send(out, [(self.kafka.topic(o.topic), o.key, o.value) for o in result.outputs()])
+            return
+        if command.command_id in ledger:
+            log.info("command %s already has a result: skipped", command.command_id)
+            return
+        try:
+            applied = self.kube.apply(command)
+        except Exception as exc:  # a bug must not stop the line: record it as a failure
+            log.exception("applying command %s failed unexpectedly", command.command_id)
+            applied = Applied("failed", error=f"internal error: {type(exc).__name__}: {exc}")
+        decision = decide_result(
+            command, outcome=applied.outcome, now=self.clock(), error=applied.error,
+            resource_version=applied.resource_version, owner=applied.owner, topic=self.commands_topic,
+        )
+        log.info("command %s (%s %s): %s%s", command.command_id, command.type, subject_key(command.target),
+                 applied.outcome, f" — {applied.error}" if applied.error else "")
+        first: list[tuple[str, str, BaseModel]] = []
+        if decision.notification is not None:
+            notification = decision.notification
+            first.append((self.kafka.topic("notifications"), subject_key(notification.subject), notification))
+        first.append((self.kafka.topic("audit"), decision.audit.input.key or "", decision.audit))
+        self._send(out, first)
+        # The result last: it is what marks the command done, for this applier and the next.
+        self._send(out, [(self.kafka.topic("command-results"), key or subject_key(command.target),
+                          decision.result)])
+        ledger.add(command.command_id)
+
+    @staticmethod
+    def _send(out: KafkaProducer, messages: Sequence[tuple[str, str, BaseModel]]) -> None:
+        futures = [
+            out.send(topic, key=key.encode() if key else None, value=encode_message(value))
+            for topic, key, value in messages
+        ]
+        out.flush()
+        for future in futures:
+            future.get(timeout=30)
+
+
+# ---------------------------------------------------------------------------------- CLI
+
+
+def api_client(kubeconfig: str | None) -> client.ApiClient:
+    """From ``--kubeconfig``, else in-cluster, else ``$KUBECONFIG`` / ``~/.kube/config``."""
+    from kubernetes import config
+
+    if kubeconfig:
+        api: client.ApiClient = config.new_client_from_config(config_file=kubeconfig)
+        return api
+    try:
+        config.load_incluster_config()
+        return client.ApiClient()
+    except config.ConfigException:
+        api = config.new_client_from_config()
+        return api
+
+
+def _run(args: argparse.Namespace) -> int:
+    logging.getLogger("kafka").setLevel(logging.WARNING)  # kafka-python's connection chatter
+    settings = load_settings(args.config)
+    ensure_topics(settings.kafka)
+    stop = threading.Event()
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %d: stopping after the current command", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    with api_client(args.kubeconfig) as api:
+        Applier(settings, KubeApplier(api, subresource_url=args.subresource_url)).run(stop)
+    return 0
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``vmstream apply``."""
+    apply = commands.add_parser(
+        "apply", help="apply the commands topic to the Kubernetes API and publish the results",
+        description="Consume commands, apply each to the Kubernetes API once, and publish its "
+        "result, audit record and (on failure) a notification.",
+    )
+    apply.add_argument("--config", help="the configuration file (YAML)")
+    apply.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+    apply.add_argument(
+        "--subresource-url", metavar="URL",
+        help="base URL of KubeVirt's subresource API (start/stop/restart); default: the API "
+        "server itself, where virt-api is aggregated",
+    )
+    apply.set_defaults(handler=_run)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m streams.applying apply …``, the same as ``vmstream apply …``."""
+    parser = argparse.ArgumentParser(prog="vmstream")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

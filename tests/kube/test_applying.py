@@ -1,0 +1,531 @@
+"""The applier on a real kube-apiserver and a real broker: commands in, the cluster changed,
+exactly one result (plus its audit record, and on failure a notification) out.
+
+One ``vmstream apply`` process serves the module, on its own topics (a
+:class:`~streams.running.Deployment`), talking to the API server and — for start, stop and
+restart — to the virt-api stand-in over HTTP (``--subresource-url``). Commands are what
+the handlers decide (the test harness drives the real engine) or built the same way.
+Tests that need VMIs to come and go run the KubeVirt lifecycle simulator.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from handlers import ids
+from handlers.cluster import OWNER_ANNOTATION
+from handlers.decisions import subject_key
+from handlers.messages import Command, CommandType, ObjectRef
+from streams.applying import Applier, KubeApplier
+from streams.codecs import encode_message
+from streams.running import CONFIG, Deployment
+from streams.scenarios import A100, PROJECT_LABEL
+from streams.scenarios import node as node_object
+from streams.settings import load_settings
+from tests.harness import START, Harness
+from tests.kube_apiserver import Kube
+from tests.kubevirt_schema import validate_vm
+from tests.kubevirt_sim import KubeVirtSimulator
+from tests.virt_api_standin import VirtApiStandIn
+
+pytestmark = [pytest.mark.kube, pytest.mark.kafka]
+
+KUBEVIRT = ("kubevirt.io", "v1")
+DEADLINE = 60.0
+OWNER = "alice@example.com"
+OPERATOR = "ops@example.com"
+IMAGE = "quay.io/containerdisks/ubuntu:24.04"
+
+T = TypeVar("T")
+
+
+def eventually(probe: Callable[[], T | None], what: str, timeout: float = DEADLINE) -> T:
+    """Poll ``probe`` until it returns something truthy, or fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)  # polling interval
+
+
+# ------------------------------------------------------------------------- fixtures
+
+
+class Published:
+    """What the applier published — results, audit records, notifications — read as it comes."""
+
+    TOPICS = ("command-results", "audit", "notifications", "dlq")
+
+    def __init__(self, deployment: Deployment) -> None:
+        kafka = deployment.kafka
+        self.names = {kafka.topic(name): name for name in self.TOPICS}
+        self.consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False)
+        partitions = [TopicPartition(topic, p) for topic in self.names for p in range(kafka.partitions)]
+        self.consumer.assign(partitions)
+        self.consumer.seek_to_beginning(*partitions)
+        self.seen: dict[str, list[tuple[str, dict[str, Any]]]] = {name: [] for name in self.TOPICS}
+
+    def poll(self) -> None:
+        for records in self.consumer.poll(timeout_ms=200).values():
+            for record in records:
+                key = record.key.decode() if record.key else ""
+                self.seen[self.names[record.topic]].append((key, json.loads(record.value)))
+
+    def results(self, command_id: str) -> list[dict[str, Any]]:
+        self.poll()
+        return [value for _, value in self.seen["command-results"] if value["command_id"] == command_id]
+
+    def result(self, command: Command, timeout: float = DEADLINE) -> dict[str, Any]:
+        """The (one) result of ``command``, once it is there."""
+        [result] = eventually(lambda: self.results(command.command_id), f"the result of {command.type}", timeout)
+        return result
+
+    def keys(self, command_id: str) -> list[str]:
+        return [key for key, value in self.seen["command-results"] if value["command_id"] == command_id]
+
+    def audits(self, command_id: str) -> list[dict[str, Any]]:
+        return [value for _, value in self.seen["audit"] if value["input"]["ref"] == command_id]
+
+    def notifications(self, command_id: str) -> list[dict[str, Any]]:
+        return [value for _, value in self.seen["notifications"]
+                if value.get("details", {}).get("command_id") == command_id]
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+@pytest.fixture(scope="module")
+def deployment(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Deployment:
+    deployed = Deployment(kafka_bootstrap, tmp_path_factory.mktemp("applier"))
+    deployed.create_topics()
+    return deployed
+
+
+@pytest.fixture(scope="module")
+def virt_api(kube: Kube) -> Iterator[VirtApiStandIn]:
+    with kube.api_client() as api, VirtApiStandIn(api) as standin:
+        yield standin
+
+
+@pytest.fixture(scope="module")
+def applier(deployment: Deployment, kube: Kube, virt_api: VirtApiStandIn) -> Iterator[subprocess.Popen[bytes]]:
+    """``vmstream apply`` as its own process, ready once it has read the results ledger."""
+    log_path = deployment.workdir / "applier.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "streams.applying", "apply", "--config", str(CONFIG),
+             "--kubeconfig", str(kube.kubeconfig), "--subresource-url", virt_api.url],
+            env={**deployment.env(0), "PYTHONUNBUFFERED": "1"}, stdout=log, stderr=subprocess.STDOUT,
+        )
+
+    def tail() -> str:
+        return "\n".join(log_path.read_text(errors="replace").splitlines()[-40:])
+
+    def ready() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"the applier exited {process.returncode}:\n{tail()}")
+        return "applier ready" in log_path.read_text(errors="replace")
+
+    try:
+        eventually(ready, "the applier to start", timeout=120)
+        yield process
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if os.environ.get("VMSTREAM_SHOW_APPLIER_LOG"):
+            print(tail())
+
+
+@pytest.fixture
+def published(deployment: Deployment, applier: subprocess.Popen[bytes]) -> Iterator[Published]:
+    reader = Published(deployment)
+    yield reader
+    reader.close()
+
+
+@pytest.fixture
+def api(kube: Kube) -> Iterator[client.ApiClient]:
+    with kube.api_client() as api_client:
+        yield api_client
+
+
+@pytest.fixture
+def make_node(api: client.ApiClient) -> Iterator[Callable[..., str]]:
+    """``make_node(gpus={device: n})`` → the name of a fresh Ready node, deleted afterwards."""
+    core = client.CoreV1Api(api)
+    made: list[str] = []
+
+    def make(*, gpus: dict[str, int] | None = None) -> str:
+        name = f"node-{uuid.uuid4().hex[:8]}"
+        obj = node_object(name, gpus=gpus)
+        for field in ("uid", "resourceVersion"):
+            del obj["metadata"][field]
+        core.create_node(obj)
+        made.append(name)
+        return name
+
+    yield make
+    for name in made:
+        core.delete_node(name)
+
+
+# -------------------------------------------------------------------------- helpers
+
+
+def publish(deployment: Deployment, command: Command) -> None:
+    deployment.publish_raw("commands", subject_key(command.target), encode_message(command))
+
+
+def command(type_: CommandType, target: ObjectRef, **fields: Any) -> Command:
+    """A command built as the handlers build them (deterministic id from a fresh cause)."""
+    cause = f"test-{uuid.uuid4().hex[:12]}"
+    return Command(command_id=ids.command_id(cause, type_, subject_key(target)), type=type_, target=target,
+                   cause=cause, issued_at=START, requested_by=fields.pop("requested_by", OWNER), **fields)
+
+
+def vm_ref(namespace: str, name: str) -> ObjectRef:
+    return ObjectRef(kind="VirtualMachine", namespace=namespace, name=name)
+
+
+def vmi_ref(namespace: str, name: str) -> ObjectRef:
+    return ObjectRef(kind="VirtualMachineInstance", namespace=namespace, name=name)
+
+
+def create_vm_command(harness: Harness, namespace: str, name: str, **spec: Any) -> Command:
+    """What the engine decides for a ``create_vm`` intent."""
+    body = {"namespace": namespace, "name": name, "cores": 2, "memory_gib": 8, "image": IMAGE, **spec}
+    decided = harness.intent("create_vm", body, by=OWNER, intent_id=f"it-{uuid.uuid4().hex[:12]}")
+    [created] = decided.decision.commands
+    return created
+
+
+def create_vm(api: client.ApiClient, namespace: str, name: str, **spec: Any) -> dict[str, Any]:
+    """A VM as vmstream would create it, written straight to the API server."""
+    manifest = create_vm_command(Harness(), namespace, name, **spec).manifest
+    assert manifest is not None
+    vm: dict[str, Any] = client.CustomObjectsApi(api).create_namespaced_custom_object(
+        *KUBEVIRT, namespace, "virtualmachines", manifest)
+    return vm
+
+
+def get(api: client.ApiClient, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        obj: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
+            *KUBEVIRT, namespace, plural, name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return obj
+
+
+def running_vmi(api: client.ApiClient, namespace: str, name: str, *, other_than: str | None = None) -> dict[str, Any]:
+    """Wait for a Running VMI of the VM (a new one, when ``other_than`` names the old uid)."""
+
+    def probe() -> dict[str, Any] | None:
+        vmi = get(api, "virtualmachineinstances", namespace, name)
+        if vmi and (vmi.get("status") or {}).get("phase") == "Running" and vmi["metadata"]["uid"] != other_than:
+            return vmi
+        return None
+
+    return eventually(probe, f"a running VMI {namespace}/{name}")
+
+
+def domain(vm: dict[str, Any]) -> dict[str, Any]:
+    result: dict[str, Any] = vm["spec"]["template"]["spec"]["domain"]
+    return result
+
+
+def unschedulable(api: client.ApiClient, node: str) -> bool:
+    return bool(client.CoreV1Api(api).read_node(node).spec.unschedulable)
+
+
+def node_dict(api: client.ApiClient, node: str) -> dict[str, Any]:
+    raw: dict[str, Any] = json.loads(client.CoreV1Api(api).read_node(node, _preload_content=False).data)
+    return raw
+
+
+# ---------------------------------------------------------------------------- tests
+
+
+def test_create_vm_then_patch_vm_gives_a_valid_gpu_vm(
+    api: client.ApiClient, kube_namespace: str, deployment: Deployment, published: Published
+) -> None:
+    harness = Harness()
+    created = create_vm_command(harness, kube_namespace, "vm-1")
+    publish(deployment, created)
+    assert published.result(created)["outcome"] == "applied"
+    vm = get(api, "virtualmachines", kube_namespace, "vm-1")
+    assert vm is not None and vm["metadata"]["annotations"][OWNER_ANNOTATION] == OWNER
+
+    # The same request decided again (another intent): the VM it asks for is there.
+    again = create_vm_command(Harness(), kube_namespace, "vm-1")
+    publish(deployment, again)
+    assert published.result(again)["outcome"] == "noop"
+
+    harness.observe(vm)
+    [patch] = harness.intent("set_gpu", {"namespace": kube_namespace, "name": "vm-1", "gpu_class": "nvidia-a100"},
+                             by=OWNER).decision.commands
+    assert patch.type == "patch_vm" and patch.base_resource_version == vm["metadata"]["resourceVersion"]
+    publish(deployment, patch)
+    result = published.result(patch)
+    assert result["outcome"] == "applied"
+
+    stored = get(api, "virtualmachines", kube_namespace, "vm-1")
+    assert stored is not None and result["resource_version"] == stored["metadata"]["resourceVersion"]
+    validate_vm(stored)  # KubeVirt's schema, strictly: nothing of ours was pruned
+    got = domain(stored)
+    assert got["devices"]["gpus"] == [{"name": "gpu-0", "deviceName": A100}]
+    assert got["cpu"]["model"] == "host-passthrough"
+    assert got["resources"]["requests"]["memory"] == got["memory"]["guest"] == "8Gi"
+    assert stored["spec"]["template"]["spec"]["evictionStrategy"] == "External"
+    [audit] = published.audits(patch.command_id)
+    assert audit["outcome"] == "applied" and audit["commands"] == [patch.command_id]
+    assert published.keys(patch.command_id) == [f"vm/{kube_namespace}/vm-1"]
+    assert published.notifications(patch.command_id) == []
+
+
+def test_a_vm_changed_meanwhile_is_planned_again_without_losing_the_change(
+    api: client.ApiClient, kube_namespace: str, deployment: Deployment, published: Published
+) -> None:
+    vm = create_vm(api, kube_namespace, "vm-2")
+    harness = Harness()
+    harness.observe(vm)
+    intent = {"namespace": kube_namespace, "name": "vm-2", "gpu_class": "nvidia-a100"}
+    [patch] = harness.intent("set_gpu", intent, by=OWNER).decision.commands
+
+    # Another writer gets there first: the command's resourceVersion is stale now.
+    client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        *KUBEVIRT, kube_namespace, "virtualmachines", "vm-2", {"metadata": {"labels": {"team": "blue"}}})
+    publish(deployment, patch)
+    assert published.result(patch)["outcome"] == "conflict_retried"
+
+    stored = get(api, "virtualmachines", kube_namespace, "vm-2")
+    assert stored is not None
+    assert stored["metadata"]["labels"]["team"] == "blue"
+    assert stored["metadata"]["labels"][PROJECT_LABEL] == "proj-a"
+    assert domain(stored)["devices"]["gpus"] == [{"name": "gpu-0", "deviceName": A100}]
+    assert domain(stored)["cpu"]["model"] == "host-passthrough"
+
+    # Planned against the old VM too, but already true of the live one: nothing to do.
+    [late] = harness.intent("set_gpu", intent, by=OWNER).decision.commands
+    publish(deployment, late)
+    assert published.result(late)["outcome"] == "noop"
+    after = get(api, "virtualmachines", kube_namespace, "vm-2")
+    assert after is not None and after["metadata"]["resourceVersion"] == stored["metadata"]["resourceVersion"]
+
+
+def test_delete_vmi_brings_back_only_an_always_vm(
+    api: client.ApiClient, kube_namespace: str, deployment: Deployment, published: Published,
+    make_node: Callable[..., str], virt_api: VirtApiStandIn,
+) -> None:
+    make_node(gpus={A100: 2})
+    create_vm(api, kube_namespace, "always", run_strategy="Always", gpu_class="nvidia-a100")
+    create_vm(api, kube_namespace, "manual", run_strategy="Manual", gpu_class="nvidia-a100")
+    with KubeVirtSimulator(api, kube_namespace) as sim:
+        first = running_vmi(api, kube_namespace, "always")
+        assert first["spec"]["domain"]["devices"]["gpus"] == [{"name": "gpu-0", "deviceName": A100}]
+        sim.wait_passes()
+        assert get(api, "virtualmachineinstances", kube_namespace, "manual") is None  # Manual: created stopped
+
+        start = command("start_vm", vm_ref(kube_namespace, "manual"))
+        publish(deployment, start)  # through the stand-in: a Start request the simulator acts on
+        assert published.result(start)["outcome"] == "applied"
+        running_vmi(api, kube_namespace, "manual")
+
+        deletes = [command("delete_vmi", vmi_ref(kube_namespace, name)) for name in ("manual", "always")]
+        for delete in deletes:
+            publish(deployment, delete)
+        assert [published.result(d)["outcome"] for d in deletes] == ["applied", "applied"]
+
+        running_vmi(api, kube_namespace, "always", other_than=first["metadata"]["uid"])
+        sim.wait_passes()  # every VM has been looked at again since
+        assert get(api, "virtualmachineinstances", kube_namespace, "manual") is None
+        assert (get(api, "virtualmachines", kube_namespace, "manual") or {})["status"]["printableStatus"] == "Stopped"
+
+    again = command("delete_vmi", vmi_ref(kube_namespace, "manual"))
+    publish(deployment, again)
+    assert published.result(again)["outcome"] == "noop"
+
+
+def test_cordon_and_uncordon(
+    api: client.ApiClient, deployment: Deployment, published: Published, make_node: Callable[..., str]
+) -> None:
+    node = make_node(gpus={A100: 1})
+    harness = Harness()
+    harness.observe(node_dict(api, node))
+    decided = harness.intent("drain_node", {"node": node, "reason": "firmware"}, by=OPERATOR, project=None)
+    [cordon] = [c for c in decided.decision.commands if c.type == "cordon_node"]
+    publish(deployment, cordon)
+    assert published.result(cordon)["outcome"] == "applied"
+    assert unschedulable(api, node)
+
+    twice = command("cordon_node", ObjectRef(kind="Node", name=node), requested_by=OPERATOR)
+    publish(deployment, twice)
+    assert published.result(twice)["outcome"] == "noop"
+
+    harness.observe(node_dict(api, node), "MODIFIED")
+    [uncordon] = harness.intent("undrain_node", {"node": node}, by=OPERATOR, project=None).decision.commands
+    assert uncordon.type == "uncordon_node"
+    publish(deployment, uncordon)
+    assert published.result(uncordon)["outcome"] == "applied"
+    assert not unschedulable(api, node)
+
+
+def test_restart_through_virt_api_applies_a_pending_gpu_change(
+    api: client.ApiClient, kube_namespace: str, deployment: Deployment, published: Published,
+    make_node: Callable[..., str], virt_api: VirtApiStandIn,
+) -> None:
+    make_node(gpus={A100: 1})
+    create_vm(api, kube_namespace, "vm-r", run_strategy="Always")
+    create_vm(api, kube_namespace, "halted", run_strategy="Halted")
+    with KubeVirtSimulator(api, kube_namespace):
+        first = running_vmi(api, kube_namespace, "vm-r")
+        harness = Harness()
+        harness.observe(eventually(lambda: get(api, "virtualmachines", kube_namespace, "vm-r"), "the VM"))
+        harness.observe(first)
+        [patch] = harness.intent("set_gpu", {"namespace": kube_namespace, "name": "vm-r", "gpu_class": "nvidia-a100"},
+                                 by=OWNER).decision.commands
+        publish(deployment, patch)
+        # The simulator writes the VM's status meanwhile: a conflict is possible, and fine.
+        assert published.result(patch)["outcome"] in ("applied", "conflict_retried")
+
+        def restart_required() -> dict[str, Any] | None:
+            vm = get(api, "virtualmachines", kube_namespace, "vm-r") or {}
+            conditions = (vm.get("status") or {}).get("conditions") or []
+            return vm if any(c["type"] == "RestartRequired" for c in conditions) else None
+
+        harness.observe(eventually(restart_required, "RestartRequired"), "MODIFIED")
+        [restart] = harness.intent("restart_vm", {"namespace": kube_namespace, "name": "vm-r"},
+                                   by=OWNER).decision.commands
+        virt_api.unavailable(times=2)  # virt-api is away for a moment: retried with backoff
+        publish(deployment, restart)
+        assert published.result(restart)["outcome"] == "applied"
+        assert [code for ns, name, action, code in virt_api.requests
+                if (ns, name, action) == (kube_namespace, "vm-r", "restart")] == [503, 503, 202]
+
+        second = running_vmi(api, kube_namespace, "vm-r", other_than=first["metadata"]["uid"])
+        assert second["spec"]["domain"]["devices"]["gpus"] == [{"name": "gpu-0", "deviceName": A100}]
+        assert second["spec"]["domain"]["cpu"]["model"] == "host-passthrough"
+        eventually(lambda: not restart_required(), "RestartRequired to clear")
+
+        # virt-api refuses to restart a Halted VM (409): a failure, told to whoever asked.
+        refused = command("restart_vm", vm_ref(kube_namespace, "halted"), requested_by="bob@example.com")
+        publish(deployment, refused)
+        result = published.result(refused)
+        assert result["outcome"] == "failed"
+        assert "Halted does not support manual restart requests" in result["error"]
+        [notice] = published.notifications(refused.command_id)
+        assert notice["type"] == "command_failed" and notice["recipients"] == sorted(["bob@example.com", OWNER])
+        # A refusal is an answer, not an outage: asked once, never retried.
+        assert [code for ns, name, _, code in virt_api.requests if (ns, name) == (kube_namespace, "halted")] == [409]
+
+
+def test_an_invalid_manifest_fails_with_the_api_message_and_tells_the_requester(
+    api: client.ApiClient, kube_namespace: str, deployment: Deployment, published: Published
+) -> None:
+    valid = create_vm_command(Harness(), kube_namespace, "bad-1")
+    manifest = json.loads(json.dumps(valid.manifest))
+    manifest["spec"]["template"]["spec"]["domain"]["cpu"]["cores"] = "eight"
+    invalid = command("create_vm", valid.target, manifest=manifest, requested_by="carol@example.com")
+    publish(deployment, invalid)
+
+    result = published.result(invalid)
+    assert result["outcome"] == "failed"
+    assert "spec.template.spec.domain.cpu.cores" in result["error"]
+    assert "must be of type integer" in result["error"]
+    [notice] = published.notifications(invalid.command_id)
+    assert notice["type"] == "command_failed" and notice["severity"] == "critical"
+    # The requester, and the owner the manifest records (alice, for whom it was decided).
+    assert notice["recipients"] == sorted(["carol@example.com", OWNER])
+    [audit] = published.audits(invalid.command_id)
+    assert audit["outcome"] == "failed" and audit["reason"] == result["error"]
+    assert audit["notifications"] == [notice["notification_id"]]
+    assert get(api, "virtualmachines", kube_namespace, "bad-1") is None
+
+
+def test_a_malformed_command_is_a_dead_letter_and_blocks_nothing(
+    api: client.ApiClient, deployment: Deployment, published: Published, make_node: Callable[..., str]
+) -> None:
+    node = make_node()
+    deployment.publish_raw("commands", f"node/{node}", b'{"command_id": "half-a-command"')
+    cordon = command("cordon_node", ObjectRef(kind="Node", name=node), requested_by=OPERATOR)
+    publish(deployment, cordon)  # same key, same partition: behind the malformed one
+    assert published.result(cordon)["outcome"] == "applied"
+    [letter] = [value for key, value in published.seen["dlq"] if key == f"node/{node}"]
+    assert letter["original"] == '{"command_id": "half-a-command"'
+    assert letter["source"]["topic"] == deployment.kafka.topic("commands") and letter["source"]["offset"] >= 0
+    assert published.results("half-a-command") == []
+
+
+def test_a_command_published_twice_is_applied_once(
+    api: client.ApiClient, kube: Kube, deployment: Deployment, published: Published,
+    make_node: Callable[..., str],
+) -> None:
+    node = make_node()
+    target = ObjectRef(kind="Node", name=node)
+    cordon = command("cordon_node", target, requested_by=OPERATOR)
+    publish(deployment, cordon)
+    assert published.result(cordon)["outcome"] == "applied"
+
+    # Someone uncordons by hand; a second delivery of the cordon must not cordon again.
+    client.CoreV1Api(api).patch_node(node, {"spec": {"unschedulable": None}},
+                                     _content_type="application/merge-patch+json")
+    publish(deployment, cordon)
+    later = command("uncordon_node", target, requested_by=OPERATOR)  # same key: same partition, after it
+    publish(deployment, later)
+    assert published.result(later)["outcome"] == "noop"
+    assert not unschedulable(api, node)
+    assert len(published.results(cordon.command_id)) == 1
+    assert len(published.audits(cordon.command_id)) == 1
+
+    # A fresh applier in a new group reads every command from the start; it learns from the
+    # results topic that each one is done and applies none of them again.
+    settings = load_settings(CONFIG).model_copy(update={"kafka": deployment.kafka})
+    group = f"{deployment.app_id}-second"
+    stop = threading.Event()
+    with kube.api_client() as second_api:
+        second = Applier(settings, KubeApplier(second_api), group_id=group)
+        thread = threading.Thread(target=second.run, args=(stop,), daemon=True)
+        thread.start()
+        # Only to read the group's committed offsets; it never joins the group.
+        offsets = KafkaConsumer(bootstrap_servers=deployment.bootstrap, group_id=group, enable_auto_commit=False)
+        try:
+            topic = deployment.kafka.topic("commands")
+            ends = offsets.end_offsets([TopicPartition(topic, p) for p in range(deployment.kafka.partitions)])
+
+            def caught_up() -> bool:
+                return all(end == 0 or (offsets.committed(tp) or 0) >= end for tp, end in ends.items())
+
+            eventually(caught_up, "the second applier to go through every command")
+        finally:
+            stop.set()
+            thread.join(30)
+            offsets.close()
+    published.poll()
+    counts: dict[str, int] = {}
+    for _, value in published.seen["command-results"]:
+        counts[value["command_id"]] = counts.get(value["command_id"], 0) + 1
+    assert counts and set(counts.values()) == {1}
+    assert not unschedulable(api, node)
