@@ -15,8 +15,8 @@ Effectively once: the command-results topic is the ledger. At start-up (and befo
 batch, so a rebalance hands over what another applier did) it is read to the end; a command
 whose id already has a result is skipped, with no second effect and no second result. The
 result is published last and the offset committed after it, so a crash in between
-re-applies a command: the level-based rules make that a ``noop`` for everything except a
-restart, which would happen a second time.
+re-applies a command: the level-based rules make that a ``noop`` — for a restart, a VMI
+created after the command was issued means it already happened.
 """
 
 from __future__ import annotations
@@ -355,6 +355,8 @@ class KubeApplier:
         (and ``_host`` sends it elsewhere when virt-api is not aggregated).
         """
         namespace, name = _where(command)
+        if action == "restart" and self._restarted_since(namespace, name, command.issued_at):
+            return Applied("noop")
         path = SUBRESOURCE_PATH.format(namespace=namespace, name=name, action=action)
         try:
             response = self._call(
@@ -369,6 +371,15 @@ class KubeApplier:
         response.read()
         response.release_conn()
         return Applied("applied")
+
+    def _restarted_since(self, namespace: str, name: str, issued_at: datetime) -> bool:
+        """Level-based restart: a VMI created after the command was issued is the restart
+        (applied before a crash, say); restarting again would be a second effect."""
+        vmi = self._get_vmi(namespace, name)
+        created = ((vmi or {}).get("metadata") or {}).get("creationTimestamp")
+        if not created:
+            return False
+        return datetime.fromisoformat(str(created).replace("Z", "+00:00")) > issued_at
 
     def _already_so(self, namespace: str, name: str, action: str) -> bool:
         """After a 409: is the VM already as a start or stop would leave it (level-based)?"""

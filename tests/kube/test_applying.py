@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import uuid
+from datetime import UTC, datetime
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -403,6 +404,7 @@ def test_restart_through_virt_api_applies_a_pending_gpu_change(
     with KubeVirtSimulator(api, kube_namespace):
         first = running_vmi(api, kube_namespace, "vm-r")
         harness = Harness()
+        harness.now = datetime.now(UTC)  # the restart must be issued before the VMI it replaces
         harness.observe(eventually(lambda: get(api, "virtualmachines", kube_namespace, "vm-r"), "the VM"))
         harness.observe(first)
         [patch] = harness.intent("set_gpu", {"namespace": kube_namespace, "name": "vm-r", "gpu_class": "nvidia-a100"},
@@ -429,6 +431,14 @@ def test_restart_through_virt_api_applies_a_pending_gpu_change(
         assert second["spec"]["domain"]["devices"]["gpus"] == [{"name": "gpu-0", "deviceName": A100}]
         assert second["spec"]["domain"]["cpu"]["model"] == "host-passthrough"
         eventually(lambda: not restart_required(), "RestartRequired to clear")
+
+        # Applied again (a crash before its result was recorded): the VMI created since the
+        # command was issued is the restart; there is no second one.
+        again = restart.model_copy(update={"command_id": f"{restart.command_id}-again"})
+        publish(deployment, again)
+        assert published.result(again)["outcome"] == "noop"
+        assert running_vmi(api, kube_namespace, "vm-r", other_than=first["metadata"]["uid"])["metadata"]["uid"] \
+            == second["metadata"]["uid"]
 
         # virt-api refuses to restart a Halted VM (409): a failure, told to whoever asked.
         refused = command("restart_vm", vm_ref(kube_namespace, "halted"), requested_by="bob@example.com")
