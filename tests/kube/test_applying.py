@@ -18,8 +18,8 @@ import sys
 import threading
 import time
 import uuid
-from datetime import UTC, datetime
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import pytest
