@@ -12,10 +12,13 @@ How it keeps that promise:
   deletions that happened while it was away (a ``410 Gone``) are not lost.
 * The resourceVersion a watch resumes from — and the objects kept for that reconciliation
   — advance only when Kafka has acknowledged every event up to it (``acks=all``). A
-  failed send, a broken connection or a crash therefore resumes from a point that
-  republishes whatever might not have been written: at least once, never lost. A
-  republished version has the same ``event_id`` (a hash of kind, object, resourceVersion
-  and type), so consumers drop the repeat.
+  failed send or a broken connection therefore resumes from a point that republishes
+  whatever might not have been written: at least once, never lost. A republished version
+  has the same ``event_id`` (a hash of kind, object, resourceVersion and type), so
+  consumers drop the repeat.
+* That state lives in memory: a restarted process starts with a full relist, which shows
+  the current state of every object, but an object deleted while no bridge ran shows only
+  by its absence from that relist.
 * Network errors, 5xx and anything else unexpected are retried with exponential backoff
   and full jitter (tenacity, capped at :data:`BACKOFF_CAP`); the process never dies of them.
 
@@ -34,7 +37,7 @@ import signal
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import FrameType
@@ -139,7 +142,7 @@ class PublishFailed(Exception):
 # ------------------------------------------------------------------------- events
 
 
-def watch_event(kind: Kind, type_: EventType, obj: dict[str, Any], *, now: datetime | None = None) -> tuple[str, bytes]:
+def watch_event(kind: Kind, type_: EventType, obj: dict[str, Any]) -> tuple[str, bytes]:
     """(key, value) of the WatchEvent showing ``obj``; checked against the contract's model.
 
     ``metadata.managedFields`` is dropped (it can be most of an object and nobody reads it).
@@ -153,7 +156,7 @@ def watch_event(kind: Kind, type_: EventType, obj: dict[str, Any], *, now: datet
         type=type_,
         kind=kind.kind,
         object=obj,
-        observed_at=now or datetime.now(UTC),
+        observed_at=datetime.now(UTC),
     )
     return object_key(kind.kind, namespace, name), event.model_dump_json().encode()
 
@@ -180,7 +183,8 @@ class Publisher:
 
 @dataclass
 class WatchStats:
-    """Counts for logs and tests; written by the watcher's thread only."""
+    """Counts for logs and tests (events counted once Kafka has them); written by the
+    watcher's thread only."""
 
     published: Counter[str] = field(default_factory=Counter)
     relists: int = 0
@@ -202,6 +206,7 @@ class _Pending:
     """A sent event (or a bookmark, ``future`` None) not yet applied to the watcher's state."""
 
     resource_version: str
+    type_: str
     key: str | None
     obj: bytes | None  # the object as JSON; None once deleted
     future: FutureRecordMetadata | None
@@ -210,8 +215,8 @@ class _Pending:
 class Watcher:
     """Lists and watches one kind; its state (resourceVersion, known objects) outlives a run.
 
-    ``known`` maps each key to the object last *acknowledged* on Kafka, as JSON (a tenth of
-    the memory of the parsed dict): what a relist compares against to find deletions.
+    ``known`` maps each key to the object last *acknowledged* on Kafka, as compact JSON (a
+    parsed dict costs several times more): what a relist compares against to find deletions.
     ``resource_version`` is where the next watch resumes; None means "relist first".
     """
 
@@ -234,7 +239,7 @@ class Watcher:
                 retry=retry_if_exception_type(Exception),
                 wait=self._wait,
                 stop=stop_when_event_set(stop),
-                sleep=stop.wait,
+                sleep=lambda seconds: _pause(stop, seconds),
                 before_sleep=self._log_retry,
                 reraise=True,
             )
@@ -252,16 +257,20 @@ class Watcher:
             response = self._response
         if response is not None:
             try:
-                response.shutdown()  # type: ignore[attr-defined]  # urllib3 >= 2.3
+                response.shutdown()  # urllib3 >= 2.3: a blocked read returns
             except Exception as error:  # already closed: nothing to unblock
                 log.debug("watch kind=%s interrupt: %s", self.kind.kind, error)
 
     def _step(self, stop: threading.Event, api: client.ApiClient, publisher: Publisher) -> None:
         """Relist if needed, then one watch request until it ends."""
-        if self.resource_version is None:
-            self.relist(api, publisher)
-        if not stop.is_set():
-            self._watch(stop, api, publisher)
+        try:
+            if self.resource_version is None:
+                self.relist(api, publisher)
+            if not stop.is_set():
+                self._watch(stop, api, publisher)
+        except Gone:
+            self.resource_version = None
+            raise
 
     def _wait(self, state: RetryCallState) -> float:
         error = state.outcome.exception() if state.outcome is not None else None
@@ -367,7 +376,7 @@ class Watcher:
         )
         with self._lock:
             self._response = response
-        clean = False
+        consumed = False  # read to its end: the connection can go back to the pool
         try:
             if stop.is_set():  # stop came while connecting: interrupt() found nothing to shut
                 return
@@ -376,8 +385,8 @@ class Watcher:
                     self._on_event(json.loads(line), publisher)
                     self._settle(block=False)
                 if stop.is_set():
-                    break
-            clean = True
+                    return
+            consumed = True
         except Exception:
             if stop.is_set():
                 return  # the interrupt broke the read; what was sent is settled below
@@ -385,11 +394,9 @@ class Watcher:
         finally:
             with self._lock:
                 self._response = None
-            if clean:
-                response.release_conn()
-            else:
+            if not consumed:
                 response.close()
-                response.release_conn()
+            response.release_conn()
             self._settle(block=True)
 
     def _on_event(self, event: dict[str, Any], publisher: Publisher) -> None:
@@ -404,15 +411,14 @@ class Watcher:
         resource_version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
         if type_ == "BOOKMARK":
             self.stats.bookmarks += 1
-            self._pending.append(_Pending(resource_version, None, None, None))
+            self._pending.append(_Pending(resource_version, "BOOKMARK", None, None, None))
             return
         if type_ not in ("ADDED", "MODIFIED", "DELETED"):
             log.warning("watch kind=%s ignores an event of type %r", self.kind.kind, type_)
             return
         future = publisher.send(self.kind, type_, obj)
         kept = None if type_ == "DELETED" else pydantic_core.to_json(obj)
-        self._pending.append(_Pending(resource_version, _key_of(self.kind, obj), kept, future))
-        self.stats.published[type_] += 1
+        self._pending.append(_Pending(resource_version, type_, _key_of(self.kind, obj), kept, future))
 
     def _settle(self, *, block: bool) -> None:
         """Apply, in order, what Kafka has acknowledged: the known objects and the resume point.
@@ -431,17 +437,23 @@ class Watcher:
                 except PublishFailed:
                     for rest in pending:
                         if rest.future is not None:
-                            rest.future.exception if rest.future.is_done else _quietly(rest.future)
+                            _quietly(rest.future)
                     pending.clear()
                     raise
             pending.popleft()
             if head.key is not None:
+                self.stats.published[head.type_] += 1
                 if head.obj is None:
                     self.known.pop(head.key, None)
                 else:
                     self.known[head.key] = head.obj
             if head.resource_version:
                 self.resource_version = head.resource_version
+
+
+def _pause(stop: threading.Event, seconds: float) -> None:
+    """Back off, but wake up at once when asked to stop."""
+    stop.wait(seconds)
 
 
 def _backoff(state: RetryCallState) -> float:
@@ -488,7 +500,9 @@ class Bridge:
 
     def run(self, stop: threading.Event) -> None:
         """Watch until ``stop`` is set; then flush what was sent and return."""
-        kafka_producer = producer(self.kafka, client_id="vmstream-watch", linger_ms=5)
+        kafka_producer = self._producer(stop)
+        if kafka_producer is None:
+            return
         publisher = Publisher(kafka_producer, self.kafka.topic(TOPIC))
         apis = {name: client.ApiClient(self.kube) for name in self.watchers}
         threads = [
@@ -515,6 +529,28 @@ class Bridge:
                 api.close()
             self.log_stats()
             log.info("watch stopped")
+
+    def _producer(self, stop: threading.Event) -> KafkaProducer | None:
+        """The idempotent producer, once Kafka answers (None if stopped before it did)."""
+        retrying = Retrying(
+            retry=retry_if_exception_type(Exception),
+            wait=_JITTERED,
+            stop=stop_when_event_set(stop),
+            sleep=lambda seconds: _pause(stop, seconds),
+            before_sleep=lambda state: log.warning(
+                "watch: Kafka not reachable attempt=%d error=%s; retrying",
+                state.attempt_number, state.outcome.exception() if state.outcome else None,
+            ),
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    return producer(self.kafka, linger_ms=5)
+        except Exception:
+            if not stop.is_set():
+                raise
+        return None
 
     def log_stats(self) -> None:
         for name, watcher in self.watchers.items():
@@ -588,9 +624,15 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     watch.set_defaults(handler=main)
 
 
-def iter_kinds() -> Iterator[str]:
-    """The kind names the bridge knows, for help texts and checks."""
-    return (kind.kind for kind in KINDS)
-
-
-__all__ = ["KINDS", "Bridge", "Kind", "Publisher", "Watcher", "add_parser", "kube_configuration", "main", "select_kinds", "watch_event"]
+__all__ = [
+    "KINDS",
+    "Bridge",
+    "Kind",
+    "Publisher",
+    "Watcher",
+    "add_parser",
+    "kube_configuration",
+    "main",
+    "select_kinds",
+    "watch_event",
+]

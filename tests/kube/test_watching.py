@@ -1,0 +1,474 @@
+"""The watch bridge on a real kube-apiserver and a real broker: what happens in the API
+server arrives on ``k8s-events`` — relisted, live, after a 410 and across a network cut.
+
+Each test has its own topics (a :class:`~streams.running.Deployment`) and reads them back
+with a consumer, polling until a condition holds or a deadline passes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+from kubernetes import client, config
+
+from handlers.ids import watch_event_id
+from handlers.messages import WatchEvent, object_key
+from streams.kafka_clients import producer
+from streams.running import Deployment
+from streams.settings import KafkaSettings
+from streams.watching import TOPIC, Bridge, Publisher, Watcher, select_kinds
+from tests.kube_apiserver import Kube
+
+pytestmark = [pytest.mark.kube, pytest.mark.kafka]
+
+KUBEVIRT = ("kubevirt.io", "v1")
+NM = ("nodemaintenance.medik8s.io", "v1beta1", "nodemaintenances")
+DEADLINE = 60.0
+
+
+# ------------------------------------------------------------------------- helpers
+
+
+class Events:
+    """Everything on the deployment's k8s-events topic, in arrival order (per key: in order)."""
+
+    def __init__(self, kafka: KafkaSettings) -> None:
+        self.consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False)
+        partitions = [TopicPartition(kafka.topic(TOPIC), p) for p in range(kafka.partitions)]
+        self.consumer.assign(partitions)
+        self.consumer.seek_to_beginning(*partitions)
+        self.seen: list[tuple[str, dict[str, Any]]] = []
+
+    def poll(self) -> None:
+        for records in self.consumer.poll(timeout_ms=200).values():
+            for record in records:
+                self.seen.append((record.key.decode(), json.loads(record.value)))
+
+    def of(self, key: str) -> list[dict[str, Any]]:
+        return [value for k, value in self.seen if k == key]
+
+    def types(self, key: str) -> list[str]:
+        return [value["type"] for value in self.of(key)]
+
+    def wait_for(self, condition: Callable[[Events], bool], what: str, timeout: float = DEADLINE) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition(self):
+            if time.monotonic() > deadline:
+                summary: dict[str, list[str]] = {}
+                for key, value in self.seen:
+                    summary.setdefault(key, []).append(value["type"])
+                raise AssertionError(f"timed out waiting for {what}; seen {summary}")
+            self.poll()
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)  # polling interval
+
+
+@contextlib.contextmanager
+def running(bridge: Bridge) -> Iterator[threading.Thread]:
+    """Run the bridge on a thread for the block; stop it and wait for it afterwards."""
+    stop = threading.Event()
+    thread = threading.Thread(target=bridge.run, args=(stop,), name="bridge")
+    thread.start()
+    try:
+        yield thread
+    finally:
+        stop.set()
+        thread.join(30)
+        assert not thread.is_alive(), "the bridge did not stop"
+
+
+def synced(bridge: Bridge) -> bool:
+    """Every watcher has listed and had its list acknowledged by Kafka."""
+    return all(watcher.resource_version is not None for watcher in bridge.watchers.values())
+
+
+def kube_configuration(kube: Kube, via: int | None = None) -> client.Configuration:
+    """The bridge's configuration; ``via`` a loopback port that relays to the API server."""
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=str(kube.kubeconfig), client_configuration=configuration)
+    if via is not None:
+        server = urlsplit(configuration.host).hostname or ""
+        with contextlib.suppress(ValueError):
+            ipaddress.ip_address(server)
+            server = ""
+        if server:  # a named server (KUBECONFIG): its certificate names it, not the relay
+            configuration.tls_server_name = server
+        configuration.host = f"https://127.0.0.1:{via}"
+    return configuration
+
+
+def vm(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": name},
+        "spec": {
+            "runStrategy": "Halted",
+            "template": {"spec": {"domain": {"devices": {}, "memory": {"guest": "128Mi"}}}},
+        },
+    }
+
+
+def uid() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+@pytest.fixture
+def deployment(kafka_bootstrap: str, tmp_path: Path) -> Deployment:
+    deployment = Deployment(kafka_bootstrap, tmp_path)
+    deployment.create_topics()
+    return deployment
+
+
+@pytest.fixture
+def events(deployment: Deployment) -> Iterator[Events]:
+    reader = Events(deployment.kafka)
+    yield reader
+    reader.close()
+
+
+@pytest.fixture
+def api(kube: Kube) -> Iterator[client.ApiClient]:
+    with kube.api_client() as api_client:
+        yield api_client
+
+
+class Cluster:
+    """Writes to the API server directly (never through the bridge's connection)."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+        self.namespace = namespace
+        self.cleanup: list[Callable[[], object]] = []
+
+    def create_vm(self, name: str) -> dict[str, Any]:
+        created: dict[str, Any] = self.custom.create_namespaced_custom_object(
+            *KUBEVIRT, self.namespace, "virtualmachines", vm(name)
+        )
+        return created
+
+    def annotate_vm(self, name: str, value: str) -> dict[str, Any]:
+        patched: dict[str, Any] = self.custom.patch_namespaced_custom_object(
+            *KUBEVIRT, self.namespace, "virtualmachines", name,
+            {"metadata": {"annotations": {"test/touched": value}}},
+        )
+        return patched
+
+    def delete_vm(self, name: str) -> None:
+        self.custom.delete_namespaced_custom_object(*KUBEVIRT, self.namespace, "virtualmachines", name)
+
+    def create_node(self, name: str) -> None:
+        self.core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=name)))
+        self.cleanup.append(lambda: self.core.delete_node(name))
+
+    def create_node_maintenance(self, name: str, node: str) -> None:
+        body = {
+            "apiVersion": f"{NM[0]}/{NM[1]}",
+            "kind": "NodeMaintenance",
+            "metadata": {"name": name},
+            "spec": {"nodeName": node, "reason": "replace a GPU"},
+        }
+        self.custom.create_cluster_custom_object(*NM, body)
+        self.cleanup.append(lambda: self.custom.delete_cluster_custom_object(*NM, name))
+
+    def close(self) -> None:
+        for undo in reversed(self.cleanup):
+            with contextlib.suppress(client.ApiException):  # already deleted by the test
+                undo()
+
+
+@pytest.fixture
+def cluster(api: client.ApiClient, kube_namespace: str) -> Iterator[Cluster]:
+    writer = Cluster(api, kube_namespace)
+    yield writer
+    writer.close()
+
+
+# ------------------------------------------------------------------------- a relist
+
+
+def test_existing_objects_are_published_as_relisted_with_contract_keys(
+    kube: Kube, deployment: Deployment, events: Events, cluster: Cluster
+) -> None:
+    ns, suffix = cluster.namespace, uid()
+    created_vm = cluster.create_vm("vm-a")
+    cluster.custom.create_namespaced_custom_object(
+        *KUBEVIRT, ns, "virtualmachineinstances",
+        {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": {"name": "vm-a"},
+         "spec": {"domain": {"devices": {}}}},
+    )
+    cluster.custom.create_namespaced_custom_object(
+        *KUBEVIRT, ns, "kubevirts",
+        {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt", "metadata": {"name": "kubevirt"}, "spec": {}},
+    )
+    cluster.create_node(f"node-{suffix}")
+    cluster.create_node_maintenance(f"nm-{suffix}", f"node-{suffix}")
+    assert created_vm["metadata"]["managedFields"], "the API server records field managers"
+    keys = {
+        f"VirtualMachine/{ns}/vm-a": "VirtualMachine",
+        f"VirtualMachineInstance/{ns}/vm-a": "VirtualMachineInstance",
+        f"KubeVirt/{ns}/kubevirt": "KubeVirt",
+        f"Node/node-{suffix}": "Node",
+        f"NodeMaintenance/nm-{suffix}": "NodeMaintenance",
+    }
+
+    bridge = Bridge(deployment.kafka, kube_configuration(kube))
+    with running(bridge):
+        events.wait_for(lambda e: all(e.types(key) for key in keys), "a RELISTED event for each object")
+
+    for key, kind in keys.items():
+        assert events.types(key) == ["RELISTED"], key
+        event = WatchEvent.model_validate(events.of(key)[0])
+        assert event.kind == kind
+        assert event.object["kind"] == kind  # core lists leave it out; the bridge puts it back
+        metadata = event.object["metadata"]
+        assert "managedFields" not in metadata
+        assert object_key(kind, metadata.get("namespace"), metadata["name"]) == key
+        assert event.event_id == watch_event_id(
+            kind, metadata.get("namespace"), metadata["name"], metadata["resourceVersion"], "RELISTED"
+        )
+    vm_event = events.of(f"VirtualMachine/{ns}/vm-a")[0]
+    assert vm_event["object"]["spec"] == created_vm["spec"]
+    assert vm_event["observed_at"].endswith("Z")
+    for _, value in events.seen:  # every event on the topic, others' objects included
+        WatchEvent.model_validate(value)
+        assert "managedFields" not in value["object"]["metadata"]
+
+
+# ------------------------------------------------------------------------- live changes
+
+
+def test_changes_while_running_arrive_in_order_per_key(
+    kube: Kube, deployment: Deployment, events: Events, cluster: Cluster
+) -> None:
+    ns, suffix = cluster.namespace, uid()
+    node, maintenance = f"node-{suffix}", f"nm-{suffix}"
+    bridge = Bridge(deployment.kafka, kube_configuration(kube),
+                    kinds=select_kinds("VirtualMachine,Node,NodeMaintenance"))
+    with running(bridge):
+        wait_until(lambda: synced(bridge), "the first lists")
+
+        cluster.create_vm("vm-b")
+        cluster.annotate_vm("vm-b", "1")
+        cluster.delete_vm("vm-b")
+        cluster.create_node(node)
+        cluster.core.patch_node(node, {"spec": {"unschedulable": True}})  # cordon
+        cluster.core.delete_node(node)
+        cluster.create_node_maintenance(maintenance, node)
+        cluster.custom.patch_cluster_custom_object(*NM, maintenance, {"metadata": {"labels": {"x": "y"}}})
+        cluster.custom.delete_cluster_custom_object(*NM, maintenance)
+
+        keys = [f"VirtualMachine/{ns}/vm-b", f"Node/{node}", f"NodeMaintenance/{maintenance}"]
+        events.wait_for(lambda e: all("DELETED" in e.types(key) for key in keys), "the three deletions")
+
+    for key in keys:
+        assert events.types(key) == ["ADDED", "MODIFIED", "DELETED"], key
+        versions = [int(e["object"]["metadata"]["resourceVersion"]) for e in events.of(key)]
+        assert versions == sorted(versions), key
+        assert len({e["event_id"] for e in events.of(key)}) == 3
+    assert events.of(f"VirtualMachine/{ns}/vm-b")[1]["object"]["metadata"]["annotations"] == {"test/touched": "1"}
+    assert events.of(f"Node/{node}")[1]["object"]["spec"]["unschedulable"] is True
+    assert events.of(f"NodeMaintenance/{maintenance}")[1]["object"]["metadata"]["labels"] == {"x": "y"}
+
+
+def test_a_bookmark_only_moves_the_resume_point(deployment: Deployment, events: Events) -> None:
+    """The API server sends bookmarks about once a minute, too rarely to wait for here: the
+    watcher is fed a stream's events directly, and publishes to the real broker."""
+    watcher = Watcher(select_kinds("VirtualMachine")[0])
+    watcher.resource_version = "100"
+    obj = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+           "metadata": {"name": "vm-c", "namespace": "ns", "resourceVersion": "101"}}
+    kafka_producer = producer(deployment.kafka)
+    try:
+        publisher = Publisher(kafka_producer, deployment.kafka.topic(TOPIC))
+        watcher._on_event({"type": "MODIFIED", "object": obj}, publisher)
+        watcher._on_event({"type": "BOOKMARK", "object": {"kind": "VirtualMachine",
+                                                          "metadata": {"resourceVersion": "150"}}}, publisher)
+        assert watcher.resource_version == "100"  # nothing applies before Kafka has it
+        watcher._settle(block=True)
+    finally:
+        kafka_producer.close()
+
+    assert watcher.resource_version == "150"
+    assert watcher.stats.bookmarks == 1
+    assert dict(watcher.stats.published) == {"MODIFIED": 1}
+    assert list(watcher.known) == ["VirtualMachine/ns/vm-c"]
+    events.wait_for(lambda e: bool(e.seen), "the one event")
+    assert [(key, value["type"]) for key, value in events.seen] == [("VirtualMachine/ns/vm-c", "MODIFIED")]
+
+
+# ------------------------------------------------------------------------- 410 Gone
+
+
+def test_after_410_gone_the_relist_publishes_deletions_that_happened_while_away(
+    kube: Kube, deployment: Deployment, events: Events, cluster: Cluster
+) -> None:
+    ns = cluster.namespace
+    keep, gone = f"VirtualMachine/{ns}/vm-keep", f"VirtualMachine/{ns}/vm-gone"
+    cluster.create_vm("vm-keep")
+    cluster.create_vm("vm-gone")
+    bridge = Bridge(deployment.kafka, kube_configuration(kube), kinds=select_kinds("VirtualMachine"))
+    watcher = bridge.watchers["VirtualMachine"]
+    with running(bridge):
+        events.wait_for(lambda e: bool(e.types(keep) and e.types(gone)), "the first relist")
+        wait_until(lambda: synced(bridge), "the first relist acknowledged")
+    last_seen = events.of(gone)[0]["object"]
+
+    # While the bridge is away: a deletion, a change, a creation...
+    cluster.delete_vm("vm-gone")
+    cluster.annotate_vm("vm-keep", "while-away")
+    cluster.create_vm("vm-new")
+    # ...and its resourceVersion is too old to resume from: the API server answers 410.
+    watcher.resource_version = "1"
+
+    with running(bridge):
+        events.wait_for(lambda e: "DELETED" in e.types(gone), "the deletion seen by the relist")
+        events.wait_for(lambda e: len(e.types(keep)) == 2 and bool(e.types(f"VirtualMachine/{ns}/vm-new")),
+                        "the relisted state")
+
+    assert watcher.stats.gone == 1
+    assert watcher.stats.relists == 2
+    assert events.types(gone) == ["RELISTED", "DELETED"]
+    deleted = events.of(gone)[1]
+    assert deleted["object"] == last_seen  # the last object the bridge knew
+    assert deleted["event_id"] == watch_event_id(
+        "VirtualMachine", ns, "vm-gone", last_seen["metadata"]["resourceVersion"], "DELETED"
+    )
+    assert events.types(keep) == ["RELISTED", "RELISTED"]
+    assert events.of(keep)[1]["object"]["metadata"]["annotations"] == {"test/touched": "while-away"}
+    assert events.types(f"VirtualMachine/{ns}/vm-new") == ["RELISTED"]
+    assert set(watcher.known) >= {keep, f"VirtualMachine/{ns}/vm-new"}
+    assert gone not in watcher.known
+
+
+# ------------------------------------------------------------------------- a network cut
+
+
+class TcpProxy:
+    """A loopback TCP relay to the API server that can be cut (connections reset, new ones
+    refused) and restored on the same port: a network outage, seen from the bridge."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        probe = socket.create_server(("127.0.0.1", 0))
+        self.port = probe.getsockname()[1]
+        probe.close()
+        self.accepted = 0
+        self._listener: socket.socket | None = None
+        self._sockets: set[socket.socket] = set()
+        self._lock = threading.Lock()
+
+    def open(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", self.port), reuse_port=False)
+        threading.Thread(target=self._accept, args=(self._listener,), daemon=True).start()
+
+    def cut(self) -> None:
+        """Stop listening and reset every relayed connection."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
+            listener.close()
+        with self._lock:
+            doomed, self._sockets = self._sockets, set()
+        for sock in doomed:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                downstream, _ = listener.accept()
+            except OSError:
+                return  # cut
+            try:
+                upstream = socket.create_connection(self.upstream)
+            except OSError:
+                downstream.close()
+                continue
+            with self._lock:
+                self.accepted += 1
+                self._sockets |= {downstream, upstream}
+            for source, sink in ((downstream, upstream), (upstream, downstream)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with self._lock:
+                self._sockets -= {source, sink}
+            for sock in (source, sink):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+
+
+@pytest.fixture
+def proxy(kube: Kube) -> Iterator[TcpProxy]:
+    server = urlsplit(kube_configuration(kube).host)
+    relay = TcpProxy((server.hostname or "127.0.0.1", server.port or 443))
+    relay.open()
+    yield relay
+    relay.cut()
+
+
+def test_the_bridge_survives_a_network_cut_and_resumes_without_losing_events(
+    kube: Kube, deployment: Deployment, events: Events, cluster: Cluster, proxy: TcpProxy
+) -> None:
+    ns = cluster.namespace
+    before, live, during = (f"VirtualMachine/{ns}/{name}" for name in ("vm-before", "vm-live", "vm-during"))
+    cluster.create_vm("vm-before")
+    bridge = Bridge(deployment.kafka, kube_configuration(kube, via=proxy.port),
+                    kinds=select_kinds("VirtualMachine"))
+    watcher = bridge.watchers["VirtualMachine"]
+    with running(bridge) as thread:
+        events.wait_for(lambda e: bool(e.types(before)), "the first relist")
+        cluster.create_vm("vm-live")
+        events.wait_for(lambda e: bool(e.types(live)), "an event through the established watch")
+
+        proxy.cut()
+        wait_until(lambda: watcher.stats.failures >= 2, "the bridge failing to reconnect")
+        cluster.annotate_vm("vm-live", "during-the-cut")
+        cluster.create_vm("vm-during")
+        cluster.delete_vm("vm-before")
+        assert thread.is_alive()
+        proxy.open()
+
+        events.wait_for(lambda e: "DELETED" in e.types(before), "the changes made during the cut")
+        events.wait_for(lambda e: bool(e.types(during)) and len(e.types(live)) == 2, "every change")
+
+    assert events.types(before) == ["RELISTED", "DELETED"]
+    assert events.types(live) == ["ADDED", "MODIFIED"]
+    assert events.types(during) == ["ADDED"]
+    assert events.of(live)[1]["object"]["metadata"]["annotations"] == {"test/touched": "during-the-cut"}
+    # It resumed the watch where Kafka had acknowledged it, not with a relist.
+    assert watcher.stats.relists == 1
+    assert watcher.stats.gone == 0
+    assert proxy.accepted >= 2
