@@ -22,9 +22,7 @@ import fcntl
 import json
 import logging
 import os
-import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -32,12 +30,14 @@ import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 
+from streams import processes
 from streams.locations import cache_dir
+from streams.processes import free_ports
 
 # kafka-python 3.0 reads its protocol schemas with importlib.resources.read_text/open_text,
 # deprecated on Python 3.11-3.12 (and no longer in 3.13): silence exactly that, once, here.
@@ -90,7 +90,6 @@ START_TIMEOUT = 120.0
 STOP_TIMEOUT = 30.0
 _MARKER = ".complete.json"
 _STATE_FILE = "state.json"
-_LOG_TAIL_LINES = 40
 
 
 class KafkaStartError(RuntimeError):
@@ -206,7 +205,7 @@ def resolve_jars(version: str = KAFKA_VERSION) -> Path:
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         jars = sorted(p.name for p in partial.glob("*.jar")) if partial.is_dir() else []
         if result.returncode != 0 or not jars:
-            output = _tail_text(result.stdout + result.stderr)
+            output = processes.tail_text(result.stdout + result.stderr)
             raise KafkaStartError(
                 f"Maven could not resolve Kafka {version} (exit {result.returncode}):\n{output}"
             )
@@ -233,83 +232,15 @@ def _java() -> str:
     return found
 
 
-def _spawn(argv: Sequence[str], *, output: Path, detach: bool) -> int:
-    """Start a process writing stdout+stderr to ``output``; return its pid.
-
-    ``posix_spawn`` rather than ``Popen``: a detached broker outlives the ``Popen`` object,
-    whose finaliser would warn that the child is still running.
-    """
-    file_actions = [
-        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-        (os.POSIX_SPAWN_OPEN, 1, str(output), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
-        (os.POSIX_SPAWN_DUP2, 1, 2),
-    ]
-    return os.posix_spawn(
-        argv[0], list(argv), dict(os.environ), file_actions=file_actions, setsid=detach
-    )
-
-
-def _exit_code(pid: int) -> int | None:
-    """The exit code of our own child once it has ended (reaping it), else None."""
-    done, status = os.waitpid(pid, os.WNOHANG)
-    return os.waitstatus_to_exitcode(status) if done == pid else None
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` still runs; reaps it if it is our child, ignores zombies if not."""
-    try:
-        return _exit_code(pid) is None
-    except ChildProcessError:
-        pass  # started by another process (``up`` in an earlier command)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rpartition(")")[2].split()[0] != "Z"
-
-
-def _wait_gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while _alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def _terminate(pid: int, timeout: float = STOP_TIMEOUT) -> None:
-    """SIGTERM (Kafka shuts down cleanly on it), then SIGKILL if it overstays."""
-    if not _alive(pid):
-        return
-    log.info("Stopping Kafka broker (pid %d)", pid)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    if _wait_gone(pid, timeout):
-        return
-    log.warning("Kafka broker (pid %d) ignored SIGTERM for %.0fs: killing it", pid, timeout)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    if not _wait_gone(pid, 10.0):
-        raise RuntimeError(f"Kafka broker (pid {pid}) survived SIGKILL")
-
-
-def _is_our_broker(pid: int, data_dir: Path) -> bool:
+def _broker_argv(data_dir: Path) -> processes.ArgvCheck:
     """Guard against a recycled pid: the process must be ``kafka.Kafka`` on this data dir."""
-    if not _alive(pid):
-        return False
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return True  # no /proc: trust the pid
-    return (
-        BROKER_MAIN.encode() in cmdline and str(data_dir / "server.properties").encode() in cmdline
-    )
+    properties = str(data_dir / "server.properties")
+    return lambda argv: BROKER_MAIN in argv and properties in argv
+
+
+def _terminate(pid: int, data_dir: Path, timeout: float = STOP_TIMEOUT) -> None:
+    """SIGTERM (Kafka shuts down cleanly on it), then SIGKILL if it overstays."""
+    processes.stop(pid, "Kafka broker", timeout, argv=_broker_argv(data_dir), level=logging.INFO)
 
 
 # -- readiness -------------------------------------------------------------------------
@@ -342,18 +273,6 @@ def probe(bootstrap_servers: str, *, timeout: float = 2.0) -> bool:
 
 
 # -- configuration ---------------------------------------------------------------------
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports free on loopback now; held together so they differ from each other."""
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def _cluster_id() -> str:
@@ -420,27 +339,10 @@ _LOG4J2_XML = """\
 """
 
 
-def _tail_text(text: str, lines: int = _LOG_TAIL_LINES) -> str:
-    """The last lines, without Java stack frames or colour codes, so the causes fit."""
-    kept = [
-        line
-        for line in re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text).splitlines()
-        if not line.lstrip().startswith("at ") and not re.fullmatch(r"\s*\.\.\. \d+ more", line)
-    ]
-    return "\n".join(kept[-lines:])
-
-
-def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
-    try:
-        return _tail_text(path.read_text(errors="replace"), lines)
-    except OSError:
-        return "(no log)"
-
-
 # -- the broker ------------------------------------------------------------------------
 
 
-class LocalKafka:
+class LocalKafka(processes.Supervisor):
     """One broker process owned by the caller: ``with LocalKafka() as kafka: ...``.
 
     Every start is a fresh, empty cluster on new loopback ports (``port`` fixes the client
@@ -498,18 +400,6 @@ class LocalKafka:
             version=self.version,
         )
 
-    def __enter__(self) -> LocalKafka:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     def start(self) -> str:
         """Start the broker and return its bootstrap servers once it answers."""
         if self._pid is not None:
@@ -526,7 +416,7 @@ class LocalKafka:
                 if attempt < attempts and "Address already in use" in str(error):
                     log.warning("Kafka port taken meanwhile, retrying on other ports")
                     if self._pid is not None:
-                        _terminate(self._pid)
+                        _terminate(self._pid, self.data_dir)
                         self._pid = None
                     continue
                 self.stop()
@@ -578,29 +468,30 @@ class LocalKafka:
         if format_run.returncode != 0:
             raise KafkaStartError(
                 f"Kafka storage format failed (exit {format_run.returncode}):\n"
-                f"{_tail_text(format_run.stdout + format_run.stderr)}\n"
-                f"--- {self.server_log} ---\n{_tail(self.server_log)}"
+                f"{processes.tail_text(format_run.stdout + format_run.stderr)}\n"
+                f"--- {self.server_log} ---\n{processes.log_tail(self.server_log)}"
             )
 
         console = logs / "console.log"
         log.info("Kafka %s: starting broker on %s", self.version, self.bootstrap_servers)
         started = time.monotonic()
-        self._pid = _spawn(
+        pid = self._pid = processes.spawn(
             [_java(), *HEAP_FLAGS, *GC_FLAGS, *common, BROKER_MAIN, str(properties)],
-            output=console,
+            console,
             detach=self._detach,
         )
-        deadline = started + self._start_timeout
-        while not probe(self.bootstrap_servers, timeout=1.0):
-            ended = _exit_code(self._pid)
-            if ended is not None:
+        bootstrap_servers = self.bootstrap_servers
+        try:
+            processes.wait_ready(
+                "Kafka broker",
+                lambda: probe(bootstrap_servers, timeout=1.0),
+                self._start_timeout,
+                watch={pid: "Kafka broker"},
+            )
+        except processes.NotReady as failed:
+            if failed.pid is not None:  # it ended and has been reaped
                 self._pid = None
-                raise KafkaStartError(self._failure(f"Kafka broker exited with code {ended}"))
-            if time.monotonic() > deadline:
-                raise KafkaStartError(
-                    self._failure(f"Kafka broker did not answer within {self._start_timeout:.0f}s")
-                )
-            time.sleep(0.1)
+            raise KafkaStartError(self._failure(str(failed))) from None
         log.info(
             "Kafka %s: broker ready at %s (pid %d) in %.1fs",
             self.version,
@@ -612,15 +503,15 @@ class LocalKafka:
     def _failure(self, headline: str) -> str:
         console = self.data_dir / "logs" / "console.log"
         return (
-            f"{headline}\n--- {self.server_log} ---\n{_tail(self.server_log)}\n"
-            f"--- {console} ---\n{_tail(console)}"
+            f"{headline}\n--- {self.server_log} ---\n{processes.log_tail(self.server_log)}\n"
+            f"--- {console} ---\n{processes.log_tail(console)}"
         )
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> None:
         """Stop the broker (if running) and remove a temporary data dir. Idempotent."""
         atexit.unregister(self.stop)
         if self._pid is not None:
-            _terminate(self._pid, timeout)
+            _terminate(self._pid, self.data_dir, timeout)
             self._pid = None
         if self._owns_data_dir and self._data_dir is not None:
             shutil.rmtree(self._data_dir, ignore_errors=True)
@@ -648,7 +539,7 @@ def status(state_dir: Path | None = None) -> BrokerState | None:
     """The background broker recorded in ``state_dir`` if it still runs, else None."""
     state_dir = state_dir or default_state_dir()
     state = _read_state(state_dir)
-    if state is None or not _is_our_broker(state.pid, Path(state.data_dir)):
+    if state is None or not processes.running(state.pid, _broker_argv(Path(state.data_dir))):
         return None
     return state
 
@@ -679,7 +570,7 @@ def down(state_dir: Path | None = None, *, timeout: float = STOP_TIMEOUT) -> boo
     with _locked(state_dir / ".lock"):
         running = status(state_dir)
         if running is not None:
-            _terminate(running.pid, timeout)
+            _terminate(running.pid, Path(running.data_dir), timeout)
         (state_dir / _STATE_FILE).unlink(missing_ok=True)
         return running is not None
 

@@ -26,8 +26,6 @@ import logging
 import os
 import re
 import shutil
-import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -39,7 +37,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -48,6 +45,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from streams import processes
 from streams.locations import REPO_ROOT, cache_dir, kubevirt_crd, nodemaintenance_crd
 
 if TYPE_CHECKING:
@@ -58,6 +56,7 @@ log = logging.getLogger(__name__)
 K8SBINS_DIR = REPO_ROOT / "tools" / "k8sbins"
 POLL_INTERVAL = 0.1
 STATE_FILE = "state.json"
+STOP_TIMEOUT = 20.0
 
 
 class LocalKubeError(RuntimeError):
@@ -320,110 +319,25 @@ def write_kubeconfig(
 
 # --- processes ----------------------------------------------------------------------------
 
-# Popen objects of the processes this interpreter started, so that stopping them reaps them
-# (and no "still running" ResourceWarning fires), also when stopped through the state file.
-_children: dict[int, subprocess.Popen[bytes]] = {}
+
+def _runs(binary: str) -> processes.ArgvCheck:
+    """Guard against a recycled pid: the process must have been started as ``binary``."""
+    return lambda argv: bool(argv) and argv[0] == binary
 
 
-def _free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports (all held open at once so they cannot coincide)."""
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+def _stop(pid: int, binary: str, name: str) -> None:
+    processes.stop(pid, name, STOP_TIMEOUT, argv=_runs(binary))
 
 
-def _spawn(argv: list[str], logfile: Path, *, detach: bool) -> subprocess.Popen[bytes]:
-    with logfile.open("ab") as out:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=detach,
-        )
-    _children[proc.pid] = proc
-    log.debug("started %s as pid %d", Path(argv[0]).name, proc.pid)
-    return proc
-
-
-def _is_running(pid: int, binary: str) -> bool:
-    """Whether ``pid`` is still the process we started (not a zombie, not a recycled pid)."""
-    proc = _children.get(pid)
-    if proc is not None:
-        return proc.poll() is None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return False
-    proc_dir = Path(f"/proc/{pid}")
-    if proc_dir.is_dir():
-        try:
-            stat = (proc_dir / "stat").read_text()
-            cmdline = (proc_dir / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            return False
-        if stat.rsplit(")", 1)[-1].split()[0] == "Z":
-            return False
-        return bool(cmdline) and cmdline[0].decode(errors="replace") == binary
-    return True
-
-
-def _stop_process(pid: int, binary: str, name: str, timeout: float = 20.0) -> None:
-    """SIGTERM, wait for a graceful exit, SIGKILL if it does not come."""
-    if not _is_running(pid, binary):
-        _children.pop(pid, None)
-        return
-    log.debug("stopping %s (pid %d)", name, pid)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and _is_running(pid, binary):
-        time.sleep(POLL_INTERVAL)
-    if _is_running(pid, binary):
-        log.warning("%s (pid %d) ignored SIGTERM for %.0fs; killing it", name, pid, timeout)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    proc = _children.pop(pid, None)
-    if proc is not None:
-        proc.wait()
-
-
-def _log_tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def _wait_until(
-    what: str,
-    check: Callable[[], bool],
-    timeout: float,
-    *,
-    alive: Callable[[], bool],
-    logfile: Path,
+def _wait_ready(
+    what: str, check: Callable[[], bool], timeout: float, *, watch: dict[int, str], logfile: Path
 ) -> None:
-    """Poll ``check`` every 100 ms; fail early (with the log) if the process died."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if check():
-            return
-        if not alive():
-            raise LocalKubeError(
-                f"{what} exited during start-up; last log lines:\n{_log_tail(logfile)}"
-            )
-        if time.monotonic() > deadline:
-            raise LocalKubeError(
-                f"{what} not ready after {timeout:.0f}s; last log lines:\n{_log_tail(logfile)}"
-            )
-        time.sleep(POLL_INTERVAL)
+    """``processes.wait_ready``, failing with the process's log."""
+    try:
+        processes.wait_ready(what, check, timeout, watch=watch)
+    except processes.NotReady as failed:
+        tail = processes.log_tail(logfile, 30)
+        raise LocalKubeError(f"{failed}; last log lines:\n{tail}") from None
 
 
 def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
@@ -461,7 +375,7 @@ class State:
     etcd_version: str
 
 
-class LocalKube:
+class LocalKube(processes.Supervisor):
     """A real etcd + kube-apiserver on free loopback ports, with vmstream's CRDs installed.
 
     ``workdir`` holds certificates, etcd's data, logs and the kubeconfig; by default a
@@ -524,8 +438,8 @@ class LocalKube:
         if state is None:
             return False
         return (
-            _is_running(state.etcd_pid, state.etcd_binary)
-            and _is_running(state.apiserver_pid, state.apiserver_binary)
+            processes.running(state.etcd_pid, _runs(state.etcd_binary))
+            and processes.running(state.apiserver_pid, _runs(state.apiserver_binary))
             and _http_ok(f"{state.server}/readyz", self._ssl_context())
         )
 
@@ -582,25 +496,14 @@ class LocalKube:
     def _stop_processes(self) -> None:
         state = self.state
         if state is not None:
-            _stop_process(state.apiserver_pid, state.apiserver_binary, "kube-apiserver")
-            _stop_process(state.etcd_pid, state.etcd_binary, "etcd")
+            _stop(state.apiserver_pid, state.apiserver_binary, "kube-apiserver")
+            _stop(state.etcd_pid, state.etcd_binary, "etcd")
             with contextlib.suppress(FileNotFoundError):
                 (Path(state.workdir) / STATE_FILE).unlink()
             self.state = None
         for pid, name in self._pending:
-            _stop_process(pid, name, Path(name).name)
+            _stop(pid, name, Path(name).name)
         self._pending = []
-
-    def __enter__(self) -> LocalKube:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # Internals ----------------------------------------------------------------------------
 
@@ -630,7 +533,7 @@ class LocalKube:
         sa_key, sa_pub = _write_service_account_keys(pki)
         self.timings["certificates"] = time.monotonic() - t0
 
-        etcd_port, peer_port, api_port = _free_ports(3)
+        etcd_port, peer_port, api_port = processes.free_ports(3)
         etcd_url = f"http://127.0.0.1:{etcd_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"
         server = f"https://127.0.0.1:{api_port}"
@@ -639,7 +542,7 @@ class LocalKube:
 
         t1 = time.monotonic()
         etcd_log = logs / "etcd.log"
-        etcd = _spawn(
+        etcd_pid = processes.spawn(
             [
                 str(binaries.etcd),
                 f"--data-dir={workdir / 'etcd-data'}",
@@ -653,12 +556,12 @@ class LocalKube:
             etcd_log,
             detach=self.detach,
         )
-        self._pending.append((etcd.pid, str(binaries.etcd)))
-        _wait_until(
+        self._pending.append((etcd_pid, str(binaries.etcd)))
+        _wait_ready(
             "etcd",
             lambda: _etcd_healthy(etcd_url),
             self.timeout,
-            alive=lambda: etcd.poll() is None,
+            watch={etcd_pid: "etcd"},
             logfile=etcd_log,
         )
         self.timings["etcd"] = time.monotonic() - t1
@@ -667,7 +570,7 @@ class LocalKube:
         api_log = logs / "kube-apiserver.log"
         cert_dir = workdir / "apiserver-certs"
         cert_dir.mkdir(exist_ok=True)
-        apiserver = _spawn(
+        apiserver_pid = processes.spawn(
             [
                 str(binaries.kube_apiserver),
                 f"--etcd-servers={etcd_url}",
@@ -690,7 +593,7 @@ class LocalKube:
             api_log,
             detach=self.detach,
         )
-        self._pending.append((apiserver.pid, str(binaries.kube_apiserver)))
+        self._pending.append((apiserver_pid, str(binaries.kube_apiserver)))
         kubeconfig = write_kubeconfig(
             workdir / "kubeconfig", server, pki / "ca.crt", admin_cert, admin_key, "admin"
         )
@@ -699,8 +602,8 @@ class LocalKube:
             kubeconfig=str(kubeconfig),
             server=server,
             etcd_url=etcd_url,
-            etcd_pid=etcd.pid,
-            apiserver_pid=apiserver.pid,
+            etcd_pid=etcd_pid,
+            apiserver_pid=apiserver_pid,
             etcd_binary=str(binaries.etcd),
             apiserver_binary=str(binaries.kube_apiserver),
             kubernetes_version=binaries.kubernetes_version,
@@ -708,11 +611,11 @@ class LocalKube:
         )
         self._pending = []
         context = self._ssl_context()
-        _wait_until(
+        _wait_ready(
             "kube-apiserver",
             lambda: _http_ok(f"{server}/readyz", context),
             self.timeout,
-            alive=lambda: apiserver.poll() is None and etcd.poll() is None,
+            watch={apiserver_pid: "kube-apiserver", etcd_pid: "etcd"},
             logfile=api_log,
         )
         self.timings["apiserver"] = time.monotonic() - t2

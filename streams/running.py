@@ -25,8 +25,8 @@ from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 
-from streams.localkafka import free_ports
 from streams.locations import REPO_ROOT
+from streams.processes import free_ports
 from streams.publishing import publish, scenario_records
 from streams.settings import KafkaSettings
 from streams.topics import ensure_topics
