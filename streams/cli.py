@@ -11,7 +11,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from streams import applying, demo, replaying, requesting, tailing
+from streams import applying, demo, replaying, requesting, tailing, watching
 from streams.settings import load_settings
 
 Handler = Callable[[argparse.Namespace], int]
@@ -110,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_parser(commands)
     replaying.add_parser(commands)
     applying.add_parser(commands)
+    watching.add_parser(commands)
     return parser
 
 

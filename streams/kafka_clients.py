@@ -32,10 +32,10 @@ def admin_client(kafka: KafkaSettings) -> KafkaAdminClient:
     return KafkaAdminClient(client_id="vmstream-admin", **client_options(kafka))
 
 
-def producer(kafka: KafkaSettings, **extra: Any) -> KafkaProducer:
+def producer(kafka: KafkaSettings, *, client_id: str = "vmstream-cli", **extra: Any) -> KafkaProducer:
     """An idempotent producer: a retried send never writes a message twice."""
     return KafkaProducer(
-        client_id="vmstream-cli",
+        client_id=client_id,
         acks="all",
         enable_idempotence=True,
         **client_options(kafka),

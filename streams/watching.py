@@ -58,7 +58,7 @@ from tenacity import (
 from handlers.ids import watch_event_id
 from handlers.messages import WatchEvent, object_key
 from streams.kafka_clients import producer
-from streams.settings import KafkaSettings, load_settings
+from streams.settings import KafkaSettings, load_kafka_settings
 
 if TYPE_CHECKING:
     from kafka import KafkaProducer
@@ -546,7 +546,7 @@ class Bridge:
         try:
             for attempt in retrying:
                 with attempt:
-                    return producer(self.kafka, linger_ms=5)
+                    return producer(self.kafka, client_id="vmstream-watch", linger_ms=5)
         except Exception:
             if not stop.is_set():
                 raise
@@ -582,13 +582,13 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         kinds = select_kinds(args.kinds)
-        settings = load_settings(args.config)
+        kafka = load_kafka_settings(args.config)  # the bridge needs no policy, only Kafka
         kube = kube_configuration(args.kubeconfig)
     except (ValueError, OSError, config.ConfigException) as error:
         log.error("watch: %s", error)
         return 2
     try:
-        ensure_topics(settings.kafka)
+        ensure_topics(kafka)
     except Exception as error:  # Kafka may come later: the watchers retry their sends
         log.warning("watch: could not check the topics (%s); continuing", error)
     logging.getLogger("kafka").setLevel(logging.WARNING)
@@ -601,7 +601,7 @@ def main(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    Bridge(settings.kafka, kube, kinds=kinds).run(stop)
+    Bridge(kafka, kube, kinds=kinds).run(stop)
     return 0
 
 
