@@ -53,7 +53,8 @@ def _expectations(notice_seconds: int) -> list[tuple[str, Expectation]]:
 class Printer:
     """Prints each output as one readable line, the way ``vmstream tail`` does."""
 
-    LABELS = {"notifications": "notify ", "commands": "command", "audit": "audit  ", "dlq": "dead   "}
+    LABELS = {"notifications": "notify ", "commands": "command", "command-results": "result ",
+              "audit": "audit  ", "dlq": "dead   "}
 
     def __init__(self, out: TextIO, *, show_audit: bool) -> None:
         self.out = out

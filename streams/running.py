@@ -32,7 +32,7 @@ from streams.settings import KafkaSettings
 from streams.topics import ensure_topics
 
 CONFIG = REPO_ROOT / "examples" / "config.yaml"
-OUTPUTS = ("commands", "notifications", "audit", "dlq")
+OUTPUTS = ("commands", "command-results", "notifications", "audit", "dlq")
 
 
 @dataclass
@@ -71,40 +71,70 @@ class Deployment:
         return publish(self.kafka, [(self.kafka.topic(logical_topic), key, value, int(time.time() * 1000))])
 
 
-class WorkerProcess:
-    """A ``vmstream worker`` subprocess of a deployment."""
+class VmstreamProcess:
+    """A ``vmstream <command>`` subprocess of a deployment, its output in a log file."""
 
-    def __init__(self, deployment: Deployment, name: str, *, config: Path = CONFIG,
+    def __init__(self, deployment: Deployment, name: str, command: list[str], *,
                  env: dict[str, str] | None = None) -> None:
         self.deployment = deployment
-        self.config = config
-        self.env = env or {}
         self.name = name
+        self.command = command
+        self.env = env or {}
         self.web_port = free_ports(1)[0]
         self.cwd = deployment.workdir / name
         self.cwd.mkdir(parents=True, exist_ok=True)
-        self.log = self.cwd / "worker.log"
+        self.log = self.cwd / f"{name}.log"
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 120.0) -> WorkerProcess:
+    def start(self, timeout: float = 120.0) -> VmstreamProcess:
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "streams.cli", "worker", "--config", str(self.config)],
-                cwd=self.cwd, env={**self.deployment.env(self.web_port), **self.env}, stdout=log, stderr=subprocess.STDOUT,
+                [sys.executable, "-m", "streams.cli", *self.command],
+                cwd=self.cwd, env={**self.deployment.env(self.web_port), **self.env},
+                stdout=log, stderr=subprocess.STDOUT,
             )
         self.wait_ready(timeout)
         return self
 
     def wait_ready(self, timeout: float) -> None:
+        """Processes without a readiness page are ready once they run."""
+        self.check_running()
+
+    def check_running(self) -> None:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise AssertionError(f"{self.name} exited {self.process.returncode}:\n{self.tail()}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def tail(self, lines: int = 40) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+class WorkerProcess(VmstreamProcess):
+    """A ``vmstream worker``: ready when its ``/ready`` page says so."""
+
+    def __init__(self, deployment: Deployment, name: str, *, config: Path = CONFIG,
+                 env: dict[str, str] | None = None) -> None:
+        super().__init__(deployment, name, ["worker", "--config", str(config)], env=env)
+
+    def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise AssertionError(f"worker {self.name} exited {self.process.returncode}:\n{self.tail()}")
+            self.check_running()
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/ready", timeout=2) as answer:
-                    if json.loads(answer.read()).get("ready"):
-                        return
+                if self.page("/ready").get("ready"):
+                    return
             except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
                 pass
             time.sleep(0.2)  # polling interval of a readiness probe, not synchronisation
@@ -124,21 +154,6 @@ class WorkerProcess:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{self.name} {path} never satisfied the condition: {body}")
             time.sleep(0.1)  # polling interval
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
-        assert self.process is not None
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
-
-    def tail(self, lines: int = 40) -> str:
-        text = self.log.read_text(errors="replace") if self.log.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
 
 
 class Outputs:
