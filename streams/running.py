@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from kafka import KafkaConsumer, TopicPartition
 
@@ -86,7 +86,7 @@ class VmstreamProcess:
         self.log = self.cwd / f"{name}.log"
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 120.0) -> VmstreamProcess:
+    def start(self, timeout: float = 120.0) -> Self:
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "streams.cli", *self.command],
