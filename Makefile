@@ -28,8 +28,7 @@ parts: setup
 	$(BIN)/python -c "from streams.localkafka import resolve_jars; print(resolve_jars())"
 	$(BIN)/python -c "from streams.localkube import ensure_binaries; print(ensure_binaries())"
 
-demo: setup
-	$(BIN)/python -c "from streams.localkafka import resolve_jars; resolve_jars()"
+demo: parts
 	$(BIN)/vmstream demo
 
 test: parts

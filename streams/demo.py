@@ -1,10 +1,10 @@
-"""``vmstream demo``: the worker on a local Kafka broker, with a realistic scenario.
+"""``vmstream demo``: vmstream on a local Kafka broker, with a realistic scenario.
 
-It starts a broker (Kafka's own jars, no Docker), creates the topics, starts a real
-``vmstream worker``, then plays :func:`~streams.scenarios.demo_phases`: the AZ's state as
-watch events, a GPU added to a running VM, its restart, and a drain of a GPU node. Every
-notification, command and audit outcome is printed as it arrives; between phases the demo
-waits for what the worker must have said. Everything it started is stopped at the end.
+It starts a broker (Kafka's own jars, no Docker) and, by default, a local kube-apiserver
+with the watch bridge and the applier in the loop (:mod:`streams.demo_kubernetes`). With
+``--kafka-only`` the worker alone runs and the cluster's state comes as scripted watch
+events (:func:`~streams.scenarios.demo_phases`). Every notification, command and result is
+printed as it arrives; everything the demo started is stopped at the end.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TextIO
 
+from streams import demo_kubernetes
 from streams.localkafka import LocalKafka
 from streams.running import Deployment, Outputs, WorkerProcess
 from streams.scenarios import demo_phases
@@ -67,42 +68,56 @@ class Printer:
         self.out.flush()
 
 
-def run(out: TextIO, *, notice_seconds: int, show_audit: bool, timeout: float) -> int:
+def run(out: TextIO, *, kubernetes: bool, notice_seconds: int, show_audit: bool, timeout: float) -> int:
     with ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vmstream-demo-")))
         bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
         if not bootstrap:
             out.write("starting a local Kafka broker (jars from Maven Central, cached)...\n")
             bootstrap = stack.enter_context(LocalKafka()).bootstrap_servers
-        deployment = Deployment(bootstrap, workdir)
-        deployment.create_topics()
-        out.write(f"broker {bootstrap}; topics {deployment.kafka.topic('*')}; starting the worker...\n")
-        worker = WorkerProcess(deployment, "worker").start()
-        stack.callback(worker.stop)
-        outputs = Outputs(deployment, on_arrival=Printer(out, show_audit=show_audit))
-        stack.callback(outputs.close)
-        out.write(f"worker ready: http://127.0.0.1:{worker.web_port}/ready, /metrics, /capacity\n")
+        printer = Printer(out, show_audit=show_audit)
         started = time.monotonic()
-        phases = demo_phases(notice_seconds)
-        for (title, script), (waiting_for, expected) in zip(phases, _expectations(notice_seconds), strict=True):
-            out.write(f"\n== {title}\n")
-            deployment.publish_lines(script.jsonl())
-            wait = timeout + (notice_seconds if "deadline" in waiting_for else 0)
-            outputs.wait_for(expected, timeout=wait, what=waiting_for)
+        if kubernetes:
+            outputs = demo_kubernetes.run(out, stack, workdir, bootstrap, printer,
+                                          notice_seconds=notice_seconds, timeout=timeout)
+        else:
+            outputs = _run_on_kafka(out, stack, workdir, bootstrap, printer,
+                                    notice_seconds=notice_seconds, timeout=timeout)
         counts = ", ".join(f"{len(values)} {name}" for name, values in outputs.seen.items())
-        out.write(f"\ndone in {time.monotonic() - started:.1f}s: {counts}; GPU capacity now:\n")
-        for cards in worker.page("/capacity").values():
-            out.write(f"  {cards['display_name']}: {cards['free']} of {cards['total']} free\n")
+        out.write(f"\ndone in {time.monotonic() - started:.1f}s: {counts}\n")
     return 0
 
 
+def _run_on_kafka(out: TextIO, stack: ExitStack, workdir: Path, bootstrap: str, printer: Printer, *,
+                  notice_seconds: int, timeout: float) -> Outputs:
+    """Kafka only: what Kubernetes would show after each command comes from a script."""
+    deployment = Deployment(bootstrap, workdir)
+    deployment.create_topics()
+    out.write(f"broker {bootstrap}; topics {deployment.kafka.topic('*')}; starting the worker...\n")
+    worker = WorkerProcess(deployment, "worker").start()
+    stack.callback(worker.stop)
+    outputs = Outputs(deployment, on_arrival=printer)
+    stack.callback(outputs.close)
+    out.write(f"worker ready: http://127.0.0.1:{worker.web_port}/ready, /metrics, /capacity\n")
+    phases = demo_phases(notice_seconds)
+    for (title, script), (waiting_for, expected) in zip(phases, _expectations(notice_seconds), strict=True):
+        out.write(f"\n== {title}\n")
+        deployment.publish_lines(script.jsonl())
+        wait = timeout + (notice_seconds if "deadline" in waiting_for else 0)
+        outputs.wait_for(expected, timeout=wait, what=waiting_for)
+    return outputs
+
+
 def main(args: argparse.Namespace) -> int:
-    return run(sys.stdout, notice_seconds=args.notice_seconds, show_audit=args.audit, timeout=args.timeout)
+    return run(sys.stdout, kubernetes=not args.kafka_only, notice_seconds=args.notice_seconds,
+               show_audit=args.audit, timeout=args.timeout)
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo = commands.add_parser("demo", help="the worker on a local Kafka broker, with a realistic scenario")
-    demo.add_argument("--notice-seconds", type=int, default=15, help="the drain's notice (default 15)")
+    demo.add_argument("--notice-seconds", type=int, default=10, help="the drain's notice (default 10)")
+    demo.add_argument("--kafka-only", action="store_true",
+                      help="no API server: the cluster's reactions come from a script (no Go build needed)")
     demo.add_argument("--audit", action="store_true", help="print audit records too")
     demo.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each phase")
     demo.set_defaults(handler=main)
