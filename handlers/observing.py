@@ -11,6 +11,8 @@ event or a redelivery converge to the same decisions.
 
 from __future__ import annotations
 
+from typing import Any
+
 from handlers.availability import reconcile_availability
 from handlers.capacity import refresh_usage
 from handlers.cluster import (
@@ -32,15 +34,15 @@ Ignored = str | None
 CLUSTER_KEY = "cluster/kubevirt"
 
 
-def decision_key(event: WatchEvent) -> str:
-    """The key the event is decided under: its VM, its node, or the cluster."""
-    metadata = event.object.get("metadata") or {}
-    if event.kind in ("VirtualMachine", "VirtualMachineInstance"):
-        return vm_key(metadata.get("namespace") or "default", metadata["name"])
-    if event.kind == "Node":
-        return node_key(metadata["name"])
-    if event.kind == "NodeMaintenance":
-        return node_key(str((event.object.get("spec") or {}).get("nodeName") or ""))
+def decision_key(kind: str, obj: dict[str, Any]) -> str:
+    """The key a watch event about ``obj`` is decided under: its VM, its node, or the cluster."""
+    metadata = obj.get("metadata") or {}
+    if kind in ("VirtualMachine", "VirtualMachineInstance"):
+        return vm_key(metadata.get("namespace") or "default", str(metadata.get("name")))
+    if kind == "Node":
+        return node_key(str(metadata.get("name")))
+    if kind == "NodeMaintenance":
+        return node_key(str((obj.get("spec") or {}).get("nodeName") or ""))
     return CLUSTER_KEY
 
 

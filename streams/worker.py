@@ -37,7 +37,7 @@ from handlers.capacity import capacity_report
 from handlers.decisions import ResidentUpdate
 from handlers.restarts import pending_detail
 from handlers.engine import Engine, Result, Source
-from handlers.messages import MalformedMessage, parse_watch_event
+from handlers.messages import MalformedMessage, decode_json_object
 from handlers.observing import decision_key
 from handlers.state import GLOBAL_TABLES, TABLES, Change, TableName
 from streams import metrics
@@ -202,9 +202,10 @@ class Worker:
             message = event.message
             source = encode_json({"topic": message.topic, "partition": message.partition,
                                   "offset": message.offset, "key": _key(event)})
-            try:
-                key = decision_key(parse_watch_event(event.value))
-            except MalformedMessage:
+            try:  # a light look at the event: ``decide`` validates it in full
+                value = decode_json_object(event.value)
+                key = decision_key(str(value["kind"]), value["object"])
+            except (MalformedMessage, KeyError, TypeError, AttributeError):
                 key = _key(event) or "malformed"  # decide dead-letters it, with its source
             await self.routed.send(key=key.encode(), value=event.value, timestamp=message.timestamp,
                                    headers={KIND_HEADER: b"event", SOURCE_HEADER: source})

@@ -172,3 +172,19 @@ def test_deleted_objects_leave_state() -> None:
     h.observe(vm("p", "v", project="proj-a"), "DELETED")
     assert h.state.sizes()["vms"] == h.state.sizes()["vmis"] == 0
     assert h.state.get("residents", "n") is None and h.state.get("usage", "n") is None
+
+
+@pytest.mark.parametrize(
+    ("obj", "key"),
+    [
+        (vm("p", "v", project="proj-a"), "vm/p/v"),
+        (vmi("p", "v", node_name="n"), "vm/p/v"),
+        (node("n1"), "node/n1"),
+        ({"kind": "NodeMaintenance", "metadata": {"name": "nm"}, "spec": {"nodeName": "n2"}}, "node/n2"),
+        (kubevirt_cr(), "cluster/kubevirt"),
+    ],
+)
+def test_each_event_is_decided_under_its_vm_its_node_or_the_cluster(obj: dict, key: str) -> None:
+    from handlers.observing import decision_key
+
+    assert decision_key(obj["kind"], obj) == key
