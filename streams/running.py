@@ -93,7 +93,11 @@ class VmstreamProcess:
                 cwd=self.cwd, env={**self.deployment.env(self.web_port), **self.env},
                 stdout=log, stderr=subprocess.STDOUT,
             )
-        self.wait_ready(timeout)
+        try:
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop(signal.SIGKILL)  # a process that never became ready is not left behind
+            raise
         return self
 
     def wait_ready(self, timeout: float) -> None:
