@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import FrameType
@@ -46,7 +47,7 @@ from handlers.decisions import subject_key
 from handlers.engine import Engine, Source
 from handlers.gpus import GPURuleViolation, desired_vm, plan_patch
 from handlers.messages import Command, describe_validation_error
-from handlers.results import Outcome, decide_result
+from handlers.results import Outcome, ResultDecision, decide_result
 from streams.codecs import encode_message
 from streams.kafka_clients import consumer, producer
 from streams.settings import Settings, load_settings
@@ -494,8 +495,12 @@ class Applier:
         *,
         group_id: str | None = None,
         clock: Callable[[], datetime] = _now,
+        concurrency: int = 8,
+        batch_size: int = 200,
     ) -> None:
         self.settings = settings
+        self.concurrency = concurrency
+        self.batch_size = batch_size
         self.kafka = settings.kafka
         self.kube = kube
         self.group_id = group_id or f"{settings.worker.app_id}-applier"
@@ -507,7 +512,7 @@ class Applier:
     def run(self, stop: threading.Event) -> None:
         """Run until ``stop`` is set; ``ready`` is set once the ledger has been read."""
         ledger = ResultLedger(self.settings)
-        out = producer(self.kafka)
+        out = producer(self.kafka, client_id=f"{self.settings.worker.app_id}-applier")
         commands = consumer(
             self.kafka, self.commands_topic, group_id=self.group_id, enable_auto_commit=False,
             auto_offset_reset="earliest", isolation_level="read_committed",
@@ -517,68 +522,89 @@ class Applier:
             ledger.catch_up()
             log.info("applier ready: %d commands already have a result", len(ledger.done))
             self.ready.set()
-            while not stop.is_set():
-                batch = commands.poll(timeout_ms=500)
-                if not batch:
-                    continue
-                ledger.catch_up()
-                for partition, records in batch.items():
-                    for record in records:
-                        if stop.is_set():
-                            return  # uncommitted: the next applier takes it from here
-                        self.handle(record, ledger, out)
-                        self._commit(commands, partition, record.offset + 1)
+            with ThreadPoolExecutor(self.concurrency, thread_name_prefix="apply") as pool:
+                while not stop.is_set():
+                    batch = commands.poll(timeout_ms=500, max_records=self.batch_size)
+                    if not batch:
+                        continue
+                    ledger.catch_up()
+                    records = [record for records in batch.values() for record in records]
+                    self.handle_batch(records, ledger, out, pool)
+                    self._commit(commands, {tp: records[-1].offset + 1 for tp, records in batch.items()})
         finally:
             commands.close()
             out.close()
             ledger.close()
 
     @staticmethod
-    def _commit(commands: KafkaConsumer, partition: Any, offset: int) -> None:
+    def _commit(commands: KafkaConsumer, offsets: dict[Any, int]) -> None:
         from kafka.errors import CommitFailedError
         from kafka.structs import OffsetAndMetadata
 
         try:
-            commands.commit({partition: OffsetAndMetadata(offset, "", -1)})
+            commands.commit({tp: OffsetAndMetadata(offset, "", -1) for tp, offset in offsets.items()})
         except CommitFailedError as exc:  # a rebalance took the partition: the ledger covers it
             log.warning("commit failed (partition moved?): %s", exc)
 
-    def handle(self, record: ConsumerRecord, ledger: ResultLedger, out: KafkaProducer) -> None:
-        """One command record: skip it, dead-letter it, or apply it and publish the result."""
+    def handle_batch(self, records: list[ConsumerRecord], ledger: ResultLedger, out: KafkaProducer,
+                     pool: ThreadPoolExecutor) -> None:
+        """A poll's worth of commands: applied concurrently across targets, in order per target.
+
+        Commands about different objects do not wait for each other's API calls; two about
+        the same object run one after the other, as they were issued. What came of them is
+        published once for the whole batch: notifications and audit records, then results.
+        """
+        first: list[tuple[str, str, BaseModel]] = []
+        by_target: dict[str, list[Command]] = {}
+        for record in records:
+            command = self._parse(record, first)
+            if command is None:
+                continue
+            if command.command_id in ledger:
+                log.info("command %s already has a result: skipped", command.command_id)
+                continue
+            ledger.add(command.command_id)  # a repeat within the batch is skipped too
+            by_target.setdefault(subject_key(command.target), []).append(command)
+        done = [decision for decisions in pool.map(self._apply_in_order, by_target.values())
+                for decision in decisions]
+        for command, decision in done:
+            if decision.notification is not None:
+                first.append((self.kafka.topic("notifications"), subject_key(decision.notification.subject),
+                              decision.notification))
+            first.append((self.kafka.topic("audit"), decision.audit.input.key or "", decision.audit))
+        self._send(out, first)
+        # The results last: they are what marks a command done, for this applier and the next.
+        self._send(out, [(self.kafka.topic("command-results"), subject_key(command.target), decision.result)
+                         for command, decision in done])
+
+    def _parse(self, record: ConsumerRecord, dead: list[tuple[str, str, BaseModel]]) -> Command | None:
         key = record.key.decode("utf-8", "replace") if record.key else None
         raw: bytes = record.value or b""
         try:
-            command = Command.model_validate_json(raw)
+            return Command.model_validate_json(raw)
         except ValidationError as exc:
             source = Source(record.topic, key, record.partition, record.offset)
             result = self.engine.dead_letter(raw, describe_validation_error(exc), source, self.clock())
             log.warning("malformed command at %s:%d:%d", record.topic, record.partition, record.offset)
-            self._send(out, [(self.kafka.topic(o.topic), o.key, o.value) for o in result.outputs()])
-            return
-        if command.command_id in ledger:
-            log.info("command %s already has a result: skipped", command.command_id)
-            return
+            dead.extend((self.kafka.topic(o.topic), o.key, o.value) for o in result.outputs())
+            return None
+
+    def _apply_in_order(self, commands: list[Command]) -> list[tuple[Command, ResultDecision]]:
+        return [(command, self.apply_one(command)) for command in commands]
+
+    def apply_one(self, command: Command) -> ResultDecision:
+        """Apply one command to the API server and decide what to record of it."""
         try:
             applied = self.kube.apply(command)
         except Exception as exc:  # a bug must not stop the line: record it as a failure
             log.exception("applying command %s failed unexpectedly", command.command_id)
             applied = Applied("failed", error=f"internal error: {type(exc).__name__}: {exc}")
-        decision = decide_result(
+        log.info("command %s (%s %s): %s%s", command.command_id, command.type, subject_key(command.target),
+                 applied.outcome, f" — {applied.error}" if applied.error else "")
+        return decide_result(
             command, outcome=applied.outcome, now=self.clock(), error=applied.error,
             resource_version=applied.resource_version, owner=applied.owner, topic=self.commands_topic,
         )
-        log.info("command %s (%s %s): %s%s", command.command_id, command.type, subject_key(command.target),
-                 applied.outcome, f" — {applied.error}" if applied.error else "")
-        first: list[tuple[str, str, BaseModel]] = []
-        if decision.notification is not None:
-            notification = decision.notification
-            first.append((self.kafka.topic("notifications"), subject_key(notification.subject), notification))
-        first.append((self.kafka.topic("audit"), decision.audit.input.key or "", decision.audit))
-        self._send(out, first)
-        # The result last: it is what marks the command done, for this applier and the next.
-        self._send(out, [(self.kafka.topic("command-results"), key or subject_key(command.target),
-                          decision.result)])
-        ledger.add(command.command_id)
 
     @staticmethod
     def _send(out: KafkaProducer, messages: Sequence[tuple[str, str, BaseModel]]) -> None:
