@@ -46,6 +46,8 @@ class WorkerSettings(BaseModel):
     web_port: int = 6066
     web_host: str = "127.0.0.1"
     tick_seconds: float = Field(default=1.0, gt=0)
+    batch_size: int = Field(default=500, ge=1)  # inputs decided per group commit, at most
+    batch_seconds: float = Field(default=0.005, gt=0)  # how long a batch waits to fill
     exactly_once: bool = False  # Faust's transactions break on rebalance: see streams/worker.py
 
 

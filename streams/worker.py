@@ -14,10 +14,11 @@ owns a key's intents, events and table rows at once. Table rows are written unde
 partition of the message being decided, which is what keeps each row with its key. The
 rules run in :class:`~handlers.engine.Engine`; this module only moves bytes.
 
-Effectively once: Faust's exactly-once (transactions) is on where configured, but nothing
-relies on it alone — intents are deduplicated by ``intent_id`` in the ``processed`` table,
-and every output carries an id derived from its cause, so a redelivered input reissues
-the same ids and consumers drop repeats.
+Effectively once without Faust's exactly-once: intents are deduplicated by ``intent_id``
+in the ``processed`` table, every output carries an id derived from its cause, and a batch's
+state is recorded only after its messages are acknowledged (group commit,
+``streams/tablestate.py``), so a redelivered input reissues the same ids and consumers drop
+repeats.
 """
 
 from __future__ import annotations
@@ -41,15 +42,9 @@ from handlers.messages import MalformedMessage, decode_json_object
 from handlers.observing import decision_key
 from handlers.state import GLOBAL_TABLES, TABLES, Change, TableName
 from streams import metrics
-from streams.codecs import (
-    decode_resident_update,
-    decode_state,
-    encode_json,
-    encode_message,
-    encode_resident_update,
-    encode_state,
-)
+from streams.codecs import decode_resident_update, encode_json, encode_message, encode_resident_update
 from streams.globalview import GlobalView
+from streams.tablestate import TableState
 from streams.kafka_clients import faust_credentials
 from streams.settings import Settings
 from streams.topics import ROUTED, changelog_topic, missing_topics
@@ -71,58 +66,6 @@ TABLE_HELP: dict[TableName, str] = {
     "usage": "node → GPU cards offered and held: cluster-wide, read by every instance",
     "kubevirt": "'cluster' → the KubeVirt CR's configuration: cluster-wide",
 }
-
-
-class TableState:
-    """The handlers' :class:`~handlers.state.StateView` over Faust tables of bytes.
-
-    Cluster-wide tables are read through the :class:`GlobalView` (every partition), with
-    this instance's own fresher rows first. Decoded values are cached beside the tables
-    and reused while the stored bytes are the same object, so a hot key is decoded once.
-    """
-
-    def __init__(self, tables: Mapping[TableName, Any], view: GlobalView) -> None:
-        self.tables = tables
-        self.view = view
-        self._decoded: dict[tuple[str, str], tuple[bytes, Any]] = {}
-
-    def get(self, table: TableName, key: str) -> Any | None:
-        raw = self.tables[table].get(key)
-        if raw is None:
-            return self.view.tables[table].get(key) if table in self.view.tables else None
-        cached = self._decoded.get((table, key))
-        if cached is not None and cached[0] is raw:
-            return cached[1]
-        value = decode_state(table, raw)
-        self._decoded[(table, key)] = (raw, value)
-        return value
-
-    def values(self, table: TableName) -> Iterable[Any]:
-        keys = set(self.tables[table].keys())
-        if table in self.view.tables:
-            keys |= set(self.view.tables[table])
-        return [value for key in sorted(keys) if (value := self.get(table, key)) is not None]
-
-    def apply(self, changes: Iterable[Change]) -> None:
-        for change in changes:
-            target = self.tables[change.table]
-            self._decoded.pop((change.table, change.key), None)
-            if change.value is None:
-                if change.key in target:
-                    del target[change.key]
-            else:
-                raw = encode_state(change.table, change.value)
-                target[change.key] = raw
-                self._decoded[(change.table, change.key)] = (raw, change.value)
-
-    def sizes(self) -> dict[str, int]:
-        return {name: len(table) for name, table in self.tables.items()}
-
-
-def _suppresses_reemission(result: Result) -> bool:
-    """Whether the state this result writes would stop a re-decision from re-sending it."""
-    touched = {change.table for change in result.decision.changes}
-    return bool(touched & {"processed", "tracking", "drains", "residents"})
 
 
 def _headers(event: EventT[Any]) -> dict[str, bytes]:
@@ -152,7 +95,7 @@ class Worker:
             topic_partitions=self.kafka.partitions,
             topic_replication_factor=self.kafka.replication_factor,
             # Faust's exactly-once loses its transaction producers on a rebalance ("No
-            # transaction producer found"): opt-in only. Correctness comes from _commit.
+            # transaction producer found"): opt-in only. Correctness comes from _publish.
             processing_guarantee="exactly_once" if conf.exactly_once else "at_least_once",
             table_standby_replicas=0,
             web_port=conf.web_port,
@@ -211,19 +154,32 @@ class Worker:
                                    headers={KIND_HEADER: b"event", SOURCE_HEADER: source})
 
     async def _decide(self, stream: Any) -> None:
-        async for event in stream.events():
-            started = time.perf_counter()
-            kind = "intent"
+        """Decide in batches: one broker round trip per batch (group commit, streams/tablestate.py)."""
+        async for events in stream.take_events(self.settings.worker.batch_size,
+                                               within=self.settings.worker.batch_seconds):
+            decided = [(event, result) for event in events for result in self._decide_safely(event)]
             try:
-                kind, results = self._decide_one(event)
-                for result in results:
-                    await self._commit(result, event.message.timestamp)
-            except Exception as error:  # a bug must not stop the partition: dead-letter it
-                log.exception("decision failed", extra={"topic": event.message.topic})
-                source = Source(event.message.topic, _key(event), event.message.partition, event.message.offset)
-                await self._commit(self.engine.dead_letter(event.value, f"internal error: {error!r}", source,
-                                                           self._time(event)), event.message.timestamp)
-            metrics.DECISION_SECONDS.labels(kind).observe(time.perf_counter() - started)
+                await self._publish(decided)
+                for event, result in decided:
+                    self.state.write(result.decision.changes, event=event)
+            finally:
+                self.state.unstage()
+
+    def _decide_safely(self, event: EventT[Any]) -> list[Result]:
+        """Decide one input, staging its changes; a bug dead-letters the input, never stops us."""
+        started = time.perf_counter()
+        kind = "unknown"
+        try:
+            kind, results = self._decide_one(event)
+        except Exception as error:
+            log.exception("decision failed", extra={"topic": event.message.topic})
+            source = Source(event.message.topic, _key(event), event.message.partition, event.message.offset)
+            results = [self.engine.dead_letter(event.value, f"internal error: {error!r}", source, self._time(event))]
+        for result in results:
+            self.state.stage(result.decision.changes)
+            self._log(result)
+        metrics.DECISION_SECONDS.labels(kind).observe(time.perf_counter() - started)
+        return results
 
     def _decide_one(self, event: EventT[Any]) -> tuple[str, list[Result]]:
         message = event.message
@@ -244,37 +200,35 @@ class Worker:
             return "tick", self.engine.on_tick(self.state, now, only=node)
         raise MalformedMessage(f"routed message without a known {KIND_HEADER} header: {kind!r}")
 
-    async def _commit(self, result: Result, timestamp: float) -> None:
-        """Send a result's messages, then write its state.
+    async def _publish(self, decided: list[tuple[EventT[Any], Result]]) -> None:
+        """Send a batch's messages and wait until the broker has them all.
 
-        The order is what makes a crash harmless without transactions: if the worker dies
-        after sending but before writing state (or committing the input's offset), the
-        input is decided again from the old state and yields the same ids, which
-        consumers drop. Were state written first, the re-decision would find the intent
-        ``processed`` (or the owner ``told``) and the lost messages would never be sent.
-        Only decisions whose state can suppress a re-emission wait for the broker's ack.
+        Only then are the batch's state changes recorded: if the worker dies before, its
+        inputs are decided again from the old state and yield the same ids, which consumers
+        drop. Were state recorded first, a re-decision would find the intent ``processed``
+        (or the owner told) and the lost messages would never be sent.
         """
-        sent = [
-            await self.outputs[output.topic].send(
-                key=output.key.encode(), value=encode_message(output.value), force=True
-            )
-            for output in result.outputs()
-        ]
-        sent += [await self._forward(update, timestamp) for update in result.decision.forwards]
-        if _suppresses_reemission(result):
-            await asyncio.gather(*sent)
-        self.state.apply(result.decision.changes)
-        for output in result.outputs():
-            metrics.OUTPUTS.labels(output.topic).inc()
+        sent = []
+        for event, result in decided:
+            for output in result.outputs():
+                sent.append(await self.outputs[output.topic].send(
+                    key=output.key.encode(), value=encode_message(output.value), force=True))
+                metrics.OUTPUTS.labels(output.topic).inc()
+            for update in result.decision.forwards:
+                sent.append(await self._forward(update, event.message.timestamp))
+        await asyncio.gather(*sent)
+
+    def _log(self, result: Result) -> None:
         audit = result.decision.audit
-        if audit is not None:
-            metrics.INPUTS.labels(audit.input.topic, audit.outcome).inc()
-            quiet = audit.outcome in ("accepted", "ignored") and not result.decision.has_effects
-            log.log(logging.DEBUG if quiet else logging.INFO, "decided", extra={
-                "ref": audit.input.ref, "topic": audit.input.topic, "key": audit.input.key,
-                "outcome": audit.outcome, "reason": audit.reason, "commands": audit.commands,
-                "notifications": audit.notifications,
-            })
+        if audit is None:
+            return
+        metrics.INPUTS.labels(audit.input.topic, audit.outcome).inc()
+        quiet = audit.outcome in ("accepted", "ignored") and not result.decision.has_effects
+        log.log(logging.DEBUG if quiet else logging.INFO, "decided", extra={
+            "ref": audit.input.ref, "topic": audit.input.topic, "key": audit.input.key,
+            "outcome": audit.outcome, "reason": audit.reason, "commands": audit.commands,
+            "notifications": audit.notifications,
+        })
 
     async def _forward(self, update: ResidentUpdate, timestamp: float) -> Any:
         """Tell a node's partition; the parent's timestamp keeps replays identical."""
