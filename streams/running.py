@@ -110,7 +110,8 @@ class VmstreamProcess:
             raise AssertionError(f"{self.name} exited {self.process.returncode}:\n{self.tail()}")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
-        assert self.process is not None
+        if self.process is None:  # never started
+            return 0
         if self.process.poll() is None:
             self.process.send_signal(sig)
             try:

@@ -111,8 +111,10 @@ def test_state_survives_a_restart(deployment: Deployment, outputs: Outputs, stor
     """A new worker (in another directory) recovers the tables from their changelogs."""
     env = {"VMSTREAM_WORKER__STORE": store}
     first = WorkerProcess(deployment, "w1", env=env).start()
-    start_cluster(deployment, outputs)
-    assert first.stop() == 0, first.tail()
+    try:
+        start_cluster(deployment, outputs)
+    finally:
+        assert first.stop() == 0, first.tail()
     second = WorkerProcess(deployment, "w2", env=env).start()
     try:
         deployment.publish_lines([intent_line(SET_GPU, "vm/spx-proj-b/dev-1")])
@@ -128,9 +130,10 @@ def test_state_survives_a_restart(deployment: Deployment, outputs: Outputs, stor
 
 def test_two_instances_decide_a_drain(deployment: Deployment, outputs: Outputs) -> None:
     """Whichever instance owns the node, it sees the node's GPU VMs and the AZ's free cards."""
-    workers = [WorkerProcess(deployment, "w1").start(), WorkerProcess(deployment, "w2")]
-    workers[1].start()
+    workers = [WorkerProcess(deployment, "w1"), WorkerProcess(deployment, "w2")]
     try:
+        for worker in workers:
+            worker.start()
         start_cluster(deployment, outputs)
         # Usage is a global table: each instance must see the other's nodes before deciding.
         for worker in workers:
