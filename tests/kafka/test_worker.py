@@ -179,3 +179,18 @@ def test_replay_reproduces_the_audit_stream_and_catches_an_altered_record(
     altered = replay(engine, deployment.kafka, io.StringIO())
     assert [audit_id for audit_id, _ in altered.different] == [audit["audit_id"]]
     assert altered.different[0][1]["outcome"] == ("accepted", "rejected")
+
+
+def test_a_backlog_waiting_at_start_up_is_decided_in_full(deployment: Deployment, outputs: Outputs) -> None:
+    """Every intent published before the worker starts is decided, none skipped."""
+    count = 3000
+    intents = [{"intent_id": f"backlog-{i}", "type": "set_gpu", "requested_by": "alice@example.com",
+                "project": "proj-a", "spec": {"namespace": "spx-proj-a", "name": f"vm-{i}", "gpu_class": None}}
+               for i in range(count)]
+    deployment.publish_lines(intent_line(value, f"vm/spx-proj-a/vm-{i}") for i, value in enumerate(intents))
+    worker = WorkerProcess(deployment, "w1").start()
+    try:
+        outputs.wait_for(lambda o: len(o.seen["audit"]) >= count, timeout=120, what="every intent audited")
+        assert {a["input"]["ref"] for a in outputs.seen["audit"]} == {i["intent_id"] for i in intents}
+    finally:
+        worker.stop()
