@@ -184,5 +184,27 @@ def _remove_gpu(vm: dict[str, Any]) -> None:
 
 
 def plan_patch(observed: dict[str, Any], desired: dict[str, Any]) -> list[dict[str, Any]]:
-    """The RFC 6902 JSON Patch turning ``observed`` into ``desired`` (empty: nothing to do)."""
-    return list(jsonpatch.make_patch(observed, desired).patch)
+    """The RFC 6902 JSON Patch turning ``observed`` into ``desired`` (empty: nothing to do).
+
+    The GPU rules change only ``metadata`` and ``spec``; diffing those two (not ``status``,
+    the bulk of a running VM) keeps the patch as it was and the work small.
+    """
+    patch: list[dict[str, Any]] = []
+    for part in sorted(set(observed) | set(desired)):
+        before, after = observed.get(part, _ABSENT), desired.get(part, _ABSENT)
+        if before == after:
+            continue
+        if isinstance(before, dict) and isinstance(after, dict):
+            patch += [{**op, **_prefixed(op, f"/{part}")} for op in jsonpatch.make_patch(before, after).patch]
+        elif after is _ABSENT:
+            patch.append({"op": "remove", "path": f"/{part}"})
+        else:
+            patch.append({"op": "add" if before is _ABSENT else "replace", "path": f"/{part}", "value": after})
+    return patch
+
+
+def _prefixed(op: dict[str, Any], prefix: str) -> dict[str, Any]:
+    moved = {"path": prefix + op["path"]}
+    if "from" in op:
+        moved["from"] = prefix + op["from"]
+    return moved

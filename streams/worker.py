@@ -223,7 +223,7 @@ class Worker:
         if audit is None:
             return
         metrics.INPUTS.labels(audit.input.topic, audit.outcome).inc()
-        quiet = audit.outcome in ("accepted", "ignored") and not result.decision.has_effects
+        quiet = audit.outcome in ("accepted", "ignored")  # the audit stream has every decision
         log.log(logging.DEBUG if quiet else logging.INFO, "decided", extra={
             "ref": audit.input.ref, "topic": audit.input.topic, "key": audit.input.key,
             "outcome": audit.outcome, "reason": audit.reason, "commands": audit.commands,

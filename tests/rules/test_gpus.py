@@ -244,6 +244,16 @@ def test_add_then_remove_restores_the_original(original: dict[str, Any], mutatio
     assert desired_vm(desired_vm(original, mutation), REMOVE) == original
 
 
+@given(generated_vms(), MUTATIONS)
+@settings(max_examples=200, deadline=None)
+def test_the_patch_turns_the_observed_vm_into_the_desired_one(original: dict[str, Any], mutation: GPUMutation) -> None:
+    original["status"] = {"printableStatus": "Running", "ready": True}
+    desired = desired_vm(original, mutation)
+    patch = plan_patch(original, desired)
+    assert jsonpatch.apply_patch(original, patch) == desired
+    assert all(not op["path"].startswith("/status") for op in patch)
+
+
 @given(generated_vms(), MUTATIONS, MUTATIONS)
 @settings(max_examples=200, deadline=None)
 def test_add_change_remove_restores_the_original(
