@@ -211,12 +211,21 @@ class Worker:
         sent = []
         for event, result in decided:
             for output in result.outputs():
-                sent.append(await self.outputs[output.topic].send(
-                    key=output.key.encode(), value=encode_message(output.value), force=True))
+                sent.append(await self._send(self.outputs[output.topic], output.key.encode(),
+                                             encode_message(output.value)))
                 metrics.OUTPUTS.labels(output.topic).inc()
             for update in result.decision.forwards:
                 sent.append(await self._forward(update, event.message.timestamp))
         await asyncio.gather(*sent)
+
+    async def _send(self, topic: Any, key: bytes, value: bytes, *, timestamp: float | None = None,
+                    headers: dict[str, bytes] | None = None) -> Any:
+        """Straight to the producer: the bytes are ready, Faust's per-message topic machinery
+        (serializers, callbacks, sensors) is most of a send's cost. Under exactly-once the
+        send must join Faust's transaction, so it goes through the topic."""
+        if self.settings.worker.exactly_once:
+            return await topic.send(key=key, value=value, timestamp=timestamp, headers=headers, force=True)
+        return await self.app.producer.send(topic.get_topic_name(), key, value, None, timestamp, headers)
 
     def _log(self, result: Result) -> None:
         audit = result.decision.audit
@@ -232,8 +241,8 @@ class Worker:
 
     async def _forward(self, update: ResidentUpdate, timestamp: float) -> Any:
         """Tell a node's partition; the parent's timestamp keeps replays identical."""
-        return await self.routed.send(key=f"node/{update.node}".encode(), value=encode_resident_update(update),
-                                      timestamp=timestamp, headers={KIND_HEADER: b"resident"}, force=True)
+        return await self._send(self.routed, f"node/{update.node}".encode(), encode_resident_update(update),
+                                timestamp=timestamp, headers={KIND_HEADER: b"resident"})
 
     async def _tick(self) -> None:
         """Ask each node with a due deadline to fire it, through the node's partition."""
