@@ -47,7 +47,7 @@ from handlers.messages import (
 )
 from streams.settings import KafkaSettings
 from streams.settings import load_kafka_settings
-from streams.tailing import bounded, quiet_kafka_logs, render_audit, render_notification
+from streams.tailing import bounded, positive_seconds, quiet_kafka_logs, render_audit, render_notification
 
 if TYPE_CHECKING:
     from kafka import KafkaConsumer
@@ -378,13 +378,6 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
 
 
-def _positive_seconds(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, not {text}")
-    return value
-
-
 EXIT_CODES = (
     "exit codes: 0 published (with --wait: accepted); 1 decided but not accepted (rejected, "
     "duplicate, …); 2 invalid arguments or intent, nothing published; 3 no decision within "
@@ -402,7 +395,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="the intent id (default: a new UUID); the same id twice has one effect")
     common.add_argument("--config", help="the configuration file (YAML)")
     common.add_argument("--wait", action="store_true", help="wait for the decision and print it")
-    common.add_argument("--timeout", type=_positive_seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+    common.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                         help=f"give up publishing and waiting after SECONDS (default {DEFAULT_TIMEOUT:g})")
 
     intent = commands.add_parser(

@@ -435,7 +435,8 @@ def _non_negative(text: str) -> int:
     return value
 
 
-def _positive_seconds(text: str) -> float:
+def positive_seconds(text: str) -> float:
+    """An argparse type: seconds, more than zero (``tail`` and ``intent`` share it)."""
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be more than 0 seconds, not {text}")
@@ -458,7 +459,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     start.add_argument("-n", "--last", type=_non_negative, default=DEFAULT_LAST,
                        help=f"start with the last N messages, by time (default {DEFAULT_LAST})")
     tail.add_argument("-f", "--follow", action="store_true", help="keep printing new messages")
-    tail.add_argument("--timeout", type=_positive_seconds, default=None, metavar="SECONDS",
+    tail.add_argument("--timeout", type=positive_seconds, default=None, metavar="SECONDS",
                       help=f"give up after SECONDS (default: {DEFAULT_TIMEOUT:g} without --follow, "
                       "none with it)")
     tail.add_argument("--json", action="store_true",

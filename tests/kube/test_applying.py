@@ -166,12 +166,6 @@ def published(deployment: Deployment, applier: subprocess.Popen[bytes]) -> Itera
 
 
 @pytest.fixture
-def api(kube: Kube) -> Iterator[client.ApiClient]:
-    with kube.api_client() as api_client:
-        yield api_client
-
-
-@pytest.fixture
 def make_node(api: client.ApiClient) -> Iterator[Callable[..., str]]:
     """``make_node(gpus={device: n})`` → the name of a fresh Ready node, deleted afterwards."""
     core = client.CoreV1Api(api)

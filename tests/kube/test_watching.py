@@ -148,12 +148,6 @@ def events(deployment: Deployment) -> Iterator[Events]:
     reader.close()
 
 
-@pytest.fixture
-def api(kube: Kube) -> Iterator[client.ApiClient]:
-    with kube.api_client() as api_client:
-        yield api_client
-
-
 class Cluster:
     """Writes to the API server directly (never through the bridge's connection)."""
 
