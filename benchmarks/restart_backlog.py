@@ -1,5 +1,5 @@
-"""Does a restarted worker decide every intent that waited for it? (It should; it sometimes
-does not — see the note in ``benchmarks/README.md``.)
+"""Does a restarted worker decide every intent that waited for it? (It must; before
+``streams/faustfixes.py`` it sometimes did not — see ``benchmarks/README.md``.)
 
 A worker decides a small AZ and stops; N ``set_gpu`` intents on three observed VMs are
 published while no worker runs; a second worker (same app id, its predecessor's committed

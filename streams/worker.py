@@ -31,7 +31,6 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-import faust
 from faust.types import EventT
 
 from handlers.capacity import capacity_report
@@ -44,6 +43,7 @@ from handlers.state import GLOBAL_TABLES, TABLES, Change, TableName
 from streams import metrics
 from streams.codecs import decode_resident_update, encode_json, encode_message, encode_resident_update
 from streams.globalview import GlobalView
+from streams import faustfixes
 from streams.tablestate import TableState
 from streams.kafka_clients import faust_credentials
 from streams.settings import Settings
@@ -87,7 +87,7 @@ class Worker:
         self.kafka = settings.kafka
         self.engine = Engine(settings.rules())
         conf = settings.worker
-        self.app = faust.App(
+        self.app = faustfixes.App(  # faust.App, minus two start-up races
             conf.app_id,
             broker=[f"kafka://{server}" for server in self.kafka.bootstrap_servers.split(",")],
             broker_credentials=faust_credentials(self.kafka),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,8 @@ from streams.scenarios import cluster
 from streams.running import Deployment, Outputs, WorkerProcess
 
 pytestmark = pytest.mark.kafka
+
+FAULTS = Path(__file__).resolve().parent.parent / "faults"
 
 CLUSTER = list(cluster().jsonl())
 SET_GPU = {"intent_id": "it-gpu-1", "type": "set_gpu", "requested_by": "bob@example.com", "project": "proj-b",
@@ -194,3 +197,35 @@ def test_a_backlog_waiting_at_start_up_is_decided_in_full(deployment: Deployment
         assert {a["input"]["ref"] for a in outputs.seen["audit"]} == {i["intent_id"] for i in intents}
     finally:
         worker.stop()
+
+
+def test_a_restarted_worker_decides_its_whole_backlog(deployment: Deployment, outputs: Outputs) -> None:
+    """A worker restarted over a backlog decides every waiting intent (streams/faustfixes.py).
+
+    Its tables have rows to recover, and its seek to the committed offsets is slowed down
+    (tests/faults/), as on a busy broker: without the fixes, the batches fetched meanwhile
+    are dropped and never decided.
+    """
+    first = WorkerProcess(deployment, "w1").start()
+    try:
+        start_cluster(deployment, outputs)
+    finally:
+        first.stop()
+    count, vms = 5000, ("train-1", "batch-1", "web-1")  # GPU changes on observed VMs: real decisions
+    intents = [{"intent_id": f"waiting-{i}", "type": "set_gpu", "requested_by": "alice@example.com",
+                "project": "proj-a", "spec": {"namespace": "spx-proj-a", "name": vms[i % len(vms)],
+                                              "gpu_class": None if i % 2 else "nvidia-a100"}}
+               for i in range(count)]
+    deployment.publish_lines(intent_line(value, f"vm/spx-proj-a/{value['spec']['name']}")  # type: ignore[index]
+                             for value in intents)
+    slow_seek = {"PYTHONPATH": os.pathsep.join(filter(None, [str(FAULTS), os.environ.get("PYTHONPATH")])),
+                 "VMSTREAM_TEST_SEEK_DELAY": "1.5"}
+    second = WorkerProcess(deployment, "w2", env=slow_seek).start()
+    try:
+        def waiting_decided(o: Outputs) -> set[str]:
+            return {a["input"]["ref"] for a in o.seen["audit"] if a["input"]["ref"].startswith("waiting-")}
+
+        outputs.wait_for(lambda o: len(waiting_decided(o)) >= count, timeout=60, what="every waiting intent audited")
+        assert waiting_decided(outputs) == {i["intent_id"] for i in intents}
+    finally:
+        second.stop()
