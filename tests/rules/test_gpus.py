@@ -292,3 +292,17 @@ def test_schema_validation_would_catch_a_broken_mutation() -> None:
     with pytest.raises(AssertionError, match="name"):
         validate_vm(broken)
 
+
+
+def test_plan_patch_escapes_keys_and_replaces_changed_lists_whole() -> None:
+    """Annotation keys carry ``/`` (RFC 6901: ``~1``); a changed list is one ``replace``."""
+    observed = {"metadata": {"annotations": {"a~b": "1"}}, "spec": {"gpus": [{"name": "gpu1"}], "keep": [1]}}
+    desired = {"metadata": {"annotations": {"vmstream.io/pre-gpu": "{}"}},
+               "spec": {"gpus": [{"name": "gpu1"}, {"name": "gpu2"}], "keep": [1]}}
+    patch = plan_patch(observed, desired)
+    assert patch == [
+        {"op": "remove", "path": "/metadata/annotations/a~0b"},
+        {"op": "add", "path": "/metadata/annotations/vmstream.io~1pre-gpu", "value": "{}"},
+        {"op": "replace", "path": "/spec/gpus", "value": [{"name": "gpu1"}, {"name": "gpu2"}]},
+    ]
+    assert jsonpatch.apply_patch(observed, patch) == desired
