@@ -48,6 +48,8 @@ class WorkerSettings(BaseModel):
     tick_seconds: float = Field(default=1.0, gt=0)
     batch_size: int = Field(default=500, ge=1)  # inputs decided per group commit, at most
     batch_seconds: float = Field(default=0.005, gt=0)  # how long a batch waits to fill
+    # The consumer's long poll; Faust's own 1.5 s stalls busy partitions (streams/faustfixes.py).
+    fetch_max_wait_ms: int = Field(default=50, ge=1, le=1500)
     exactly_once: bool = False  # Faust's transactions break on rebalance: see streams/worker.py
 
 

@@ -102,6 +102,7 @@ class Worker:
             web_host=conf.web_host,
             consumer_auto_offset_reset="earliest",
             producer_acks=-1,
+            fetch_max_wait_ms=conf.fetch_max_wait_ms,
         )
         self.intents = self._topic("intents")
         self.events = self._topic("k8s-events")
