@@ -15,7 +15,7 @@ seek (``tests/faults/``).
    partitions. When that set empties during the call (recovery pauses the changelogs),
    aiokafka reads the empty set as "every partition" and returns input records, which Faust
    then drops as inactive, although aiokafka's position has moved past them.
-   :class:`SnapshotConsumer` passes a copy taken when the call starts.
+   :class:`WorkerConsumer` passes a copy taken when the call starts.
 
 And one setting Faust hard-codes: its consumer long-polls the broker for up to 1.5 s
 (``fetch_max_wait_ms=1500``). aiokafka keeps one fetch in flight per broker and leaves out of
@@ -93,8 +93,9 @@ class ShortPollConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
         return consumer
 
 
-class SnapshotConsumer(aiokafka_driver.Consumer):
-    """Asks aiokafka for the partitions active when the call starts, not a set that may empty."""
+class WorkerConsumer(aiokafka_driver.Consumer):
+    """Faust's consumer, asking aiokafka for a snapshot of the active partitions (race 2),
+    through a thread that long-polls for ``fetch_max_wait_ms``."""
 
     def _new_consumer_thread(self) -> aiokafka_driver.AIOKafkaConsumerThread:
         return ShortPollConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -104,8 +105,8 @@ class SnapshotConsumer(aiokafka_driver.Consumer):
         return await super()._getmany(snapshot, timeout)
 
 
-class SnapshotTransport(aiokafka_driver.Transport):
-    Consumer = SnapshotConsumer
+class WorkerTransport(aiokafka_driver.Transport):
+    Consumer = WorkerConsumer
 
 
 class App(faust.App):
@@ -117,4 +118,4 @@ class App(faust.App):
         super().__init__(*args, **kwargs)
 
     def _new_transport(self) -> TransportT:
-        return SnapshotTransport(self.conf.broker_consumer, self)
+        return WorkerTransport(self.conf.broker_consumer, self)

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client, config
@@ -30,6 +31,19 @@ class Kube:
     def api_client(self) -> client.ApiClient:
         """A new admin client; close it (``with kube.api_client() as api:``)."""
         return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+
+def minimal_vm(name: str) -> dict[str, Any]:
+    """The smallest VirtualMachine KubeVirt's schema accepts: halted, 128Mi, no devices."""
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": name},
+        "spec": {
+            "runStrategy": "Halted",
+            "template": {"spec": {"domain": {"devices": {}, "memory": {"guest": "128Mi"}}}},
+        },
+    }
 
 
 @pytest.fixture(scope="session")

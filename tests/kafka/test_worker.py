@@ -216,8 +216,8 @@ def test_a_restarted_worker_decides_its_whole_backlog(deployment: Deployment, ou
                 "project": "proj-a", "spec": {"namespace": "spx-proj-a", "name": vms[i % len(vms)],
                                               "gpu_class": None if i % 2 else "nvidia-a100"}}
                for i in range(count)]
-    deployment.publish_lines(intent_line(value, f"vm/spx-proj-a/{value['spec']['name']}")  # type: ignore[index]
-                             for value in intents)
+    deployment.publish_lines(intent_line(value, f"vm/spx-proj-a/{vms[i % len(vms)]}")
+                             for i, value in enumerate(intents))
     slow_seek = {"PYTHONPATH": os.pathsep.join(filter(None, [str(FAULTS), os.environ.get("PYTHONPATH")])),
                  "VMSTREAM_TEST_SEEK_DELAY": "1.5"}
     second = WorkerProcess(deployment, "w2", env=slow_seek).start()

@@ -30,7 +30,7 @@ from kubernetes.client.rest import ApiException
 
 from streams.settings import load_settings
 from tests import kustomize
-from tests.kube_apiserver import Kube
+from tests.kube_apiserver import Kube, minimal_vm
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "deploy" / "base"
@@ -590,22 +590,6 @@ def _status_of(call: Callable[[], object]) -> int:
     return 200
 
 
-def _minimal_vm(name: str) -> Manifest:
-    return {
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachine",
-        "metadata": {"name": name},
-        "spec": {
-            "runStrategy": "Halted",
-            "template": {
-                "spec": {
-                    "domain": {"devices": {}, "memory": {"guest": "128Mi"}},
-                },
-            },
-        },
-    }
-
-
 @pytest.mark.kube
 def test_requests_made_as_the_service_accounts_are_allowed_or_forbidden(
     kube: Kube, rbac: Api, kube_namespace: str
@@ -618,7 +602,7 @@ def test_requests_made_as_the_service_accounts_are_allowed_or_forbidden(
         core = client.CoreV1Api(admin)
         core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node_name)))
         client.CustomObjectsApi(admin).create_namespaced_custom_object(
-            "kubevirt.io", "v1", kube_namespace, "virtualmachines", _minimal_vm(vm_name)
+            "kubevirt.io", "v1", kube_namespace, "virtualmachines", minimal_vm(vm_name)
         )
     try:
         clients = {

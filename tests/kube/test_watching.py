@@ -29,7 +29,7 @@ from streams.kafka_clients import producer
 from streams.running import Deployment
 from streams.settings import KafkaSettings
 from streams.watching import TOPIC, Bridge, Publisher, Watcher, select_kinds
-from tests.kube_apiserver import Kube
+from tests.kube_apiserver import Kube, minimal_vm
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 
@@ -118,18 +118,6 @@ def kube_configuration(kube: Kube, via: int | None = None) -> client.Configurati
     return configuration
 
 
-def vm(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachine",
-        "metadata": {"name": name},
-        "spec": {
-            "runStrategy": "Halted",
-            "template": {"spec": {"domain": {"devices": {}, "memory": {"guest": "128Mi"}}}},
-        },
-    }
-
-
 def uid() -> str:
     return uuid.uuid4().hex[:8]
 
@@ -159,7 +147,7 @@ class Cluster:
 
     def create_vm(self, name: str) -> dict[str, Any]:
         created: dict[str, Any] = self.custom.create_namespaced_custom_object(
-            *KUBEVIRT, self.namespace, "virtualmachines", vm(name)
+            *KUBEVIRT, self.namespace, "virtualmachines", minimal_vm(name)
         )
         return created
 
