@@ -89,7 +89,8 @@ class ShortPollConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
         app: Any = self.app
-        consumer._fetch_max_wait_ms = app.fetch_max_wait_ms  # read when the consumer starts
+        consumer._fetch_max_wait_ms = app.fetch_max_wait_ms  # both read when the consumer starts
+        consumer._fetch_min_bytes = app.fetch_min_bytes
         return consumer
 
 
@@ -112,8 +113,9 @@ class WorkerTransport(aiokafka_driver.Transport):
 class App(faust.App):
     """``faust.App`` with these fixes; takes its arguments, and ``fetch_max_wait_ms``."""
 
-    def __init__(self, *args: Any, fetch_max_wait_ms: int = 1500, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, fetch_max_wait_ms: int = 1500, fetch_min_bytes: int = 1, **kwargs: Any) -> None:
         self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.fetch_min_bytes = fetch_min_bytes
         kwargs.setdefault("TableManager", HeldRecoveryTableManager)
         super().__init__(*args, **kwargs)
 

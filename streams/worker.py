@@ -27,7 +27,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,10 +39,11 @@ from handlers.restarts import pending_detail
 from handlers.engine import Engine, Result, Source
 from handlers.messages import MalformedMessage, decode_json_object
 from handlers.observing import decision_key
-from handlers.state import GLOBAL_TABLES, TABLES, Change, TableName
+from handlers.state import GLOBAL_TABLES, TABLES, TableName
 from streams import metrics
 from streams.codecs import decode_resident_update, encode_json, encode_message, encode_resident_update
 from streams.globalview import GlobalView
+from streams.heap import Heap
 from streams import faustfixes
 from streams.tablestate import TableState
 from streams.kafka_clients import faust_credentials
@@ -103,6 +104,7 @@ class Worker:
             consumer_auto_offset_reset="earliest",
             producer_acks=-1,
             fetch_max_wait_ms=conf.fetch_max_wait_ms,
+            fetch_min_bytes=conf.fetch_min_bytes,
         )
         self.intents = self._topic("intents")
         self.events = self._topic("k8s-events")
@@ -124,6 +126,8 @@ class Worker:
         self.app.agent(self.events, name="route")(self._route)
         self.app.agent(self.decided, name="decide")(self._decide)
         self.app.timer(conf.tick_seconds)(self._tick)
+        self.heap = Heap(full_every=conf.gc_full_seconds)
+        self.app.timer(conf.gc_freeze_seconds)(self._tend_heap)
         self._page("/health", self._health)
         self._page("/ready", self._ready)
         self._page("/metrics", self._metrics)
@@ -255,6 +259,10 @@ class Worker:
         for name, size in self.state.sizes().items():
             metrics.TABLE_ROWS.labels(name).set(size)
         metrics.record_lag(self.app)
+
+    async def _tend_heap(self) -> None:
+        """Keep full garbage collections off the decision path (streams/heap.py)."""
+        self.heap.tend()
 
     @staticmethod
     def _time(event: EventT[Any]) -> datetime:
