@@ -15,7 +15,8 @@ Each side is measured three ways, each on a fresh :class:`~streams.running.Deplo
 (its own topics, group and changelogs):
 
 - **steady** — a paced producer at ``--rate`` (1,000/s) for ``--duration`` seconds after
-  a short warm-up; latency = the driver's send of a message → the driver's read of its
+  ``--warmup`` seconds at the same rate (their latency is reported apart: from idle, on
+  partitions never written before); latency = the driver's send of a message → the driver's read of its
   output, both on one monotonic clock;
 - **burst** — ``--saturation`` messages sent as fast as the driver can while the process
   runs: throughput from the first send to the last output, and the latency of a queue;
@@ -510,7 +511,14 @@ class Setup:
     output_topic: str
     ident: Callable[[bytes], str | None]
     intents: list[Intent]
-    workdir: Path
+    deployment: Deployment
+
+    @property
+    def workdir(self) -> Path:
+        return self.deployment.workdir
+
+    def finish(self) -> None:
+        self.process.stop()
 
 
 @dataclass
@@ -525,7 +533,9 @@ class Options:
     saturation: int
     profile: float
     profile_out: Path | None
+    profile_run: str = "burst"
     profiles: list[tuple[str, Path]] = field(default_factory=list)
+    deployments: list[Deployment] = field(default_factory=list)  # their topics are deleted at the end
 
 
 async def publish_cluster(deployment: Deployment, cluster: Cluster, timeout: float) -> tuple[int, float]:
@@ -547,6 +557,7 @@ async def publish_cluster(deployment: Deployment, cluster: Cluster, timeout: flo
 async def new_setup(kind: str, options: Options, run: str, count: int, *, started: bool) -> Setup:
     """A fresh deployment for one measurement; the worker's gets the cluster first."""
     deployment = new_deployment(options.bootstrap, options.workdir / run)
+    options.deployments.append(deployment)
     cluster = bench_cluster(options.vms, options.nodes, prefix=f"{run}-ev")
     intents = cluster.intents(count, run)
     if kind == "pass-through":
@@ -557,14 +568,14 @@ async def new_setup(kind: str, options: Options, run: str, count: int, *, starte
                          deployment.workdir / "pass-through.log")
         if started:
             await asyncio.to_thread(pt.start)
-        return Setup(pt, source, target, intent_id_of, intents, deployment.workdir)
+        return Setup(pt, source, target, intent_id_of, intents, deployment)
     worker = WorkerUnderTest(deployment)
     await asyncio.to_thread(worker.start)
     await publish_cluster(deployment, cluster, timeout=300)
     if not started:
         await asyncio.to_thread(worker.stop)
     return Setup(worker, deployment.kafka.topic("intents"), deployment.kafka.topic("audit"), audit_ref_of,
-                 intents, deployment.workdir)
+                 intents, deployment)
 
 
 def drain_timeout(count: int) -> float:
@@ -580,12 +591,15 @@ async def steady(kind: str, options: Options, rate: float) -> Row:
     arrivals = await Arrivals(options.bootstrap, setup.output_topic, setup.ident).start()
     producer = await new_producer(options.bootstrap)
     sent_at: dict[str, float] = {}
+    profiler = None
     try:
         t0 = time.perf_counter()
         cpu0 = Cpu()
         for i, intent in enumerate(setup.intents):
             if i == warm:
                 cpu0 = cpu_of(setup.process.pid)
+                if options.profile and options.profile_run == "steady" and kind == "worker" and rate == options.rate:
+                    profiler = start_profiler(setup.process.pid, options, setup.workdir)
             delay = t0 + i / rate - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -597,13 +611,26 @@ async def steady(kind: str, options: Options, rate: float) -> Row:
         cpu: Cpu | None = cpu_of(setup.process.pid) - cpu0
         arrived = [i for i in measured if i in arrivals.first]
         latencies = sorted(arrivals.first[i] - sent_at[i] for i in arrived)
+        warming = sorted(arrivals.first[i] - sent_at[i] for intent in setup.intents[:warm]
+                         if (i := intent.intent_id) in arrivals.first)
         window = max(arrivals.first[i] for i in arrived) - sent_at[measured[0]] if arrived else 0.0
         return Row(f"{setup.process.name} steady {rate:,.0f}/s", len(arrived), window, latencies, cpu,
-                   len(missing), note=f"{warm:,} warm-up messages not counted")
+                   len(missing), note=f"{warm:,} warm-up messages not counted ({from_idle(warming)})"
+                   + (f"; py-spy sampled it for {options.profile:.0f} s (slower)" if profiler else ""))
     finally:
+        if profiler is not None:
+            await asyncio.to_thread(finish_profiler, profiler)
         await producer.stop()
         await arrivals.stop()
-        await asyncio.to_thread(setup.process.stop)
+        await asyncio.to_thread(setup.finish)
+
+
+def from_idle(latencies: Sequence[float]) -> str:
+    """The warm-up's latency: the same rate, from an idle process on partitions never written."""
+    if not latencies:
+        return "none arrived"
+    return (f"from idle: p50 {1000 * percentile(latencies, 0.5):,.1f} ms, p99 {1000 * percentile(latencies, 0.99):,.1f} ms, "
+            f"max {1000 * latencies[-1]:,.1f} ms")
 
 
 def at_rate(rate: float) -> Callable[[str, Options], Awaitable[Row]]:
@@ -621,7 +648,7 @@ async def burst(kind: str, options: Options) -> Row:
     producer = await new_producer(options.bootstrap)
     sent_at: dict[str, float] = {}
     profiler = None
-    if options.profile and kind == "worker":  # the burst, not the preloaded run the ratio is taken from
+    if options.profile and options.profile_run == "burst" and kind == "worker":  # not the ratio's preloaded run
         profiler = start_profiler(setup.process.pid, options, setup.workdir)
     try:
         cpu0 = cpu_of(setup.process.pid)
@@ -645,7 +672,7 @@ async def burst(kind: str, options: Options) -> Row:
             await asyncio.to_thread(finish_profiler, profiler)
         await producer.stop()
         await arrivals.stop()
-        await asyncio.to_thread(setup.process.stop)
+        await asyncio.to_thread(setup.finish)
 
 
 async def preloaded(kind: str, options: Options) -> Row:
@@ -685,7 +712,7 @@ async def preloaded(kind: str, options: Options) -> Row:
                   note=note)
     finally:
         await arrivals.stop()
-        await asyncio.to_thread(setup.process.stop)
+        await asyncio.to_thread(setup.finish)
     return row
 
 
@@ -762,6 +789,7 @@ async def cold_recovery(options: Options, vms: int, nodes: int) -> tuple[list[Re
     """An empty deployment's start-up, then that of one whose tables hold a whole AZ."""
     results: list[Recovery] = []
     empty = new_deployment(options.bootstrap, options.workdir / "empty")
+    options.deployments.append(empty)
     first = await asyncio.to_thread(timed_start, empty, "w1")
     results.append(await asyncio.to_thread(recovered, "empty, first start (creates the changelogs)", empty, first))
     await asyncio.to_thread(first.stop)
@@ -770,6 +798,7 @@ async def cold_recovery(options: Options, vms: int, nodes: int) -> tuple[list[Re
     await asyncio.to_thread(again.stop)
 
     full = new_deployment(options.bootstrap, options.workdir / "recovery")
+    options.deployments.append(full)
     builder = await asyncio.to_thread(timed_start, full, "builder")
     cluster = recovery_cluster(vms, nodes, prefix="rec-ev")
     events, seconds = await publish_cluster(full, cluster, timeout=1800)
@@ -796,7 +825,7 @@ def start_profiler(pid: int, options: Options, workdir: Path) -> subprocess.Pope
         print("--profile: py-spy not found (pip install py-spy into the venv); not profiling", file=sys.stderr)
         return None
     out = options.profile_out or workdir / "worker.pyspy.txt"
-    options.profiles.append(("worker, burst", out))
+    options.profiles.append((f"worker, {options.profile_run}", out))
     return subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", f"{options.profile:.0f}",
                              "--rate", "250", "--threads", "--format", "raw", "--output", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -960,7 +989,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--low-rate", type=float, default=250.0,
                         help="also a steady run at this rate, below the worker's saturation (0: none)")
     parser.add_argument("--duration", type=float, default=20.0, help="steady seconds measured (default 20)")
-    parser.add_argument("--warmup", type=float, default=2.0, help="steady seconds sent first, not counted")
+    parser.add_argument("--warmup", type=float, default=5.0,
+                        help="steady seconds sent first, reported apart (from idle) and not counted")
     parser.add_argument("--saturation", type=int, default=20_000, help="messages of a burst/preloaded run")
     parser.add_argument("--recovery-vms", type=int, default=10_000, help="VMs in the recovered tables")
     parser.add_argument("--recovery-nodes", type=int, default=1_000, help="nodes in the recovered tables")
@@ -969,6 +999,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a smoke run: small sizes, short durations")
     parser.add_argument("--profile", type=float, nargs="?", const=20.0, default=0.0, metavar="SECONDS",
                         help="py-spy the worker for SECONDS of its burst run, print where the time goes")
+    parser.add_argument("--profile-run", choices=("burst", "steady"), default="burst",
+                        help="the worker run --profile samples (steady: at --rate, after the warm-up)")
     parser.add_argument("--profile-out", type=Path, help="keep py-spy's collapsed stacks there")
     parser.add_argument("--keep", type=Path, metavar="DIR", help="keep the workers' logs in DIR (default: removed)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
@@ -994,7 +1026,7 @@ def broker() -> Iterator[str]:
 
 async def measure(args: argparse.Namespace, bootstrap: str, workdir: Path) -> int:
     options = Options(bootstrap, workdir, args.vms, args.nodes, args.rate, args.duration, args.warmup,
-                      args.saturation, args.profile, args.profile_out)
+                      args.saturation, args.profile, args.profile_out, args.profile_run)
     print(f"worker throughput: {os.cpu_count()} CPUs, load average at start "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, broker {bootstrap}")
     low = f" and {args.low_rate:,.0f}/s" if args.low_rate else ""
@@ -1031,6 +1063,9 @@ async def measure(args: argparse.Namespace, bootstrap: str, workdir: Path) -> in
             print(f"\nprofile of the {what}:")
             print(summarize_profile(path))
     print(f"\nload average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    # Not between runs: the broker deletes the files a minute later, in the middle of another run.
+    deleted = sum(len(deployment.delete_topics()) for deployment in options.deployments)
+    print(f"deleted the runs' {deleted} topics")
     return 1 if args.check and not ok else 0
 
 

@@ -25,6 +25,7 @@ from typing import Any, Self
 
 from kafka import KafkaConsumer, TopicPartition
 
+from streams.kafka_clients import admin_client
 from streams.locations import REPO_ROOT
 from streams.processes import free_ports
 from streams.publishing import publish, scenario_records
@@ -63,6 +64,22 @@ class Deployment:
 
     def create_topics(self) -> None:
         ensure_topics(self.kafka)
+
+    def delete_topics(self) -> list[str]:
+        """Delete this deployment's topics and its worker's changelogs; returns their names.
+
+        A broker shared by many deployments (a benchmark's runs) keeps all their
+        partitions otherwise.
+        """
+        admin = admin_client(self.kafka)
+        try:
+            names = [name for name in admin.list_topics()
+                     if name.startswith(self.kafka.topic_prefix) or name.startswith(f"{self.app_id}-")]
+            if names:
+                admin.delete_topics(names)
+            return names
+        finally:
+            admin.close()
 
     def publish_lines(self, lines: Iterable[str]) -> int:
         return publish(self.kafka, scenario_records(lines, shift_to_now=True))
