@@ -23,7 +23,11 @@ it the partitions whose records are still being consumed; at 1,000 intents/s the
 partitions were left out of nearly every fetch, which then waited out its 1.5 s on partitions
 without news (changelogs, the routed topic). Every intent waited with it: 1.2–1.5 s from
 intent to audit record, at any load above a few hundred a second. :class:`App` takes
-``fetch_max_wait_ms`` (the worker's default is 50 ms; it measured p50 9–17 ms).
+``fetch_max_wait_ms``, and ``fetch_min_bytes``: the broker holds a fetch until that much
+has come or the wait is over, so a busy worker fetches once per wait instead of once per
+few records. That holds while the worker decides; while tables recover, a fetch returns
+as soon as it has anything (:class:`HeldRecovery` switches between the two): with 16 KiB
+throughout, 10,000 VMs took 8.2 s to recover instead of 5.8 s.
 """
 
 from __future__ import annotations
@@ -41,11 +45,22 @@ from faust.types.transports import TransportT
 
 
 class HeldRecovery(Recovery):
-    """Recovery whose input partitions resume only after flow control has cleared the queues."""
+    """Recovery whose input partitions resume only after flow control has cleared the queues;
+    fetches are filled (``fetch_min_bytes``) only once it is over."""
+
+    async def on_rebalance(self, *args: Any, **kwargs: Any) -> None:
+        self._fill_fetches(False)
+        await super().on_rebalance(*args, **kwargs)
 
     async def on_recovery_completed(self, generation_id: int = 0) -> None:
         with self._inputs_held(generation_id):
             await super().on_recovery_completed(generation_id)
+        self._fill_fetches(True)
+
+    def _fill_fetches(self, fill: bool) -> None:
+        thread = getattr(self.app.consumer, "_thread", None)
+        if isinstance(thread, ShortPollConsumerThread):
+            thread.fill_fetches(fill)
 
     async def _resume_streams(self, generation_id: int = 0) -> None:
         with self._inputs_held(generation_id):
@@ -84,14 +99,23 @@ class HeldRecoveryTableManager(TableManager):
 
 
 class ShortPollConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
-    """Faust's aiokafka consumer, long-polling for the app's ``fetch_max_wait_ms``."""
+    """Faust's aiokafka consumer, long-polling for the app's ``fetch_max_wait_ms`` and, when
+    told to fill its fetches, waiting for ``fetch_min_bytes``."""
 
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
         app: Any = self.app
-        consumer._fetch_max_wait_ms = app.fetch_max_wait_ms  # both read when the consumer starts
-        consumer._fetch_min_bytes = app.fetch_min_bytes
+        consumer._fetch_max_wait_ms = app.fetch_max_wait_ms  # read when the consumer starts
+        consumer._fetch_min_bytes = 1  # until fill_fetches: recovery reads as fast as it can
         return consumer
+
+    def fill_fetches(self, fill: bool) -> None:
+        """aiokafka's fetcher reads its ``_fetch_min_bytes`` for each fetch it builds."""
+        consumer: Any = self._consumer
+        fetcher = getattr(consumer, "_fetcher", None)
+        if fetcher is not None:
+            app: Any = self.app
+            fetcher._fetch_min_bytes = app.fetch_min_bytes if fill else 1
 
 
 class WorkerConsumer(aiokafka_driver.Consumer):
