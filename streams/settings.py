@@ -50,9 +50,11 @@ class WorkerSettings(BaseModel):
     batch_seconds: float = Field(default=0.005, gt=0)  # how long a batch waits to fill
     # The consumer's long poll; Faust's own 1.5 s stalls busy partitions (streams/faustfixes.py).
     # A fetch returns once it holds fetch_min_bytes or fetch_max_wait_ms has passed: under load,
-    # one fetch per 10 ms instead of one per record (docs/worker.md, "Latency").
+    # one fetch per 10 ms instead of one per record; when idle, one per fetch_idle_wait_ms,
+    # returning at the first record (docs/worker.md, "Latency").
     fetch_max_wait_ms: int = Field(default=10, ge=1, le=1500)
     fetch_min_bytes: int = Field(default=16384, ge=1)
+    fetch_idle_wait_ms: int = Field(default=500, ge=1, le=1500)
     # Survivors frozen this often, everything collected that often: streams/heap.py.
     gc_freeze_seconds: float = Field(default=1.0, gt=0)
     gc_full_seconds: float = Field(default=600.0, gt=0)

@@ -105,6 +105,7 @@ class Worker:
             producer_acks=-1,
             fetch_max_wait_ms=conf.fetch_max_wait_ms,
             fetch_min_bytes=conf.fetch_min_bytes,
+            fetch_idle_wait_ms=conf.fetch_idle_wait_ms,
         )
         self.intents = self._topic("intents")
         self.events = self._topic("k8s-events")

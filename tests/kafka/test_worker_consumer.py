@@ -1,5 +1,6 @@
-"""The worker's consumer fetches as configured, not with Faust's fixed 1.5 s long poll, and
-fills its fetches only once the tables are recovered."""
+"""The worker's consumer paces its fetches as configured, not with Faust's fixed 1.5 s long
+poll: as fast as records come while tables recover, then full fetches while busy and long
+polls while idle."""
 
 from __future__ import annotations
 
@@ -23,11 +24,19 @@ async def main():
     consumer = thread._create_worker_consumer(worker.app.transport)
     await consumer.start()  # joins no group: no topic is subscribed
     thread._consumer = consumer
-    seen = {{"created": [consumer._fetch_max_wait_ms, consumer._fetcher._fetch_min_bytes]}}
+    fetcher = consumer._fetcher
+    pace = lambda: [fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms]
+    seen = {{"created": pace()}}
+    thread.pace(busy=False)
+    seen["recovering, idle"] = pace()
     thread.fill_fetches(True)
-    seen["deciding"] = consumer._fetcher._fetch_min_bytes
+    seen["recovered"] = pace()
+    thread.pace(busy=False)
+    seen["deciding, idle"] = pace()
+    thread.pace(busy=True)
+    seen["deciding, busy"] = pace()
     thread.fill_fetches(False)
-    seen["recovering"] = consumer._fetcher._fetch_min_bytes
+    seen["rebalancing"] = pace()
     await consumer.stop()
     print(json.dumps(seen))
 
@@ -35,10 +44,15 @@ asyncio.run(main())
 """
 
 
-def test_the_consumer_fetches_as_configured_once_recovered(kafka_bootstrap: str) -> None:
+def test_the_consumer_paces_its_fetches_by_what_the_worker_does(kafka_bootstrap: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "VMSTREAM_KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap,
-           "VMSTREAM_WORKER__FETCH_MAX_WAIT_MS": "7", "VMSTREAM_WORKER__FETCH_MIN_BYTES": "4096"}
+           "VMSTREAM_WORKER__FETCH_MAX_WAIT_MS": "7", "VMSTREAM_WORKER__FETCH_MIN_BYTES": "4096",
+           "VMSTREAM_WORKER__FETCH_IDLE_WAIT_MS": "900"}
     probe = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=60)
     assert probe.returncode == 0, probe.stderr
     seen = json.loads(probe.stdout.splitlines()[-1])
-    assert seen == {"created": [7, 1], "deciding": 4096, "recovering": 1}
+    assert seen == {
+        "created": [1, 7], "recovering, idle": [1, 7],  # recovery reads as fast as records come
+        "recovered": [4096, 7], "deciding, idle": [1, 900], "deciding, busy": [4096, 7],
+        "rebalancing": [1, 7],
+    }
