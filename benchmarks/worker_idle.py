@@ -1,0 +1,78 @@
+"""What does an idle worker cost? CPU of a ready ``vmstream worker`` with nothing to decide.
+
+A worker on a fresh deployment is started, waits until ``/ready``, settles for a few
+seconds, and its CPU time (user + system, all threads) is read over ``--seconds``. Run it
+with ``VMSTREAM_WORKER__FETCH_IDLE_WAIT_MS`` set to compare fetch pacings.
+
+    .venv/bin/python benchmarks/worker_idle.py [--seconds 10] [--runs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from streams.localkafka import LocalKafka  # noqa: E402
+from streams.running import Deployment, WorkerProcess  # noqa: E402
+
+
+@contextmanager
+def broker() -> Iterator[str]:
+    """KAFKA_BOOTSTRAP_SERVERS if set, else a local broker for this run."""
+    given = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if given:
+        yield given
+        return
+    with LocalKafka() as kafka:
+        yield kafka.bootstrap_servers
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_share(bootstrap: str, seconds: float, settle: float) -> float:
+    """Share of one core the idle worker used over ``seconds``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        deployment = Deployment(bootstrap, Path(tmp))
+        deployment.create_topics()
+        worker = WorkerProcess(deployment, "idle").start()
+        try:
+            worker.wait_ready(120)
+            time.sleep(settle)  # the start-up's own work (first collection, commits) is done
+            assert worker.process is not None
+            pid = worker.process.pid
+            cpu0, t0 = cpu_seconds(pid), time.monotonic()
+            time.sleep(seconds)
+            return (cpu_seconds(pid) - cpu0) / (time.monotonic() - t0)
+        finally:
+            worker.stop()
+            deployment.delete_topics()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="idle seconds measured")
+    parser.add_argument("--settle", type=float, default=5.0, help="seconds waited after /ready")
+    parser.add_argument("--runs", type=int, default=2)
+    args = parser.parse_args(argv)
+    pacing = os.environ.get("VMSTREAM_WORKER__FETCH_IDLE_WAIT_MS", "default")
+    with broker() as bootstrap:
+        for run in range(1, args.runs + 1):
+            share = idle_share(bootstrap, args.seconds, args.settle)
+            print(f"run {run}: idle worker used {100 * share:.1f} % of a core over {args.seconds:.0f} s "
+                  f"(fetch_idle_wait_ms {pacing}; load average {os.getloadavg()[0]:.2f})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
