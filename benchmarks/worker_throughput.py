@@ -190,13 +190,15 @@ def audit_ref_of(value: bytes) -> str | None:
 
 
 class Arrivals:
-    """The driver's reader of an output topic: when each id first came back (perf_counter)."""
+    """The driver's reader of an output topic: when each id first came back (perf_counter),
+    and the Kafka timestamp its writer gave it (epoch seconds)."""
 
     def __init__(self, bootstrap: str, topic: str, ident: Callable[[bytes], str | None]) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
         self.ident = ident
         self.first: dict[str, float] = {}
+        self.stamped: dict[str, float] = {}
         self.on_first: Callable[[], None] | None = None  # called once, at the first arrival
         self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
@@ -227,6 +229,7 @@ class Arrivals:
                         if not self.first and self.on_first is not None:
                             self.on_first()
                         self.first[ident] = now
+                        self.stamped[ident] = record.timestamp / 1000
 
     async def wait_for(self, ids: Sequence[str], timeout: float, idle: float | None = None) -> list[str]:
         """Wait until every id arrived; returns those that did not in time.
@@ -591,6 +594,7 @@ async def steady(kind: str, options: Options, rate: float) -> Row:
     arrivals = await Arrivals(options.bootstrap, setup.output_topic, setup.ident).start()
     producer = await new_producer(options.bootstrap)
     sent_at: dict[str, float] = {}
+    sent_epoch: dict[str, float] = {}  # the same moment on the clock Kafka timestamps use
     profiler = None
     try:
         t0 = time.perf_counter()
@@ -604,6 +608,7 @@ async def steady(kind: str, options: Options, rate: float) -> Row:
             if delay > 0:
                 await asyncio.sleep(delay)
             sent_at[intent.intent_id] = time.perf_counter()
+            sent_epoch[intent.intent_id] = time.time()
             await producer.send(setup.input_topic, key=intent.key, value=intent.value)
         await producer.flush()
         measured = [intent.intent_id for intent in setup.intents[warm:]]
@@ -613,9 +618,11 @@ async def steady(kind: str, options: Options, rate: float) -> Row:
         latencies = sorted(arrivals.first[i] - sent_at[i] for i in arrived)
         warming = sorted(arrivals.first[i] - sent_at[i] for intent in setup.intents[:warm]
                          if (i := intent.intent_id) in arrivals.first)
+        written = sorted(arrivals.stamped[i] - sent_epoch[i] for i in arrived)
         window = max(arrivals.first[i] for i in arrived) - sent_at[measured[0]] if arrived else 0.0
         return Row(f"{setup.process.name} steady {rate:,.0f}/s", len(arrived), window, latencies, cpu,
-                   len(missing), note=f"{warm:,} warm-up messages not counted ({from_idle(warming)})"
+                   len(missing), note=f"{warm:,} warm-up messages not counted ({from_idle(warming)}); "
+                   f"to the output's Kafka timestamp (written, not yet read back): {spread(written)}"
                    + (f"; py-spy sampled it for {options.profile:.0f} s (slower)" if profiler else ""))
     finally:
         if profiler is not None:
@@ -625,12 +632,16 @@ async def steady(kind: str, options: Options, rate: float) -> Row:
         await asyncio.to_thread(setup.finish)
 
 
-def from_idle(latencies: Sequence[float]) -> str:
-    """The warm-up's latency: the same rate, from an idle process on partitions never written."""
+def spread(latencies: Sequence[float]) -> str:
     if not latencies:
         return "none arrived"
-    return (f"from idle: p50 {1000 * percentile(latencies, 0.5):,.1f} ms, p99 {1000 * percentile(latencies, 0.99):,.1f} ms, "
+    return (f"p50 {1000 * percentile(latencies, 0.5):,.1f} ms, p99 {1000 * percentile(latencies, 0.99):,.1f} ms, "
             f"max {1000 * latencies[-1]:,.1f} ms")
+
+
+def from_idle(latencies: Sequence[float]) -> str:
+    """The warm-up's latency: the same rate, from an idle process on partitions never written."""
+    return f"from idle: {spread(latencies)}"
 
 
 def at_rate(rate: float) -> Callable[[str, Options], Awaitable[Row]]:
