@@ -107,6 +107,10 @@ class Worker:
             fetch_min_bytes=conf.fetch_min_bytes,
             fetch_idle_wait_ms=conf.fetch_idle_wait_ms,
         )
+        # Outputs on a producer (a connection) of their own: aiokafka sends one request at a
+        # time per connection, and a batch's outputs must not queue behind the changelog
+        # rows of the batch before, a request that spans up to 60 partitions.
+        self.output_producer = self.app.add_dependency(self.app.transport.create_producer(beacon=self.app.beacon))
         self.intents = self._topic("intents")
         self.events = self._topic("k8s-events")
         self.routed = self._topic(ROUTED)
@@ -226,12 +230,12 @@ class Worker:
 
     async def _send(self, topic: Any, key: bytes, value: bytes, *, timestamp: float | None = None,
                     headers: dict[str, bytes] | None = None) -> Any:
-        """Straight to the producer: the bytes are ready, Faust's per-message topic machinery
-        (serializers, callbacks, sensors) is most of a send's cost. Under exactly-once the
-        send must join Faust's transaction, so it goes through the topic."""
+        """Straight to the outputs' producer: the bytes are ready, and Faust's per-message
+        topic machinery (serializers, callbacks, sensors) is most of a send's cost. Under
+        exactly-once the send must join Faust's transaction, so it goes through the topic."""
         if self.settings.worker.exactly_once:
             return await topic.send(key=key, value=value, timestamp=timestamp, headers=headers, force=True)
-        return await self.app.producer.send(topic.get_topic_name(), key, value, None, timestamp, headers)
+        return await self.output_producer.send(topic.get_topic_name(), key, value, None, timestamp, headers)
 
     def _log(self, result: Result) -> None:
         audit = result.decision.audit
