@@ -84,7 +84,7 @@ from streams.kafka_clients import admin_client  # noqa: E402
 from streams.running import Deployment, WorkerProcess  # noqa: E402
 from streams.scenarios import RTX, Script, iso, kubevirt_cr, node, vm, vmi  # noqa: E402
 from streams.settings import KafkaSettings  # noqa: E402
-from streams.topics import changelog_topic  # noqa: E402
+from streams.topics import ROUTED, changelog_topic  # noqa: E402
 
 TARGET_RATIO = 0.5  # the worker's saturation throughput over the pass-through's
 TARGET_P99_MS = 100.0  # at the steady rate
@@ -557,6 +557,33 @@ async def publish_cluster(deployment: Deployment, cluster: Cluster, timeout: flo
         await arrivals.stop()
 
 
+def behind(deployment: Deployment) -> int:
+    """Messages the worker's group has not committed yet, over every topic it reads."""
+    kafka = deployment.kafka
+    partitions = [SyncTopicPartition(kafka.topic(name), p) for name in ("intents", "k8s-events", ROUTED)
+                  for p in range(kafka.partitions)]
+    admin = admin_client(kafka)
+    consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers)
+    try:
+        committed = admin.list_group_offsets({deployment.app_id: None}).get(deployment.app_id, {})
+        ends = consumer.end_offsets(partitions)
+    finally:
+        consumer.close()
+        admin.close()
+    return sum(end - (committed[tp].offset if tp in committed else 0) for tp, end in ends.items())
+
+
+async def wait_until_caught_up(deployment: Deployment, timeout: float) -> None:
+    """Until the worker has committed all it was given: a cluster's events are audited
+    before the worker has decided what they set off (the GPU VMIs' resident updates, routed
+    to their nodes), and that tail would otherwise run into the next measurement."""
+    deadline = time.monotonic() + timeout
+    while (left := await asyncio.to_thread(behind, deployment)) > 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the worker is still {left} messages behind after {timeout:.0f}s")
+        await asyncio.sleep(0.5)
+
+
 async def new_setup(kind: str, options: Options, run: str, count: int, *, started: bool) -> Setup:
     """A fresh deployment for one measurement; the worker's gets the cluster first."""
     deployment = new_deployment(options.bootstrap, options.workdir / run)
@@ -574,7 +601,12 @@ async def new_setup(kind: str, options: Options, run: str, count: int, *, starte
         return Setup(pt, source, target, intent_id_of, intents, deployment)
     worker = WorkerUnderTest(deployment)
     await asyncio.to_thread(worker.start)
-    await publish_cluster(deployment, cluster, timeout=300)
+    try:
+        await publish_cluster(deployment, cluster, timeout=300)
+        await wait_until_caught_up(deployment, timeout=120)
+    except BaseException:
+        await asyncio.to_thread(worker.stop)  # no worker left running into the next runs
+        raise
     if not started:
         await asyncio.to_thread(worker.stop)
     return Setup(worker, deployment.kafka.topic("intents"), deployment.kafka.topic("audit"), audit_ref_of,
