@@ -14,30 +14,14 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from streams.localkafka import LocalKafka  # noqa: E402
 from streams.running import Deployment, WorkerProcess  # noqa: E402
-
-
-@contextmanager
-def broker() -> Iterator[str]:
-    """KAFKA_BOOTSTRAP_SERVERS if set, else a local broker for this run."""
-    given = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    if given:
-        yield given
-        return
-    with LocalKafka() as kafka:
-        yield kafka.bootstrap_servers
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from worker_throughput import cpu_of  # noqa: E402  (this directory's: the same /proc reading)
 
 
 def idle_share(bootstrap: str, seconds: float, settle: float) -> float:
@@ -51,9 +35,9 @@ def idle_share(bootstrap: str, seconds: float, settle: float) -> float:
             time.sleep(settle)  # the start-up's own work (first collection, commits) is done
             assert worker.process is not None
             pid = worker.process.pid
-            cpu0, t0 = cpu_seconds(pid), time.monotonic()
+            cpu0, t0 = cpu_of(pid), time.monotonic()
             time.sleep(seconds)
-            return (cpu_seconds(pid) - cpu0) / (time.monotonic() - t0)
+            return (cpu_of(pid) - cpu0).total / (time.monotonic() - t0)
         finally:
             worker.stop()
             deployment.delete_topics()
@@ -66,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=2)
     args = parser.parse_args(argv)
     pacing = os.environ.get("VMSTREAM_WORKER__FETCH_IDLE_WAIT_MS", "default")
-    with broker() as bootstrap:
+    with ExitStack() as stack:
+        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or stack.enter_context(LocalKafka()).bootstrap_servers
         for run in range(1, args.runs + 1):
             share = idle_share(bootstrap, args.seconds, args.settle)
             print(f"run {run}: idle worker used {100 * share:.1f} % of a core over {args.seconds:.0f} s "

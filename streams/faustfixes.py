@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import faust
 from faust.tables import TableManager
@@ -58,9 +58,8 @@ class HeldRecovery(Recovery):
         self._fill_fetches(True)
 
     def _fill_fetches(self, fill: bool) -> None:
-        thread = getattr(self.app.consumer, "_thread", None)
-        if isinstance(thread, ShortPollConsumerThread):
-            thread.fill_fetches(fill)
+        consumer = cast(WorkerConsumer, self.app.consumer)  # App's transport makes it
+        consumer.pacer.fill_fetches(fill)
 
     async def _resume_streams(self, generation_id: int = 0) -> None:
         with self._inputs_held(generation_id):
@@ -149,12 +148,14 @@ class WorkerConsumer(aiokafka_driver.Consumer):
     def _new_consumer_thread(self) -> aiokafka_driver.AIOKafkaConsumerThread:
         return ShortPollConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
+    @property
+    def pacer(self) -> ShortPollConsumerThread:
+        return cast(ShortPollConsumerThread, self._thread)  # made by _new_consumer_thread
+
     async def _getmany(self, active_partitions: set[TP] | None, timeout: float) -> Any:
         snapshot = None if active_partitions is None else set(active_partitions)
         records = await super()._getmany(snapshot, timeout)
-        thread = self._thread
-        if isinstance(thread, ShortPollConsumerThread):
-            thread.pace(busy=any(records.values()))
+        self.pacer.pace(busy=any(records.values()))
         return records
 
 
