@@ -266,3 +266,47 @@ class NodeUsage:
         if not self.schedulable:
             return 0
         return max(0, self.allocatable.get(device_name, 0) - self.held.get(device_name, 0))
+
+
+# What the rules read of each kind's object: the records above, and for a VM the paths
+# handlers/gpus.py computes its patch from (the domain, the eviction strategy, the
+# annotations). A watch event too large for Kafka is published with only these
+# (:func:`rule_view`); tests/rules/test_rule_views.py checks that every rule decides the same.
+RULE_PATHS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "VirtualMachine": (
+        ("spec", "runStrategy"),
+        ("spec", "running"),
+        ("spec", "instancetype"),
+        ("spec", "preference"),
+        ("spec", "template", "spec", "domain"),
+        ("spec", "template", "spec", "evictionStrategy"),
+        ("status", "printableStatus"),
+        ("status", "conditions"),
+    ),
+    "VirtualMachineInstance": (
+        ("spec", "domain"),
+        ("status", "nodeName"),
+        ("status", "phase"),
+        ("status", "conditions"),
+        ("status", "evacuationNodeName"),
+    ),
+    "Node": (("spec", "unschedulable"), ("status", "allocatable"), ("status", "conditions")),
+    "NodeMaintenance": (("spec", "nodeName"), ("spec", "reason"), ("status", "phase")),
+    "KubeVirt": (("spec", "configuration"),),
+}
+# Kept for every kind: identity, labels and annotations (bounded by the API server to 256 KiB).
+_ALWAYS: tuple[tuple[str, ...], ...] = (("apiVersion",), ("kind",), ("metadata",))
+
+
+def rule_view(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` reduced to what the rules read of ``kind`` (a copy; nested values shared)."""
+    view: dict[str, Any] = {}
+    for path in (*_ALWAYS, *RULE_PATHS.get(kind, ())):
+        value = _get(obj, *path)
+        if value is None:
+            continue
+        target = view
+        for part in path[:-1]:
+            target = target.setdefault(part, {})
+        target[path[-1]] = value
+    return view
