@@ -32,12 +32,25 @@ def admin_client(kafka: KafkaSettings) -> KafkaAdminClient:
     return KafkaAdminClient(client_id="vmstream-admin", **client_options(kafka))
 
 
-def producer(kafka: KafkaSettings, *, client_id: str = "vmstream-cli", **extra: Any) -> KafkaProducer:
-    """An idempotent producer: a retried send never writes a message twice."""
+# Compression for producers whose messages can be large (whole Kubernetes objects): gzip is
+# the codec both kafka-python and aiokafka (Faust's ``producer_compression_type``) support
+# with the standard library alone; lz4, snappy and zstd need native packages.
+COMPRESSION = "gzip"
+
+
+def producer(
+    kafka: KafkaSettings, *, client_id: str = "vmstream-cli", compression: str | None = None, **extra: Any
+) -> KafkaProducer:
+    """An idempotent producer: a retried send never writes a message twice.
+
+    ``compression`` (e.g. :data:`COMPRESSION`) compresses each batch; the broker's size limit
+    then applies to the compressed batch.
+    """
     return KafkaProducer(
         client_id=client_id,
         acks="all",
         enable_idempotence=True,
+        compression_type=compression,
         **client_options(kafka),
         **extra,
     )

@@ -29,6 +29,7 @@ fields they do not know and cost more than the JSON itself.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
@@ -36,6 +37,7 @@ import random
 import signal
 import threading
 import time
+import zlib
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +46,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic_core
+from kafka import TopicPartition
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
@@ -55,9 +58,14 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from prometheus_client import Counter as Metric
+from prometheus_client import Gauge
+
+from handlers.cluster import rule_view
 from handlers.ids import watch_event_id
-from handlers.messages import WatchEvent, object_key
-from streams.kafka_clients import producer
+from handlers.messages import DeadLetter, DeadLetterSource, WatchEvent, object_key
+from streams.kafka_clients import COMPRESSION, consumer, producer
+from streams.probes import ProbeServer
 from streams.settings import KafkaSettings, load_kafka_settings
 
 if TYPE_CHECKING:
@@ -70,6 +78,7 @@ log = logging.getLogger(__name__)
 EventType = Literal["ADDED", "MODIFIED", "DELETED", "RELISTED"]
 
 TOPIC = "k8s-events"
+DLQ_TOPIC = "dlq"
 LIST_PAGE = 500  # objects per list page: a 10,000-VM AZ is listed in 20 requests
 WATCH_SECONDS = 300  # one watch request's lifetime, server side (jittered up to 2x)
 CONNECT_SECONDS = 10.0
@@ -77,6 +86,30 @@ READ_GRACE_SECONDS = 60.0  # a watch silent this long past its lifetime is a dea
 BACKOFF_FIRST = 0.5  # the first retry waits up to this, doubling per failure...
 BACKOFF_CAP = 30.0  # ...up to this
 STATS_SECONDS = 60.0
+RESYNC_SECONDS = 24 * 3600.0  # a full relist this often, well within k8s-events' 7-day retention
+# One event must fit one Kafka message: the broker's default message.max.bytes is 1,048,588
+# for the whole (compressed) batch; this leaves room for its header, the key and headers.
+MAX_EVENT_BYTES = 1_000_000
+# kafka-python checks a record's *uncompressed* size against max_request_size before
+# compressing it: room for any object etcd stores (1.5 MiB by default), as JSON.
+MAX_REQUEST_BYTES = 8 * 1024 * 1024
+REDUCED_HEADER = "vmstream-reduced"  # on an event whose object is its rule view: the whole size
+DEAD_LETTER_PREFIX = 64 * 1024  # what a dead letter keeps of an event that fits in no form
+PROBE_PORT = 6068
+
+EVENTS = Metric("vmstream_watch_events_total", "Watch events Kafka acknowledged, by kind and type",
+                ["kind", "type"])
+RELISTS = Metric("vmstream_watch_relists_total", "Lists of a whole kind: at start, after 410 Gone, resyncs",
+                 ["kind"])
+DELETED_WHILE_AWAY = Metric("vmstream_watch_deleted_while_away_total",
+                            "Deletions a list found (objects last published but no longer listed)", ["kind"])
+ERRORS = Metric("vmstream_watch_errors_total",
+                "Failed attempts, retried: source=api (the API server or its data), kafka (a send)",
+                ["kind", "source"])
+OVERSIZED = Metric("vmstream_watch_oversized_total",
+                   "Events too large for one message as they are, by what was published instead: "
+                   "compressed (whole), reduced (the rule view), dead_letter", ["kind", "outcome"])
+LISTED = Gauge("vmstream_watch_listed", "1 once the kind's first list is on Kafka", ["kind"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,16 +199,79 @@ def _key_of(kind: Kind, obj: dict[str, Any]) -> str:
     return object_key(kind.kind, metadata.get("namespace"), metadata.get("name", ""))
 
 
-class Publisher:
-    """Sends watch events to the k8s-events topic; the futures say when Kafka has them."""
+Form = Literal["whole", "compressed", "reduced", "dead_letter"]
 
-    def __init__(self, kafka_producer: KafkaProducer, topic: str) -> None:
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """An event handed to the producer: when Kafka has it, and the object as published."""
+
+    future: FutureRecordMetadata
+    obj: bytes  # compact JSON: the object, or its rule view when reduced or dead-lettered
+    form: Form
+
+
+class Publisher:
+    """Sends watch events to the k8s-events topic; the futures say when Kafka has them.
+
+    Every event gets a message, whatever its object's size: the whole object when it fits
+    (compressed by the producer if need be), else the object reduced to what the rules read
+    (:func:`~handlers.cluster.rule_view`, marked by the :data:`REDUCED_HEADER` header), else
+    a dead letter naming it. Nothing one object does can stop the events behind it.
+    """
+
+    def __init__(
+        self, kafka_producer: KafkaProducer, topic: str, *, dlq_topic: str | None = None,
+        max_bytes: int = MAX_EVENT_BYTES,
+    ) -> None:
         self.producer = kafka_producer
         self.topic = topic
+        self.dlq_topic = dlq_topic or topic.replace(TOPIC, DLQ_TOPIC)
+        self.max_bytes = max_bytes
 
-    def send(self, kind: Kind, type_: EventType, obj: dict[str, Any]) -> FutureRecordMetadata:
+    def send(self, kind: Kind, type_: EventType, obj: dict[str, Any]) -> Sent:
         key, value = watch_event(kind, type_, obj)
-        return self.producer.send(self.topic, key=key.encode(), value=value)
+        form = self._fits(key, value)
+        if form is not None:
+            future = self.producer.send(self.topic, key=key.encode(), value=value)
+            return self._sent(kind, future, pydantic_core.to_json(obj), form)
+        whole_size = len(value)
+        view = rule_view(kind.kind, obj)
+        _, reduced = watch_event(kind, type_, view)
+        if self._fits(key, reduced) is not None:
+            headers = [(REDUCED_HEADER, str(whole_size).encode())]
+            future = self.producer.send(self.topic, key=key.encode(), value=reduced, headers=headers)
+            log.warning("watch %s %s: %d bytes, over %d even compressed; published reduced to what the "
+                        "rules read (%d bytes)", type_, key, whole_size, self.max_bytes, len(reduced))
+            return self._sent(kind, future, pydantic_core.to_json(view), "reduced")
+        letter = DeadLetter(
+            error=f"watch event {type_} {key} (resourceVersion "
+                  f"{(obj.get('metadata') or {}).get('resourceVersion')}) does not fit one Kafka message: "
+                  f"{whole_size} bytes whole, {len(reduced)} reduced to what the rules read, over "
+                  f"{self.max_bytes} even compressed; original: its first {DEAD_LETTER_PREFIX} bytes "
+                  f"of {whole_size}, sha256 {hashlib.sha256(value).hexdigest()}",
+            source=DeadLetterSource(topic=self.topic),
+            original=value[:DEAD_LETTER_PREFIX].decode("utf-8", "ignore"),
+            at=datetime.now(UTC),
+        )
+        log.error("watch %s %s: %d bytes, too large even reduced; dead-lettered", type_, key, whole_size)
+        future = self.producer.send(self.dlq_topic, key=key.encode(), value=letter.model_dump_json().encode())
+        return self._sent(kind, future, pydantic_core.to_json(view), "dead_letter")
+
+    def _fits(self, key: str, value: bytes) -> Form | None:
+        """How ``value`` fits one message: as it is, once compressed (as the producer will), or not."""
+        size = len(key) + len(value)
+        if size <= self.max_bytes:
+            return "whole"
+        if size <= MAX_REQUEST_BYTES and len(key) + len(zlib.compress(value, 6)) <= self.max_bytes:
+            return "compressed"
+        return None
+
+    @staticmethod
+    def _sent(kind: Kind, future: FutureRecordMetadata, obj: bytes, form: Form) -> Sent:
+        if form != "whole":
+            OVERSIZED.labels(kind.kind, form).inc()
+        return Sent(future, obj, form)
 
 
 # ------------------------------------------------------------------------- one kind
@@ -187,7 +283,9 @@ class WatchStats:
     watcher's thread only."""
 
     published: Counter[str] = field(default_factory=Counter)
+    oversized: Counter[str] = field(default_factory=Counter)  # by form: compressed, reduced, dead_letter
     relists: int = 0
+    deleted_while_away: int = 0
     gone: int = 0
     failures: int = 0
     bookmarks: int = 0
@@ -195,8 +293,10 @@ class WatchStats:
 
     def line(self) -> str:
         published = " ".join(f"{t.lower()}={n}" for t, n in sorted(self.published.items())) or "none"
+        oversized = " ".join(f"{form}={n}" for form, n in sorted(self.oversized.items())) or "none"
         return (
-            f"published[{published}] relists={self.relists} gone={self.gone} "
+            f"published[{published}] oversized[{oversized}] relists={self.relists} "
+            f"deleted_while_away={self.deleted_while_away} gone={self.gone} "
             f"failures={self.failures} bookmarks={self.bookmarks}"
         )
 
@@ -210,6 +310,7 @@ class _Pending:
     key: str | None
     obj: bytes | None  # the object as JSON; None once deleted
     future: FutureRecordMetadata | None
+    form: Form = "whole"
 
 
 class Watcher:
@@ -218,14 +319,22 @@ class Watcher:
     ``known`` maps each key to the object last *acknowledged* on Kafka, as compact JSON (a
     parsed dict costs several times more): what a relist compares against to find deletions.
     ``resource_version`` is where the next watch resumes; None means "relist first".
+    ``seeded`` says ``known`` holds what Kafka last showed (read back by the bridge, or
+    this watcher's own acknowledged events): a list can then tell what was deleted.
     """
 
-    def __init__(self, kind: Kind, *, watch_seconds: int = WATCH_SECONDS) -> None:
+    def __init__(
+        self, kind: Kind, *, watch_seconds: int = WATCH_SECONDS, resync_seconds: float = RESYNC_SECONDS
+    ) -> None:
         self.kind = kind
         self.watch_seconds = watch_seconds
+        self.resync_seconds = resync_seconds
         self.resource_version: str | None = None
         self.known: dict[str, bytes] = {}
+        self.seeded = False
+        self.listed = threading.Event()  # the first list is on Kafka
         self.stats = WatchStats()
+        self._listed_at = 0.0
         self._pending: deque[_Pending] = deque()
         self._response: BaseHTTPResponse | None = None
         self._lock = threading.Lock()
@@ -264,7 +373,7 @@ class Watcher:
     def _step(self, stop: threading.Event, api: client.ApiClient, publisher: Publisher) -> None:
         """Relist if needed, then one watch request until it ends."""
         try:
-            if self.resource_version is None:
+            if self.resource_version is None or time.monotonic() - self._listed_at > self.resync_seconds:
                 self.relist(api, publisher)
             if not stop.is_set():
                 self._watch(stop, api, publisher)
@@ -287,6 +396,7 @@ class Watcher:
             return
         self.stats.failures += 1
         self.stats.last_error = f"{type(error).__name__}: {error}"
+        ERRORS.labels(self.kind.kind, "kafka" if isinstance(error, PublishFailed) else "api").inc()
         log.warning(
             "watch kind=%s failed attempt=%d error=%s; retrying from resource_version=%s in %.1fs",
             self.kind.kind, state.attempt_number, self.stats.last_error, self.resource_version, wait,
@@ -342,22 +452,33 @@ class Watcher:
         self.resource_version = None
         started = time.monotonic()
         items, resource_version = self._list(api)
-        sent: list[FutureRecordMetadata] = []
+        sent: list[Sent] = []
         listed: dict[str, bytes] = {}
         for obj in items:
             key = _key_of(self.kind, obj)
-            sent.append(publisher.send(self.kind, "RELISTED", obj))
-            listed[key] = pydantic_core.to_json(obj)
+            relisted = publisher.send(self.kind, "RELISTED", obj)
+            sent.append(relisted)
+            listed[key] = relisted.obj
         gone = [key for key in self.known if key not in listed]
         for key in gone:
             sent.append(publisher.send(self.kind, "DELETED", json.loads(self.known[key])))
-        for future in sent:
-            _acknowledged(future)
+        for one in sent:
+            _acknowledged(one.future)
         self.known = listed
+        self.seeded = True
         self.resource_version = resource_version
+        self._listed_at = time.monotonic()
         self.stats.relists += 1
-        self.stats.published["RELISTED"] += len(items)
-        self.stats.published["DELETED"] += len(gone)
+        self.stats.deleted_while_away += len(gone)
+        self._count("RELISTED", len(items))
+        self._count("DELETED", len(gone))
+        for one in sent:
+            if one.form != "whole":
+                self.stats.oversized[one.form] += 1
+        RELISTS.labels(self.kind.kind).inc()
+        DELETED_WHILE_AWAY.labels(self.kind.kind).inc(len(gone))
+        LISTED.labels(self.kind.kind).set(1)
+        self.listed.set()
         log.info(
             "watch kind=%s relisted objects=%d deleted_while_away=%d resource_version=%s seconds=%.2f",
             self.kind.kind, len(items), len(gone), resource_version, time.monotonic() - started,
@@ -416,9 +537,9 @@ class Watcher:
         if type_ not in ("ADDED", "MODIFIED", "DELETED"):
             log.warning("watch kind=%s ignores an event of type %r", self.kind.kind, type_)
             return
-        future = publisher.send(self.kind, type_, obj)
-        kept = None if type_ == "DELETED" else pydantic_core.to_json(obj)
-        self._pending.append(_Pending(resource_version, type_, _key_of(self.kind, obj), kept, future))
+        sent = publisher.send(self.kind, type_, obj)
+        kept = None if type_ == "DELETED" else sent.obj
+        self._pending.append(_Pending(resource_version, type_, _key_of(self.kind, obj), kept, sent.future, sent.form))
 
     def _settle(self, *, block: bool) -> None:
         """Apply, in order, what Kafka has acknowledged: the known objects and the resume point.
@@ -442,13 +563,72 @@ class Watcher:
                     raise
             pending.popleft()
             if head.key is not None:
-                self.stats.published[head.type_] += 1
+                self._count(head.type_, 1)
+                if head.form != "whole":
+                    self.stats.oversized[head.form] += 1
                 if head.obj is None:
                     self.known.pop(head.key, None)
                 else:
                     self.known[head.key] = head.obj
             if head.resource_version:
                 self.resource_version = head.resource_version
+
+    def _count(self, type_: str, n: int) -> None:
+        self.stats.published[type_] += n
+        EVENTS.labels(self.kind.kind, type_).inc(n)
+
+
+def last_published(
+    kafka: KafkaSettings, topic: str, kinds: Sequence[Kind], stop: threading.Event | None = None
+) -> dict[str, dict[str, bytes]]:
+    """kind → key → object (compact JSON) of every object whose last event on ``topic`` is
+    not a deletion: what the worker last learnt is alive, read to the end without a group.
+
+    Only the last value of each key is kept while reading, and parsed at the end. A
+    tombstone forgets its key; a value that is no watch event is skipped.
+    """
+    wanted = {kind.kind for kind in kinds}
+    reader = consumer(kafka, group_id=None, enable_auto_commit=False)
+    try:
+        partitions = reader.partitions_for_topic(topic)
+        if not partitions:
+            return {}
+        assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
+        reader.assign(assigned)
+        reader.seek_to_beginning(*assigned)
+        ends = reader.end_offsets(assigned)
+        last: dict[bytes, bytes | None] = {}
+        remaining = {tp for tp in assigned if reader.position(tp) < ends[tp]}
+        started = time.monotonic()
+        while remaining:
+            if stop is not None and stop.is_set():
+                return {}
+            for tp, records in reader.poll(timeout_ms=500).items():
+                for record in records:
+                    if record.key is not None and record.offset < ends[tp]:
+                        last[record.key] = record.value
+            remaining = {tp for tp in remaining if reader.position(tp) < ends[tp]}
+    finally:
+        reader.close()
+    alive: dict[str, dict[str, bytes]] = {}
+    skipped = 0
+    for key, value in last.items():
+        if value is None:
+            continue
+        try:
+            event = json.loads(value)
+            kind, type_, obj = event["kind"], event["type"], event["object"]
+        except (ValueError, TypeError, KeyError):
+            skipped += 1
+            continue
+        if kind in wanted and type_ != "DELETED" and isinstance(obj, dict):
+            alive.setdefault(kind, {})[key.decode()] = pydantic_core.to_json(obj)
+    log.info(
+        "watch read back %s: keys=%d alive=%s skipped=%d seconds=%.2f", topic, len(last),
+        ",".join(f"{kind}={len(keys)}" for kind, keys in sorted(alive.items())) or "none", skipped,
+        time.monotonic() - started,
+    )
+    return alive
 
 
 def _pause(stop: threading.Event, seconds: float) -> None:
@@ -492,18 +672,45 @@ class Bridge:
         kinds: Sequence[Kind] = KINDS,
         watch_seconds: int = WATCH_SECONDS,
         stats_seconds: float = STATS_SECONDS,
+        resync_seconds: float = RESYNC_SECONDS,
+        max_event_bytes: int = MAX_EVENT_BYTES,
     ) -> None:
         self.kafka = kafka
         self.kube = kube
         self.stats_seconds = stats_seconds
-        self.watchers = {kind.kind: Watcher(kind, watch_seconds=watch_seconds) for kind in kinds}
+        self.max_event_bytes = max_event_bytes
+        self.watchers = {
+            kind.kind: Watcher(kind, watch_seconds=watch_seconds, resync_seconds=resync_seconds)
+            for kind in kinds
+        }
+
+    def ready(self) -> bool:
+        """Every kind's first list is on Kafka (deletions found by it included)."""
+        return all(watcher.listed.is_set() for watcher in self.watchers.values())
+
+    def details(self) -> dict[str, Any]:
+        return {
+            "kinds": {
+                name: {"listed": watcher.listed.is_set(), "resource_version": watcher.resource_version,
+                       "known": len(watcher.known)}
+                for name, watcher in self.watchers.items()
+            }
+        }
+
+    def probes(self, *, host: str = "127.0.0.1", port: int = PROBE_PORT) -> ProbeServer:
+        """``/health``, ``/ready`` (:meth:`ready`) and ``/metrics`` for this bridge (not started)."""
+        return ProbeServer(ready=self.ready, details=self.details, host=host, port=port)
 
     def run(self, stop: threading.Event) -> None:
         """Watch until ``stop`` is set; then flush what was sent and return."""
         kafka_producer = self._producer(stop)
         if kafka_producer is None:
             return
-        publisher = Publisher(kafka_producer, self.kafka.topic(TOPIC))
+        if not self._seed(stop):
+            kafka_producer.close()
+            return
+        publisher = Publisher(kafka_producer, self.kafka.topic(TOPIC), dlq_topic=self.kafka.topic(DLQ_TOPIC),
+                              max_bytes=self.max_event_bytes)
         apis = {name: client.ApiClient(self.kube) for name in self.watchers}
         threads = [
             threading.Thread(
@@ -546,11 +753,48 @@ class Bridge:
         try:
             for attempt in retrying:
                 with attempt:
-                    return producer(self.kafka, client_id="vmstream-watch", linger_ms=5)
+                    return producer(self.kafka, client_id="vmstream-watch", linger_ms=5,
+                                    compression=COMPRESSION, max_request_size=MAX_REQUEST_BYTES)
         except Exception:
             if not stop.is_set():
                 raise
         return None
+
+    def _seed(self, stop: threading.Event) -> bool:
+        """Give each watcher that has no state yet what k8s-events last showed of its kind.
+
+        Its first list then publishes a DELETED for each object the topic still shows alive
+        and the API server no longer has: deletions while no bridge ran are not lost.
+        False if stopped first.
+        """
+        fresh = [watcher for watcher in self.watchers.values() if not watcher.seeded]
+        if not fresh:
+            return True
+        retrying = Retrying(
+            retry=retry_if_exception_type(Exception),
+            wait=_JITTERED,
+            stop=stop_when_event_set(stop),
+            sleep=lambda seconds: _pause(stop, seconds),
+            before_sleep=lambda state: log.warning(
+                "watch: could not read back k8s-events attempt=%d error=%s; retrying",
+                state.attempt_number, state.outcome.exception() if state.outcome else None,
+            ),
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    alive = last_published(self.kafka, self.kafka.topic(TOPIC), [w.kind for w in fresh], stop)
+        except Exception:
+            if not stop.is_set():
+                raise
+            return False
+        if stop.is_set():
+            return False
+        for watcher in fresh:
+            watcher.known = alive.get(watcher.kind.kind, {})
+            watcher.seeded = True
+        return True
 
     def log_stats(self) -> None:
         for name, watcher in self.watchers.items():
@@ -601,7 +845,18 @@ def main(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    Bridge(kafka, kube, kinds=kinds).run(stop)
+    bridge = Bridge(kafka, kube, kinds=kinds)
+    try:
+        probes: ProbeServer | None = bridge.probes(host=args.probe_host, port=args.probe_port).start()
+    except OSError as error:  # watching matters more than being probed; a kubelet would notice
+        log.error("watch: no /health, /ready, /metrics: cannot listen on %s:%d: %s",
+                  args.probe_host, args.probe_port, error)
+        probes = None
+    try:
+        bridge.run(stop)
+    finally:
+        if probes is not None:
+            probes.close()
     return 0
 
 
@@ -621,6 +876,12 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--kinds", metavar="KIND[,KIND...]",
         help=f"watch only these (default: all of {', '.join(k.kind for k in KINDS)})",
     )
+    watch.add_argument("--probe-host", default=os.environ.get("VMSTREAM_PROBE_HOST", "127.0.0.1"),
+                       help="address of /health, /ready and /metrics (default: $VMSTREAM_PROBE_HOST, "
+                            "else loopback)")
+    watch.add_argument("--probe-port", type=int,
+                       default=int(os.environ.get("VMSTREAM_PROBE_PORT", str(PROBE_PORT))),
+                       help=f"their port (default: $VMSTREAM_PROBE_PORT, else {PROBE_PORT})")
     watch.set_defaults(handler=main)
 
 
@@ -629,9 +890,11 @@ __all__ = [
     "Bridge",
     "Kind",
     "Publisher",
+    "Sent",
     "Watcher",
     "add_parser",
     "kube_configuration",
+    "last_published",
     "main",
     "select_kinds",
     "watch_event",
