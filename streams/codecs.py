@@ -16,6 +16,7 @@ from pydantic import BaseModel, TypeAdapter
 
 from handlers.decisions import ResidentUpdate
 from handlers.state import TableName, table_types
+from streams.signing import Keyring, sealed_json
 
 _RESIDENT_UPDATE: TypeAdapter[ResidentUpdate] = TypeAdapter(ResidentUpdate)
 
@@ -33,8 +34,15 @@ def decode_state(table: TableName, raw: bytes) -> Any:
     return _adapter(table).validate_json(raw)
 
 
-def encode_message(value: BaseModel) -> bytes:
-    """An output message as compact JSON; absent optional fields are left out."""
+def encode_message(value: BaseModel, *, keyring: Keyring | None = None) -> bytes:
+    """An output message as compact JSON; absent optional fields are left out.
+
+    With a ``keyring``, commands and command results carry a ``mac`` (streams/signing.py).
+    """
+    if keyring:
+        sealed = sealed_json(value, keyring)
+        if sealed is not None:
+            return sealed
     return value.model_dump_json(exclude_none=True).encode()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -24,12 +25,13 @@ from pathlib import Path
 from typing import Any, Self
 
 from kafka import KafkaConsumer, TopicPartition
+from pydantic import SecretStr
 
 from streams.kafka_clients import admin_client
 from streams.locations import REPO_ROOT
 from streams.processes import free_ports
 from streams.publishing import publish, scenario_records
-from streams.settings import KafkaSettings
+from streams.settings import KafkaSettings, SigningSettings
 from streams.topics import ensure_topics
 
 CONFIG = REPO_ROOT / "examples" / "config.yaml"
@@ -43,6 +45,12 @@ class Deployment:
     bootstrap: str
     workdir: Path
     ident: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    # The key its worker seals commands with and its applier checks them by (docs/security.md).
+    signing_key: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
+
+    @property
+    def signing(self) -> SigningSettings:
+        return SigningSettings(key_id=f"k-{self.ident}", keys={f"k-{self.ident}": SecretStr(self.signing_key)})
 
     @property
     def kafka(self) -> KafkaSettings:
@@ -60,6 +68,8 @@ class Deployment:
             "VMSTREAM_WORKER__APP_ID": self.app_id,
             "VMSTREAM_WORKER__WEB_PORT": str(web_port),
             "VMSTREAM_WORKER__TICK_SECONDS": "0.2",
+            "VMSTREAM_SIGNING__KEY_ID": f"k-{self.ident}",
+            "VMSTREAM_SIGNING__KEYS": json.dumps({f"k-{self.ident}": self.signing_key}),
         }
 
     def create_topics(self) -> None:

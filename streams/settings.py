@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from handlers.config import Config
+from streams.signing import Keyring, keyring_from
 
 OUTPUT_TOPICS = ("commands", "command-results", "notifications", "audit", "dlq")
 INPUT_TOPICS = ("intents", "k8s-events")
@@ -44,7 +45,13 @@ class WorkerSettings(BaseModel):
     app_id: str = "vmstream"
     store: str = "memory://"  # or rocksdb:// (through rocksdict)
     web_port: int = 6066
+    # Where the pages listen (Faust's web_bind): loopback unless told; deploy/ sets the Pod's IP.
     web_host: str = "127.0.0.1"
+    # Every page but /health and /ready needs "Authorization: Bearer <token>": the token
+    # from web_token (VMSTREAM_WORKER__WEB_TOKEN) or the file web_token_file. Without
+    # either, those pages answer 401 to everyone.
+    web_token: SecretStr | None = None
+    web_token_file: str | None = None
     tick_seconds: float = Field(default=1.0, gt=0)
     batch_size: int = Field(default=500, ge=1)  # inputs decided per group commit, at most
     batch_seconds: float = Field(default=0.005, gt=0)  # how long a batch waits to fill
@@ -59,6 +66,37 @@ class WorkerSettings(BaseModel):
     gc_freeze_seconds: float = Field(default=1.0, gt=0)
     gc_full_seconds: float = Field(default=600.0, gt=0)
     exactly_once: bool = False  # Faust's transactions break on rebalance: see streams/worker.py
+
+    def page_token(self) -> str | None:
+        """The bearer token the private pages want, if one is configured."""
+        if self.web_token is not None and self.web_token.get_secret_value():
+            return self.web_token.get_secret_value()
+        if self.web_token_file:
+            token = Path(self.web_token_file).read_text(encoding="utf-8").strip()
+            if not token:
+                raise ValueError(f"worker.web_token_file: {self.web_token_file} is empty")
+            return token
+        return None
+
+
+class SigningSettings(BaseModel):
+    """The keys that seal commands (worker) and command results (applier): docs/security.md.
+
+    ``keys_file`` is a directory of one file per key, named by its id (a mounted Secret), or
+    a YAML mapping of key id → secret; ``keys`` adds keys inline (``VMSTREAM_SIGNING__KEYS``
+    as JSON). Messages are sealed with ``key_id`` (default: the only key) and verified with
+    any key held, so a new key is rolled out to every verifier before it seals.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key_id: str | None = None
+    keys: dict[str, SecretStr] = Field(default_factory=dict)
+    keys_file: str | None = None
+
+    def keyring(self) -> Keyring:
+        return keyring_from(keys={kid: secret.get_secret_value() for kid, secret in self.keys.items()},
+                            keys_file=self.keys_file, key_id=self.key_id)
 
 
 class EnvironmentFirst(BaseSettings):
@@ -87,6 +125,7 @@ class Settings(EnvironmentFirst, Config):
 
     kafka: KafkaSettings = KafkaSettings()
     worker: WorkerSettings = WorkerSettings()
+    signing: SigningSettings = SigningSettings()
 
     def rules(self) -> Config:
         """The policy the handlers obey."""

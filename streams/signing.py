@@ -1,0 +1,151 @@
+"""Commands and their results sealed with a shared key: the worker vouches for a command, the
+applier for a result (docs/security.md).
+
+    worker:  Command       → encode_message(…, keyring) → {…, "mac": {"alg", "kid", "value"}}
+    applier: commands topic → verify(raw, "command")    → the command, or why it is refused
+    applier: CommandResult → encode_message(…, keyring) → sealed result
+    ledger:  command-results → verify(raw, "command-result") → counted, or ignored
+
+The MAC is HMAC-SHA256 over ``vmstream/v1`` + the purpose + the canonical JSON of the
+message without its ``mac`` field (keys sorted, no spaces, UTF-8, absent optional fields
+left out) — the message as parsed, so what is verified is what is acted on. The purpose
+keeps a sealed command from passing for a result and the other way round. Keys are named
+(``kid``): the signer seals with one, the verifier accepts any it holds, which is how a key
+is rotated.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from handlers.messages import Command, CommandResult
+
+MAC_FIELD = "mac"
+ALGORITHM = "HS256"
+DOMAIN = b"vmstream/v1\n"
+MIN_SECRET_LENGTH = 32
+Purpose = Literal["command", "command-result"]
+M = TypeVar("M", bound=BaseModel)
+
+
+class KeyringError(ValueError):
+    """The configured keys cannot be used (missing, too short, the active one unknown)."""
+
+
+def canonical(value: BaseModel) -> bytes:
+    """The bytes a MAC covers: the message as data, without its ``mac``, in one spelling."""
+    body = value.model_dump(mode="json", exclude_none=True)
+    body.pop(MAC_FIELD, None)
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+@dataclass(frozen=True, slots=True)
+class Keyring:
+    """Named HMAC keys; ``active`` is the one new messages are sealed with."""
+
+    keys: Mapping[str, bytes] = field(repr=False)
+    active: str | None = None
+
+    def __post_init__(self) -> None:
+        for kid, secret in self.keys.items():
+            if len(secret) < MIN_SECRET_LENGTH:
+                raise KeyringError(f"signing key {kid!r} is {len(secret)} bytes; at least {MIN_SECRET_LENGTH} are needed")
+        if self.active is not None and self.active not in self.keys:
+            raise KeyringError(f"the active signing key {self.active!r} is not among the keys {sorted(self.keys)}")
+
+    def __bool__(self) -> bool:
+        return bool(self.keys)
+
+    def mac(self, purpose: Purpose, value: BaseModel, kid: str) -> str:
+        digest = hmac.new(self.keys[kid], DOMAIN + purpose.encode() + b"\n" + canonical(value), hashlib.sha256)
+        return _b64(digest.digest())
+
+    def seal(self, purpose: Purpose, value: BaseModel) -> dict[str, str]:
+        """The ``mac`` field for ``value``, with the active key."""
+        if self.active is None:
+            raise KeyringError("no active signing key")
+        return {"alg": ALGORITHM, "kid": self.active, "value": self.mac(purpose, value, self.active)}
+
+    def problem(self, purpose: Purpose, value: BaseModel) -> str | None:
+        """Why ``value``'s ``mac`` does not vouch for it; None when it does."""
+        extra = value.model_extra or {}
+        sealed = extra.get(MAC_FIELD)
+        if sealed is None:
+            return "it carries no MAC"
+        if not isinstance(sealed, dict) or not all(isinstance(sealed.get(k), str) for k in ("alg", "kid", "value")):
+            return "its MAC is not an object with alg, kid and value"
+        if sealed["alg"] != ALGORITHM:
+            return f"its MAC algorithm {sealed['alg']!r} is not {ALGORITHM}"
+        if sealed["kid"] not in self.keys:
+            return f"its MAC key {sealed['kid'][:64]!r} is unknown"
+        if not hmac.compare_digest(sealed["value"], self.mac(purpose, value, sealed["kid"])):
+            return "its MAC does not match"
+        return None
+
+
+def purpose_of(value: BaseModel) -> Purpose | None:
+    """Which messages are sealed: commands and command results."""
+    if isinstance(value, Command):
+        return "command"
+    if isinstance(value, CommandResult):
+        return "command-result"
+    return None
+
+
+def sealed_json(value: BaseModel, keyring: Keyring) -> bytes | None:
+    """``value`` as compact JSON with its ``mac``; None for messages that are not sealed."""
+    purpose = purpose_of(value)
+    if purpose is None or not keyring:
+        return None
+    body = value.model_dump(mode="json", exclude_none=True)
+    body[MAC_FIELD] = keyring.seal(purpose, value)
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def open_sealed(model: type[M], raw: bytes, purpose: Purpose, keyring: Keyring) -> tuple[M | None, str | None]:
+    """Parse ``raw`` and check its MAC: (message, None) when it holds, else (message or None, why)."""
+    try:
+        value = model.model_validate_json(raw)
+    except ValidationError as exc:
+        return None, f"not a {model.__name__}: {exc.error_count()} validation error(s)"
+    return value, keyring.problem(purpose, value)
+
+
+def _secret(text: str) -> bytes:
+    return text.strip().encode()
+
+
+def read_keys(path: str | Path) -> dict[str, bytes]:
+    """Keys from a directory (one file per key, named by its id: a mounted Secret) or a YAML
+    mapping of key id → secret."""
+    where = Path(path)
+    if where.is_dir():
+        return {entry.name: _secret(entry.read_text(encoding="utf-8"))
+                for entry in sorted(where.iterdir()) if entry.is_file() and not entry.name.startswith(".")}
+    loaded: Any = yaml.safe_load(where.read_text(encoding="utf-8"))
+    if not isinstance(loaded, dict):
+        raise KeyringError(f"{path}: signing keys must be a mapping of key id → secret")
+    return {str(kid): _secret(str(secret)) for kid, secret in loaded.items()}
+
+
+def keyring_from(*, keys: Mapping[str, str], keys_file: str | None, key_id: str | None) -> Keyring:
+    """The keyring the settings describe: ``keys_file``'s keys plus ``keys``; the active key is
+    ``key_id``, or the only key there is."""
+    found = read_keys(keys_file) if keys_file else {}
+    found.update({kid: _secret(secret) for kid, secret in keys.items()})
+    active = key_id if key_id is not None else (next(iter(found)) if len(found) == 1 else None)
+    return Keyring(found, active)
