@@ -8,6 +8,8 @@ VM is no longer waiting.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from handlers import ids
 from handlers.capacity import capacity
 from handlers.cluster import VMIRecord, VMRecord
@@ -28,7 +30,7 @@ def reconcile_availability(ctx: Context, vm: VMRecord) -> None:
     tracking: VMTracking = ctx.state.get("tracking", vm.key) or VMTracking()
     if not waiting_for_gpu(vm, vmi):
         if tracking.unavailable_episode is not None:
-            put_tracking(ctx.state, vm.key, VMTracking(tracking.pending_episode, None))
+            put_tracking(ctx.state, vm.key, replace(tracking, unavailable_episode=None))
         return
     if tracking.unavailable_episode is not None:
         return
@@ -48,5 +50,5 @@ def reconcile_availability(ctx: Context, vm: VMRecord) -> None:
         ),
         details={"gpu": gpu.describe(), "capacity": cards.as_details()},
     )
-    put_tracking(ctx.state, vm.key, VMTracking(tracking.pending_episode, episode))
+    put_tracking(ctx.state, vm.key, replace(tracking, unavailable_episode=episode))
 

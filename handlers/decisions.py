@@ -28,7 +28,7 @@ from handlers.messages import (
     ObjectRef,
     Severity,
 )
-from handlers.state import Change, Overlay, StateView
+from handlers.state import Change, ObservedFate, Overlay, StateView
 
 OutputTopic = Literal["commands", "notifications", "audit", "dlq"]
 
@@ -80,6 +80,10 @@ class ResidentUpdate:
     vm_key: str
     resident: Resident | None  # None: the VMI left the node (or holds no GPU any more)
     cause: str
+    # What became of the VM since its GPU VMI left ``node``, once that is seen: it runs
+    # elsewhere ("came_back"), its new VMI waits for a card ("waits_for_gpu"), or it stays
+    # off ("off"). A drain of ``node`` reports it (drain_completed).
+    fate: ObservedFate | None = None
 
 
 @dataclass(slots=True)
@@ -179,8 +183,8 @@ class Context:
         self.notifications.append(notification)
         return notification
 
-    def forward(self, node: str, vm_key: str, resident: Resident | None) -> None:
-        self.forwards.append(ResidentUpdate(node, vm_key, resident, self.cause))
+    def forward(self, node: str, vm_key: str, resident: Resident | None, *, fate: ObservedFate | None = None) -> None:
+        self.forwards.append(ResidentUpdate(node, vm_key, resident, self.cause, fate))
 
     def decide(
         self,

@@ -1,28 +1,37 @@
-"""Node drains: tell every GPU VM's owner before the drain stops it, then stop it.
+"""Node drains and evictions: tell every GPU VM's owner before it is stopped, then stop it.
 
-GPU VMs cannot live-migrate, so draining their node stops them. A drain *episode* starts
-at the earliest signal — a ``drain_node`` intent, a NodeMaintenance, a cordon, a VMI with
-``EvictionRequested`` — and then, level-based, on every later observation of the node:
+GPU VMs cannot live-migrate, so a drain stops them. What each signal means
+(docs/kubevirt.md cites KubeVirt's source for each):
 
-1. the node is cordoned (a command, unless it already is);
-2. each GPU VM on the node is announced once to its owner, with the deadline and its fate:
-   it *returns automatically* (run strategy Always and a free card of its class on
-   another schedulable node), it *waits for a GPU* (Always, but no card is free), or it
-   *needs a manual start* (any other strategy — RerunOnFailure does not rerun after an
-   eviction, which ends the VMI ``Succeeded``);
-3. at the deadline the GPU VMIs still there are deleted — what an eviction would do; the
-   run strategy then decides whether the VM comes back;
-4. once no GPU VMI is left, whoever asked gets ``drain_completed`` with the tally.
+* a ``drain_node`` intent or a NodeMaintenance: the whole node is drained (scope ``node``);
+* a VMI marked for eviction (``status.evacuationNodeName``, condition ``EvictionRequested``):
+  with ``evictionStrategy: External`` KubeVirt's eviction webhook only marks the VMI and
+  leaves the stop to an external controller — here, vmstream. That one VM must leave
+  (scope ``evictions``): the node is not cordoned and the other VMs on it are left alone;
+* a cordon alone: the node takes no new VMs. Nothing is stopped; no episode starts.
 
-The episode ends (and is forgotten) on ``undrain_node``, when its NodeMaintenance is
-deleted, or when the node is seen schedulable again after having been cordoned.
+An *episode*, level-based on every later observation of the node:
+
+1. a ``node`` drain cordons the node (a command, unless it already is);
+2. each GPU VM in scope is announced once to its owner, with the deadline and what
+   KubeVirt will do once its VMI is deleted (:func:`restarts_by_itself`): it stays off,
+   or it starts again by itself — and then competes for the free cards of its class with
+   every other VM of the drain that restarts, which the owner is told in numbers;
+3. at the deadline the GPU VMIs in scope still there are deleted;
+4. once none is left and what became of each announced VM was observed (its VM reports it:
+   running elsewhere, waiting for a card, or off), whoever asked gets ``drain_completed``.
+
+A drain called off — ``undrain_node``, its NodeMaintenance deleted, the node uncordoned by
+someone else — is retracted (:func:`call_off_drain`): nothing more is stopped, every owner
+who was warned is told it is off, only vmstream's own cordon is undone, and whoever asked
+gets the tally.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from handlers import ids
@@ -30,13 +39,31 @@ from handlers.capacity import capacity
 from handlers.cluster import NodeRecord, Resident
 from handlers.decisions import Context, node_subject, vm_subject
 from handlers.messages import ObjectRef
-from handlers.state import DrainEpisode, DrainOutcome, DrainSource
+from handlers.state import DrainEpisode, DrainOutcome, DrainScope, DrainSource, ObservedFate
 
-FATES: dict[DrainOutcome, str] = {
-    "returns_automatically": "it will start again by itself on another node with a free {gpu}",
-    "waits_for_gpu": "it will start again by itself once a {gpu} frees up elsewhere (none is free now)",
-    "needs_manual_start": "it will stay off until it is started again (run strategy {strategy})",
+# What KubeVirt's VM controller does once a VM's VMI is gone (deleted, as a drain does),
+# by run strategy: pkg/virt-controller/watch/vm/vm.go, ``Controller.syncRunStrategy``.
+#   Always          vmi == nil → startVMI
+#   Once            vmi == nil → startVMI (only a VMI that ended and still exists keeps it off)
+#   RerunOnFailure  vmi == nil, no start request and status.runStrategy unchanged → nothing
+#   Manual          vmi == nil → only a start request starts it
+#   Halted          never started
+# The deprecated ``spec.running`` maps onto Always (true) and Halted (false, or unset):
+# ``VirtualMachine.RunStrategy()`` in staging/src/kubevirt.io/api/core/v1/types.go.
+RESTARTS_AFTER_DELETION: dict[str, bool] = {
+    "Always": True,
+    "Once": True,
+    "RerunOnFailure": False,
+    "Manual": False,
+    "Halted": False,
 }
+
+OBSERVED_FATES: tuple[ObservedFate, ...] = ("came_back", "waits_for_gpu", "off")
+
+
+def restarts_by_itself(run_strategy: str | None) -> bool:
+    """Whether KubeVirt starts a new VMI once this VM's VMI is deleted."""
+    return RESTARTS_AFTER_DELETION.get(run_strategy or "", False)
 
 
 def start_drain(
@@ -47,13 +74,22 @@ def start_drain(
     reason: str,
     requested_by: str | None,
     notice_seconds: int | None = None,
+    scope: DrainScope = "node",
 ) -> DrainEpisode:
-    """Open an episode for ``node`` (or join the one already open) and reconcile it."""
+    """Open an episode for ``node`` (or join the one already open) and reconcile it.
+
+    A ``node`` drain joining an open ``evictions`` episode widens it to the whole node.
+    """
+    notice = ctx.config.drain.notice_seconds if notice_seconds is None else notice_seconds
     existing: DrainEpisode | None = ctx.state.get("drains", node)
-    if existing is not None:
+    if existing is not None and not (existing.scope == "evictions" and existing.completed):
+        if scope == "node" and existing.scope == "evictions":
+            widened = replace(existing, scope="node", source=source, reason=reason, requested_by=requested_by)
+            if existing.deadline_passed:
+                widened = replace(widened, deadline=ctx.now + timedelta(seconds=notice), deadline_passed=False)
+            ctx.state.put("drains", node, _cordon(ctx, widened))
         reconcile_drain(ctx, node)
         return existing
-    notice = ctx.config.drain.notice_seconds if notice_seconds is None else notice_seconds
     episode = DrainEpisode(
         node=node,
         episode=ids.episode_id(node, ctx.cause),
@@ -63,16 +99,88 @@ def start_drain(
         requested_by=requested_by,
         started_at=ctx.now,
         deadline=ctx.now + timedelta(seconds=notice),
+        scope=scope,
     )
+    if scope == "node":
+        episode = _cordon(ctx, episode)
     ctx.state.put("drains", node, episode)
-    observed: NodeRecord | None = ctx.state.get("nodes", node)
-    if observed is None or not observed.unschedulable:
-        ctx.command("cordon_node", node_subject(node), requested_by=requested_by)
     reconcile_drain(ctx, node)
     return episode
 
 
+def _cordon(ctx: Context, episode: DrainEpisode) -> DrainEpisode:
+    """Cordon the node unless it already is; remember that vmstream did."""
+    observed: NodeRecord | None = ctx.state.get("nodes", episode.node)
+    if episode.cordoned or (observed is not None and observed.unschedulable):
+        return episode
+    ctx.command("cordon_node", node_subject(episode.node), requested_by=episode.requested_by)
+    return replace(episode, cordoned=True)
+
+
+def call_off_drain(ctx: Context, node: str, *, why: str, undo_cordon: bool) -> DrainEpisode | None:
+    """Retract the node's episode: stop nothing more, tell the warned, undo only our cordon.
+
+    ``undo_cordon`` is false when the node was uncordoned by someone else already.
+    """
+    episode: DrainEpisode | None = ctx.state.get("drains", node)
+    if episode is None:
+        return None
+    ctx.state.put("drains", node, None)
+    uncordoned = undo_cordon and episode.cordoned
+    if uncordoned:
+        ctx.command("uncordon_node", node_subject(node), requested_by=episode.requested_by)
+    if episode.completed:
+        return episode
+    stopped = set(episode.stopped)
+    spared = [key for key in sorted(episode.warned) if key not in stopped]
+    for key in spared:
+        project, recipients = episode.warned[key]
+        subject = vm_subject(key)
+        ctx.notify(
+            "drain_called_off",
+            subject=subject,
+            episode=episode.episode,
+            recipients=list(recipients),
+            project=project,
+            severity="info",
+            message=(
+                f"The drain of node {node} ({episode.reason}) is called off ({why}): GPU VM "
+                f"{subject.namespace}/{subject.name} will not be stopped."
+            ),
+            details={"node": node, "reason": episode.reason, "drain_source": episode.source, "called_off": why},
+        )
+    if uncordoned:
+        node_text = "vmstream uncordons the node"
+    elif episode.cordoned:
+        node_text = "the node is schedulable again"
+    else:
+        node_text = "the node is left as it is (vmstream did not cordon it)"
+    ctx.notify(
+        "drain_called_off",
+        subject=node_subject(node),
+        episode=episode.episode,
+        recipients=_requesters(ctx, episode),
+        project=None,
+        severity="info",
+        message=(
+            f"The drain of node {node} ({episode.reason}) is called off ({why}): "
+            f"{len(spared)} warned GPU VM(s) told it is off, {len(stopped)} already stopped; {node_text}."
+        ),
+        details={
+            "node": node,
+            "reason": episode.reason,
+            "drain_source": episode.source,
+            "called_off": why,
+            "told_it_is_off": spared,
+            "already_stopped": sorted(stopped),
+            "uncordoned": uncordoned,
+        },
+    )
+    return episode
+
+
 def end_drain(ctx: Context, node: str) -> DrainEpisode | None:
+    """Forget the node's episode without telling anyone (prefer :func:`call_off_drain`)."""
     episode: DrainEpisode | None = ctx.state.get("drains", node)
     if episode is not None:
         ctx.state.put("drains", node, None)
@@ -85,6 +193,13 @@ def residents_of(ctx: Context, node: str) -> list[Resident]:
     return [residents[key] for key in sorted(residents)]
 
 
+def in_scope(episode: DrainEpisode, residents: list[Resident]) -> list[Resident]:
+    """The residents the episode stops: all of them, or only those marked for eviction."""
+    if episode.scope == "evictions":
+        return [r for r in residents if r.evacuating]
+    return residents
+
+
 def reconcile_drain(ctx: Context, node: str) -> None:
     """Bring the node's episode up to date with what is observed now."""
     episode: DrainEpisode | None = ctx.state.get("drains", node)
@@ -93,15 +208,30 @@ def reconcile_drain(ctx: Context, node: str) -> None:
     observed: NodeRecord | None = ctx.state.get("nodes", node)
     if observed is not None and observed.unschedulable and not episode.cordon_observed:
         episode = replace(episode, cordon_observed=True)
-    on_node = residents_of(ctx, node)
+    on_node = in_scope(episode, residents_of(ctx, node))
     newcomers = [r for r in on_node if r.key not in episode.announced]
+    if newcomers and episode.scope == "evictions" and episode.deadline_passed and not episode.completed:
+        # A VM marked for eviction after the others were stopped gets its own notice.
+        episode = replace(
+            episode, deadline=ctx.now + timedelta(seconds=ctx.config.drain.notice_seconds), deadline_passed=False
+        )
     if newcomers and not episode.completed:
         episode = _announce(ctx, episode, newcomers)
     if episode.deadline_passed:
         episode = _stop(ctx, episode, on_node)
-    if not on_node and not episode.completed:
+    if not on_node and not episode.completed and all(k in episode.observed for k in episode.announced):
         episode = _complete(ctx, episode)
     ctx.state.put("drains", node, episode)
+
+
+def observe_fate(ctx: Context, node: str, vm_key: str, fate: ObservedFate) -> None:
+    """A VM whose GPU VMI left ``node`` reports what became of it."""
+    episode: DrainEpisode | None = ctx.state.get("drains", node)
+    if episode is None or vm_key not in episode.announced or episode.observed.get(vm_key) == fate:
+        return
+    if episode.completed:
+        return  # the tally is out; a later change is the VM's own business
+    ctx.state.put("drains", node, replace(episode, observed={**episode.observed, vm_key: fate}))
 
 
 def fire_deadline(ctx: Context, node: str) -> None:
@@ -117,72 +247,103 @@ def due_deadlines(episodes: Iterable[DrainEpisode], now: datetime) -> list[str]:
     return sorted(e.node for e in episodes if not e.deadline_passed and not e.completed and e.deadline <= now)
 
 
+def _requesters(ctx: Context, episode: DrainEpisode) -> list[str]:
+    return [episode.requested_by] if episode.requested_by else list(ctx.config.operators)
+
+
+def _what_it_is(episode: DrainEpisode) -> str:
+    if episode.scope == "evictions":
+        return f"KubeVirt was asked to evict it from node {episode.node} ({episode.reason})"
+    return f"Node {episode.node} is being drained ({episode.reason})"
+
+
 def _announce(ctx: Context, episode: DrainEpisode, newcomers: list[Resident]) -> DrainEpisode:
-    fates = plan_fates(ctx, episode, newcomers)
+    plans = plan_fates(ctx, episode, newcomers)
     announced = dict(episode.announced)
+    warned = dict(episode.warned)
     for resident in newcomers:
-        fate = fates[resident.key]
+        fate, free, competing = plans[resident.key]
         gpu = ctx.catalog.for_device((resident.template_gpus or resident.gpu_devices)[0])
-        strategy = resident.run_strategy or "none (a VMI without a VM)"
         subject = vm_subject(resident.key)
+        recipients = list(resident.recipients) if resident.has_vm else list(ctx.config.operators)
         ctx.notify(
             "drain_will_stop_gpu_vm",
             subject=subject,
             episode=episode.episode,
-            recipients=list(resident.recipients) if resident.has_vm else list(ctx.config.operators),
+            recipients=recipients,
             project=resident.project,
             severity="warning",
             message=(
-                f"Node {episode.node} is being drained ({episode.reason}): GPU VM "
-                f"{subject.namespace}/{subject.name} will be stopped at "
+                f"{_what_it_is(episode)}: GPU VM {subject.namespace}/{subject.name} will be stopped at "
                 f"{episode.deadline.strftime('%Y-%m-%d %H:%M:%S UTC')}, and "
-                + FATES[fate].format(gpu=gpu.display_name, strategy=strategy)
+                + fate_text(fate, resident, gpu=gpu.display_name, free=free, competing=competing)
                 + "."
             ),
             details={
                 "node": episode.node,
                 "reason": episode.reason,
                 "drain_source": episode.source,
+                "scope": episode.scope,
                 "outcome": fate,
                 "run_strategy": resident.run_strategy,
+                "restarts_by_itself": restarts_by_itself(resident.run_strategy),
                 "gpu": gpu.describe(),
+                "cards_free": free,
+                "restarting_gpu_vms": competing,
             },
             deadline=episode.deadline,
         )
         announced[resident.key] = fate
-    return replace(episode, announced=announced)
+        warned[resident.key] = (resident.project, tuple(recipients))
+    return replace(episode, announced=announced, warned=warned)
 
 
-def plan_fates(ctx: Context, episode: DrainEpisode, residents: list[Resident]) -> dict[str, DrainOutcome]:
-    """Which of ``residents`` come back by themselves, counting each free card once.
+def fate_text(fate: DrainOutcome, resident: Resident, *, gpu: str, free: int | None, competing: int | None) -> str:
+    """What the owner is told will happen after the stop: only what is known now."""
+    strategy = resident.run_strategy
+    if not resident.has_vm:
+        return "it will not come back (a VMI without a VM)"
+    if fate == "needs_manual_start":
+        return f"it will stay off until it is started again (run strategy {strategy})"
+    if not resident.template_gpus:
+        return f"it will start again by itself (run strategy {strategy}), without a GPU"
+    cards = (
+        f"{free} card(s) of this class free now for {competing} GPU VM(s) of this drain "
+        "that restart by themselves"
+    )
+    if fate == "returns_automatically":
+        return f"it will start again by itself (run strategy {strategy}) on another node with a free {gpu}: {cards}"
+    return f"it will start again by itself (run strategy {strategy}) once a {gpu} is free for it: {cards}"
 
-    Cards elsewhere already promised to VMs announced earlier in the episode are not
-    promised again; VMs are taken in key order so the plan is deterministic.
+
+def plan_fates(
+    ctx: Context, episode: DrainEpisode, residents: list[Resident]
+) -> dict[str, tuple[DrainOutcome, int | None, int | None]]:
+    """Each of ``residents``' fate, with the free cards of its class and the VMs they are for.
+
+    Every VM of the drain that KubeVirt restarts by itself with a GPU of a class competes
+    for that class's free cards elsewhere; which of them gets a card is the scheduler's
+    choice, so a VM is told it comes back only when there is a card for every one of them
+    (otherwise it waits for one, and is told the numbers). A drain promises no card twice.
     """
-    on_node = {r.key: r for r in residents_of(ctx, episode.node)}
-    promised: Counter[str] = Counter()
-    for key, fate in episode.announced.items():
-        earlier = on_node.get(key)
-        if fate == "returns_automatically" and earlier and earlier.template_gpus:
-            promised[earlier.template_gpus[0]] += 1
-    free: dict[str, int] = {}
-    fates: dict[str, DrainOutcome] = {}
+    on_node = in_scope(episode, residents_of(ctx, episode.node))
+    competing: Counter[str] = Counter(
+        r.template_gpus[0] for r in {r.key: r for r in [*on_node, *residents]}.values()
+        if r.has_vm and restarts_by_itself(r.run_strategy) and r.template_gpus
+    )
+    plans: dict[str, tuple[DrainOutcome, int | None, int | None]] = {}
     for resident in sorted(residents, key=lambda r: r.key):
-        if resident.run_strategy != "Always":
-            fates[resident.key] = "needs_manual_start"
+        if not resident.has_vm or not restarts_by_itself(resident.run_strategy):
+            plans[resident.key] = ("needs_manual_start", None, None)
             continue
         if not resident.template_gpus:  # its GPU was removed: it returns without one
-            fates[resident.key] = "returns_automatically"
+            plans[resident.key] = ("returns_automatically", None, None)
             continue
         device = resident.template_gpus[0]
-        if device not in free:
-            free[device] = capacity(ctx.state, device, excluding_node=episode.node).free - promised[device]
-        if free[device] > 0:
-            free[device] -= 1
-            fates[resident.key] = "returns_automatically"
-        else:
-            fates[resident.key] = "waits_for_gpu"
-    return fates
+        free = capacity(ctx.state, device, excluding_node=episode.node).free
+        fate: DrainOutcome = "returns_automatically" if free >= competing[device] else "waits_for_gpu"
+        plans[resident.key] = (fate, free, competing[device])
+    return plans
 
 
 def _stop(ctx: Context, episode: DrainEpisode, on_node: list[Resident]) -> DrainEpisode:
@@ -201,32 +362,36 @@ def _stop(ctx: Context, episode: DrainEpisode, on_node: list[Resident]) -> Drain
 
 
 def _complete(ctx: Context, episode: DrainEpisode) -> DrainEpisode:
-    by_fate: dict[str, list[str]] = {fate: [] for fate in FATES}
+    observed: dict[str, list[str]] = {fate: [] for fate in OBSERVED_FATES}
+    for key in sorted(episode.announced):
+        observed[episode.observed[key]].append(key)
+    predicted: dict[str, list[str]] = {}
     for key, fate in sorted(episode.announced.items()):
-        by_fate[fate].append(key)
+        predicted.setdefault(fate, []).append(key)
     stopped = set(episode.stopped)
-    recipients = [episode.requested_by] if episode.requested_by else list(ctx.config.operators)
+    what = "evictions" if episode.scope == "evictions" else "drain"
     ctx.notify(
         "drain_completed",
         subject=node_subject(episode.node),
         episode=episode.episode,
-        recipients=recipients,
+        recipients=_requesters(ctx, episode),
         project=None,
         severity="info",
         message=(
-            f"Node {episode.node} has no GPU VM left ({episode.reason}): "
-            f"{len(episode.announced)} GPU VM(s) were announced, {len(stopped)} stopped at the "
-            f"deadline, {len(by_fate['returns_automatically'])} expected back by themselves, "
-            f"{len(by_fate['waits_for_gpu'])} waiting for a GPU, "
-            f"{len(by_fate['needs_manual_start'])} needing a manual start."
+            f"Node {episode.node} has no GPU VM of this {what} left ({episode.reason}): "
+            f"{len(episode.announced)} GPU VM(s) were announced, {len(stopped)} stopped at the deadline; "
+            f"now {len(observed['came_back'])} running again on another node, "
+            f"{len(observed['waits_for_gpu'])} waiting for a GPU, {len(observed['off'])} off."
         ),
         details={
             "node": episode.node,
             "drain_source": episode.source,
+            "scope": episode.scope,
             "gpu_vms": len(episode.announced),
             "stopped_at_deadline": sorted(stopped),
             "stopped_before_deadline": sorted(set(episode.announced) - stopped),
-            "outcomes": by_fate,
+            "observed": observed,
+            "announced_outcomes": predicted,
         },
     )
     return replace(episode, completed=True)

@@ -11,6 +11,7 @@ event or a redelivery converge to the same decisions.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from handlers.availability import reconcile_availability
@@ -25,10 +26,10 @@ from handlers.cluster import (
     resident_of,
 )
 from handlers.decisions import Context, ResidentUpdate
-from handlers.drains import end_drain, reconcile_drain, residents_of, start_drain
+from handlers.drains import call_off_drain, observe_fate, reconcile_drain, restarts_by_itself, start_drain
 from handlers.messages import WatchEvent, node_key, vm_key
 from handlers.restarts import reconcile_pending
-from handlers.state import KUBEVIRT_KEY, DrainEpisode
+from handlers.state import KUBEVIRT_KEY, DrainEpisode, ObservedFate, VMTracking, put_tracking
 
 Ignored = str | None
 CLUSTER_KEY = "cluster/kubevirt"
@@ -63,10 +64,11 @@ def _vm(ctx: Context, event: WatchEvent) -> None:
     before = _residence(ctx, vm.key)
     if event.type == "DELETED":
         ctx.state.put("vms", vm.key, None)
+        _tell_nodes(ctx, vm.key, before)
         ctx.state.put("tracking", vm.key, None)
-    else:
-        ctx.state.put("vms", vm.key, vm)
-        _reconcile_vm(ctx, vm.key)
+        return
+    ctx.state.put("vms", vm.key, vm)
+    _reconcile_vm(ctx, vm.key)
     _tell_nodes(ctx, vm.key, before)
 
 
@@ -95,14 +97,45 @@ def _residence(ctx: Context, key: str) -> tuple[str, Resident] | None:
 
 
 def _tell_nodes(ctx: Context, key: str, before: tuple[str, Resident] | None) -> None:
-    """Forward the VM's GPU residence to the node(s) it concerns, if it changed."""
+    """Forward the VM's GPU residence to the node(s) it concerns, if it changed; and to the
+    node its GPU VMI left, what became of the VM once that is seen (a drain reports it)."""
     after = _residence(ctx, key)
-    if after == before:
+    left = before is not None and (after is None or after[0] != before[0])
+    if after != before:
+        if left:
+            assert before is not None
+            ctx.forward(before[0], key, None)
+        if after is not None:
+            ctx.forward(after[0], key, after[1])
+    tracking: VMTracking = ctx.state.get("tracking", key) or VMTracking()
+    if left:
+        assert before is not None
+        tracking = replace(tracking, left_node=before[0], left_fate=None)
+    if tracking.left_node is None:
         return
-    if before is not None and (after is None or after[0] != before[0]):
-        ctx.forward(before[0], key, None)
-    if after is not None:
-        ctx.forward(after[0], key, after[1])
+    fate = fate_since_left(ctx, key)
+    if fate is not None and fate != tracking.left_fate:
+        ctx.forward(tracking.left_node, key, None, fate=fate)
+        if fate == "waits_for_gpu":  # it may still get a card: keep listening
+            tracking = replace(tracking, left_fate=fate)
+        else:
+            tracking = replace(tracking, left_node=None, left_fate=None)
+    put_tracking(ctx.state, key, tracking)
+
+
+def fate_since_left(ctx: Context, key: str) -> ObservedFate | None:
+    """What became of a VM whose GPU VMI left its node, as observed; None while unknown."""
+    vm: VMRecord | None = ctx.state.get("vms", key)
+    vmi: VMIRecord | None = ctx.state.get("vmis", key)
+    if vm is None:
+        return "off"
+    if vmi is not None and vmi.active:
+        if vmi.unschedulable or vm.printable_status == "ErrorUnschedulable":
+            return "waits_for_gpu"
+        return "came_back" if vmi.node else None
+    if restarts_by_itself(vm.run_strategy):
+        return None  # KubeVirt is about to start a new VMI
+    return "off"
 
 
 # ------------------------------------------------------------ under the node's key
@@ -110,19 +143,16 @@ def _tell_nodes(ctx: Context, key: str, before: tuple[str, Resident] | None) -> 
 
 def _node(ctx: Context, event: WatchEvent) -> None:
     new = NodeRecord.from_object(event.object)
-    old: NodeRecord | None = ctx.state.get("nodes", new.name)
     ctx.state.put("nodes", new.name, None if event.type == "DELETED" else new)
     refresh_usage(ctx.state, new.name)
     if event.type == "DELETED":
         reconcile_drain(ctx, new.name)
         return
+    # A cordon alone is not a drain: it stops nothing (docs/kubevirt.md).
     episode: DrainEpisode | None = ctx.state.get("drains", new.name)
-    cordoned_now = new.unschedulable and (old is None or not old.unschedulable)
-    if cordoned_now and episode is None and residents_of(ctx, new.name):
-        start_drain(ctx, node=new.name, source="cordon", reason="the node was cordoned", requested_by=None)
-        return
-    if episode is not None and episode.cordon_observed and not new.unschedulable:
-        end_drain(ctx, new.name)  # uncordoned again: the drain was called off
+    if episode is not None and episode.scope == "node" and episode.cordon_observed and not new.unschedulable:
+        # Uncordoned by someone else after the cordon was seen: the drain is called off.
+        call_off_drain(ctx, new.name, why="the node was uncordoned", undo_cordon=False)
         return
     reconcile_drain(ctx, new.name)
 
@@ -134,7 +164,8 @@ def _maintenance(ctx: Context, event: WatchEvent) -> None:
         ctx.state.put("maintenances", maintenance.name, None)
         episode: DrainEpisode | None = ctx.state.get("drains", maintenance.node)
         if episode is not None and episode.source == "maintenance":
-            end_drain(ctx, maintenance.node)
+            call_off_drain(ctx, maintenance.node, why=f"NodeMaintenance {maintenance.name} was deleted",
+                           undo_cordon=True)
         return
     ctx.state.put("maintenances", maintenance.name, maintenance)
     if old is None and maintenance.node:
@@ -156,13 +187,17 @@ def settle_resident(ctx: Context, update: ResidentUpdate) -> None:
         residents[update.vm_key] = update.resident
     ctx.state.put("residents", update.node, residents or None)
     refresh_usage(ctx.state, update.node)
+    if update.fate is not None:
+        observe_fate(ctx, update.node, update.vm_key, update.fate)
     if update.resident is not None and update.resident.evacuating:
+        # evictionStrategy External: KubeVirt marked this one VMI and leaves its stop to us.
         start_drain(
             ctx,
             node=update.node,
             source="eviction",
-            reason="KubeVirt was asked to evict its VMs",
+            reason="an eviction of its pod was requested",
             requested_by=None,
+            scope="evictions",
         )
     reconcile_drain(ctx, update.node)
 

@@ -8,6 +8,8 @@ than the VM's template — Superphenix's console compares the same — or while 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from handlers import ids
 from handlers.cluster import HOST_PASSTHROUGH, VMIRecord, VMRecord
 from handlers.decisions import Context, vm_subject
@@ -35,7 +37,7 @@ def reconcile_pending(ctx: Context, vm: VMRecord) -> None:
     tracking: VMTracking = ctx.state.get("tracking", vm.key) or VMTracking()
     if not change_pending(vm, vmi):
         if tracking.pending_episode is not None:
-            put_tracking(ctx.state, vm.key, VMTracking(None, tracking.unavailable_episode))
+            put_tracking(ctx.state, vm.key, replace(tracking, pending_episode=None))
         return
     assert vmi is not None
     episode = ids.episode_id(vm.key, vmi.uid, *vm.gpu_devices, str(vm.cpu_model))
@@ -62,7 +64,7 @@ def reconcile_pending(ctx: Context, vm: VMRecord) -> None:
             "restart_required_condition": vm.restart_required,
         },
     )
-    put_tracking(ctx.state, vm.key, VMTracking(episode, tracking.unavailable_episode))
+    put_tracking(ctx.state, vm.key, replace(tracking, pending_episode=episode))
 
 
 def pending_detail(state: StateView, key: str) -> dict[str, object] | None:

@@ -62,6 +62,8 @@ KUBEVIRT_KEY = "cluster"
 
 DrainSource = Literal["intent", "maintenance", "cordon", "eviction"]
 DrainOutcome = Literal["returns_automatically", "waits_for_gpu", "needs_manual_start"]
+DrainScope = Literal["node", "evictions"]
+ObservedFate = Literal["came_back", "waits_for_gpu", "off"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +72,12 @@ class VMTracking:
 
     pending_episode: str | None = None  # the pending-restart episode the owner was told of
     unavailable_episode: str | None = None  # the gpu_unavailable episode the owner was told of
+    left_node: str | None = None  # its GPU VMI left this node; where it went is not reported yet
+    left_fate: str | None = None  # what was last reported to that node (waits_for_gpu)
 
     @property
     def empty(self) -> bool:
-        return self.pending_episode is None and self.unavailable_episode is None
+        return self.pending_episode is None and self.unavailable_episode is None and self.left_node is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +97,10 @@ class DrainEpisode:
     deadline_passed: bool = False
     cordon_observed: bool = False
     completed: bool = False  # kept until the episode ends, so a late signal starts no new one
+    scope: DrainScope = "node"  # "evictions": only the VMIs KubeVirt was asked to evict
+    cordoned: bool = False  # vmstream cordoned the node itself (and so may uncordon it)
+    warned: dict[str, tuple[str | None, tuple[str, ...]]] = field(default_factory=dict)  # key: (project, recipients)
+    observed: dict[str, ObservedFate] = field(default_factory=dict)  # what became of each announced VM
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,10 +5,14 @@ nothing turns a VirtualMachine into a VirtualMachineInstance there. Tests that n
 to come and go run :class:`KubeVirtSimulator`, which polls the REAL API server and does,
 in a few lines, what virt-controller (and the scheduler) would do:
 
-* run strategies (DOMAIN.md): Always / RerunOnFailure / Once start at create, Manual and
-  Halted do not; after the VMI is gone only Always recreates it (a deleted or evicted VMI
-  ends ``Succeeded``, which RerunOnFailure does not rerun). As in KubeVirt, "at create" is
-  told apart from "after a stop" by ``status.runStrategy``, the strategy last acted on;
+* run strategies as virt-controller's ``Controller.syncRunStrategy``
+  (pkg/virt-controller/watch/vm/vm.go) acts on them, in :func:`run_strategy_action` (the
+  table in docs/kubevirt.md): Always starts a VMI whenever there is none and replaces an
+  ended one; Once starts one whenever there is none (so a *deleted* VMI is replaced, an
+  ended one is not); RerunOnFailure replaces a Failed VMI, deletes a Succeeded one, and
+  starts one only when it comes from another strategy (``status.runStrategy``, the strategy
+  last acted on, differs); Halted deletes any VMI; Manual acts only on requests. The
+  deprecated ``spec.running`` maps onto Always (true) and Halted (false, or unset);
 * ``status.stateChangeRequests`` written by virt-api's start/stop/restart (see
   ``tests/virt_api_standin.py``): Stop deletes the VMI with the given uid, Start creates one;
 * scheduling: a VMI is created from the template (its whole spec: GPUs, CPU model, …) and
@@ -74,6 +78,29 @@ def node_schedulable(node: dict[str, Any]) -> bool:
 
 def vmi_active(vmi: dict[str, Any] | None) -> bool:
     return vmi is not None and _get(vmi, "status", "phase") not in ENDED
+
+
+def run_strategy_action(strategy: str, vmi_phase: str | None, *, seen: str | None) -> str:
+    """What virt-controller does about a VM's VMI when no state change request is pending.
+
+    ``vmi_phase`` is None when the VM has no VMI; ``seen`` is ``status.runStrategy``.
+    Returns ``start``, ``stop`` (delete the VMI), ``restart`` (delete it, then start a new
+    one) or ``none`` — pkg/virt-controller/watch/vm/vm.go, ``Controller.syncRunStrategy``.
+    """
+    exists = vmi_phase is not None
+    if strategy == "Always":  # "a VMI should always be running"
+        if not exists:
+            return "start"
+        return "restart" if vmi_phase in ENDED else "none"
+    if strategy == "RerunOnFailure":
+        if exists:
+            return {"Failed": "restart", "Succeeded": "stop"}.get(vmi_phase or "", "none")
+        return "start" if seen != strategy else "none"  # "when coming here from a different RunStrategy"
+    if strategy == "Once":
+        return "none" if exists else "start"  # vmi == nil → startVMI, whatever came before
+    if strategy == "Halted":
+        return "stop" if exists else "none"
+    return "none"  # Manual: "VMI's will be started/stopped/restarted using api endpoints only"
 
 
 class KubeVirtSimulator:
@@ -172,27 +199,14 @@ class KubeVirtSimulator:
             self._clear_requests(vm, requests)
             return vmi
         seen = _get(vm, "status", "runStrategy")  # the strategy last acted on: None for a new VM
-        phase = _get(vmi, "status", "phase")
-        if strategy == "Always":
-            if vmi is not None and phase in ENDED:
-                self._delete_vmi(vmi, vmis)
-                vmi = None
-            if vmi is None:
-                vmi = self._create_vmi(vm, nodes, vmis)
-        elif strategy == "RerunOnFailure":
-            if vmi is not None and phase == "Failed":
-                self._delete_vmi(vmi, vmis)
-                vmi = self._create_vmi(vm, nodes, vmis)
-            elif vmi is None and seen != strategy:
-                vmi = self._create_vmi(vm, nodes, vmis)
-        elif strategy == "Once":
-            if vmi is None and seen != strategy:
-                vmi = self._create_vmi(vm, nodes, vmis)
-        elif strategy == "Halted":
-            if vmi is not None and vmi_active(vmi):
-                self._delete_vmi(vmi, vmis)
-                vmi = None
-        return vmi  # Manual: only requests act
+        phase = None if vmi is None else str(_get(vmi, "status", "phase") or "Pending")
+        action = run_strategy_action(strategy, phase, seen=seen)
+        if action in ("stop", "restart") and vmi is not None:
+            self._delete_vmi(vmi, vmis)
+            vmi = None
+        if action in ("start", "restart"):
+            vmi = self._create_vmi(vm, nodes, vmis)
+        return vmi
 
     # --- VMIs ------------------------------------------------------------------------------
 

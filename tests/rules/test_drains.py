@@ -61,12 +61,22 @@ def test_non_gpu_vms_are_not_announced() -> None:
     assert "cpu-1" not in fates(h)
 
 
-def test_fates_count_each_free_card_once() -> None:
-    """One spare RTX elsewhere: one Always VM returns, the other waits; RerunOnFailure does not rerun."""
+def test_one_spare_card_for_two_restarting_vms_promises_neither() -> None:
+    """Which of the two gets the card is the scheduler's choice: both are told the numbers."""
     h = az(spare_rtx=1)
     drain(h)
-    assert fates(h) == {"always-1": "returns_automatically", "always-2": "waits_for_gpu",
+    assert fates(h) == {"always-1": "waits_for_gpu", "always-2": "waits_for_gpu",
                         "rerun-1": "needs_manual_start"}
+    told = {n.subject.name: n for n in h.notifications("drain_will_stop_gpu_vm")}
+    assert "1 card(s) of this class free now for 2 GPU VM(s) of this drain that restart by themselves" \
+        in told["always-1"].message
+    assert (told["always-1"].details["cards_free"], told["always-1"].details["restarting_gpu_vms"]) == (1, 2)
+
+
+def test_a_card_for_every_restarting_vm_promises_each_its_return() -> None:
+    h = az(spare_rtx=2)
+    drain(h)
+    assert fates(h)["always-1"] == fates(h)["always-2"] == "returns_automatically"
 
 
 def test_no_spare_card_means_waiting_for_a_gpu() -> None:
@@ -129,19 +139,27 @@ def test_vms_stopped_by_their_owners_before_the_deadline_are_not_stopped_again()
     assert sorted(c.target.name for c in fired.decision.commands) == ["always-1", "always-2"]
 
 
-def test_drain_completed_goes_to_the_requester_with_the_tally() -> None:
-    h = az()
+def test_drain_completed_reports_what_became_of_each_vm_as_observed() -> None:
+    """Not the prediction: always-1 came back, always-2 waits for a card, rerun-1 is off."""
+    h = az(spare_rtx=1)
     drain(h)
     h.wait(600)
     h.tick()
     for name, device in (("always-1", RTX), ("always-2", RTX), ("rerun-1", A100)):
-        assert h.notifications("drain_completed") == []
         h.observe(vmi("p", name, node_name="gpu-node-1", phase="Succeeded", gpu=device), "DELETED")
+    # No GPU VMI is left, but what became of the two Always VMs is not seen yet.
+    assert h.notifications("drain_completed") == []
+    h.observe(vmi("p", "always-1", node_name="gpu-node-2", gpu=RTX, generation=2))
+    assert h.notifications("drain_completed") == []
+    h.observe(vmi("p", "always-2", node_name=None, phase="Scheduling", gpu=RTX, generation=2, unschedulable=True))
     [done] = h.notifications("drain_completed")
     assert done.recipients == [OPS]
     assert done.details["gpu_vms"] == 3
     assert done.details["stopped_at_deadline"] == ["vm/p/always-1", "vm/p/always-2", "vm/p/rerun-1"]
-    assert done.details["outcomes"]["needs_manual_start"] == ["vm/p/rerun-1"]
+    assert done.details["observed"] == {"came_back": ["vm/p/always-1"], "waits_for_gpu": ["vm/p/always-2"],
+                                        "off": ["vm/p/rerun-1"]}
+    assert "now 1 running again on another node, 1 waiting for a GPU, 1 off" in done.message
+    assert done.details["announced_outcomes"]["waits_for_gpu"] == ["vm/p/always-1", "vm/p/always-2"]
 
 
 def test_a_drain_of_a_node_without_gpu_vms_completes_at_once() -> None:
@@ -162,13 +180,13 @@ def test_a_node_maintenance_starts_the_same_announcements() -> None:
     assert len(h.notifications("drain_will_stop_gpu_vm")) == 3
 
 
-def test_a_cordon_starts_an_episode_without_a_cordon_command() -> None:
+def test_a_cordon_alone_stops_nothing() -> None:
     h = az()
     h.observe(node("gpu-node-1", gpus={RTX: 2, A100: 1}, unschedulable=True, rv=2), "MODIFIED")
-    assert len(h.notifications("drain_will_stop_gpu_vm")) == 3
-    assert h.commands() == []
-    episode: DrainEpisode = h.state.get("drains", "gpu-node-1")
-    assert episode.source == "cordon"
+    assert h.state.get("drains", "gpu-node-1") is None
+    h.wait(3600)
+    assert h.tick() == []
+    assert h.commands() == [] and h.notifications("drain_will_stop_gpu_vm") == []
 
 
 def test_cordoning_a_node_without_gpu_vms_is_not_a_drain_episode() -> None:
@@ -178,12 +196,60 @@ def test_cordoning_a_node_without_gpu_vms_is_not_a_drain_episode() -> None:
     assert h.state.get("drains", "cpu-node") is None
 
 
-def test_an_eviction_request_on_a_gpu_vmi_starts_an_episode() -> None:
-    h = az()
-    h.observe(vmi("p", "always-1", node_name="gpu-node-1", gpu=RTX, eviction_requested=True), "MODIFIED")
+def evict(h: Harness, name: str = "always-1", device: str = RTX) -> None:
+    h.observe(vmi("p", name, node_name="gpu-node-1", gpu=device, eviction_requested=True), "MODIFIED")
+
+
+def test_an_eviction_concerns_that_one_vm_only() -> None:
+    """evictionStrategy External: tell its owner, stop it at the deadline; no cordon, no other VM."""
+    h = az(spare_rtx=1)
+    evict(h)
     episode: DrainEpisode = h.state.get("drains", "gpu-node-1")
-    assert episode.source == "eviction"
-    assert len(h.notifications("drain_will_stop_gpu_vm")) == 3
+    assert (episode.source, episode.scope) == ("eviction", "evictions")
+    [told] = h.notifications("drain_will_stop_gpu_vm")
+    assert told.subject.name == "always-1" and told.recipients == [ALICE]
+    assert told.deadline == START + timedelta(seconds=900)
+    assert told.details["outcome"] == "returns_automatically"  # the one card is for it alone
+    assert "KubeVirt was asked to evict it from node gpu-node-1" in told.message
+    assert h.commands() == []
+    h.wait(900)
+    [fired] = h.tick()
+    assert [(c.type, c.target.name) for c in fired.decision.commands] == [("delete_vmi", "always-1")]
+    assert h.commands("cordon_node") == []
+
+
+def test_an_evicted_vm_its_owner_stops_first_is_not_stopped_again() -> None:
+    h = az()
+    evict(h)
+    h.observe(vmi("p", "always-1", node_name="gpu-node-1", phase="Succeeded", gpu=RTX), "MODIFIED")
+    h.wait(900)
+    h.tick()
+    assert h.commands("delete_vmi") == []
+
+
+def test_a_vm_evicted_after_the_first_deadline_gets_its_own_notice() -> None:
+    h = az(spare_rtx=2)
+    evict(h)
+    h.wait(900)
+    h.tick()
+    h.wait(10)
+    evict(h, "rerun-1", A100)
+    told = {n.subject.name: n for n in h.notifications("drain_will_stop_gpu_vm")}
+    assert told["rerun-1"].deadline == START + timedelta(seconds=1810)
+    assert [c.target.name for c in h.commands("delete_vmi")] == ["always-1"]
+    h.wait(900)
+    h.tick()
+    assert [c.target.name for c in h.commands("delete_vmi")] == ["always-1", "rerun-1"]
+
+
+def test_a_drain_of_a_node_with_an_eviction_under_way_widens_it_to_the_whole_node() -> None:
+    h = az()
+    evict(h)
+    drain(h)
+    assert sorted(fates(h)) == ["always-1", "always-2", "rerun-1"]
+    assert len(h.commands("cordon_node")) == 1
+    episode: DrainEpisode = h.state.get("drains", "gpu-node-1")
+    assert (episode.scope, episode.source) == ("node", "intent")
 
 
 def test_a_gpu_vm_arriving_during_the_drain_is_announced_too() -> None:
@@ -194,14 +260,46 @@ def test_a_gpu_vm_arriving_during_the_drain_is_announced_too() -> None:
     assert "late-1" in fates(h)
 
 
-def test_undrain_ends_the_episode_and_uncordons() -> None:
+def test_undrain_calls_the_drain_off_tells_every_warned_owner_and_undoes_its_cordon() -> None:
     h = az()
     drain(h)
-    h.intent("undrain_node", {"node": "gpu-node-1"}, by=OPS, project=None)
-    assert h.commands()[-1].type == "uncordon_node"
+    h.wait(60)
+    h.intent("undrain_node", {"node": "gpu-node-1", "reason": "postponed"}, by=OPS, project=None)
+    assert [c.type for c in h.commands()] == ["cordon_node", "uncordon_node"]
     assert h.state.get("drains", "gpu-node-1") is None
+    off = {n.subject.name: n for n in h.notifications("drain_called_off")}
+    assert sorted(off) == ["always-1", "always-2", "gpu-node-1", "rerun-1"]
+    assert off["rerun-1"].recipients == [BOB] and off["always-1"].recipients == [ALICE]
+    assert "will not be stopped" in off["always-1"].message
+    tally = off["gpu-node-1"]
+    assert tally.recipients == [OPS]
+    assert tally.details["told_it_is_off"] == ["vm/p/always-1", "vm/p/always-2", "vm/p/rerun-1"]
+    assert tally.details["uncordoned"] is True
     h.wait(600)
     assert h.tick() == []
+    assert h.commands("delete_vmi") == []
+
+
+def test_undrain_leaves_a_cordon_that_was_not_vmstreams() -> None:
+    h = az()
+    h.observe(node("gpu-node-1", gpus={RTX: 2, A100: 1}, unschedulable=True, rv=2), "MODIFIED")
+    drain(h)
+    assert h.commands("cordon_node") == []
+    h.intent("undrain_node", {"node": "gpu-node-1"}, by=OPS, project=None)
+    assert h.commands("uncordon_node") == []
+    [tally] = [n for n in h.notifications("drain_called_off") if n.subject.kind == "Node"]
+    assert tally.details["uncordoned"] is False
+
+
+def test_undrain_after_the_deadline_tells_only_the_owners_whose_vm_was_not_stopped() -> None:
+    h = az()
+    drain(h)
+    h.observe(vmi("p", "rerun-1", node_name="gpu-node-1", phase="Succeeded", gpu=A100), "MODIFIED")
+    h.wait(600)
+    h.tick()
+    h.intent("undrain_node", {"node": "gpu-node-1"}, by=OPS, project=None)
+    vms = sorted(n.subject.name for n in h.notifications("drain_called_off") if n.subject.kind != "Node")
+    assert vms == ["rerun-1"]
 
 
 def test_undrain_of_a_node_not_being_drained_is_rejected() -> None:
@@ -218,16 +316,25 @@ def test_uncordoning_after_a_cordon_calls_the_drain_off() -> None:
     h.observe(node("gpu-node-1", gpus={RTX: 2, A100: 1}, unschedulable=True, rv=2), "MODIFIED")
     h.observe(node("gpu-node-1", gpus={RTX: 2, A100: 1}, rv=3), "MODIFIED")
     assert h.state.get("drains", "gpu-node-1") is None
+    assert len([n for n in h.notifications("drain_called_off") if n.subject.kind != "Node"]) == 3
+    assert h.commands("uncordon_node") == []  # someone else uncordoned it already
+    h.wait(600)
+    assert h.tick() == [] and h.commands("delete_vmi") == []
 
 
-def test_deleting_the_node_maintenance_ends_its_episode() -> None:
+def test_deleting_the_node_maintenance_calls_its_drain_off() -> None:
     h = az()
     h.observe(node_maintenance("nm-1", "gpu-node-1", "PSU"))
     h.observe(node_maintenance("nm-1", "gpu-node-1", "PSU"), "DELETED")
     assert h.state.get("drains", "gpu-node-1") is None
+    assert [c.type for c in h.commands()] == ["cordon_node", "uncordon_node"]
+    [tally] = [n for n in h.notifications("drain_called_off") if n.subject.kind == "Node"]
+    assert tally.recipients == [OPS] and "NodeMaintenance nm-1 was deleted" in tally.message
+    h.wait(900)
+    assert h.tick() == []
 
 
-@pytest.mark.parametrize("second", ["maintenance", "cordon", "intent"])
+@pytest.mark.parametrize("second", ["maintenance", "cordon", "intent", "eviction"])
 def test_a_second_signal_joins_the_episode(second: str) -> None:
     h = az()
     drain(h)
@@ -235,6 +342,8 @@ def test_a_second_signal_joins_the_episode(second: str) -> None:
         h.observe(node_maintenance("nm-1", "gpu-node-1", "again"))
     elif second == "cordon":
         h.observe(node("gpu-node-1", gpus={RTX: 2, A100: 1}, unschedulable=True, rv=2), "MODIFIED")
+    elif second == "eviction":
+        evict(h)
     else:
         h.intent("drain_node", {"node": "gpu-node-1", "reason": "again"}, by=OPS, project=None)
     assert len(h.notifications("drain_will_stop_gpu_vm")) == 3
