@@ -38,16 +38,18 @@ def _gpu_devices(domain: Any) -> tuple[str, ...]:
 
 
 def effective_run_strategy(spec: dict[str, Any]) -> str:
-    """``spec.runStrategy``, or the deprecated ``spec.running`` mapped onto it."""
+    """``spec.runStrategy``, or the deprecated ``spec.running`` mapped onto it.
+
+    As KubeVirt's ``VirtualMachine.RunStrategy()`` (staging/src/kubevirt.io/api/core/v1/types.go):
+    ``running: true`` is Always; ``running: false``, or neither field set, is Halted.
+    """
     strategy = spec.get("runStrategy")
     if isinstance(strategy, str):
         return strategy
     running = spec.get("running")
     if running is True:
         return "Always"
-    if running is False:
-        return "Halted"
-    return "Manual"
+    return "Halted"
 
 
 @dataclass(frozen=True, slots=True)
