@@ -25,6 +25,7 @@ import argparse
 import http.client
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -48,8 +49,10 @@ from handlers.engine import Engine, Source
 from handlers.gpus import GPURuleViolation, desired_vm, plan_patch
 from handlers.messages import Command, describe_validation_error
 from handlers.results import Outcome, ResultDecision, decide_result
+from streams import metrics
 from streams.codecs import encode_message
 from streams.kafka_clients import consumer, producer
+from streams.probes import ProbeServer
 from streams.settings import Settings, load_settings
 from streams.topics import ensure_topics
 
@@ -209,7 +212,14 @@ class KubeApplier:
         timeout = (self.retry.connect_timeout, self.retry.read_timeout)
         for attempt in self.retry.retrying():
             with attempt:
-                return fn(*args, _request_timeout=timeout, **kwargs)
+                try:
+                    return fn(*args, _request_timeout=timeout, **kwargs)
+                except ApiException as exc:  # by status: a 404 or 409 may be an expected answer
+                    metrics.API_ERRORS.labels(str(exc.status or "unknown")).inc()
+                    raise
+                except TRANSIENT_ERRORS:
+                    metrics.API_ERRORS.labels("connection").inc()
+                    raise
         raise AssertionError("unreachable: tenacity re-raises the last error")
 
     def _get_vm(self, namespace: str, name: str) -> dict[str, Any]:
@@ -525,12 +535,12 @@ class Applier:
             with ThreadPoolExecutor(self.concurrency, thread_name_prefix="apply") as pool:
                 while not stop.is_set():
                     batch = commands.poll(timeout_ms=500, max_records=self.batch_size)
-                    if not batch:
-                        continue
-                    ledger.catch_up()
-                    records = [record for records in batch.values() for record in records]
-                    self.handle_batch(records, ledger, out, pool)
-                    self._commit(commands, {tp: records[-1].offset + 1 for tp, records in batch.items()})
+                    if batch:
+                        ledger.catch_up()
+                        records = [record for records in batch.values() for record in records]
+                        self.handle_batch(records, ledger, out, pool)
+                        self._commit(commands, {tp: records[-1].offset + 1 for tp, records in batch.items()})
+                    metrics.record_client_lag(commands)  # what was polled has been handled
         finally:
             commands.close()
             out.close()
@@ -594,11 +604,14 @@ class Applier:
 
     def apply_one(self, command: Command) -> ResultDecision:
         """Apply one command to the API server and decide what to record of it."""
+        started = time.perf_counter()
         try:
             applied = self.kube.apply(command)
         except Exception as exc:  # a bug must not stop the line: record it as a failure
             log.exception("applying command %s failed unexpectedly", command.command_id)
             applied = Applied("failed", error=f"internal error: {type(exc).__name__}: {exc}")
+        metrics.APPLY_SECONDS.labels(command.type).observe(time.perf_counter() - started)
+        metrics.APPLY_RESULTS.labels(command.type, applied.outcome).inc()
         log.info("command %s (%s %s): %s%s", command.command_id, command.type, subject_key(command.target),
                  applied.outcome, f" — {applied.error}" if applied.error else "")
         return decide_result(
@@ -648,7 +661,20 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     with api_client(args.kubeconfig) as api:
-        Applier(settings, KubeApplier(api, subresource_url=args.subresource_url)).run(stop)
+        applier = Applier(settings, KubeApplier(api, subresource_url=args.subresource_url))
+        try:
+            probes: ProbeServer | None = ProbeServer(
+                ready=lambda: applier.ready.is_set() and not stop.is_set(), host=args.probe_host,
+                port=args.probe_port).start()
+        except OSError as exc:  # applying matters more than being probed; a kubelet would notice
+            log.error("no /health, /ready, /metrics: cannot listen on %s:%d: %s", args.probe_host,
+                      args.probe_port, exc)
+            probes = None
+        try:
+            applier.run(stop)
+        finally:
+            if probes is not None:
+                probes.close()
     return 0
 
 
@@ -666,6 +692,12 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="base URL of KubeVirt's subresource API (start/stop/restart); default: the API "
         "server itself, where virt-api is aggregated",
     )
+    apply.add_argument("--probe-host", default=os.environ.get("VMSTREAM_PROBE_HOST", "127.0.0.1"),
+                       help="address of /health, /ready and /metrics (default: $VMSTREAM_PROBE_HOST, "
+                       "else loopback only)")
+    apply.add_argument("--probe-port", type=int, default=int(os.environ.get("VMSTREAM_PROBE_PORT", "6067")),
+                       help="port of /health, /ready and /metrics (default: $VMSTREAM_PROBE_PORT, else "
+                       "6067; 0: any free)")
     apply.set_defaults(handler=_run)
 
 

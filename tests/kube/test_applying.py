@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.error
+import urllib.request
 import signal
 import subprocess
 import sys
@@ -26,6 +28,7 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from prometheus_client.parser import text_string_to_metric_families
 
 from handlers import ids
 from handlers.cluster import OWNER_ANNOTATION
@@ -33,6 +36,7 @@ from handlers.decisions import subject_key
 from handlers.messages import Command, CommandType, ObjectRef
 from streams.applying import Applier, KubeApplier
 from streams.codecs import encode_message
+from streams.processes import free_ports
 from streams.running import CONFIG, Deployment
 from streams.scenarios import A100, PROJECT_LABEL
 from streams.scenarios import node as node_object
@@ -126,13 +130,22 @@ def virt_api(kube: Kube) -> Iterator[VirtApiStandIn]:
 
 
 @pytest.fixture(scope="module")
-def applier(deployment: Deployment, kube: Kube, virt_api: VirtApiStandIn) -> Iterator[subprocess.Popen[bytes]]:
+def probe_url() -> str:
+    """Where the module's applier serves /health, /ready and /metrics."""
+    [port] = free_ports(1)
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def applier(deployment: Deployment, kube: Kube, virt_api: VirtApiStandIn,
+            probe_url: str) -> Iterator[subprocess.Popen[bytes]]:
     """``vmstream apply`` as its own process, ready once it has read the results ledger."""
     log_path = deployment.workdir / "applier.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "streams.applying", "apply", "--config", str(CONFIG),
-             "--kubeconfig", str(kube.kubeconfig), "--subresource-url", virt_api.url],
+             "--kubeconfig", str(kube.kubeconfig), "--subresource-url", virt_api.url,
+             "--probe-port", probe_url.rsplit(":", 1)[1]],
             env={**deployment.env(0), "PYTHONUNBUFFERED": "1"}, stdout=log, stderr=subprocess.STDOUT,
         )
 
@@ -166,6 +179,13 @@ def published(deployment: Deployment, applier: subprocess.Popen[bytes]) -> Itera
 
 
 @pytest.fixture
+def kube_namespace(kube_namespace: str, api: client.ApiClient) -> str:
+    """The test's namespace as a project's (proj-a): the applier writes nowhere else."""
+    client.CoreV1Api(api).patch_namespace(kube_namespace, {"metadata": {"labels": {PROJECT_LABEL: "proj-a"}}})
+    return kube_namespace
+
+
+@pytest.fixture
 def make_node(api: client.ApiClient) -> Iterator[Callable[..., str]]:
     """``make_node(gpus={device: n})`` → the name of a fresh Ready node, deleted afterwards."""
     core = client.CoreV1Api(api)
@@ -189,7 +209,9 @@ def make_node(api: client.ApiClient) -> Iterator[Callable[..., str]]:
 
 
 def publish(deployment: Deployment, command: Command) -> None:
-    deployment.publish_raw("commands", subject_key(command.target), encode_message(command))
+    """As the deployment's worker publishes it: sealed with its key."""
+    deployment.publish_raw("commands", subject_key(command.target),
+                           encode_message(command, keyring=deployment.signing.keyring()))
 
 
 def command(type_: CommandType, target: ObjectRef, **fields: Any) -> Command:
@@ -506,7 +528,7 @@ def test_a_command_published_twice_is_applied_once(
 
     # A fresh applier in a new group reads every command from the start; it learns from the
     # results topic that each one is done and applies none of them again.
-    settings = load_settings(CONFIG).model_copy(update={"kafka": deployment.kafka})
+    settings = load_settings(CONFIG).model_copy(update={"kafka": deployment.kafka, "signing": deployment.signing})
     group = f"{deployment.app_id}-second"
     stop = threading.Event()
     with kube.api_client() as second_api:
@@ -533,3 +555,58 @@ def test_a_command_published_twice_is_applied_once(
         counts[value["command_id"]] = counts.get(value["command_id"], 0) + 1
     assert counts and set(counts.values()) == {1}
     assert not unschedulable(api, node)
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def _samples(probe_url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    status, body = _get(f"{probe_url}/metrics")
+    assert status == 200
+    return {(sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(body.decode()) for sample in family.samples}
+
+
+def test_the_applier_answers_its_probes_and_measures_what_it_applies(
+    deployment: Deployment, published: Published, make_node: Callable[..., str], probe_url: str
+) -> None:
+    assert _get(f"{probe_url}/health")[0] == 200
+    status, body = _get(f"{probe_url}/ready")
+    assert status == 200 and json.loads(body)["ready"] is True
+
+    node = make_node()
+    cordon = command("cordon_node", ObjectRef(kind="Node", name=node), requested_by=OPERATOR)
+    missing = command("cordon_node", ObjectRef(kind="Node", name=f"gone-{uuid.uuid4().hex[:8]}"),
+                      requested_by=OPERATOR)
+    before = _samples(probe_url)
+    for each in (cordon, missing):
+        publish(deployment, each)
+    assert published.result(cordon)["outcome"] == "applied"
+    assert published.result(missing)["outcome"] == "failed"
+
+    topic = deployment.kafka.topic("commands")
+    lag_labels = [frozenset({("topic", topic), ("partition", str(p))}) for p in range(deployment.kafka.partitions)]
+
+    def measured() -> dict[tuple[str, frozenset[tuple[str, str]]], float] | None:
+        now = _samples(probe_url)
+
+        def grew(name: str, labels: dict[str, str], by: float) -> bool:
+            key = (name, frozenset(labels.items()))
+            return now.get(key, 0.0) - before.get(key, 0.0) >= by
+
+        lag_known = all(("vmstream_consumer_lag", labels) in now for labels in lag_labels)
+        caught_up = lag_known and sum(now["vmstream_consumer_lag", labels] for labels in lag_labels) == 0
+        if (grew("vmstream_apply_results_total", {"type": "cordon_node", "outcome": "applied"}, 1)
+                and grew("vmstream_apply_results_total", {"type": "cordon_node", "outcome": "failed"}, 1)
+                and grew("vmstream_apply_seconds_count", {"type": "cordon_node"}, 2)
+                and grew("vmstream_kube_api_errors_total", {"status": "404"}, 1)
+                and caught_up):
+            return now
+        return None
+
+    eventually(measured, "the results, the latency, the API error and a lag of 0 on every commands partition")

@@ -207,7 +207,7 @@ def test_each_deployment_runs_its_job_locked_down(
     assert {"key": "ca.crt", "path": Path(cafile).name} in ca_volume["items"]
 
 
-def test_only_the_worker_serves_http_and_only_it_is_probed(
+def test_the_worker_and_the_applier_are_probed_over_http(
     objects: dict[tuple[str, str], Manifest],
 ) -> None:
     worker = _container(objects["Deployment", WORKER])
@@ -224,7 +224,14 @@ def test_only_the_worker_serves_http_and_only_it_is_probed(
     env = {e["name"]: e.get("value") for e in worker["env"]}
     assert env["VMSTREAM_WORKER__WEB_HOST"] == "0.0.0.0"  # reachable by the kubelet
     assert env["VMSTREAM_WORKER__WEB_PORT"] == "6066"
-    for name in (WATCH, APPLY):
+    applier = _container(objects["Deployment", APPLY])
+    apply_ports = {p["name"]: p["containerPort"] for p in applier["ports"]}
+    for kind, path in (("livenessProbe", "/health"), ("readinessProbe", "/ready"), ("startupProbe", "/health")):
+        get = applier[kind]["httpGet"]
+        assert (get["path"], apply_ports[get["port"]]) == (path, 6067), kind
+    apply_env = {e["name"]: e.get("value") for e in applier["env"]}
+    assert (apply_env["VMSTREAM_PROBE_HOST"], apply_env["VMSTREAM_PROBE_PORT"]) == ("0.0.0.0", "6067")
+    for name in (WATCH,):
         container = _container(objects["Deployment", name])
         assert not container.get("ports"), name
         for kind in ("livenessProbe", "readinessProbe", "startupProbe"):
