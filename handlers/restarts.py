@@ -1,9 +1,16 @@
-"""Pending restarts: a GPU or CPU-model change waits for the VM's next boot.
+"""Pending restarts: a GPU change waits for the VM's next boot.
 
-KubeVirt never touches a running VMI for these fields, so the change *applies after a
-restart*. It is pending while a live VMI runs with other GPUs (or another CPU-model kind)
-than the VM's template — Superphenix's console compares the same — or while KubeVirt says
-``RestartRequired``. The owner is told once per pending episode; a restart or a stop ends it.
+KubeVirt never touches a running VMI's GPUs, so a GPU change *applies after a restart*. It
+is pending while a live VMI runs with other GPUs than the VM's template — Superphenix's
+console compares the same. The owner is told once per GPU change (per running VMI and
+wanted GPUs); a restart or a stop ends it.
+
+KubeVirt's ``RestartRequired`` condition is neither needed nor enough: it is set for any
+change that is not live-updatable (cores, memory, disks), which is no GPU notice; and it is
+cleared only after the new VMI exists — ``startVMI`` in pkg/virt-controller/watch/vm/vm.go
+drops it (``cleanupRestartRequired``) from the VM it then creates the VMI for, and the VM's
+status is written after — so the watch shows the new VMI, already with the GPU, while the VM
+still says ``RestartRequired``. That VMI ends the episode.
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from handlers import ids
-from handlers.cluster import HOST_PASSTHROUGH, VMIRecord, VMRecord
+from handlers.cluster import VMIRecord, VMRecord
 from handlers.decisions import Context, vm_subject
 from handlers.state import StateView, VMTracking, put_tracking
 
@@ -22,13 +29,10 @@ RESTART_REFUSED = {
 
 
 def change_pending(vm: VMRecord, vmi: VMIRecord | None) -> bool:
+    """A GPU change waits for a restart: a live VMI runs with other GPUs than the template."""
     if vmi is None or not vmi.active:
         return False
-    if vm.restart_required:
-        return True
-    if set(vm.gpu_devices) != set(vmi.gpu_devices):
-        return True
-    return (vm.cpu_model == HOST_PASSTHROUGH) != (vmi.cpu_model == HOST_PASSTHROUGH)
+    return set(vm.gpu_devices) != set(vmi.gpu_devices)
 
 
 def reconcile_pending(ctx: Context, vm: VMRecord) -> None:
@@ -40,7 +44,7 @@ def reconcile_pending(ctx: Context, vm: VMRecord) -> None:
             put_tracking(ctx.state, vm.key, replace(tracking, pending_episode=None))
         return
     assert vmi is not None
-    episode = ids.episode_id(vm.key, vmi.uid, *vm.gpu_devices, str(vm.cpu_model))
+    episode = ids.episode_id(vm.key, vmi.uid, *vm.gpu_devices)
     if tracking.pending_episode == episode:
         return
     wanted = [ctx.catalog.for_device(d).display_name for d in vm.gpu_devices]

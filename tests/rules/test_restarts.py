@@ -83,11 +83,48 @@ def test_a_stop_clears_the_pending_state() -> None:
     assert h.state.get("tracking", "vm/spx-proj-a/w-1") is None
 
 
-def test_kubevirts_restart_required_condition_is_honoured() -> None:
+def restart_required(obj: dict[str, Any]) -> dict[str, Any]:
+    obj["status"] = {"conditions": [{"type": "RestartRequired", "status": "True"}]}
+    return obj
+
+
+def test_restart_required_for_another_change_is_no_gpu_notice() -> None:
+    """Memory, cores, disks: KubeVirt's RestartRequired, but no GPU waits for the restart."""
     h = running_vm()
-    changed = vm("spx-proj-a", "w-1", project="proj-a", owner=ALICE, memory="32Gi", rv=2)
-    changed["status"] = {"conditions": [{"type": "RestartRequired", "status": "True"}]}
-    h.observe(changed, "MODIFIED")
+    h.observe(restart_required(vm("spx-proj-a", "w-1", project="proj-a", owner=ALICE, memory="32Gi", rv=2)),
+              "MODIFIED")
+    h.observe(restart_required(vm("spx-proj-a", "w-1", project="proj-a", owner=ALICE, cores=8, rv=3)), "MODIFIED")
+    assert h.notifications("gpu_change_pending_restart") == []
+
+
+def test_the_new_vmi_with_the_gpu_ends_the_episode_before_kubevirt_clears_restart_required() -> None:
+    """vm.go clears RestartRequired with the VM's status after the new VMI is created: the
+    watch shows the new VMI (with the GPU) while the VM still says RestartRequired."""
+    h = running_vm()
+    h.intent("set_gpu", {"namespace": "spx-proj-a", "name": "w-1", "gpu_class": "nvidia-rtx-pro-6000-bse"})
+    patched = restart_required(vm("spx-proj-a", "w-1", project="proj-a", owner=ALICE, gpu=RTX, rv=2))
+    h.observe(patched, "MODIFIED")
+    h.observe(vmi("spx-proj-a", "w-1", node_name="gpu-node-1", phase="Succeeded"), "DELETED")
+    h.observe(vmi("spx-proj-a", "w-1", node_name="gpu-node-1", gpu=RTX, cpu_model="host-passthrough",
+                  generation=2))
+    h.observe(patched, "MODIFIED")
+    assert len(h.notifications("gpu_change_pending_restart")) == 1
+    assert h.state.get("tracking", "vm/spx-proj-a/w-1") is None
+    h.observe(vm("spx-proj-a", "w-1", project="proj-a", owner=ALICE, gpu=RTX, rv=3), "MODIFIED")
+    assert len(h.notifications("gpu_change_pending_restart")) == 1
+
+
+def test_a_cpu_model_change_alone_is_no_gpu_notice() -> None:
+    h = Harness()
+    h.observe_all(node("gpu-node-1", gpus={RTX: 1}),
+                  vm("spx-proj-a", "g-1", project="proj-a", owner=ALICE, gpu=RTX),
+                  vmi("spx-proj-a", "g-1", node_name="gpu-node-1", gpu=RTX))  # runs a named CPU model
+    assert h.notifications("gpu_change_pending_restart") == []
+
+
+def test_the_restart_required_condition_is_reported_alongside_a_gpu_change() -> None:
+    h = running_vm()
+    h.observe(restart_required(vm("spx-proj-a", "w-1", project="proj-a", owner=ALICE, gpu=RTX, rv=2)), "MODIFIED")
     [told] = h.notifications("gpu_change_pending_restart")
     assert told.details["restart_required_condition"] is True
 
