@@ -1,30 +1,188 @@
 """Writes the example scenarios (``examples/*.jsonl``) and their configuration.
 
-Run ``python examples/build.py`` after changing a scenario in ``streams/scenarios.py``; a
-test checks the committed files are what this script writes.
+Run ``python examples/build.py`` after changing a scenario in ``streams/scenarios.py`` or
+here; a test checks the committed files are what this script writes. The scenarios below
+show, each on the same small AZ, one case of what KubeVirt does and what vmstream makes of
+it (docs/kubevirt.md): run strategies after a drain, an eviction that is not a drain, a
+drain called off, and a GPU change across KubeVirt's ``RestartRequired``.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml  # noqa: E402
 
-from streams.scenarios import EXAMPLE_CONFIG, SCENARIOS  # noqa: E402
+from streams.scenarios import (  # noqa: E402
+    ALICE,
+    BOB,
+    EXAMPLE_CONFIG,
+    OPS,
+    RTX,
+    SCENARIOS,
+    Script,
+    cluster,
+    node,
+    node_maintenance,
+    vm,
+    vmi,
+)
 
 HERE = Path(__file__).resolve().parent
 
 
+def run_strategies() -> Script:
+    """A drain of gpu-node-3, whose five GPU VMs run under five run strategies.
+
+    KubeVirt starts a new VMI for Always, Once and legacy ``running: true`` once the drain
+    deletes theirs; RerunOnFailure and Manual stay off. The three that come back compete for
+    the 2 RTX cards free elsewhere, so none is promised one: each owner is told the numbers.
+    drain_completed tells what was then observed: two back on gpu-node-2, one waiting, two off.
+    """
+    s = cluster()
+    s.event("ADDED", node("gpu-node-3", gpus={RTX: 8}))
+    strategies: list[tuple[str, dict[str, Any]]] = [
+        ("run-always", {"run_strategy": "Always"}),
+        ("run-once", {"run_strategy": "Once"}),
+        ("run-legacy", {"run_strategy": None, "running": True}),
+        ("run-rerun", {"run_strategy": "RerunOnFailure"}),
+        ("run-manual", {"run_strategy": "Manual"}),
+    ]
+    for name, spec in strategies:
+        s.event("ADDED", vm("spx-proj-c", name, project="proj-c", owner=BOB, gpu=RTX, **spec))
+        s.event("ADDED", vmi("spx-proj-c", name, node_name="gpu-node-3", gpu=RTX, cpu_model="host-passthrough"))
+    s.wait(60)
+    s.intent("it-drain-3", "drain_node", {"node": "gpu-node-3", "reason": "BIOS update", "notice_seconds": 300},
+             by=OPS)
+    s.wait(1)
+    s.event("MODIFIED", node("gpu-node-3", gpus={RTX: 8}, unschedulable=True, rv=2))
+    s.wait(300)  # the deadline: the worker's timer deletes the five VMIs before this event
+    for name, _ in strategies:
+        s.event("DELETED", vmi("spx-proj-c", name, node_name="gpu-node-3", phase="Succeeded", gpu=RTX))
+    # KubeVirt starts new VMIs for Always, Once and running: true; two find a card.
+    s.wait(5)
+    s.event("ADDED", vmi("spx-proj-c", "run-always", node_name="gpu-node-2", gpu=RTX,
+                         cpu_model="host-passthrough", generation=2))
+    s.event("ADDED", vmi("spx-proj-c", "run-once", node_name="gpu-node-2", gpu=RTX,
+                         cpu_model="host-passthrough", generation=2))
+    s.event("ADDED", vmi("spx-proj-c", "run-legacy", node_name=None, phase="Scheduling", gpu=RTX,
+                         cpu_model="host-passthrough", generation=2, unschedulable=True))
+    return s
+
+
+def eviction() -> Script:
+    """A cordon alone stops nothing; an eviction (evictionStrategy External) stops its one VM.
+
+    gpu-node-2 is cordoned by hand: nothing happens. Then KubeVirt's eviction webhook marks
+    train-1 on gpu-node-1 (``evacuationNodeName``): alice is told train-1 will be stopped at
+    the deadline; the node is not cordoned and batch-1 beside it is left alone. At the
+    deadline train-1's VMI is deleted; it starts again on gpu-node-2 (runStrategy Always).
+    """
+    s = cluster().wait(60)
+    s.event("MODIFIED", node("gpu-node-2", gpus={RTX: 2, "nvidia.com/GA100_A100_PCIE_40GB": 1},
+                             unschedulable=True, rv=2))
+    s.wait(60)
+    s.event("MODIFIED", node("gpu-node-2", gpus={RTX: 2, "nvidia.com/GA100_A100_PCIE_40GB": 1}, rv=3))
+    s.wait(10)
+    s.event("MODIFIED", vmi("spx-proj-a", "train-1", node_name="gpu-node-1", gpu=RTX, cpu_model="host-passthrough",
+                            eviction_requested=True))
+    s.wait(900)  # the deadline: the timer deletes train-1's VMI, and only it
+    s.event("DELETED", vmi("spx-proj-a", "train-1", node_name="gpu-node-1", phase="Succeeded", gpu=RTX))
+    s.event("ADDED", vmi("spx-proj-a", "train-1", node_name="gpu-node-2", gpu=RTX,
+                         cpu_model="host-passthrough", generation=2))
+    return s
+
+
+def called_off() -> Script:
+    """Three drains called off before their deadline; no VM is stopped by any of them.
+
+    1. ops drains gpu-node-1, then undrains it: alice hears that it is off for both her VMs,
+       vmstream uncordons the node it cordoned, ops gets the tally.
+    2. a NodeMaintenance for gpu-node-2 is created, then deleted: the same, for bob's VM.
+    3. ops drains gpu-node-1 again; someone uncordons the node by hand: the drain is off,
+       and vmstream has nothing to undo.
+    """
+    s = cluster().wait(60)
+    s.intent("it-drain-off-1", "drain_node", {"node": "gpu-node-1", "reason": "firmware upgrade",
+                                              "notice_seconds": 600}, by=OPS)
+    s.wait(1)
+    s.event("MODIFIED", node("gpu-node-1", gpus={RTX: 2}, unschedulable=True, rv=2))
+    s.wait(120)
+    s.intent("it-undrain-1", "undrain_node", {"node": "gpu-node-1", "reason": "vendor postponed"}, by=OPS)
+    s.wait(1)
+    s.event("MODIFIED", node("gpu-node-1", gpus={RTX: 2}, rv=3))
+    s.wait(60)
+    s.event("ADDED", node_maintenance("nm-gpu-node-2", "gpu-node-2", "PSU replacement"))
+    s.wait(60)
+    s.event("DELETED", node_maintenance("nm-gpu-node-2", "gpu-node-2", "PSU replacement"))
+    s.wait(60)
+    s.intent("it-drain-off-2", "drain_node", {"node": "gpu-node-1", "reason": "kernel", "notice_seconds": 600},
+             by=OPS)
+    s.wait(1)
+    s.event("MODIFIED", node("gpu-node-1", gpus={RTX: 2}, unschedulable=True, rv=4))
+    s.wait(30)
+    s.event("MODIFIED", node("gpu-node-1", gpus={RTX: 2}, rv=5))
+    s.wait(900)
+    s.event("MODIFIED", node("cpu-node-1", rv=2))  # later than every deadline: nothing fires
+    return s
+
+
+def restart_required() -> Script:
+    """A GPU change is told once, across KubeVirt's RestartRequired; other changes are not.
+
+    bob gives dev-1 a GPU: told it applies after a restart. KubeVirt sets RestartRequired;
+    bob restarts; the new VMI with the GPU shows up before KubeVirt clears the condition —
+    no second notice. Then carol's legacy-1 gets more cores: RestartRequired, no GPU notice.
+    """
+    s = cluster().wait(60)
+    s.intent("it-gpu-rr-1", "set_gpu", {"namespace": "spx-proj-b", "name": "dev-1",
+                                        "gpu_class": "nvidia-rtx-pro-6000-bse"}, by=BOB, project="proj-b")
+    s.wait(2)
+    s.event("MODIFIED", _restart_required(vm("spx-proj-b", "dev-1", project="proj-b", memory="32Gi", gpu=RTX, rv=2)))
+    s.wait(30)
+    s.intent("it-restart-rr-1", "restart_vm", {"namespace": "spx-proj-b", "name": "dev-1"}, by=BOB, project="proj-b")
+    s.wait(20)
+    s.event("DELETED", vmi("spx-proj-b", "dev-1", node_name="cpu-node-1", phase="Succeeded"))
+    s.event("ADDED", vmi("spx-proj-b", "dev-1", node_name="gpu-node-2", gpu=RTX,
+                         cpu_model="host-passthrough", generation=2))
+    s.event("MODIFIED", _restart_required(vm("spx-proj-b", "dev-1", project="proj-b", memory="32Gi", gpu=RTX, rv=3)))
+    s.event("MODIFIED", vm("spx-proj-b", "dev-1", project="proj-b", memory="32Gi", gpu=RTX, rv=4))
+    s.wait(60)
+    s.event("MODIFIED", _restart_required(vm("spx-proj-b", "legacy-1", project="proj-b", owner=ALICE,
+                                             run_strategy=None, running=True, cores=8, rv=2)))
+    return s
+
+
+def _restart_required(obj: dict[str, Any]) -> dict[str, Any]:
+    obj["status"] = {"conditions": [{"type": "RestartRequired", "status": "True",
+                                     "message": "a non-live-updatable field was changed in the template spec"}]}
+    return obj
+
+
+CASES: dict[str, Callable[[], Script]] = {
+    "run-strategies": run_strategies,
+    "eviction": eviction,
+    "called-off": called_off,
+    "restart-required": restart_required,
+}
+
+
 def render_config() -> str:
-    return "# The example AZ: two GPU classes, one operator.\n" + yaml.safe_dump(EXAMPLE_CONFIG, sort_keys=False)
+    return ("# The example AZ: two GPU classes, one operator.\n"
+            "# auth: none takes intents at their word: for `vmstream simulate` over the shipped,\n"
+            "# unsigned scenarios and local development only. deploy/ verifies credentials, and\n"
+            "# `make demo` runs the worker with auth: jwt and signs its intents (docs/auth.md).\n"
+            + yaml.safe_dump(EXAMPLE_CONFIG, sort_keys=False))
 
 
 def main() -> None:
     (HERE / "config.yaml").write_text(render_config())
-    for name, build in SCENARIOS.items():
+    for name, build in {**SCENARIOS, **CASES}.items():
         (HERE / f"{name}.jsonl").write_text("\n".join(build().jsonl()) + "\n")
 
 

@@ -33,13 +33,59 @@ class LabelKeys(Frozen):
     project: str = "superphenix.net/projectID"
 
 
+class AuthPolicy(Frozen):
+    """How an intent proves who asks (docs/auth.md)."""
+
+    mode: Literal["jwt", "none"] = Field(
+        default="jwt",
+        description="jwt: every intent carries a signed credential (the default); none: the body is "
+                    "taken at its word, for local development only.",
+    )
+    jwks_file: str | None = Field(default=None, description="A JWKS file of the signers' public keys "
+                                  "(read by the shell; re-read when it changes).")
+    jwks_url: str | None = Field(default=None, description="A JWKS URL, fetched and cached by the shell.")
+    jwks_refresh_seconds: float = Field(default=300.0, gt=0, description="How long a fetched JWKS is kept.")
+    audience: str = Field(default="vmstream", min_length=1, description="The aud claim credentials must carry.")
+    issuers: list[str] = Field(default_factory=list, description="Accepted iss claims; empty: any signer of the key set.")
+    operator_role: str = Field(default="vmstream-operator", min_length=1,
+                               description="The roles claim value that makes a principal an operator.")
+    max_lifetime_seconds: int = Field(default=3600, ge=1, description="At most exp - iat.")
+    leeway_seconds: int = Field(default=60, ge=0, description="Clock skew allowed around exp, nbf and iat.")
+    rejections_to: list[str] = Field(
+        default_factory=list,
+        description="Who is told of intents whose credential is missing or invalid (their requested_by "
+                    "is unproven, so it is never told); empty: only the audit stream and the log.",
+    )
+
+
+class NamespacePolicy(Frozen):
+    """Which namespaces belong to which project: ``create_vm`` goes only into its own."""
+
+    template: str | None = Field(
+        default=None, description="A project's namespace from its id, e.g. 'spx-{project}'.")
+    projects: dict[str, str] = Field(default_factory=dict, description="namespace → project, configured.")
+    system: list[str] = Field(
+        default_factory=lambda: ["default", "vmstream"],
+        description="Namespaces no intent may create in (kube-* always), vmstream's own among them.")
+
+    @field_validator("template")
+    @classmethod
+    def _names_the_project(cls, value: str | None) -> str | None:
+        if value is not None and value.count("{project}") != 1:
+            raise ValueError("must contain '{project}' once")
+        return value
+
+
 class Config(Frozen):
     az: str = Field(min_length=1)
     gpu_classes: dict[str, GPUClassConfig] = Field(default_factory=dict)
-    operators: list[str] = Field(default_factory=list)
+    operators: list[str] = Field(default_factory=list, description="Operators under auth: none only; "
+                                 "with jwt the operator role comes from the credential.")
     drain: DrainPolicy = DrainPolicy()
     gpu_vm: GPUVMPolicy = GPUVMPolicy()
     labels: LabelKeys = LabelKeys()
+    auth: AuthPolicy = AuthPolicy()
+    namespaces: NamespacePolicy = NamespacePolicy()
 
     @field_validator("gpu_classes", mode="before")
     @classmethod

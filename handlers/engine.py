@@ -17,6 +17,16 @@ from datetime import datetime
 from typing import Any, Literal
 
 from handlers import ids
+from handlers.auth import (
+    CREDENTIAL_FIELD,
+    KeySet,
+    Principal,
+    Unauthenticated,
+    Verification,
+    agreement_problem,
+    claimed_principal,
+    verify_intent,
+)
 from handlers.catalog import Catalog
 from handlers.config import Config
 from handlers.decisions import Context, Decision, Output, ResidentUpdate, subject_of_key
@@ -27,8 +37,11 @@ from handlers.messages import (
     AuditRecord,
     DeadLetter,
     DeadLetterSource,
+    IntentEnvelope,
     InvalidIntent,
     MalformedMessage,
+    decode_json_object,
+    label_value_problem,
     parse_intent,
     parse_watch_event,
 )
@@ -41,7 +54,7 @@ EVENTS_TOPIC = "vmstream.k8s-events"
 TIMER_TOPIC = "vmstream.timer"  # a drain deadline firing
 RESIDENTS_TOPIC = "vmstream.residents"  # a node learning that a GPU VMI came or went
 
-_RULES: dict[str, Callable[[Context, Any], str | None]] = {
+_RULES: dict[str, Callable[[Context, Any, Principal], str | None]] = {
     "create_vm": create_vm,
     "set_gpu": set_gpu,
     "restart_vm": restart_vm,
@@ -73,12 +86,22 @@ class Result:
         return letters + self.decision.outputs()
 
 
-class Engine:
-    """The rules bound to one AZ's policy. Holds no state between calls."""
+KeySource = Callable[[], KeySet]
 
-    def __init__(self, config: Config) -> None:
+
+class Engine:
+    """The rules bound to one AZ's policy. Holds no state between calls.
+
+    ``keys`` are the public keys intents' credentials are verified with: a key set, or a
+    function the shell refreshes behind (a JWKS URL, a file that changes).
+    """
+
+    def __init__(self, config: Config, keys: KeySet | KeySource | None = None) -> None:
         self.config = config
         self.catalog = Catalog.from_config(config)
+        fixed = keys if isinstance(keys, KeySet) else KeySet()
+        self.keys: KeySource = keys if callable(keys) else (lambda: fixed)
+
 
     def _context(self, state: StateView, now: datetime, cause: str) -> Context:
         return Context.open(state, self.config, self.catalog, now, cause)
@@ -89,8 +112,16 @@ class Engine:
         except MalformedMessage as exc:
             return self.dead_letter(raw, str(exc), source, now)
         except InvalidIntent as exc:
-            return Result(self._reject(state, exc.envelope.intent_id, exc.envelope.requested_by,
-                                       exc.envelope.project, exc.reason, source, now))
+            who = self._authenticate(raw, exc.envelope, now)
+            if isinstance(who, Unauthenticated):
+                return Result(self._unauthenticated(state, raw, exc.envelope.intent_id, who, source, now))
+            project = exc.envelope.project
+            return Result(self._reject(state, exc.envelope.intent_id, who.name,
+                                       project if project and not label_value_problem(project) else None,
+                                       exc.reason, source, now))
+        who = self._authenticate(raw, intent, now)
+        if isinstance(who, Unauthenticated):
+            return Result(self._unauthenticated(state, raw, intent.intent_id, who, source, now))
         ctx = self._context(state, now, intent.intent_id)
         previous = state.get("processed", intent.intent_id)
         if previous is not None:
@@ -98,13 +129,63 @@ class Engine:
                 topic=source.topic, key=source.key, outcome="duplicate",
                 reason=f"intent {intent.intent_id} was already decided ({previous})",
             ))
-        refusal = _RULES[intent.type](ctx, intent)
+        refusal = _RULES[intent.type](ctx, intent, who)
         if refusal is not None:
             return Result(self._reject(state, intent.intent_id, intent.requested_by, intent.project,
                                        refusal, source, now))
         reason = None if ctx.commands else "nothing to change: already as asked"
         ctx.state.put("processed", intent.intent_id, "accepted")
         return Result(ctx.decide(topic=source.topic, key=source.key, outcome="accepted", reason=reason))
+
+    def _authenticate(self, raw: bytes | str | dict[str, Any], intent: IntentEnvelope | Any,
+                      now: datetime) -> Verification:
+        """Who asks, from the credential only (handlers/auth.py); the body must agree."""
+        body = decode_json_object(raw)  # parsed already: this cannot fail here
+        policy = self.config.auth
+        if policy.mode == "none":
+            return claimed_principal(body, self.config.operators)
+        who = verify_intent(body.get(CREDENTIAL_FIELD), body, self.keys(), policy, now)
+        if isinstance(who, Unauthenticated):
+            return who
+        problem = agreement_problem(who, intent.requested_by, intent.project)
+        return Unauthenticated(problem, who.name) if problem else who
+
+    def _unauthenticated(
+        self,
+        state: StateView,
+        raw: bytes | str | dict[str, Any],
+        intent_id: str,
+        refusal: Unauthenticated,
+        source: Source,
+        now: datetime,
+    ) -> Decision:
+        """Refused for who asks: audited, and told only to whom it is safe to tell.
+
+        The body's ``requested_by`` is unproven, so it is never told: only the signer of a
+        valid credential that disagrees with the body, and ``auth.rejections_to``. Nothing
+        is recorded under the intent id, which a forger must not be able to use up.
+        """
+        reason = f"unauthenticated: {refusal.reason}"
+        digest = ids.episode_id(source.topic, json.dumps(decode_json_object(raw), sort_keys=True))
+        ctx = self._context(state, now, intent_id)
+        recipients = sorted({*([refusal.signer] if refusal.signer else []), *self.config.auth.rejections_to})
+        if recipients:
+            ctx.notify(
+                "intent_rejected",
+                subject=subject_of_key(source.key, fallback=intent_id),
+                episode=f"{intent_id}/{digest}",
+                recipients=recipients,
+                project=None,
+                severity="warning",
+                message=f"Request {intent_id} was refused: {reason}.",
+                details={"intent_id": intent_id, "reason": reason},
+            )
+        decision = ctx.decide(topic=source.topic, key=source.key, outcome="rejected", reason=reason)
+        assert decision.audit is not None
+        # Forged copies of one intent id are audited apart, each once.
+        decision.audit = decision.audit.model_copy(
+            update={"audit_id": ids.audit_id(source.topic, f"{intent_id}/{digest}", "unauthenticated")})
+        return decision
 
     def _reject(
         self,

@@ -1,14 +1,18 @@
 """Intents: what upstream services ask for, checked and turned into commands.
 
-intent → authorize → rule → commands + notifications. A wrong request is *rejected*:
-the rule returns its reason, the requester gets ``intent_rejected``, the audit says why.
-Each rule returns ``None`` when it accepted, or the reason for refusing.
+intent → authenticate (``handlers/auth.py``) → rule → commands + notifications. A wrong
+request is *rejected*: the rule returns its reason, the requester gets ``intent_rejected``,
+the audit says why. Each rule receives the :class:`~handlers.auth.Principal` the
+intent's credential proves, and returns ``None`` when it accepted, or the reason for
+refusing.
 """
 
 from __future__ import annotations
 
+from handlers.auth import Principal
 from handlers.catalog import UnknownGPUClass
 from handlers.cluster import VMIRecord, VMRecord
+from handlers.config import Config
 from handlers.decisions import Context, node_subject, vm_subject
 from handlers.drains import end_drain, start_drain
 from handlers.gpus import GPURuleViolation, desired_vm, plan_patch
@@ -45,7 +49,35 @@ def _owned_vm(ctx: Context, intent: VMIntent) -> tuple[VMRecord | None, Refusal]
     return vm, None
 
 
-def create_vm(ctx: Context, intent: CreateVMIntent) -> Refusal:
+def namespace_project(config: Config, namespace: str) -> str | None:
+    """The project a namespace belongs to, as configured (a template or a mapping)."""
+    policy = config.namespaces
+    if namespace in policy.projects:
+        return policy.projects[namespace]
+    if policy.template is not None:
+        prefix, suffix = policy.template.split("{project}")
+        middle = namespace[len(prefix):len(namespace) - len(suffix)]
+        if namespace.startswith(prefix) and namespace.endswith(suffix) and middle:
+            return middle
+    return None
+
+
+def namespace_refusal(config: Config, namespace: str, project: str) -> Refusal:
+    """VMs are created only in a namespace of their project, never in a system one."""
+    if namespace.startswith("kube-") or namespace in config.namespaces.system:
+        return f"namespace {namespace} is a system namespace: no VM is created there"
+    owner = namespace_project(config, namespace)
+    if owner is None:
+        return f"namespace {namespace} is not known to belong to a project"
+    if owner != project:
+        return f"namespace {namespace} does not belong to project {project!r}"
+    return None
+
+
+def create_vm(ctx: Context, intent: CreateVMIntent, principal: Principal) -> Refusal:
+    refusal = namespace_refusal(ctx.config, intent.spec.namespace, intent.project)
+    if refusal:
+        return refusal
     if ctx.state.get("vms", intent.vm_key()) is not None:
         return f"VM {intent.spec.namespace}/{intent.spec.name} already exists"
     try:
@@ -57,7 +89,7 @@ def create_vm(ctx: Context, intent: CreateVMIntent) -> Refusal:
     return None
 
 
-def set_gpu(ctx: Context, intent: SetGPUIntent) -> Refusal:
+def set_gpu(ctx: Context, intent: SetGPUIntent, principal: Principal) -> Refusal:
     vm, refusal = _owned_vm(ctx, intent)
     if vm is None:
         return refusal
@@ -82,7 +114,7 @@ def set_gpu(ctx: Context, intent: SetGPUIntent) -> Refusal:
     return None
 
 
-def restart_vm(ctx: Context, intent: RestartVMIntent) -> Refusal:
+def restart_vm(ctx: Context, intent: RestartVMIntent, principal: Principal) -> Refusal:
     vm, refusal = _owned_vm(ctx, intent)
     if vm is None:
         return refusal
@@ -93,14 +125,14 @@ def restart_vm(ctx: Context, intent: RestartVMIntent) -> Refusal:
     return refusal
 
 
-def _operator_refusal(ctx: Context, requested_by: str, verb: str) -> Refusal:
-    if requested_by not in ctx.config.operators:
-        return f"{requested_by} may not {verb} nodes: only operators may"
+def _operator_refusal(principal: Principal, verb: str) -> Refusal:
+    if not principal.operator:
+        return f"{principal.name} may not {verb} nodes: only operators may"
     return None
 
 
-def drain_node(ctx: Context, intent: DrainNodeIntent) -> Refusal:
-    refusal = _operator_refusal(ctx, intent.requested_by, "drain")
+def drain_node(ctx: Context, intent: DrainNodeIntent, principal: Principal) -> Refusal:
+    refusal = _operator_refusal(principal, "drain")
     if refusal:
         return refusal
     if ctx.state.get("nodes", intent.spec.node) is None:
@@ -116,8 +148,8 @@ def drain_node(ctx: Context, intent: DrainNodeIntent) -> Refusal:
     return None
 
 
-def undrain_node(ctx: Context, intent: UndrainNodeIntent) -> Refusal:
-    refusal = _operator_refusal(ctx, intent.requested_by, "undrain")
+def undrain_node(ctx: Context, intent: UndrainNodeIntent, principal: Principal) -> Refusal:
+    refusal = _operator_refusal(principal, "undrain")
     if refusal:
         return refusal
     node = ctx.state.get("nodes", intent.spec.node)

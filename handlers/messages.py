@@ -56,6 +56,62 @@ def _dns1123(value: str) -> str:
 
 _DNS1123_SCHEMA: dict[str, JsonValue] = {"pattern": DNS1123_LABEL.pattern, "maxLength": 63}
 
+# Kubernetes' label rules: a value (and a key's name part) of at most 63 alphanumerics,
+# '-', '_' or '.', starting and ending alphanumeric; a key's prefix is a DNS-1123 subdomain.
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# Prefixes Kubernetes and KubeVirt keep for themselves (app.kubernetes.io, the
+# recommended labels, is the users').
+RESERVED_LABEL_DOMAINS = ("kubernetes.io", "k8s.io", "kubevirt.io")
+PRINCIPAL_MAX = 256
+
+
+def principal_problem(value: str) -> str | None:
+    """Why ``value`` cannot name a principal: printable, no whitespace, no control,
+    format (bidi) or unassigned characters, at most 256 characters."""
+    if not value:
+        return "must not be empty"
+    if len(value) > PRINCIPAL_MAX:
+        return f"at most {PRINCIPAL_MAX} characters"
+    if not value.isprintable() or any(char.isspace() for char in value):
+        return "no whitespace, control, format (bidi) or unassigned characters"
+    return None
+
+
+def _principal(value: str) -> str:
+    if problem := principal_problem(value):
+        raise ValueError(f"not a principal: {problem}")
+    return value
+
+
+def label_value_problem(value: str) -> str | None:
+    if len(value) > 63 or not LABEL_VALUE.match(value):
+        return ("a label value is at most 63 letters, digits, '-', '_' or '.', "
+                "starting and ending with a letter or digit")
+    return None
+
+
+def label_key_problem(key: str) -> str | None:
+    prefix, _, name = key.rpartition("/")
+    if "/" in prefix or (key.count("/") == 1 and not prefix):
+        return "a label key is [prefix/]name"
+    if prefix and (len(prefix) > 253 or not DNS1123_SUBDOMAIN.match(prefix)):
+        return "a label key's prefix is a DNS-1123 subdomain of at most 253 characters"
+    if prefix and prefix != "app.kubernetes.io" and any(
+            prefix == d or prefix.endswith("." + d) for d in RESERVED_LABEL_DOMAINS):
+        return f"label prefix {prefix} is reserved"
+    if not name or (problem := label_value_problem(name)):
+        return "a label key's name is 1 to 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+    return None
+
+
+def _project(value: str | None) -> str | None:
+    if value is not None and (not value or label_value_problem(value)):
+        raise ValueError("a project id is a label value: at most 63 letters, digits, '-', '_' or '.', "
+                         "starting and ending with a letter or digit")
+    return value
+
+
 
 class VMRef(Spec):
     namespace: str = Field(min_length=1, description="The VM's namespace (spx-<project> on Superphenix).",
@@ -76,7 +132,18 @@ class CreateVMSpec(VMRef):
     preference: Preference = Field("linux", description="The VirtualMachineClusterPreference.")
     image: str = Field(min_length=1, description="The container disk image to boot.")
     gpu_class: str | None = Field(None, description="A GPU class id of this AZ (case-insensitive).")
-    labels: dict[str, str] = Field(default_factory=dict, description="Extra labels for the VM.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra labels for the VM (Kubernetes "
+                                   "label rules; kubernetes.io, k8s.io and kubevirt.io prefixes are reserved).")
+
+    @field_validator("labels")
+    @classmethod
+    def _label_rules(cls, labels: dict[str, str]) -> dict[str, str]:
+        for key, value in labels.items():
+            if problem := label_key_problem(key):
+                raise ValueError(f"label {key!r}: {problem}")
+            if problem := label_value_problem(value):
+                raise ValueError(f"label {key!r}: {problem}")
+        return labels
 
 
 class SetGPUSpec(VMRef):
@@ -102,9 +169,17 @@ class UndrainNodeSpec(Spec):
 
 class IntentBase(Message):
     intent_id: str = Field(min_length=1, max_length=256, description="The same id twice has one effect.")
-    requested_by: str = Field(min_length=1, description="The principal asking; told if the intent is refused.")
-    project: str | None = Field(None, description="Required for VM intents: the project that must own the VM.")
+    requested_by: str = Field(min_length=1, description="The principal asking; told if the intent is refused. "
+                              "Must be the subject of the credential.")
+    project: str | None = Field(None, description="Required for VM intents: the project that must own the VM; "
+                                "one of the credential's projects.")
     requested_at: AwareDatetime | None = None
+    credential: str | None = Field(
+        None, description="A compact JWS (JWT) of the requester, bound to this intent (docs/auth.md). "
+                          "Required unless the worker runs with auth: none.")
+
+    _check_requested_by = field_validator("requested_by")(_principal)
+    _check_project = field_validator("project")(_project)
 
 
 class VMIntent(IntentBase):
@@ -158,6 +233,9 @@ class IntentEnvelope(Message):
     type: str = Field(min_length=1)
     requested_by: str = Field(min_length=1)
     project: str | None = None
+
+    # A principal that could not be told anything safely makes the message malformed.
+    _check_requested_by = field_validator("requested_by")(_principal)
 
 
 # ------------------------------------------------------------------------ watch events

@@ -19,10 +19,11 @@ Handler = Callable[[argparse.Namespace], int]
 
 def _simulate(args: argparse.Namespace) -> int:
     from handlers.engine import Engine
+    from streams.credentials import key_source
     from streams.simulating import run
 
     settings = load_settings(args.config)
-    engine = Engine(settings.rules())
+    engine = Engine(settings.rules(), keys=key_source(settings.auth))
     if args.input in (None, "-"):
         return run(engine, sys.stdin, sys.stdout, settings.kafka)
     with open(args.input, encoding="utf-8") as source:

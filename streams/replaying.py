@@ -27,6 +27,7 @@ from kafka.consumer.fetcher import ConsumerRecord
 from handlers.decisions import Output
 from handlers.engine import Engine, Source
 from handlers.messages import AuditRecord
+from streams.credentials import key_source
 from streams.kafka_clients import consumer
 from streams.settings import KafkaSettings, load_settings
 from streams.simulating import Simulation
@@ -166,7 +167,7 @@ def report(comparison: Comparison, out: TextIO) -> None:
 def main(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     started = time.monotonic()
-    comparison = replay(Engine(settings.rules()), settings.kafka, sys.stderr)
+    comparison = replay(Engine(settings.rules(), keys=key_source(settings.auth)), settings.kafka, sys.stderr)
     report(comparison, sys.stdout)
     sys.stdout.write(f"replayed in {time.monotonic() - started:.1f}s\n")
     return 0 if comparison.clean else 1

@@ -32,6 +32,11 @@ EXAMPLE_CONFIG = {
     "drain": {"notice_seconds": 900},
     "gpu_vm": {"eviction_strategy": "External"},
     "labels": {"project": PROJECT_LABEL},
+    # Superphenix's convention: project proj-a's VMs live in namespace spx-proj-a.
+    "namespaces": {"template": "spx-{project}"},
+    # The shipped examples are unsigned, for `vmstream simulate` offline (docs/auth.md):
+    # deploy/ verifies credentials, and the demo and the tests sign theirs.
+    "auth": {"mode": "none"},
 }
 
 

@@ -24,6 +24,7 @@ repeats.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import time
@@ -31,6 +32,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+import aiohttp.web
 from faust.types import EventT
 
 from handlers.capacity import capacity_report
@@ -41,6 +43,7 @@ from handlers.messages import MalformedMessage, decode_json_object
 from handlers.observing import decision_key
 from handlers.state import GLOBAL_TABLES, TABLES, TableName
 from streams import metrics
+from streams.credentials import key_source
 from streams.codecs import decode_resident_update, encode_json, encode_message, encode_resident_update
 from streams.globalview import GlobalView
 from streams.heap import Heap
@@ -69,6 +72,27 @@ TABLE_HELP: dict[TableName, str] = {
 }
 
 
+PUBLIC_PAGES = ("/health", "/ready")  # what probes read; everything else needs the token
+
+
+def pages_guard(token: str | None) -> Any:
+    """An aiohttp middleware: every page but :data:`PUBLIC_PAGES` (Faust's own included)
+    wants ``Authorization: Bearer <token>``; without a configured token, none is served."""
+    expected = f"Bearer {token}".encode() if token else None
+
+    @aiohttp.web.middleware
+    async def guard(request: Any, handler: Any) -> Any:
+        if request.path.rstrip("/") in PUBLIC_PAGES:
+            return await handler(request)
+        given = request.headers.get("Authorization", "").encode()
+        if expected is not None and hmac.compare_digest(given, expected):
+            return await handler(request)
+        return aiohttp.web.json_response({"error": "a bearer token is required"}, status=401,
+                                         headers={"WWW-Authenticate": 'Bearer realm="vmstream"'})
+
+    return guard
+
+
 def _headers(event: EventT[Any]) -> dict[str, bytes]:
     headers = event.message.headers or {}
     items = headers.items() if isinstance(headers, Mapping) else headers
@@ -86,7 +110,7 @@ class Worker:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.kafka = settings.kafka
-        self.engine = Engine(settings.rules())
+        self.engine = Engine(settings.rules(), keys=key_source(settings.auth))  # docs/auth.md
         conf = settings.worker
         self.app = faustfixes.App(  # faust.App, minus two start-up races
             conf.app_id,
@@ -101,6 +125,7 @@ class Worker:
             table_standby_replicas=0,
             web_port=conf.web_port,
             web_host=conf.web_host,
+            web_bind=conf.web_host,  # where Faust listens; web_host only names it
             consumer_auto_offset_reset="earliest",
             producer_acks=-1,
             fetch_max_wait_ms=conf.fetch_max_wait_ms,
@@ -138,6 +163,7 @@ class Worker:
         self._page("/metrics", self._metrics)
         self._page("/capacity", self._capacity)
         self._page("/pending", self._pending)
+        self.app.web.web_app.middlewares.append(pages_guard(conf.page_token()))
 
     def _topic(self, *names: str) -> Any:
         """Topics of bytes: the codecs are ours (streams/codecs.py), not Faust's."""

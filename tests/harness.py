@@ -2,7 +2,8 @@
 
 It feeds inputs exactly as ``simulate`` does (ticks first, then the input) and keeps every
 result, so a test reads like a scenario: observe objects, send an intent, look at what
-came out.
+came out. Intents are signed as an upstream service signs them (``auth: jwt``, a key the
+tests generate; operators of the example config get the operator role).
 """
 
 from __future__ import annotations
@@ -11,22 +12,26 @@ import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from handlers.auth import KeySet
 from handlers.config import Config
 from handlers.engine import EVENTS_TOPIC, INTENTS_TOPIC, Engine, Result, Source
 from handlers.messages import AuditRecord, Command, Notification
 from handlers.state import MemoryState
+from streams.credentials import SigningKey, jwks, signed
 from streams.scenarios import EXAMPLE_CONFIG
 
 START = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
+SIGNER = SigningKey.generate("tests-1")  # the upstream service's key in these tests
+KEYS = KeySet.from_jwks(jwks(SIGNER))
 
 
 def config(**overrides: Any) -> Config:
-    return Config.model_validate({**EXAMPLE_CONFIG, **overrides})
+    return Config.model_validate({**EXAMPLE_CONFIG, "auth": {"mode": "jwt"}, **overrides})
 
 
 class Harness:
-    def __init__(self, cfg: Config | None = None) -> None:
-        self.engine = Engine(cfg or config())
+    def __init__(self, cfg: Config | None = None, keys: KeySet = KEYS) -> None:
+        self.engine = Engine(cfg or config(), keys)
         self.state = MemoryState()
         self.now = START
         self.results: list[Result] = []
@@ -58,14 +63,29 @@ class Harness:
         return self
 
     def intent(self, type_: str, spec: dict[str, Any], *, by: str = "alice@example.com",
-               project: str | None = "proj-a", intent_id: str | None = None) -> Result:
+               project: str | None = "proj-a", intent_id: str | None = None,
+               claims: dict[str, Any] | None = None, signer: SigningKey | None = SIGNER) -> Result:
+        """An intent signed for ``by`` (member of ``project``); ``claims`` override the
+        credential's (subject, projects, roles, now, lifetime), ``signer=None`` leaves it unsigned."""
         self.tick()
         key = f"node/{spec['node']}" if "node" in spec else f"vm/{spec.get('namespace')}/{spec.get('name')}"
         value: dict[str, Any] = {"intent_id": intent_id or f"it-{next(self._ids)}", "type": type_,
                                  "requested_by": by, "spec": spec}
         if project is not None:
             value["project"] = project
+        if signer is not None:
+            value = self.sign(value, signer, **(claims or {}))
         return self.raw_intent(value, key=key)
+
+    def sign(self, value: dict[str, Any], signer: SigningKey = SIGNER, **claims: Any) -> dict[str, Any]:
+        """``value`` with a credential for its requester as of now (see streams/credentials.py)."""
+        by, project = value.get("requested_by"), value.get("project")
+        defaults: dict[str, Any] = {
+            "projects": [project] if isinstance(project, str) else [],
+            "roles": [self.engine.config.auth.operator_role] if by in self.engine.config.operators else [],
+            "now": self.now,
+        }
+        return signed(value, signer, **{**defaults, **claims})
 
     def raw_intent(self, raw: Any, *, key: str | None = None, offset: int | None = None) -> Result:
         source = Source(INTENTS_TOPIC, key, 0 if offset is not None else None, offset)

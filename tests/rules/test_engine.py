@@ -95,7 +95,7 @@ def test_validation_errors_name_the_field_and_the_reason() -> None:
 
 def test_an_unknown_intent_type_is_rejected_to_its_requester() -> None:
     h = Harness()
-    result = h.raw_intent({"intent_id": "i-1", "type": "resize_vm", "requested_by": ALICE, "spec": {}})
+    result = h.raw_intent(h.sign({"intent_id": "i-1", "type": "resize_vm", "requested_by": ALICE, "spec": {}}))
     assert result.dead_letters == []
     [told] = result.decision.notifications
     assert told.type == "intent_rejected" and "unknown intent type 'resize_vm'" in told.details["reason"]
