@@ -52,6 +52,7 @@ from handlers.results import Outcome, ResultDecision, decide_result
 from streams import metrics
 from streams.codecs import encode_message
 from streams.kafka_clients import consumer, producer
+from streams.logs import limit_client_logs
 from streams.probes import ProbeServer
 from streams.settings import Settings, load_settings
 from streams.topics import ensure_topics
@@ -707,6 +708,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    limit_client_logs()
     handler: Callable[[argparse.Namespace], int] = args.handler
     return handler(args)
 

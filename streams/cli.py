@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from streams import applying, demo, replaying, requesting, tailing, watching
+from streams.logs import limit_client_logs
 from streams.settings import load_settings
 
 Handler = Callable[[argparse.Namespace], int]
@@ -65,7 +66,7 @@ def _topics(args: argparse.Namespace) -> int:
 def _kafka(args: argparse.Namespace) -> int:
     from streams import localkafka
 
-    return localkafka.main([args.action])
+    return localkafka.main([args.action, *args.options])
 
 
 def _kube(args: argparse.Namespace) -> int:
@@ -100,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     kafka = commands.add_parser("kafka", help="a local single-node Kafka broker (no Docker)")
     kafka.add_argument("action", choices=["up", "down", "status"])
+    kafka.add_argument("options", nargs=argparse.REMAINDER,
+                       help="--port, --state-dir, --reset (see vmstream kafka up --help)")
     kafka.set_defaults(handler=_kafka)
 
     kube = commands.add_parser("kube", help="a local kube-apiserver + etcd with KubeVirt's CRDs")
@@ -118,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, stream=sys.stderr)
+    limit_client_logs()  # a broker outage: a few lines per kind and period, not thousands
     if not args.verbose:
         logging.getLogger("streams").setLevel(logging.INFO)
     handler: Handler = args.handler

@@ -4,12 +4,14 @@ Tests, CI and the demo need a real broker and this machine has no container engi
 the broker runs from Kafka's own jars: Maven resolves ``org.apache.kafka:kafka_2.13`` and
 its runtime dependencies once into ``cache_dir()/kafka/<version>/lib``; every start then
 writes ``server.properties`` and a quiet log4j2 config into a data directory, formats the
-storage with ``kafka.tools.StorageTool``, runs ``kafka.Kafka`` with Java and polls until a
-metadata request answers.
+storage with ``kafka.tools.StorageTool`` (unless it holds a cluster to keep), runs
+``kafka.Kafka`` with Java and polls until a metadata request answers.
 
 Two ways to use it: ``LocalKafka`` as a context manager owns a broker for one process (the
-test fixture), while ``up`` / ``down`` / ``status`` keep one broker running in the
-background across commands, recorded in a state file (``main`` is the CLI for those).
+test fixture; a fresh cluster each start), while ``up`` / ``down`` / ``status`` keep one
+broker running in the background across commands, recorded in a state file (``main`` is
+the CLI for those). That one keeps its topics and records across ``down`` / ``up`` (and on
+the same ports when they are free) unless ``up --reset`` starts it empty.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ with warnings.catch_warnings():
 __all__ = [
     "KAFKA_VERSION",
     "SINGLE_NODE_SETTINGS",
+    "BrokerRunning",
     "BrokerState",
     "KafkaStartError",
     "LocalKafka",
@@ -90,6 +93,7 @@ START_TIMEOUT = 120.0
 STOP_TIMEOUT = 30.0
 _MARKER = ".complete.json"
 _STATE_FILE = "state.json"
+_PORTS_FILE = "ports.json"  # in a kept data dir: the ports its cluster last ran on
 
 
 class KafkaStartError(RuntimeError):
@@ -275,6 +279,16 @@ def probe(bootstrap_servers: str, *, timeout: float = 2.0) -> bool:
 # -- configuration ---------------------------------------------------------------------
 
 
+def _free(port: int) -> bool:
+    """Whether nothing listens on loopback ``port`` (it can be bound now)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def _cluster_id() -> str:
     """A Kafka ``Uuid`` string (as ``StorageTool random-uuid`` makes), without a JVM start."""
     while True:
@@ -346,8 +360,10 @@ class LocalKafka(processes.Supervisor):
     """One broker process owned by the caller: ``with LocalKafka() as kafka: ...``.
 
     Every start is a fresh, empty cluster on new loopback ports (``port`` fixes the client
-    port). Without ``data_dir`` a temporary folder is used and removed on stop.
-    ``detach=True`` puts the broker in its own session so it outlives the caller (``up``).
+    port), unless ``keep_data``: then a ``data_dir`` already formatted is started as it is,
+    with its topics and records, on the ports it last had when they are free. Without
+    ``data_dir`` a temporary folder is used and removed on stop. ``detach=True`` puts the
+    broker in its own session so it outlives the caller (``up``).
     """
 
     def __init__(
@@ -358,8 +374,10 @@ class LocalKafka(processes.Supervisor):
         port: int | None = None,
         detach: bool = False,
         start_timeout: float = START_TIMEOUT,
+        keep_data: bool = False,
     ) -> None:
         self.version = version
+        self._keep_data = keep_data
         self._data_dir = data_dir
         self._owns_data_dir = data_dir is None
         self._fixed_port = port
@@ -429,17 +447,37 @@ class LocalKafka(processes.Supervisor):
             atexit.register(self.stop)
         return self.bootstrap_servers
 
+    def _kept(self) -> bool:
+        """Whether this start continues the cluster already stored in the data dir."""
+        return self._keep_data and (self.data_dir / "kraft" / "meta.properties").is_file()
+
+    def _last_ports(self) -> tuple[int, int] | None:
+        """The ports the kept cluster last ran on, if both are free now."""
+        try:
+            recorded = json.loads((self.data_dir / _PORTS_FILE).read_text())
+            port, controller = int(recorded["port"]), int(recorded["controller_port"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if self._fixed_port is not None and self._fixed_port != port:
+            return None
+        return (port, controller) if _free(port) and _free(controller) else None
+
     def _start_once(self, lib: Path) -> None:
         data_dir = self.data_dir
-        if self._fixed_port is not None:
+        kept = self._kept()
+        last = self._last_ports() if kept else None
+        if last is not None:
+            self._port, self._controller_port = last
+        elif self._fixed_port is not None:
             spare = [p for p in free_ports(2) if p != self._fixed_port]
             self._port, self._controller_port = self._fixed_port, spare[0]
         else:
             self._port, self._controller_port = free_ports(2)
         kraft = data_dir / "kraft"
         logs = data_dir / "logs"
-        # Each start is a new cluster: fresh storage, and logs that tell only this start.
-        shutil.rmtree(kraft, ignore_errors=True)
+        # Logs tell only this start; the storage is new unless a kept cluster lives there.
+        if not kept:
+            shutil.rmtree(kraft, ignore_errors=True)
         shutil.rmtree(logs, ignore_errors=True)
         logs.mkdir(parents=True)
         properties = data_dir / "server.properties"
@@ -457,15 +495,19 @@ class LocalKafka(processes.Supervisor):
             str(lib / "*"),
         ]
 
-        log.info("Kafka %s: formatting storage in %s", self.version, kraft)
-        format_args = ("format", "-t", _cluster_id(), "-c", str(properties))
-        format_run = subprocess.run(
-            [_java(), *TOOL_FLAGS, *common, STORAGE_TOOL_MAIN, *format_args],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if format_run.returncode != 0:
+        if kept:
+            log.info("Kafka %s: keeping the cluster stored in %s", self.version, kraft)
+            format_run = None
+        else:
+            log.info("Kafka %s: formatting storage in %s", self.version, kraft)
+            format_args = ("format", "-t", _cluster_id(), "-c", str(properties))
+            format_run = subprocess.run(
+                [_java(), *TOOL_FLAGS, *common, STORAGE_TOOL_MAIN, *format_args],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+        if format_run is not None and format_run.returncode != 0:
             raise KafkaStartError(
                 f"Kafka storage format failed (exit {format_run.returncode}):\n"
                 f"{processes.tail_text(format_run.stdout + format_run.stderr)}\n"
@@ -492,6 +534,9 @@ class LocalKafka(processes.Supervisor):
             if failed.pid is not None:  # it ended and has been reaped
                 self._pid = None
             raise KafkaStartError(self._failure(str(failed))) from None
+        if self._keep_data:
+            ports = {"port": self._port, "controller_port": self._controller_port}
+            (data_dir / _PORTS_FILE).write_text(json.dumps(ports))
         log.info(
             "Kafka %s: broker ready at %s (pid %d) in %.1fs",
             self.version,
@@ -544,17 +589,38 @@ def status(state_dir: Path | None = None) -> BrokerState | None:
     return state
 
 
+class BrokerRunning(RuntimeError):
+    """``up --reset`` while the broker runs: its data is in use."""
+
+
 def up(
-    state_dir: Path | None = None, *, port: int | None = None, version: str = KAFKA_VERSION
+    state_dir: Path | None = None,
+    *,
+    port: int | None = None,
+    version: str = KAFKA_VERSION,
+    reset: bool = False,
 ) -> BrokerState:
-    """Start a background broker (or return the one already running) and record it."""
+    """Start a background broker (or return the one already running) and record it.
+
+    The broker keeps its topics and records in ``state_dir`` across ``down`` / ``up``;
+    ``reset`` starts it empty instead (only while it is down).
+    """
     state_dir = state_dir or default_state_dir()
     with _locked(state_dir / ".lock"):
         running = status(state_dir)
         if running is not None:
+            if reset:
+                raise BrokerRunning(
+                    f"Kafka runs at {running.bootstrap_servers} (pid {running.pid}): "
+                    "stop it first (vmstream kafka down) to start it empty"
+                )
+            if port is not None and port != running.port:
+                log.warning("Kafka already running on port %d, not %d", running.port, port)
             log.info("Kafka already running at %s (pid %d)", running.bootstrap_servers, running.pid)
             return running
-        broker = LocalKafka(data_dir=state_dir / "broker", version=version, port=port, detach=True)
+        broker = LocalKafka(
+            data_dir=state_dir / "broker", version=version, port=port, detach=True, keep_data=not reset
+        )
         broker.start()
         state = broker.state()
         target = state_dir / _STATE_FILE
@@ -588,7 +654,15 @@ def main(argv: list[str]) -> int:
         help=f"where the running broker is recorded (default: {default_state_dir()})",
     )
     parser.add_argument(
-        "--port", type=int, default=None, help="client port for 'up' (default: any free)"
+        "--port",
+        type=int,
+        default=None,
+        help="client port for 'up' (default: the one it last had if free, else any free)",
+    )
+    parser.add_argument(
+        "--reset",
+        action="store_true",
+        help="'up' with an empty cluster: every topic and record of the last run is removed",
     )
     args = parser.parse_args(argv)
     if not logging.getLogger().handlers:
@@ -601,12 +675,16 @@ def main(argv: list[str]) -> int:
         return 0
     if args.command == "up":
         try:
-            running: BrokerState | None = up(args.state_dir, port=args.port)
-        except KafkaStartError as error:
+            running: BrokerState | None = up(args.state_dir, port=args.port, reset=args.reset)
+        except (KafkaStartError, BrokerRunning) as error:
             print(error, file=sys.stderr)
             return 1
-    else:
-        running = status(args.state_dir)
+        assert running is not None
+        # For the shell: eval "$(vmstream kafka up)" points tests and vmstream at it.
+        print(f"export KAFKA_BOOTSTRAP_SERVERS={running.bootstrap_servers}")
+        print(f"export VMSTREAM_KAFKA__BOOTSTRAP_SERVERS={running.bootstrap_servers}")
+        return 0
+    running = status(args.state_dir)
     if running is None:
         print("not running", file=sys.stderr)
         return 1

@@ -1,13 +1,19 @@
 """The local broker is a real Kafka: records round-trip, transactions commit and abort,
-and ``up`` / ``status`` / ``down`` manage a background broker across calls."""
+and ``up`` / ``status`` / ``down`` manage a background broker across calls, which keeps its
+topics and records across ``down`` / ``up`` unless ``--reset``."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+import uuid
 from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka import TopicPartition as KafkaTopicPartition
+from kafka.admin import NewTopic
 
 from streams import localkafka
 from tests.kafka_broker import TopicFactory
@@ -117,3 +123,75 @@ def test_up_status_down_manage_a_background_broker(
     assert not localkafka.probe(state.bootstrap_servers)
     assert localkafka.main(["status", "--state-dir", str(state_dir)]) == 1
     assert localkafka.down(state_dir) is False
+
+
+def _topics(bootstrap: str) -> set[str]:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="test-localkafka")
+    try:
+        return set(admin.list_topics())
+    finally:
+        admin.close()
+
+
+def _produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    try:
+        for value in values:
+            producer.send(topic, value, partition=0)
+        producer.flush(timeout=READ_TIMEOUT)
+    finally:
+        producer.close()
+
+
+def _read_all(bootstrap: str, topic: str) -> list[bytes]:
+    """Every value of partition 0, read by a consumer of the test's own."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        partition = KafkaTopicPartition(topic, 0)
+        consumer.assign([partition])
+        consumer.seek_to_beginning(partition)
+        end = consumer.end_offsets([partition])[partition]
+        values: list[bytes] = []
+        deadline = time.monotonic() + READ_TIMEOUT
+        while consumer.position(partition) < end:
+            assert time.monotonic() < deadline, f"read {len(values)} of {end} records"
+            for records in consumer.poll(timeout_ms=500).values():
+                values += [record.value for record in records]
+        return values
+    finally:
+        consumer.close()
+
+
+def test_down_and_up_keep_topics_and_records_unless_reset(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state_dir = tmp_path / "run"
+    topic = f"kept-{uuid.uuid4().hex[:8]}"
+    values = [f"record-{i}".encode() for i in range(50)]
+    try:
+        assert localkafka.main(["up", "--state-dir", str(state_dir)]) == 0
+        first = localkafka.status(state_dir)
+        assert first is not None
+        assert f"export KAFKA_BOOTSTRAP_SERVERS={first.bootstrap_servers}" in capsys.readouterr().out.splitlines()
+        admin = KafkaAdminClient(bootstrap_servers=first.bootstrap_servers, client_id="test-localkafka")
+        try:
+            admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])
+        finally:
+            admin.close()
+        _produce(first.bootstrap_servers, topic, values)
+        assert localkafka.main(["down", "--state-dir", str(state_dir)]) == 0
+        assert not localkafka.probe(first.bootstrap_servers)
+
+        again = localkafka.up(state_dir)
+        assert again.pid != first.pid
+        assert again.port == first.port, "the same port again, when it is free"
+        assert topic in _topics(again.bootstrap_servers)
+        assert _read_all(again.bootstrap_servers, topic) == values
+        assert localkafka.main(["up", "--reset", "--state-dir", str(state_dir)]) == 1, "not while it runs"
+        assert localkafka.down(state_dir)
+
+        assert localkafka.main(["up", "--reset", "--state-dir", str(state_dir)]) == 0
+        reset = localkafka.status(state_dir)
+        assert reset is not None and topic not in _topics(reset.bootstrap_servers)
+    finally:
+        localkafka.down(state_dir)
