@@ -251,10 +251,13 @@ def _requesters(ctx: Context, episode: DrainEpisode) -> list[str]:
     return [episode.requested_by] if episode.requested_by else list(ctx.config.operators)
 
 
-def _what_it_is(episode: DrainEpisode) -> str:
+def _what_it_is(episode: DrainEpisode, subject: ObjectRef) -> str:
     if episode.scope == "evictions":
-        return f"KubeVirt was asked to evict it from node {episode.node} ({episode.reason})"
-    return f"Node {episode.node} is being drained ({episode.reason})"
+        return (
+            f"KubeVirt was asked to evict GPU VM {subject.namespace}/{subject.name} from node "
+            f"{episode.node} ({episode.reason}): it"
+        )
+    return f"Node {episode.node} is being drained ({episode.reason}): GPU VM {subject.namespace}/{subject.name}"
 
 
 def _announce(ctx: Context, episode: DrainEpisode, newcomers: list[Resident]) -> DrainEpisode:
@@ -274,9 +277,9 @@ def _announce(ctx: Context, episode: DrainEpisode, newcomers: list[Resident]) ->
             project=resident.project,
             severity="warning",
             message=(
-                f"{_what_it_is(episode)}: GPU VM {subject.namespace}/{subject.name} will be stopped at "
+                f"{_what_it_is(episode, subject)} will be stopped at "
                 f"{episode.deadline.strftime('%Y-%m-%d %H:%M:%S UTC')}, and "
-                + fate_text(fate, resident, gpu=gpu.display_name, free=free, competing=competing)
+                + fate_text(fate, resident, gpu=gpu.display_name, free=free, competing=competing, node=episode.node)
                 + "."
             ),
             details={
@@ -298,7 +301,9 @@ def _announce(ctx: Context, episode: DrainEpisode, newcomers: list[Resident]) ->
     return replace(episode, announced=announced, warned=warned)
 
 
-def fate_text(fate: DrainOutcome, resident: Resident, *, gpu: str, free: int | None, competing: int | None) -> str:
+def fate_text(
+    fate: DrainOutcome, resident: Resident, *, gpu: str, free: int | None, competing: int | None, node: str
+) -> str:
     """What the owner is told will happen after the stop: only what is known now."""
     strategy = resident.run_strategy
     if not resident.has_vm:
@@ -308,7 +313,7 @@ def fate_text(fate: DrainOutcome, resident: Resident, *, gpu: str, free: int | N
     if not resident.template_gpus:
         return f"it will start again by itself (run strategy {strategy}), without a GPU"
     cards = (
-        f"{free} card(s) of this class free now for {competing} GPU VM(s) of this drain "
+        f"{free} card(s) of this class free now for {competing} GPU VM(s) leaving node {node} "
         "that restart by themselves"
     )
     if fate == "returns_automatically":
@@ -369,7 +374,10 @@ def _complete(ctx: Context, episode: DrainEpisode) -> DrainEpisode:
     for key, fate in sorted(episode.announced.items()):
         predicted.setdefault(fate, []).append(key)
     stopped = set(episode.stopped)
-    what = "evictions" if episode.scope == "evictions" else "drain"
+    if episode.scope == "evictions":
+        what = f"The GPU VM(s) KubeVirt was asked to evict from node {episode.node} are gone ({episode.reason})"
+    else:
+        what = f"Node {episode.node} has no GPU VM left ({episode.reason})"
     ctx.notify(
         "drain_completed",
         subject=node_subject(episode.node),
@@ -378,8 +386,7 @@ def _complete(ctx: Context, episode: DrainEpisode) -> DrainEpisode:
         project=None,
         severity="info",
         message=(
-            f"Node {episode.node} has no GPU VM of this {what} left ({episode.reason}): "
-            f"{len(episode.announced)} GPU VM(s) were announced, {len(stopped)} stopped at the deadline; "
+            f"{what}: {len(episode.announced)} GPU VM(s) were announced, {len(stopped)} stopped at the deadline; "
             f"now {len(observed['came_back'])} running again on another node, "
             f"{len(observed['waits_for_gpu'])} waiting for a GPU, {len(observed['off'])} off."
         ),

@@ -195,7 +195,7 @@ def settle_resident(ctx: Context, update: ResidentUpdate) -> None:
             ctx,
             node=update.node,
             source="eviction",
-            reason="an eviction of its pod was requested",
+            reason="evictionStrategy External: vmstream stops it",
             requested_by=None,
             scope="evictions",
         )

@@ -68,7 +68,7 @@ def test_one_spare_card_for_two_restarting_vms_promises_neither() -> None:
     assert fates(h) == {"always-1": "waits_for_gpu", "always-2": "waits_for_gpu",
                         "rerun-1": "needs_manual_start"}
     told = {n.subject.name: n for n in h.notifications("drain_will_stop_gpu_vm")}
-    assert "1 card(s) of this class free now for 2 GPU VM(s) of this drain that restart by themselves" \
+    assert "1 card(s) of this class free now for 2 GPU VM(s) leaving node gpu-node-1 that restart by themselves" \
         in told["always-1"].message
     assert (told["always-1"].details["cards_free"], told["always-1"].details["restarting_gpu_vms"]) == (1, 2)
 
@@ -210,7 +210,7 @@ def test_an_eviction_concerns_that_one_vm_only() -> None:
     assert told.subject.name == "always-1" and told.recipients == [ALICE]
     assert told.deadline == START + timedelta(seconds=900)
     assert told.details["outcome"] == "returns_automatically"  # the one card is for it alone
-    assert "KubeVirt was asked to evict it from node gpu-node-1" in told.message
+    assert "KubeVirt was asked to evict GPU VM p/always-1 from node gpu-node-1" in told.message
     assert h.commands() == []
     h.wait(900)
     [fired] = h.tick()
