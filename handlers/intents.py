@@ -13,8 +13,8 @@ from handlers.auth import Principal
 from handlers.catalog import UnknownGPUClass
 from handlers.cluster import VMIRecord, VMRecord
 from handlers.config import Config
-from handlers.decisions import Context, node_subject, vm_subject
-from handlers.drains import end_drain, start_drain
+from handlers.decisions import Context, vm_subject
+from handlers.drains import call_off_drain, start_drain
 from handlers.gpus import GPURuleViolation, desired_vm, plan_patch
 from handlers.messages import (
     CreateVMIntent,
@@ -152,9 +152,8 @@ def undrain_node(ctx: Context, intent: UndrainNodeIntent, principal: Principal) 
     refusal = _operator_refusal(principal, "undrain")
     if refusal:
         return refusal
-    node = ctx.state.get("nodes", intent.spec.node)
-    episode = end_drain(ctx, intent.spec.node)
-    if episode is None and (node is None or not node.unschedulable):
+    # vmstream undoes only what it did itself: its own cordon (handlers/drains.py).
+    why = f"undrain_node by {principal.name}" + (f": {intent.spec.reason}" if intent.spec.reason else "")
+    if call_off_drain(ctx, intent.spec.node, why=why, undo_cordon=True) is None:
         return f"node {intent.spec.node} is not being drained"
-    ctx.command("uncordon_node", node_subject(intent.spec.node), requested_by=intent.requested_by)
     return None
