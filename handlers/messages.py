@@ -319,6 +319,7 @@ NotificationType = Literal[
     "intent_rejected",
     "drain_completed",
     "command_failed",
+    "drain_called_off",  # a drain announced to owners was called off before it stopped their VMs
 ]
 
 
