@@ -179,14 +179,6 @@ def call_off_drain(ctx: Context, node: str, *, why: str, undo_cordon: bool) -> D
     return episode
 
 
-def end_drain(ctx: Context, node: str) -> DrainEpisode | None:
-    """Forget the node's episode without telling anyone (prefer :func:`call_off_drain`)."""
-    episode: DrainEpisode | None = ctx.state.get("drains", node)
-    if episode is not None:
-        ctx.state.put("drains", node, None)
-    return episode
-
-
 def residents_of(ctx: Context, node: str) -> list[Resident]:
     """The GPU VMIs on ``node``, in key order."""
     residents: dict[str, Resident] = ctx.state.get("residents", node) or {}
