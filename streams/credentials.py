@@ -233,8 +233,8 @@ def key_source(policy: AuthPolicy) -> KeySource | None:
 
 
 def environment_key(env: Mapping[str, str] = os.environ) -> SigningKey | None:
-    """A signing key from ``VMSTREAM_SIGNING_KEY`` (a PEM file) and ``VMSTREAM_SIGNING_KID``."""
-    path, kid = env.get("VMSTREAM_SIGNING_KEY"), env.get("VMSTREAM_SIGNING_KID")
+    """A signing key from ``VMSTREAM_INTENT_KEY`` (a PEM file) and ``VMSTREAM_INTENT_KID``."""
+    path, kid = env.get("VMSTREAM_INTENT_KEY"), env.get("VMSTREAM_INTENT_KID")
     if not path or not kid:
         return None
     return SigningKey.from_file(kid, path)

@@ -19,13 +19,14 @@ Exit codes (also in ``vmstream intent --help``):
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar, get_args
 
 from pydantic import TypeAdapter, ValidationError
@@ -45,6 +46,8 @@ from handlers.messages import (
     VMIntent,
     node_key,
 )
+from handlers.config import AuthPolicy
+from streams.credentials import SigningKey, environment_key, sign_intent
 from streams.settings import KafkaSettings
 from streams.settings import load_kafka_settings
 from streams.tailing import bounded, positive_seconds, quiet_kafka_logs, render_audit, render_notification
@@ -55,6 +58,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 AnyIntent = CreateVMIntent | SetGPUIntent | RestartVMIntent | DrainNodeIntent | UndrainNodeIntent
+OPERATOR_ROLE = AuthPolicy().operator_role
 
 EXIT_ACCEPTED = 0
 EXIT_NOT_ACCEPTED = 1
@@ -169,6 +173,18 @@ def intent_key(intent: AnyIntent) -> str:
     if isinstance(intent, VMIntent):
         return intent.vm_key()
     return node_key(intent.spec.node)
+
+
+def sign(intent: AnyIntent, key: SigningKey, *, projects: list[str] | None = None, operator: bool = False,
+         issuer: str | None = None, lifetime: float = 300.0) -> AnyIntent:
+    """``intent`` with a credential for exactly the bytes :func:`encode_intent` writes
+    (docs/auth.md): its subject the requester, its projects ``projects`` (default: the
+    intent's project), the operator role if ``operator``."""
+    body = json.loads(encode_intent(intent))
+    member_of = projects if projects is not None else ([intent.project] if intent.project else [])
+    token = sign_intent(body, key, projects=member_of, roles=[OPERATOR_ROLE] if operator else [],
+                        issuer=issuer, lifetime=timedelta(seconds=lifetime))
+    return intent.model_copy(update={"credential": token})
 
 
 def encode_intent(intent: AnyIntent) -> bytes:
@@ -362,6 +378,19 @@ def _run(args: argparse.Namespace) -> int:
             print(f"  {problem}", file=sys.stderr)
         return EXIT_INVALID
     try:
+        if args.key and not args.kid:
+            raise ValueError("--key needs --kid, the key's id in the worker's JWKS")
+        key = SigningKey.from_file(args.kid, args.key) if args.key else environment_key()
+    except (OSError, ValueError, TypeError) as exc:
+        print(f"vmstream intent: signing key: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    if key is not None:
+        intent = sign(intent, key, projects=args.member_of, operator=args.operator, issuer=args.issuer,
+                      lifetime=args.lifetime)
+    else:
+        print("vmstream intent: no --key: the intent goes unsigned (accepted only by a worker with "
+              "auth: none)", file=sys.stderr)
+    try:
         kafka = load_kafka_settings(args.config)
     except (OSError, ValueError) as exc:
         print(f"vmstream intent: configuration: {exc}", file=sys.stderr)
@@ -394,6 +423,17 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     common.add_argument("--id", dest="intent_id", metavar="ID",
                         help="the intent id (default: a new UUID); the same id twice has one effect")
     common.add_argument("--config", help="the configuration file (YAML)")
+    signing = common.add_argument_group(
+        "credential", "sign the intent as an upstream service does (docs/auth.md); default from "
+        "VMSTREAM_INTENT_KEY and VMSTREAM_INTENT_KID")
+    signing.add_argument("--key", metavar="PEM", help="the signer's private key (Ed25519, EC P-256 or RSA)")
+    signing.add_argument("--kid", help="the key's id in the worker's JWKS (required with --key)")
+    signing.add_argument("--member-of", action="append", metavar="PROJECT",
+                         help="a project the requester belongs to (default: --project); repeatable")
+    signing.add_argument("--operator", action="store_true", help="vouch that the requester is an operator")
+    signing.add_argument("--issuer", help="the iss claim, if the worker checks issuers")
+    signing.add_argument("--lifetime", type=positive_seconds, default=300.0, metavar="SECONDS",
+                         help="how long the credential is valid (default 300)")
     common.add_argument("--wait", action="store_true", help="wait for the decision and print it")
     common.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                         help=f"give up publishing and waiting after SECONDS (default {DEFAULT_TIMEOUT:g})")
