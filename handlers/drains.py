@@ -310,7 +310,10 @@ def fate_text(
     )
     if fate == "returns_automatically":
         return f"it will start again by itself (run strategy {strategy}) on another node with a free {gpu}: {cards}"
-    return f"it will start again by itself (run strategy {strategy}) once a {gpu} is free for it: {cards}"
+    return (
+        f"KubeVirt will start it again (run strategy {strategy}) only once a {gpu} is free for it, "
+        f"which may take a while: {cards}"
+    )
 
 
 def plan_fates(

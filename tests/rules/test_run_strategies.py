@@ -94,6 +94,8 @@ def test_no_class_is_promised_more_returns_than_it_has_free_cards(
         if restarts_by_itself(strategy):
             assert outcome in ("returns_automatically", "waits_for_gpu")
             promised[device] += outcome == "returns_automatically"
+            said = "start again by itself" in notices[f"v-{i}"].message
+            assert said is (outcome == "returns_automatically")
         else:
             assert outcome == "needs_manual_start"
     for device, count in promised.items():
