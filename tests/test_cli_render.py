@@ -108,10 +108,10 @@ def test_an_invalid_intent_exits_2_and_names_the_field(capsys: pytest.CaptureFix
 def test_create_vm_sends_only_what_was_asked() -> None:
     intent = build_intent(parse("intent", "create-vm", *ALICE, "--namespace", "ns", "--name", "new-1",
                                 "--cores", "4", "--memory-gib", "8", "--image", "img",
-                                "--label", "team=ml", "--label", "tier=a=b"), now=NOW)
+                                "--label", "team=ml", "--label", "app.kubernetes.io/part-of=web"), now=NOW)
     wire = json.loads(encode_intent(intent))
     assert wire["spec"] == {"namespace": "ns", "name": "new-1", "cores": 4, "memory_gib": 8, "image": "img",
-                            "labels": {"team": "ml", "tier": "a=b"}}
+                            "labels": {"team": "ml", "app.kubernetes.io/part-of": "web"}}
     assert wire["requested_at"] == "2026-11-30T10:00:00Z"
 
 
