@@ -56,6 +56,9 @@ NAMESPACED_KINDS = frozenset(
     }
 )
 CLUSTER_KINDS = frozenset({"ClusterRole", "ClusterRoleBinding", "Namespace"})
+# Cluster-scoped kinds newer than kustomize's built-in schema: it gives them the namespace
+# as if namespaced (the API server drops it), and so does this renderer.
+NAMESPACED_BY_KUSTOMIZE = frozenset({"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"})
 # Kinds with a pod template at spec.template (labels' includeTemplates, images).
 POD_TEMPLATE_KINDS = frozenset({"Deployment"})
 
@@ -169,7 +172,7 @@ def _set_namespace(obj: Manifest, namespace: str) -> None:
     kind = obj["kind"]
     if kind in CLUSTER_KINDS:
         return
-    if kind not in NAMESPACED_KINDS:
+    if kind not in NAMESPACED_KINDS | NAMESPACED_BY_KUSTOMIZE:
         raise UnsupportedKustomization(f"the scope of kind {kind} is not known here")
     # Binding subjects are left as written: give a ServiceAccount subject its namespace.
     obj["metadata"]["namespace"] = namespace

@@ -58,6 +58,7 @@ APPLY_GRANTS: dict[tuple[str, str], set[str]] = {
     ("kubevirt.io", "virtualmachines"): {"get", "create", "patch"},
     ("kubevirt.io", "virtualmachineinstances"): {"get", "delete"},
     ("", "nodes"): {"get", "patch"},
+    ("", "namespaces"): {"get"},  # is the target's namespace a project's (handlers/policy.py)
     ("subresources.kubevirt.io", "virtualmachines/restart"): {"update"},
     ("subresources.kubevirt.io", "virtualmachines/start"): {"update"},
     ("subresources.kubevirt.io", "virtualmachines/stop"): {"update"},
@@ -128,6 +129,8 @@ def test_exactly_the_expected_objects_in_the_vmstream_namespace(rendered: list[M
             ("ClusterRole", APPLY),
             ("ClusterRoleBinding", WATCH),
             ("ClusterRoleBinding", APPLY),
+            ("ValidatingAdmissionPolicy", APPLY),
+            ("ValidatingAdmissionPolicyBinding", APPLY),
             ("ConfigMap", "vmstream-config"),
             ("Deployment", WORKER),
             ("Deployment", WATCH),
