@@ -33,6 +33,20 @@ class LabelKeys(Frozen):
     project: str = "superphenix.net/projectID"
 
 
+class Limits(Frozen):
+    """What one message may weigh: inputs are bounded before they are parsed, outputs so that
+    the broker takes them (docs/worker.md, "Bad input")."""
+
+    max_input_bytes: int = Field(
+        default=512 * 1024, ge=1024, le=1_000_000,
+        description="An intent or watch event larger than this is dead-lettered unparsed (well under the "
+                    "broker's 1 MB message limit).")
+    max_output_bytes: int = Field(
+        default=900_000, ge=65_536, le=1_000_000,
+        description="A decision whose message (key and value) would be larger is dead-lettered instead; "
+                    "below the producer's 1,000,000-byte request limit and the broker's message limit.")
+
+
 class AuthPolicy(Frozen):
     """How an intent proves who asks (docs/auth.md)."""
 
@@ -84,6 +98,7 @@ class Config(Frozen):
     drain: DrainPolicy = DrainPolicy()
     gpu_vm: GPUVMPolicy = GPUVMPolicy()
     labels: LabelKeys = LabelKeys()
+    limits: Limits = Limits()
     auth: AuthPolicy = AuthPolicy()
     namespaces: NamespacePolicy = NamespacePolicy()
 

@@ -10,7 +10,11 @@ malformed input yields a dead letter as well; nothing here raises for bad input.
 from __future__ import annotations
 
 import base64
+import functools
+import hashlib
 import json
+import logging
+import reprlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -33,6 +37,8 @@ from handlers.decisions import Context, Decision, Output, ResidentUpdate, subjec
 from handlers.drains import due_deadlines, fire_deadline
 from handlers.intents import create_vm, drain_node, restart_vm, set_gpu, undrain_node
 from handlers.messages import (
+    KEY_MAX,
+    ORIGINAL_PREFIX_BYTES,
     AuditInput,
     AuditRecord,
     DeadLetter,
@@ -40,7 +46,13 @@ from handlers.messages import (
     IntentEnvelope,
     InvalidIntent,
     MalformedMessage,
+    VMIntent,
+    WatchEvent,
+    clip,
     decode_json_object,
+    node_key,
+    object_key,
+    wire_bytes,
     label_value_problem,
     parse_intent,
     parse_watch_event,
@@ -53,6 +65,12 @@ EVENTS_TOPIC = "vmstream.k8s-events"
 # Not Kafka topics: they name, in audit records, decisions that no external input caused.
 TIMER_TOPIC = "vmstream.timer"  # a drain deadline firing
 RESIDENTS_TOPIC = "vmstream.residents"  # a node learning that a GPU VMI came or went
+
+log = logging.getLogger(__name__)
+
+# Whatever a topic may hold: bytes, or None for a tombstone (simulate and the tests also pass
+# text and parsed objects).
+RawInput = bytes | str | dict[str, Any] | None
 
 _RULES: dict[str, Callable[[Context, Any, Principal], str | None]] = {
     "create_vm": create_vm,
@@ -80,10 +98,30 @@ class Result:
     decision: Decision
     dead_letters: list[DeadLetter] = field(default_factory=list)
     dead_letter_key: str | None = None  # a dead letter keeps its input's key
+    # (logical topic, key, value) of each output as sent, once Engine.fitted has checked them
+    wire: list[tuple[str, bytes, bytes]] | None = None
 
     def outputs(self) -> list[Output]:
         letters = [Output("dlq", self.dead_letter_key or "", d) for d in self.dead_letters]
         return letters + self.decision.outputs()
+
+
+EntryPoint = Callable[["Engine", StateView, RawInput, Source, datetime], Result]
+
+
+def _never_raises(entry: EntryPoint) -> EntryPoint:
+    """An entry point that decides any input: an error no rule foresaw (a bug, a shape of
+    input nothing expected) dead-letters the input instead of escaping."""
+
+    @functools.wraps(entry)
+    def decide(engine: Engine, state: StateView, raw: RawInput, source: Source, now: datetime) -> Result:
+        try:
+            return entry(engine, state, raw, source, now)
+        except Exception as error:
+            log.exception("deciding %s:%s:%s failed", source.topic, source.partition, source.offset)
+            return engine.dead_letter(raw, f"internal error: {type(error).__name__}: {error}", source, now)
+
+    return decide
 
 
 KeySource = Callable[[], KeySet]
@@ -102,13 +140,13 @@ class Engine:
         fixed = keys if isinstance(keys, KeySet) else KeySet()
         self.keys: KeySource = keys if callable(keys) else (lambda: fixed)
 
-
     def _context(self, state: StateView, now: datetime, cause: str) -> Context:
         return Context.open(state, self.config, self.catalog, now, cause)
 
-    def on_intent(self, state: StateView, raw: bytes | str | dict[str, Any], source: Source, now: datetime) -> Result:
+    @_never_raises
+    def on_intent(self, state: StateView, raw: RawInput, source: Source, now: datetime) -> Result:
         try:
-            intent = parse_intent(raw)
+            intent = self._parse_intent(raw, source)
         except MalformedMessage as exc:
             return self.dead_letter(raw, str(exc), source, now)
         except InvalidIntent as exc:
@@ -215,9 +253,10 @@ class Engine:
         ctx.state.put("processed", intent_id, "rejected")
         return ctx.decide(topic=source.topic, key=source.key, outcome="rejected", reason=reason)
 
-    def on_event(self, state: StateView, raw: bytes | str | dict[str, Any], source: Source, now: datetime) -> Result:
+    @_never_raises
+    def on_event(self, state: StateView, raw: RawInput, source: Source, now: datetime) -> Result:
         try:
-            event = parse_watch_event(raw)
+            event = self._parse_event(raw, source)
         except MalformedMessage as exc:
             return self.dead_letter(raw, str(exc), source, now)
         ctx = self._context(state, now, event.event_id)
@@ -249,36 +288,140 @@ class Engine:
             results.append(Result(ctx.decide(topic=TIMER_TOPIC, key=f"node/{node}", outcome="accepted")))
         return results
 
-    def dead_letter(self, raw: bytes | str | dict[str, Any], error: str, source: Source, now: datetime) -> Result:
-        original, encoding = _as_text(raw)
+    # ------------------------------------------------------------------ bad input
+
+    def screen(self, raw: RawInput, source: Source) -> dict[str, Any]:
+        """What every input passes before any rule reads it: a key and a value of bounded
+        size, and a value that is a JSON object (handlers/messages.py ``decode_json_object``).
+
+        Raises :class:`MalformedMessage` only. The worker's ``route`` agent screens watch
+        events with it too, so an event refused there has the dead letter ``on_event`` gives.
+        """
+        if source.key is not None and len(source.key) > KEY_MAX:
+            raise MalformedMessage(f"a key of {len(source.key)} characters, over the limit of {KEY_MAX}")
+        return decode_json_object(raw, max_bytes=self.config.limits.max_input_bytes)
+
+    def _parse_intent(self, raw: RawInput, source: Source) -> Any:
+        """An intent, keyed as CONTRACTS.md says: its state is kept under its spec's key, so a
+        key that names another VM or node (or no key, on Kafka) would write it elsewhere."""
+        intent = parse_intent(self.screen(raw, source))
+        self._check_key(source, intent.vm_key() if isinstance(intent, VMIntent) else node_key(intent.spec.node))
+        return intent
+
+    def _parse_event(self, raw: RawInput, source: Source) -> WatchEvent:
+        """A watch event, keyed ``<Kind>/<namespace>/<name>`` by the object it shows."""
+        event = parse_watch_event(self.screen(raw, source))
+        metadata = event.object["metadata"]
+        self._check_key(source, object_key(event.kind, metadata.get("namespace"), metadata["name"]))
+        return event
+
+    @staticmethod
+    def _check_key(source: Source, expected: str) -> None:
+        if source.key == expected or (source.key is None and source.offset is None):
+            return  # offline input (simulate, the tests) may leave the key out
+        raise MalformedMessage(f"the key {source.key!r} does not match the message's {expected!r}")
+
+    def fitted(self, result: Result, raw: RawInput, source: Source, now: datetime,
+               encode: Callable[[Any], bytes] = wire_bytes) -> Result:
+        """``result`` with its outputs encoded (``result.wire``) — or, when one of them would
+        not fit the broker (``limits.max_output_bytes``) or cannot be encoded, the input's
+        dead letter instead, its state changes dropped with the decision."""
+        limit = self.config.limits.max_output_bytes
+        try:
+            wire = [(o.topic, o.key.encode(), encode(o.value)) for o in result.outputs()]
+            oversized = [(topic, len(key) + len(value)) for topic, key, value in wire if len(key) + len(value) > limit]
+            if not oversized:
+                result.wire = wire
+                return result
+            topic, size = oversized[0]
+            error = f"the decision's {topic} message would be {size} bytes, over the limit of {limit}"
+        except Exception as exc:
+            log.exception("encoding the outputs of %s:%s:%s failed", source.topic, source.partition, source.offset)
+            error = f"internal error: its outputs cannot be encoded: {type(exc).__name__}: {exc}"
+        letter = self.dead_letter(raw, error, source, now)
+        letter.wire = [(o.topic, o.key.encode(), wire_bytes(o.value)) for o in letter.outputs()]
+        return letter
+
+    def dead_letter(self, raw: RawInput, error: str, source: Source, now: datetime) -> Result:
+        """The input's dead letter and audit record: for any value whatever, never raising,
+        and small enough for the broker — a value over 16 KiB is kept as its first 16 KiB,
+        its size and its SHA-256; a key over 512 characters is cut."""
+        original = _Original.of(raw)
+        key = None if source.key is None else clip(_printable(source.key), KEY_MAX)
         ref = (
             f"{source.topic}:{source.partition}:{source.offset}"
             if source.offset is not None
-            else f"raw:{ids.episode_id(source.topic, source.key or '', original)}"
+            else f"raw:{ids.episode_id(source.topic, key or '', original.identity)}"
         )
         letter = DeadLetter(
             error=error,
             source=DeadLetterSource(topic=source.topic, partition=source.partition, offset=source.offset),
-            original=original,
-            encoding=encoding,
+            original=original.text,
+            encoding=original.encoding,
             at=now,
+            original_truncated=True if original.truncated else None,
+            original_size=original.size if original.truncated else None,
+            original_sha256=original.sha256 if original.truncated else None,
         )
         audit = AuditRecord(
             audit_id=ids.audit_id(source.topic, ref, "rejected"),
             at=now,
-            input=AuditInput(topic=source.topic, key=source.key, ref=ref),
+            input=AuditInput(topic=source.topic, key=key, ref=ref),
             outcome="rejected",
             reason=f"malformed: {error}",
         )
-        return Result(Decision(audit=audit), [letter], source.key)
+        return Result(Decision(audit=audit), [letter], key)
 
 
-def _as_text(raw: bytes | str | dict[str, Any]) -> tuple[str, Literal["utf-8", "base64"]]:
+@dataclass(frozen=True, slots=True)
+class _Original:
+    """A dead letter's copy of its input: UTF-8 text or base64, at most 16 KiB of it."""
+
+    text: str
+    encoding: Literal["utf-8", "base64"]
+    size: int
+    truncated: bool
+    sha256: str
+    identity: str  # what names it in a ref: the whole text, or its digest when cut
+
+    @classmethod
+    def of(cls, raw: object) -> _Original:
+        data = _as_bytes(raw)
+        truncated = len(data) > ORIGINAL_PREFIX_BYTES
+        kept = data[:ORIGINAL_PREFIX_BYTES]
+        sha256 = hashlib.sha256(data).hexdigest()
+        try:
+            whole = data.decode("utf-8")
+        except UnicodeDecodeError:
+            text = base64.b64encode(kept).decode("ascii")
+            return cls(text, "base64", len(data), truncated, sha256, sha256 if truncated else text)
+        text = kept.decode("utf-8", "ignore") if truncated else whole  # a character cut in two is left out
+        return cls(text, "utf-8", len(data), truncated, sha256, sha256 if truncated else text)
+
+
+def _as_bytes(raw: object) -> bytes:
+    """The bytes of an input of any kind; a parsed object as canonical JSON."""
+    if raw is None:
+        return b""
+    if isinstance(raw, (bytes, bytearray, memoryview)):
+        return bytes(raw)
     if isinstance(raw, str):
-        return raw, "utf-8"
-    if isinstance(raw, dict):
-        return json.dumps(raw, sort_keys=True), "utf-8"
+        return raw.encode("utf-8", "surrogatepass")  # lone surrogates make it base64
     try:
-        return raw.decode("utf-8"), "utf-8"
+        return json.dumps(raw, sort_keys=True).encode()
+    except (TypeError, ValueError, RecursionError):
+        return reprlib.repr(raw).encode("utf-8", "surrogatepass")
+
+
+def _printable(text: str) -> str:
+    """``text`` without lone surrogates, which no UTF-8 encoder takes."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _as_text(raw: RawInput) -> tuple[str, Literal["utf-8", "base64"]]:
+    """The whole input as text, or as base64 when it is not UTF-8."""
+    data = _as_bytes(raw)
+    try:
+        return data.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
-        return base64.b64encode(raw).decode("ascii"), "base64"
+        return base64.b64encode(data).decode("ascii"), "base64"

@@ -9,13 +9,14 @@ Flow: raw bytes → :func:`parse_intent` / :func:`parse_watch_event` → handler
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Annotated, Any, Literal, Union
 
+import pydantic_core
 from pydantic import (
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     JsonValue,
@@ -25,6 +26,43 @@ from pydantic import (
 )
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+# ------------------------------------------------------------------------------ limits
+# Every field a message carries is bounded, so that every output fits the broker's message
+# limit whatever the input (docs/worker.md, "Bad input"). Identifiers and names beyond their
+# bound make a message invalid; free text (reasons, errors, messages) is cut to its bound.
+KEY_MAX = 512  # a Kafka key, in characters: vm/<ns>/<name>, node/<name>, <Kind>/<ns>/<name>
+NAME_MAX = 253  # a Kubernetes object's name (a DNS-1123 subdomain); a node's name
+KIND_MAX = 63  # a Kubernetes kind
+ID_MAX = 256  # intent_id, event_id; the ids vmstream makes are shorter
+CAUSE_MAX = 512  # a command's cause: an intent id, an event id, deadline/<node>/<episode>
+TYPE_MAX = 64  # an intent's type as sent, before it is known to be one of INTENT_TYPES
+TOPIC_MAX = 249  # Kafka's own limit on a topic's name
+CLASS_MAX = 253  # a GPU class id
+IMAGE_MAX = 1024  # a container image reference
+REASON_MAX = 1024  # a reason given in an intent (drain, undrain)
+TEXT_MAX = 4096  # free text vmstream writes: reasons, errors, notification messages
+RECIPIENTS_MAX = 256  # principals one notification is addressed to
+ORIGINAL_PREFIX_BYTES = 16384  # of a dead letter's original, the rest named by size and digest
+ORIGINAL_MAX = 21848  # the prefix as text: 16,384 UTF-8 characters or its base64 (4 * ceil(16384 / 3))
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, the cut marked with an ellipsis."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _clipped(limit: int) -> Any:
+    def cut(value: Any) -> Any:
+        return clip(value, limit) if isinstance(value, str) else value
+
+    return BeforeValidator(cut)
+
+
+# Free text, cut to TEXT_MAX characters where it is made: the schemas say maxLength.
+Text = Annotated[str, _clipped(TEXT_MAX), Field(json_schema_extra={"maxLength": TEXT_MAX})]
+Recipient = Annotated[str, Field(max_length=256)]  # a principal (PRINCIPAL_MAX)
+OutputId = Annotated[str, Field(max_length=ID_MAX)]
 
 RunStrategy = Literal["Always", "RerunOnFailure", "Manual", "Halted", "Once"]
 Cores = Literal[1, 2, 4, 8, 16, 32]
@@ -112,7 +150,6 @@ def _project(value: str | None) -> str | None:
     return value
 
 
-
 class VMRef(Spec):
     namespace: str = Field(min_length=1, description="The VM's namespace (spx-<project> on Superphenix).",
                            json_schema_extra=_DNS1123_SCHEMA)
@@ -130,8 +167,9 @@ class CreateVMSpec(VMRef):
     memory_gib: MemoryGiB = Field(description="Guest memory in GiB.")
     run_strategy: RunStrategy = Field("Manual", description="KubeVirt run strategy; Manual creates it stopped.")
     preference: Preference = Field("linux", description="The VirtualMachineClusterPreference.")
-    image: str = Field(min_length=1, description="The container disk image to boot.")
-    gpu_class: str | None = Field(None, description="A GPU class id of this AZ (case-insensitive).")
+    image: str = Field(min_length=1, max_length=IMAGE_MAX, description="The container disk image to boot.")
+    gpu_class: str | None = Field(None, max_length=CLASS_MAX,
+                                  description="A GPU class id of this AZ (case-insensitive).")
     labels: dict[str, str] = Field(default_factory=dict, description="Extra labels for the VM (Kubernetes "
                                    "label rules; kubernetes.io, k8s.io and kubevirt.io prefixes are reserved).")
 
@@ -147,7 +185,8 @@ class CreateVMSpec(VMRef):
 
 
 class SetGPUSpec(VMRef):
-    gpu_class: str | None = Field(description="A GPU class id of this AZ, or null to remove the GPU (required).")
+    gpu_class: str | None = Field(max_length=CLASS_MAX,
+                                  description="A GPU class id of this AZ, or null to remove the GPU (required).")
 
 
 class RestartVMSpec(VMRef):
@@ -155,16 +194,17 @@ class RestartVMSpec(VMRef):
 
 
 class DrainNodeSpec(Spec):
-    node: str = Field(min_length=1, description="The node to drain.")
-    reason: str = Field(min_length=1, description="Why; told to every owner whose GPU VM will stop.")
+    node: str = Field(min_length=1, max_length=NAME_MAX, description="The node to drain.")
+    reason: str = Field(min_length=1, max_length=REASON_MAX,
+                        description="Why; told to every owner whose GPU VM will stop.")
     notice_seconds: int | None = Field(
         default=None, ge=0, le=7 * 24 * 3600, description="Notice before GPU VMs are stopped; default from config."
     )
 
 
 class UndrainNodeSpec(Spec):
-    node: str = Field(min_length=1)
-    reason: str | None = None
+    node: str = Field(min_length=1, max_length=NAME_MAX)
+    reason: str | None = Field(None, max_length=REASON_MAX)
 
 
 class IntentBase(Message):
@@ -230,7 +270,7 @@ class IntentEnvelope(Message):
     """
 
     intent_id: str = Field(min_length=1, max_length=256)
-    type: str = Field(min_length=1)
+    type: str = Field(min_length=1, max_length=TYPE_MAX)
     requested_by: str = Field(min_length=1)
     project: str | None = None
 
@@ -246,7 +286,7 @@ WATCHED_KINDS = ("VirtualMachine", "VirtualMachineInstance", "Node", "NodeMainte
 class WatchEvent(Message):
     event_id: str = Field(min_length=1, max_length=256)
     type: Literal["ADDED", "MODIFIED", "DELETED", "RELISTED"]
-    kind: str = Field(min_length=1)
+    kind: str = Field(min_length=1, max_length=KIND_MAX)
     object: dict[str, Any]
     observed_at: AwareDatetime
 
@@ -256,6 +296,11 @@ class WatchEvent(Message):
         metadata = obj.get("metadata")
         if not isinstance(metadata, dict) or not isinstance(metadata.get("name"), str):
             raise ValueError("object.metadata.name is required")
+        if not 0 < len(metadata["name"]) <= NAME_MAX:
+            raise ValueError(f"object.metadata.name must be 1 to {NAME_MAX} characters")
+        namespace = metadata.get("namespace")
+        if namespace is not None and not (isinstance(namespace, str) and len(namespace) <= 63):
+            raise ValueError("object.metadata.namespace must be a string of at most 63 characters")
         return obj
 
 
@@ -263,9 +308,9 @@ class WatchEvent(Message):
 
 
 class ObjectRef(Message):
-    kind: str
-    namespace: str | None = None
-    name: str
+    kind: str = Field(max_length=KIND_MAX)
+    namespace: str | None = Field(None, max_length=63)
+    name: str = Field(max_length=NAME_MAX)
 
 
 class GPUMutation(Message):
@@ -288,22 +333,22 @@ CommandType = Literal[
 
 
 class Command(Message):
-    command_id: str
+    command_id: OutputId
     type: CommandType
     target: ObjectRef
-    cause: str
+    cause: str = Field(max_length=CAUSE_MAX)
     issued_at: AwareDatetime
     patch: list[dict[str, Any]] | None = None
     base_resource_version: str | None = None
     manifest: dict[str, Any] | None = None
     mutation: GPUMutation | None = None
-    requested_by: str | None = None
+    requested_by: Recipient | None = None
 
 
 class CommandResult(Message):
-    command_id: str
+    command_id: OutputId
     outcome: Literal["applied", "noop", "conflict_retried", "failed"]
-    error: str | None = None
+    error: Text | None = None
     at: AwareDatetime
     type: CommandType | None = None
     target: ObjectRef | None = None
@@ -324,49 +369,55 @@ NotificationType = Literal[
 
 
 class Notification(Message):
-    notification_id: str
+    notification_id: OutputId
     type: NotificationType
-    recipients: list[str]
-    project: str | None = None
+    recipients: list[Recipient] = Field(max_length=RECIPIENTS_MAX)
+    project: str | None = Field(None, max_length=NAME_MAX)
     subject: ObjectRef
     severity: Severity
-    message: str
+    message: Text
     details: dict[str, Any] = Field(default_factory=dict)
     deadline: AwareDatetime | None = None
     at: AwareDatetime | None = None
 
 
 class AuditInput(Message):
-    topic: str
-    key: str | None = None
-    ref: str
+    topic: str = Field(max_length=TOPIC_MAX)
+    key: str | None = Field(None, max_length=KEY_MAX)
+    ref: str = Field(max_length=KEY_MAX)
 
 
 AuditOutcome = Literal["accepted", "rejected", "ignored", "duplicate", "applied", "failed"]
 
 
 class AuditRecord(Message):
-    audit_id: str
+    audit_id: OutputId
     at: AwareDatetime
     input: AuditInput
     outcome: AuditOutcome
-    reason: str | None = None
-    commands: list[str] = Field(default_factory=list)
-    notifications: list[str] = Field(default_factory=list)
+    reason: Text | None = None
+    commands: list[OutputId] = Field(default_factory=list)
+    notifications: list[OutputId] = Field(default_factory=list)
 
 
 class DeadLetterSource(Message):
-    topic: str
+    topic: str = Field(max_length=TOPIC_MAX)
     partition: int | None = None
     offset: int | None = None
 
 
 class DeadLetter(Message):
-    error: str
+    error: Text
     source: DeadLetterSource
-    original: str
+    original: str = Field(max_length=ORIGINAL_MAX, description=(
+        "The raw value as text, or base64 when not UTF-8; of a value over 16,384 bytes only its first "
+        "16,384 bytes (original_truncated, with original_size and original_sha256 of the whole)."))
     encoding: Literal["utf-8", "base64"] = "utf-8"
     at: AwareDatetime | None = None
+    original_truncated: bool | None = Field(None, description="The original is a prefix of the value.")
+    original_size: int | None = Field(None, ge=0, description="The whole value's size in bytes, when truncated.")
+    original_sha256: str | None = Field(None, pattern="^[0-9a-f]{64}$",
+                                        description="The whole value's SHA-256, hex, when truncated.")
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -401,31 +452,57 @@ class InvalidIntent(ValueError):
 _INTENT: TypeAdapter[Any] = TypeAdapter(Intent)
 
 
-def describe_validation_error(error: ValidationError) -> str:
-    """One line per problem, each naming the field and the reason."""
+def describe_validation_error(error: ValidationError, *, most: int = 10) -> str:
+    """One line per problem, each naming the field and the reason; at most ``most`` problems,
+    each field name cut to 64 characters (a field's name may be anything a sender chose)."""
     parts = []
-    for item in error.errors(include_url=False):
+    problems = error.errors(include_url=False, include_input=False)
+    for item in problems[:most]:
         loc = list(item["loc"])
         if loc and loc[0] in INTENT_TYPES:  # the union's tag, not a field
             loc = loc[1:]
-        where = ".".join(str(part) for part in loc)
-        parts.append(f"{where or '(message)'}: {item['msg']}")
+        where = ".".join(clip(str(part), 64) for part in loc)
+        parts.append(f"{where or '(message)'}: {clip(item['msg'], 256)}")
+    if len(problems) > most:
+        parts.append(f"and {len(problems) - most} more")
     return "; ".join(parts)
 
 
-def decode_json_object(raw: bytes | str | dict[str, Any]) -> dict[str, Any]:
+def decode_json_object(raw: object, *, max_bytes: int | None = None) -> dict[str, Any]:
+    """Whatever a topic holds (bytes, or ``None`` for a tombstone) as a JSON object, or
+    :class:`MalformedMessage` saying why it is not one; never another exception.
+
+    A value over ``max_bytes`` is refused before it is parsed. The parser is pydantic's
+    (the one that reads the tables back): strict UTF-8 without lone surrogates, no NaN or
+    Infinity, nesting at most 200 deep, integers of at most 4,300 digits.
+    """
     if isinstance(raw, dict):
         return raw
+    if raw is None:
+        raise MalformedMessage("no value (a tombstone): not a JSON object")
+    if isinstance(raw, str):
+        data = raw.encode("utf-8", "surrogatepass")  # a lone surrogate is then not UTF-8
+    elif isinstance(raw, (bytes, bytearray, memoryview)):
+        data = bytes(raw)
+    else:
+        raise MalformedMessage(f"not a JSON object but {type(raw).__name__}")
+    if max_bytes is not None and len(data) > max_bytes:
+        raise MalformedMessage(f"a value of {len(data)} bytes, over the limit of {max_bytes}")
     try:
-        value = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        value = pydantic_core.from_json(data, allow_inf_nan=False)
+    except ValueError as exc:
         raise MalformedMessage(f"not JSON: {exc}") from exc
     if not isinstance(value, dict):
         raise MalformedMessage(f"not a JSON object but {type(value).__name__}")
     return value
 
 
-def parse_intent(raw: bytes | str | dict[str, Any]) -> IntentEnvelope | Any:
+def wire_bytes(value: BaseModel) -> bytes:
+    """A message as it goes on the wire: compact JSON, absent optional fields left out."""
+    return value.model_dump_json(exclude_none=True).encode()
+
+
+def parse_intent(raw: object) -> IntentEnvelope | Any:
     """Parse an intent in two stages.
 
     Raises :class:`MalformedMessage` when the envelope is unusable and
@@ -446,7 +523,7 @@ def parse_intent(raw: bytes | str | dict[str, Any]) -> IntentEnvelope | Any:
         raise InvalidIntent(envelope, describe_validation_error(exc)) from exc
 
 
-def parse_watch_event(raw: bytes | str | dict[str, Any]) -> WatchEvent:
+def parse_watch_event(raw: object) -> WatchEvent:
     data = decode_json_object(raw)
     try:
         return WatchEvent.model_validate(data)

@@ -66,6 +66,10 @@ class WorkerSettings(BaseModel):
     gc_freeze_seconds: float = Field(default=1.0, gt=0)
     gc_full_seconds: float = Field(default=600.0, gt=0)
     exactly_once: bool = False  # Faust's transactions break on rebalance: see streams/worker.py
+    # A message the broker refuses is sent again this many times in all, after a backoff that
+    # starts here and doubles; then the worker exits (status 75) before acknowledging its input.
+    publish_attempts: int = Field(default=5, ge=1)
+    publish_backoff_seconds: float = Field(default=0.2, gt=0)
 
     def page_token(self) -> str | None:
         """The bearer token the private pages want, if one is configured."""
