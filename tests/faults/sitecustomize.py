@@ -1,7 +1,16 @@
-"""Test-only fault: the first fetch answers before the seek to the committed offsets returns.
+"""Test-only faults, patched into Faust in a worker process.
 
-Put this directory first on ``PYTHONPATH`` of a worker process and set
-``VMSTREAM_TEST_SEEK_DELAY`` (seconds). ``Consumer.perform_seek`` then returns only once
+Put this directory first on ``PYTHONPATH`` of a worker process and set the variable of
+the fault wanted.
+
+``VMSTREAM_TEST_CRASH_AFTER_ROWS=<n>``: the process dies (``os._exit(86)``) right after the
+*n*-th table row written while deciding an intent has reached the broker: that row is sent
+synchronously and acknowledged, and nothing after it. Rows of other inputs (the cluster's
+events) do not count. The crash a decision's rows fear most: some of its changelogs have
+the decision, others not.
+
+``VMSTREAM_TEST_SEEK_DELAY`` (seconds): the first fetch answers before the seek to the
+committed offsets returns. ``Consumer.perform_seek`` then returns only once
 more messages than an agent takes in one batch (500) have been delivered to the agents'
 queues since the seek, or after that many seconds: what a busy broker does to the seek
 Faust makes at the end of table recovery. It turns an
@@ -33,3 +42,40 @@ if _delay > 0:
             await asyncio.sleep(0.005)
 
     Consumer.perform_seek = _seek_overtaken_by_a_fetch  # type: ignore[method-assign]
+
+
+CRASH_EXIT_CODE = 86
+_crash_after = int(os.environ.get("VMSTREAM_TEST_CRASH_AFTER_ROWS", "0") or 0)
+
+if _crash_after > 0:
+    from faust.streams import current_event
+    from faust.tables.table import Table
+
+    _on_key_set = Table.on_key_set
+    _rows = 0
+
+    def _write_and_die(table: Table, key: object, value: object) -> None:
+        """Send the row ourselves, wait for the broker's acknowledgement, and die."""
+        from kafka import KafkaProducer
+
+        event = current_event()
+        serializers = table.app.serializers
+        producer = KafkaProducer(bootstrap_servers=os.environ["VMSTREAM_KAFKA__BOOTSTRAP_SERVERS"], acks="all")
+        producer.send(
+            table.changelog_topic.get_topic_name(),
+            key=serializers.dumps_key(table.key_type, key, serializer=table.key_serializer),
+            value=serializers.dumps_value(table.value_type, value, serializer=table.value_serializer),
+            partition=event.message.partition,
+        ).get(timeout=30)
+        os._exit(CRASH_EXIT_CODE)
+
+    def _on_key_set_then_crash(self: Table, key: object, value: object) -> None:
+        global _rows
+        event = current_event()
+        if event is not None and event.message.topic.endswith(".intents"):
+            _rows += 1
+            if _rows >= _crash_after:
+                _write_and_die(self, key, value)
+        _on_key_set(self, key, value)
+
+    Table.on_key_set = _on_key_set_then_crash  # type: ignore[method-assign]

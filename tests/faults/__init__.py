@@ -1,0 +1,1 @@
+"""Faults injected into real processes, and the suite that counts what survives them."""

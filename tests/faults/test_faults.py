@@ -1,0 +1,116 @@
+"""Faults while intents flow: the worker killed at any point, the broker restarted.
+
+Every test counts with its own reader (``tests/faults/chaos.py``): no intent may be lost
+(each has an audit record) and no command, notification or audit id may appear with two
+different contents.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.faults.chaos import Ledger, Publisher, Workload, with_faults, worker_env
+from streams.running import Deployment, WorkerProcess
+
+pytestmark = pytest.mark.kafka
+
+CRASH_EXIT_CODE = 86  # tests/faults/sitecustomize.py
+
+
+@pytest.fixture
+def deployment(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Deployment]:
+    deployment = Deployment(kafka_bootstrap, tmp_path)
+    deployment.create_topics()
+    yield deployment
+    deployment.delete_topics()
+
+
+@pytest.fixture
+def ledger(deployment: Deployment) -> Iterator[Ledger]:
+    reader = Ledger(deployment)
+    yield reader
+    reader.close()
+
+
+@pytest.fixture
+def publisher(deployment: Deployment) -> Iterator[Publisher]:
+    writer = Publisher(deployment)
+    yield writer
+    writer.close()
+
+
+def set_up(workload: Workload, publisher: Publisher, ledger: Ledger) -> None:
+    setup = workload.setup()
+    publisher.publish(setup)
+    ledger.wait_until(lambda l: l.event_audits >= len(setup), timeout=120, what="the AZ's events decided")
+
+
+def wait_exit(worker: WorkerProcess, timeout: float) -> int:
+    assert worker.process is not None
+    deadline = time.monotonic() + timeout
+    while worker.process.poll() is None:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{worker.name} still runs after {timeout}s:\n{worker.tail()}")
+        time.sleep(0.1)  # polling interval
+    return worker.process.returncode
+
+
+def test_a_crash_between_the_rows_of_a_decision_changes_no_content(
+    deployment: Deployment, ledger: Ledger, publisher: Publisher
+) -> None:
+    """The worker dies once the first table row of an intent's decision has reached the
+    broker, its other rows not: the decision taken after the restart must be the same,
+    byte for byte (on the old group commit, the re-decision found the owner already told
+    in ``tracking`` and audited the intent again without its notification)."""
+    workload = Workload(vms=24, drains=0)
+    first = WorkerProcess(deployment, "w1", env=with_faults(VMSTREAM_TEST_CRASH_AFTER_ROWS="1")).start()
+    try:
+        set_up(workload, publisher, ledger)
+        publisher.publish(workload.stream())
+        assert wait_exit(first, 120) == CRASH_EXIT_CODE, first.tail()
+    finally:
+        first.stop(signal.SIGKILL)
+    second = WorkerProcess(deployment, "w2", env=worker_env()).start()
+    try:
+        ledger.wait_until(lambda l: not l.missing(workload.intent_ids), timeout=120, what="every intent audited")
+        ledger.poll()
+        assert ledger.two_contents() == {}
+        told = [ident for ident in ledger.contents if ident.startswith("ntf-")]
+        assert len(told) == 2 * workload.vms  # the RTX and the A100 change each waits for a restart
+    finally:
+        second.stop()
+
+
+def test_kill_9_at_random_points_loses_nothing_and_changes_no_content(
+    deployment: Deployment, ledger: Ledger, publisher: Publisher
+) -> None:
+    """Intents flow at a steady rate; the worker is killed with SIGKILL at random moments
+    and started again each time."""
+    seed = random.randrange(1 << 30)
+    chance = random.Random(seed)
+    workload = Workload(vms=300, drains=2)
+    worker = WorkerProcess(deployment, "w0", env=worker_env()).start()
+    kills = 0
+    try:
+        set_up(workload, publisher, ledger)
+        publisher.start(workload.stream(), per_second=150)
+        while kills < 3:
+            moment = time.monotonic() + chance.uniform(0.5, 2.5)  # the kill point: a random moment
+            ledger.wait_until(lambda l: time.monotonic() >= moment, timeout=10, what="the kill point")
+            worker.stop(signal.SIGKILL)
+            kills += 1
+            worker = WorkerProcess(deployment, f"w{kills}", env=worker_env()).start()
+        publisher.join(timeout=120)
+        ledger.wait_until(lambda l: not l.missing(workload.intent_ids), timeout=180,
+                          what=f"every intent audited (seed {seed})")
+        ledger.poll()
+        assert ledger.two_contents() == {}, f"seed {seed}"
+        assert len(workload.intent_ids) == 3 * 300 + 2
+    finally:
+        worker.stop()
