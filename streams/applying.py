@@ -15,8 +15,10 @@ Effectively once: the command-results topic is the ledger. At start-up (and befo
 batch, so a rebalance hands over what another applier did) it is read to the end; a command
 whose id already has a result is skipped, with no second effect and no second result. The
 result is published last and the offset committed after it, so a crash in between
-re-applies a command: the level-based rules make that a ``noop`` — for a restart, a VMI
-created after the command was issued means it already happened.
+re-applies a command: the level-based rules make that a ``noop``. A restart cannot be
+read off the VM's level (its new VMI may not exist yet), so before the call the applier
+records on the VM which command restarts which VMI, and a redelivered restart whose VMI
+is gone, going or asked to stop is not sent again.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from handlers.results import Outcome, ResultDecision, decide_result
 from streams import metrics
 from streams.codecs import encode_message
 from streams.kafka_clients import consumer, producer
+from streams.probes import ProbeServer
 from streams.logs import limit_client_logs
 from streams.probes import ProbeServer
 from streams.settings import Settings, load_settings
@@ -68,6 +71,9 @@ KUBEVIRT = ("kubevirt.io", "v1")
 SUBRESOURCE_PATH = "/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/virtualmachines/{name}/{action}"
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
+# On a VM: the restart command last sent for it and the uid of the VMI it restarts, written
+# before the call so that the command redelivered after a crash is not sent twice.
+RESTART_ANNOTATION = "vmstream.io/restart"
 MAX_REPLANS = 5  # a VM that changes under us this often is being fought over: give up, say so
 ENDED_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -155,6 +161,15 @@ def _owner(obj: dict[str, Any] | None) -> str | None:
 def _rv(obj: dict[str, Any]) -> str | None:
     rv = (obj.get("metadata") or {}).get("resourceVersion")
     return str(rv) if rv is not None else None
+
+
+def _restart_record(vm: dict[str, Any]) -> dict[str, Any] | None:
+    raw = ((vm.get("metadata") or {}).get("annotations") or {}).get(RESTART_ANNOTATION)
+    try:
+        record = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _where(command: Command) -> tuple[str, str]:
@@ -367,8 +382,10 @@ class KubeApplier:
         (and ``_host`` sends it elsewhere when virt-api is not aggregated).
         """
         namespace, name = _where(command)
-        if action == "restart" and self._restarted_since(namespace, name, command.issued_at):
-            return Applied("noop")
+        if action == "restart":
+            done = self._restart_done(command, namespace, name)
+            if done is not None:
+                return done
         path = SUBRESOURCE_PATH.format(namespace=namespace, name=name, action=action)
         try:
             response = self._call(
@@ -384,14 +401,42 @@ class KubeApplier:
         response.release_conn()
         return Applied("applied")
 
-    def _restarted_since(self, namespace: str, name: str, issued_at: datetime) -> bool:
-        """Level-based restart: a VMI created after the command was issued is the restart
-        (applied before a crash, say); restarting again would be a second effect."""
+    def _restart_done(self, command: Command, namespace: str, name: str) -> Applied | None:
+        """Whether this restart was sent already (before a crash); if not, record that it is
+        about to be, on the VM, with the uid of the VMI it restarts (:data:`RESTART_ANNOTATION`).
+
+        The command seen again with its record: when that VMI is gone, being deleted, or
+        asked to stop (``status.stateChangeRequests``, which virt-api writes before it
+        answers), the restart got through — ``applied``, not sent twice. Otherwise the crash
+        came between the record and the call: the restart is sent now. No clock is compared:
+        a restart whose new VMI does not exist yet is recognised as well as one whose VMI
+        was created in the same second as the command.
+
+        Without a record of this command, a VMI created after the command was issued is a
+        restart already (``noop``), as before records were kept.
+        """
+        vm = self._get_vm(namespace, name)
         vmi = self._get_vmi(namespace, name)
-        created = ((vmi or {}).get("metadata") or {}).get("creationTimestamp")
-        if not created:
-            return False
-        return datetime.fromisoformat(str(created).replace("Z", "+00:00")) > issued_at
+        vmi_meta = (vmi or {}).get("metadata") or {}
+        uid = vmi_meta.get("uid")
+        recorded = _restart_record(vm)
+        if recorded is not None and recorded.get("command") == command.command_id:
+            before = recorded.get("vmi")
+            stopping = any(request.get("action") == "Stop" and request.get("uid") in (None, before)
+                           for request in ((vm.get("status") or {}).get("stateChangeRequests") or []))
+            if uid != before or vmi_meta.get("deletionTimestamp") or stopping:
+                log.info("restart %s of %s/%s was sent before (VMI %s): not again", command.command_id,
+                         namespace, name, before)
+                return Applied("applied", owner=_owner(vm))
+            return None
+        created = vmi_meta.get("creationTimestamp")
+        if created and datetime.fromisoformat(str(created).replace("Z", "+00:00")) > command.issued_at:
+            return Applied("noop")
+        if uid:  # without a VMI virt-api refuses (409): nothing to record
+            record = json.dumps({"command": command.command_id, "vmi": uid}, separators=(",", ":"))
+            self._call(self.custom.patch_namespaced_custom_object, *KUBEVIRT, namespace, "virtualmachines", name,
+                       {"metadata": {"annotations": {RESTART_ANNOTATION: record}}}, _content_type=MERGE_PATCH)
+        return None
 
     def _already_so(self, namespace: str, name: str, action: str) -> bool:
         """After a 409: is the VM already as a start or stop would leave it (level-based)?"""

@@ -16,6 +16,9 @@ does (kubevirt/kubevirt ``pkg/virt-api/rest/subresource.go``):
 
 Success is 202 with no body; refusals are Kubernetes ``Status`` objects, as virt-api sends.
 It authenticates nobody: it listens on loopback for the length of a test.
+
+:meth:`VirtApiStandIn.before_answering` runs a test's hook between a request's effect and
+its answer — to kill the caller there, whose call then took effect without its knowing.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import json
 import logging
 import re
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
@@ -64,6 +68,7 @@ class VirtApiStandIn:
         self.custom = client.CustomObjectsApi(api)
         self.requests: list[tuple[str, str, str, int]] = []  # (namespace, name, action, code)
         self._outage = 0
+        self._hooks: dict[str, Callable[[], None]] = {}
         self._lock = threading.Lock()
         standin = self
 
@@ -83,11 +88,14 @@ class VirtApiStandIn:
 
             def _answer(self, code: int, body: dict[str, Any] | None) -> None:
                 data = json.dumps(body).encode() if body is not None else b""
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.send_response(code)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):  # the caller is gone (killed by a test)
+                    log.info("virt-api stand-in: the caller left before its answer")
 
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
                 log.debug("virt-api stand-in: " + format, *args)
@@ -118,6 +126,11 @@ class VirtApiStandIn:
                  tb: TracebackType | None) -> None:
         self.stop()
 
+    def before_answering(self, action: str, hook: Callable[[], None]) -> None:
+        """Call ``hook`` once: after the next successful ``action`` took effect, before the 202."""
+        with self._lock:
+            self._hooks[action] = hook
+
     def unavailable(self, times: int) -> None:
         """Answer the next ``times`` requests 503, as the aggregator does while virt-api is away."""
         with self._lock:
@@ -135,6 +148,10 @@ class VirtApiStandIn:
         try:
             getattr(self, f"_{action}")(namespace, name)
             code, body = 202, None
+            with self._lock:
+                hook = self._hooks.pop(action, None)
+            if hook is not None:
+                hook()
         except Refusal as refusal:
             code, body = refusal.code, {
                 "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",

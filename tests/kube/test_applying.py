@@ -42,7 +42,7 @@ from streams.scenarios import A100, PROJECT_LABEL
 from streams.scenarios import node as node_object
 from streams.settings import load_settings
 from tests.harness import START, Harness
-from tests.kube_apiserver import Kube
+from tests.kube_apiserver import Kube, minimal_vm
 from tests.kubevirt_schema import validate_vm
 from tests.kubevirt_sim import KubeVirtSimulator
 from tests.virt_api_standin import VirtApiStandIn
@@ -610,3 +610,76 @@ def test_the_applier_answers_its_probes_and_measures_what_it_applies(
         return None
 
     eventually(measured, "the results, the latency, the API error and a lag of 0 on every commands partition")
+
+
+def spawn_applier(deployment: Deployment, kube: Kube, virt_api: VirtApiStandIn, name: str) -> subprocess.Popen[bytes]:
+    """Another ``vmstream apply`` of ``deployment`` (same consumer group), ready once it has
+    read the results ledger; its output in ``<workdir>/<name>.log``."""
+    log_path = deployment.workdir / f"{name}.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "streams.applying", "apply", "--config", str(CONFIG),
+             "--kubeconfig", str(kube.kubeconfig), "--subresource-url", virt_api.url, "--probe-port", "0"],
+            env={**deployment.env(0), "PYTHONUNBUFFERED": "1"}, stdout=log, stderr=subprocess.STDOUT,
+        )
+
+    def ready() -> bool:
+        text = log_path.read_text(errors="replace")
+        assert process.poll() is None, f"{name} exited {process.returncode}:\n{text[-3000:]}"
+        return "applier ready" in text
+
+    eventually(ready, f"{name} to start", timeout=120)
+    return process
+
+
+def test_a_restart_is_sent_once_across_an_applier_crash(
+    api: client.ApiClient, kube: Kube, kube_namespace: str, kafka_bootstrap: str,
+    tmp_path_factory: pytest.TempPathFactory, make_node: Callable[..., str], virt_api: VirtApiStandIn,
+) -> None:
+    """The applier dies after virt-api took the restart and before the result is published;
+    KubeVirt has stopped the old VMI and not yet created the new one. The applier that
+    takes over gets the command again: it must not restart the VM a second time."""
+    make_node()
+    manifest = minimal_vm("vm-c")
+    manifest["spec"]["runStrategy"] = "Always"
+    client.CustomObjectsApi(api).create_namespaced_custom_object(*KUBEVIRT, kube_namespace, "virtualmachines", manifest)
+    with KubeVirtSimulator(api, kube_namespace):
+        first = running_vmi(api, kube_namespace, "vm-c")
+    own = Deployment(kafka_bootstrap, tmp_path_factory.mktemp("crash"))  # its own topics and group
+    own.create_topics()
+    results = Published(own)
+    crashing = spawn_applier(own, kube, virt_api, "applier-1")
+    takeover: subprocess.Popen[bytes] | None = None
+    try:
+        virt_api.before_answering("restart", crashing.kill)  # SIGKILL: the request took effect, unanswered
+        restart = command("restart_vm", vm_ref(kube_namespace, "vm-c")).model_copy(
+            update={"issued_at": datetime.now(UTC)})
+        publish(own, restart)
+        eventually(lambda: crashing.poll() is not None, "the applier to be killed")
+        assert results.results(restart.command_id) == []
+
+        # virt-controller's first half: the old VMI is stopped, the new one not created yet.
+        custom = client.CustomObjectsApi(api)
+        custom.delete_namespaced_custom_object(*KUBEVIRT, kube_namespace, "virtualmachineinstances", "vm-c")
+        eventually(lambda: get(api, "virtualmachineinstances", kube_namespace, "vm-c") is None, "the VMI gone")
+        custom.patch_namespaced_custom_object_status(
+            *KUBEVIRT, kube_namespace, "virtualmachines", "vm-c", {"status": {"stateChangeRequests": [{"action": "Start"}]}})
+
+        takeover = spawn_applier(own, kube, virt_api, "applier-2")
+        assert results.result(restart)["outcome"] == "applied"
+        puts = [code for ns, vm, action, code in virt_api.requests if (ns, vm, action) == (kube_namespace, "vm-c", "restart")]
+        assert puts == [202], "one restart reached virt-api, and only one"
+        with KubeVirtSimulator(api, kube_namespace):  # virt-controller's second half
+            running_vmi(api, kube_namespace, "vm-c", other_than=first["metadata"]["uid"])
+        assert len(results.results(restart.command_id)) == 1
+    finally:
+        for process in (crashing, takeover):
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+        results.close()
+        own.delete_topics()
