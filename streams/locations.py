@@ -1,17 +1,32 @@
 """Where vmstream finds things outside its own tree.
 
-Two places matter: the cache for downloaded and built third-party parts (Kafka's jars,
-kube-apiserver and etcd), kept outside the clone so a fresh clone reuses it; and the
-shared third-party data (KubeVirt's CRDs and examples, the medik8s CRD), which is read
-where it lies and never copied into the project.
+Both live in the cache (``$VMSTREAM_CACHE_DIR`` or ``~/.cache/vmstream``), outside the
+clone, so a fresh clone reuses them: the downloaded and built parts (Kafka's jars,
+kube-apiserver and etcd), and the third-party data the tests and the local API server use
+(KubeVirt's CRDs and example manifests, the medik8s NodeMaintenance CRD), which
+``tools/kubevirtdata/build.sh`` generates from the Go module proxy at the versions its
+go.mod and go.sum pin. Nothing is read from beside the clone.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+KUBEVIRTDATA_DIR = REPO_ROOT / "tools" / "kubevirtdata"
+KUBEVIRT_MODULE = "kubevirt.io/kubevirt"
+NODEMAINTENANCE_MODULE = "github.com/medik8s/node-maintenance-operator"
+
+log = logging.getLogger(__name__)
+
+
+class ThirdPartyDataError(RuntimeError):
+    """The third-party data is not in the cache and could not be generated."""
 
 
 def cache_dir() -> Path:
@@ -21,15 +36,69 @@ def cache_dir() -> Path:
     return path
 
 
-def shared_dir() -> Path:
-    """Third-party data: ``$VMSTREAM_SHARED_DIR`` or the ``shared/`` beside the clone."""
-    return Path(os.environ.get("VMSTREAM_SHARED_DIR", REPO_ROOT.parent / "shared")).resolve()
+def third_party_versions() -> tuple[str, str]:
+    """(kubevirt.io/kubevirt, node-maintenance-operator) versions pinned by tools/kubevirtdata.
+
+    KubeVirt is required in go.mod; the medik8s module is only downloaded, so go.sum is
+    what pins it.
+    """
+    gomod = (KUBEVIRTDATA_DIR / "go.mod").read_text()
+    gosum = (KUBEVIRTDATA_DIR / "go.sum").read_text()
+    kubevirt = re.search(
+        rf"^\s*(?:require\s+)?{re.escape(KUBEVIRT_MODULE)}\s+(v\S+)", gomod, re.MULTILINE
+    )
+    nmo = re.search(rf"^{re.escape(NODEMAINTENANCE_MODULE)} (v[^\s/]+) h1:", gosum, re.MULTILINE)
+    if kubevirt is None or nmo is None:
+        raise ThirdPartyDataError(
+            f"{KUBEVIRTDATA_DIR} does not pin {KUBEVIRT_MODULE} and {NODEMAINTENANCE_MODULE}"
+        )
+    return kubevirt.group(1), nmo.group(1)
+
+
+def third_party_dir() -> Path:
+    """The generated third-party data, generating it first if the cache lacks it.
+
+    Layout: ``kubevirt/crds/<plural>.kubevirt.io.yaml``, ``kubevirt/examples/*.yaml``,
+    ``medik8s/nodemaintenances.nodemaintenance.medik8s.io.yaml``. The check is done here
+    too (not only in build.sh) so that a machine with a warm cache needs no Go toolchain.
+    """
+    kubevirt, nmo = third_party_versions()
+    out = cache_dir() / "kubevirtdata" / f"kubevirt-{kubevirt}-nmo-{nmo}"
+    stamp = f"{KUBEVIRT_MODULE} {kubevirt}\n{NODEMAINTENANCE_MODULE} {nmo}"
+    versions = out / "versions"
+    if versions.is_file() and versions.read_text() == stamp:
+        return out
+    if shutil.which("go") is None:
+        raise ThirdPartyDataError(
+            f"KubeVirt {kubevirt}'s CRDs and examples are not in {out} and there is no Go "
+            "toolchain to generate them (tools/kubevirtdata/build.sh); install Go"
+        )
+    log.info("generating KubeVirt %s's CRDs and examples (minutes the first time)", kubevirt)
+    env = {**os.environ, "VMSTREAM_CACHE_DIR": str(cache_dir())}
+    # build.sh echoes its output dir on stdout; progress and compiler errors go to stderr.
+    result = subprocess.run(
+        ["bash", str(KUBEVIRTDATA_DIR / "build.sh")],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0 or not (versions.is_file() and versions.read_text() == stamp):
+        raise ThirdPartyDataError(
+            f"tools/kubevirtdata/build.sh failed with exit code {result.returncode}"
+        )
+    return out
 
 
 def kubevirt_crd(plural: str) -> Path:
     """KubeVirt's own CRD manifest, e.g. ``kubevirt_crd("virtualmachines")``."""
-    return shared_dir() / "kubevirt" / "crds" / f"{plural}.kubevirt.io.yaml"
+    return third_party_dir() / "kubevirt" / "crds" / f"{plural}.kubevirt.io.yaml"
+
+
+def kubevirt_examples_dir() -> Path:
+    """KubeVirt's ``examples/`` manifests (VMs, VMIs, and other kinds) at the pinned version."""
+    return third_party_dir() / "kubevirt" / "examples"
 
 
 def nodemaintenance_crd() -> Path:
-    return shared_dir() / "medik8s" / "nodemaintenances.nodemaintenance.medik8s.io.yaml"
+    return third_party_dir() / "medik8s" / "nodemaintenances.nodemaintenance.medik8s.io.yaml"

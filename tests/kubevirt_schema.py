@@ -2,8 +2,9 @@
 
 vmstream mutates VirtualMachines (GPUs, ``cpu.model``, memory requests,
 ``evictionStrategy``); these helpers prove each produced object is one the
-API server's schema accepts, without a cluster. The CRDs are read where they
-lie (:func:`streams.locations.kubevirt_crd`), never copied into the repo.
+API server's schema accepts, without a cluster. The CRDs are the ones KubeVirt's
+virt-operator installs, generated at the pinned version into the cache
+(:func:`streams.locations.kubevirt_crd`), never copied into the repo.
 
 The CRDs speak the Kubernetes *structural schema* dialect of OpenAPI v3; it is
 translated once per process into Draft 2020-12 JSON Schema for ``jsonschema``:
@@ -89,7 +90,7 @@ __all__ = [
 
 VERSION = "v1"
 GROUP = "kubevirt.io"
-#: kind -> CRD plural (file name stem under the shared CRD directory).
+#: kind -> CRD plural (file name stem in the generated CRD directory).
 KINDS: Mapping[str, str] = {
     "VirtualMachine": "virtualmachines",
     "VirtualMachineInstance": "virtualmachineinstances",

@@ -21,7 +21,6 @@ from jsonschema import Draft202012Validator
 
 from handlers.engine import Engine
 from handlers.messages import InvalidIntent, MalformedMessage, parse_intent, parse_watch_event
-from streams.locations import shared_dir
 from streams.schemas import ASYNCAPI_FILE, CONFIG, MESSAGES, TOPICS, render_schemas
 from streams.settings import INPUT_TOPICS, OUTPUT_TOPICS, KafkaSettings, load_settings
 from streams.simulating import Simulation
@@ -29,7 +28,7 @@ from streams.simulating import Simulation
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS_DIR = ROOT / "docs" / "schemas"
 EXAMPLES_DIR = ROOT / "examples"
-CONTRACTS = shared_dir() / "docs" / "CONTRACTS.md"
+CONTRACTS = ROOT / "docs" / "contracts.md"
 SCENARIOS = sorted(path.name for path in EXAMPLES_DIR.glob("*.jsonl"))
 KAFKA = KafkaSettings()
 PREFIX = KAFKA.topic_prefix
@@ -249,7 +248,7 @@ def test_asyncapi_names_every_contract_topic() -> None:
     expected = {KAFKA.topic(name) for name in (*INPUT_TOPICS, *OUTPUT_TOPICS)}
     assert addresses == expected
     contract = _contract_topics()
-    assert contract == expected, f"CONTRACTS.md lists {sorted(contract)}"
+    assert contract == expected, f"docs/contracts.md lists {sorted(contract)}"
 
 
 def test_asyncapi_references_resolve() -> None:

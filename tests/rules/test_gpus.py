@@ -21,7 +21,7 @@ from handlers.gpus import (
     plan_patch,
 )
 from handlers.messages import GPUMutation
-from streams.locations import shared_dir
+from streams.locations import kubevirt_examples_dir
 from streams.scenarios import A100, RTX, vm
 from tests.kubevirt_schema import validate_vm
 
@@ -38,13 +38,13 @@ def plain_vm(**kwargs: Any) -> dict[str, Any]:
     return vm("spx-proj-a", "vm-1", project="proj-a", owner="alice@example.com", **kwargs)
 
 
-def shared_example_vms() -> list[dict[str, Any]]:
+def kubevirt_example_vms() -> list[dict[str, Any]]:
     found = []
-    for path in sorted((shared_dir() / "kubevirt" / "examples").glob("*.yaml")):
+    for path in sorted(kubevirt_examples_dir().glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if isinstance(doc, dict) and doc.get("kind") == "VirtualMachine":
                 found.append(doc)
-    assert found, "no VirtualMachine examples found in shared/kubevirt/examples"
+    assert found, f"no VirtualMachine examples found in {kubevirt_examples_dir()}"
     return found
 
 
@@ -274,8 +274,8 @@ def test_every_produced_vm_validates_against_kubevirts_schema(
     validate_vm(desired_vm(original, mutation))
 
 
-@pytest.mark.parametrize("example", shared_example_vms(), ids=lambda vm_: vm_["metadata"]["name"])
-def test_shared_examples_round_trip_and_stay_valid(example: dict[str, Any]) -> None:
+@pytest.mark.parametrize("example", kubevirt_example_vms(), ids=lambda vm_: vm_["metadata"]["name"])
+def test_kubevirt_examples_round_trip_and_stay_valid(example: dict[str, Any]) -> None:
     for mutation in (ADD_RTX, GPUMutation(device_name=A100, eviction_strategy="None")):
         added = desired_vm(example, mutation)
         validate_vm(added)
