@@ -23,10 +23,12 @@ $(BIN)/vmstream: pyproject.toml
 setup: $(BIN)/vmstream
 
 # The real parts: Kafka's jars from Maven Central, kube-apiserver and etcd built from
-# the Go module proxy (minutes the first time, then cached).
+# the Go module proxy, and KubeVirt's CRDs and examples generated from it (minutes the
+# first time, then cached).
 parts: setup
 	$(BIN)/python -c "from streams.localkafka import resolve_jars; print(resolve_jars())"
 	$(BIN)/python -c "from streams.localkube import ensure_binaries; print(ensure_binaries())"
+	$(BIN)/python -c "from streams.locations import third_party_dir; print(third_party_dir())"
 
 demo: parts
 	$(BIN)/vmstream demo
