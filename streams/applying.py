@@ -45,19 +45,21 @@ from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential, wait_random
 
+from handlers import policy
 from handlers.cluster import OWNER_ANNOTATION
+from handlers.config import LabelKeys
 from handlers.decisions import subject_key
 from handlers.engine import Engine, Source
 from handlers.gpus import GPURuleViolation, desired_vm, plan_patch
-from handlers.messages import Command, describe_validation_error
+from handlers.messages import Command, CommandResult, describe_validation_error
 from handlers.results import Outcome, ResultDecision, decide_result
 from streams import metrics
 from streams.codecs import encode_message
 from streams.kafka_clients import consumer, producer
-from streams.probes import ProbeServer
 from streams.logs import limit_client_logs
 from streams.probes import ProbeServer
 from streams.settings import Settings, load_settings
+from streams.signing import Keyring, KeyringError, open_sealed
 from streams.topics import ensure_topics
 
 if TYPE_CHECKING:
@@ -142,6 +144,7 @@ class Applied:
     error: str | None = None
     resource_version: str | None = None
     owner: str | None = None
+    refused: bool = False  # by the applier's policy (handlers/policy.py), never sent
 
 
 class ApplyError(Exception):
@@ -150,6 +153,10 @@ class ApplyError(Exception):
     def __init__(self, message: str, *, owner: str | None = None) -> None:
         super().__init__(message)
         self.owner = owner
+
+
+class Refused(ApplyError):
+    """The applier's policy (handlers/policy.py) does not allow it: nothing was written."""
 
 
 def _owner(obj: dict[str, Any] | None) -> str | None:
@@ -192,8 +199,10 @@ class KubeApplier:
         *,
         subresource_url: str | None = None,
         retry: RetryPolicy | None = None,
+        project_label: str = LabelKeys().project,
     ) -> None:
         self.api = api
+        self.project_label = project_label
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
         self.subresource_url = subresource_url.rstrip("/") if subresource_url else None
@@ -210,9 +219,13 @@ class KubeApplier:
         }
 
     def apply(self, command: Command) -> Applied:
-        """Apply ``command``; never raises for what the API server answers."""
+        """Apply ``command`` if the applier's policy allows it; never raises for what the API
+        server answers."""
         try:
+            self._check(command)
             return self._handlers[command.type](command)
+        except Refused as exc:
+            return Applied("failed", error=f"refused by the applier's policy: {exc}", owner=exc.owner, refused=True)
         except ApplyError as exc:
             return Applied("failed", error=str(exc), owner=exc.owner or self._owner_of_target(command))
         except ApiException as exc:
@@ -220,6 +233,45 @@ class KubeApplier:
         except TRANSIENT_ERRORS as exc:
             return Applied("failed", error=f"the API server did not answer: {exc}",
                            owner=self._owner_of_target(command))
+
+    # --- policy --------------------------------------------------------------------------
+
+    def _check(self, command: Command) -> None:
+        """What the command touches must be vmstream's to touch (handlers/policy.py)."""
+        refusal = policy.target_refusal(command)
+        if refusal is None and command.target.namespace:
+            namespace = command.target.namespace
+            labels = None if policy.is_system_namespace(namespace) else self._namespace_labels(namespace)
+            refusal = policy.namespace_refusal(namespace, labels, project_label=self.project_label)
+            if refusal is None and command.type == "create_vm":
+                refusal = policy.create_refusal(command, labels or {}, project_label=self.project_label)
+        if refusal is None and command.target.kind == "Node":
+            try:
+                node = self._call(self.core.read_node, command.target.name)
+            except ApiException as exc:
+                if exc.status == 404:
+                    raise ApplyError(f"node {command.target.name} does not exist") from exc
+                raise
+            refusal = policy.node_refusal(
+                command, labels=node.metadata.labels or {}, annotations=node.metadata.annotations or {},
+                unschedulable=bool(node.spec and node.spec.unschedulable),
+            )
+        if refusal is not None:
+            raise Refused(refusal)
+
+    def _namespace_labels(self, namespace: str) -> dict[str, str] | None:
+        try:
+            found = self._call(self.core.read_namespace, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return dict(found.metadata.labels or {})
+
+    def _check_patch(self, live: dict[str, Any], patch: list[dict[str, Any]]) -> None:
+        refusal = policy.patch_refusal(live, patch)
+        if refusal is not None:
+            raise Refused(refusal, owner=_owner(live))
 
     # --- calls ---------------------------------------------------------------------------
 
@@ -300,6 +352,7 @@ class KubeApplier:
             if command.patch is not None and _rv(live) == command.base_resource_version:
                 if not command.patch:
                     return Applied("noop", resource_version=_rv(live), owner=owner)
+                self._check_patch(live, command.patch)
                 try:
                     patched = self._json_patch_vm(namespace, name, command.patch, _rv(live))
                     return Applied("applied", resource_version=_rv(patched), owner=owner)
@@ -331,6 +384,7 @@ class KubeApplier:
             patch = plan_patch(live, desired)
             if not patch:
                 return Applied("noop", resource_version=_rv(live), owner=owner)
+            self._check_patch(live, patch)
             try:
                 patched = self._json_patch_vm(namespace, name, patch, _rv(live))
                 return Applied("conflict_retried", resource_version=_rv(patched), owner=owner)
@@ -472,8 +526,12 @@ class KubeApplier:
             raise
         if bool(node.spec and node.spec.unschedulable) == unschedulable:
             return Applied("noop", resource_version=node.metadata.resource_version)
-        # null removes the field, as a never-cordoned node has none.
-        body = {"spec": {"unschedulable": True if unschedulable else None}}
+        # null removes the field, as a never-cordoned node has none. The annotation says
+        # vmstream cordoned it: only such a node is uncordoned (handlers/policy.py).
+        body = {
+            "metadata": {"annotations": {policy.CORDONED_ANNOTATION: command.command_id if unschedulable else None}},
+            "spec": {"unschedulable": True if unschedulable else None},
+        }
         patched = self._call(self.core.patch_node, name, body, _content_type=MERGE_PATCH)
         return Applied("applied", resource_version=patched.metadata.resource_version)
 
@@ -486,11 +544,15 @@ class ResultLedger:
 
     The topic is the record (no local state to lose): read from the beginning at start-up,
     then caught up before every batch, so results another applier published count too.
+    Only results sealed by an applier count (streams/signing.py), and not those refusing an
+    unsealed command: anyone could publish either under a real command's id.
     """
 
-    def __init__(self, settings: Settings, *, timeout: float = 60.0) -> None:
+    def __init__(self, settings: Settings, *, keyring: Keyring, timeout: float = 60.0) -> None:
         from kafka import TopicPartition
 
+        self.keyring = keyring
+        self.ignored = 0  # results that did not count: unsealed, forged, refusing a forgery
         self.topic = settings.kafka.topic("command-results")
         self.consumer: KafkaConsumer = consumer(
             settings.kafka, enable_auto_commit=False, isolation_level="read_committed",
@@ -526,12 +588,14 @@ class ResultLedger:
                     self._read(record.value)
 
     def _read(self, raw: bytes | None) -> None:
-        try:
-            value = json.loads(raw or b"")
-        except ValueError:
+        result, problem = open_sealed(CommandResult, raw or b"", "command-result", self.keyring)
+        if result is None or problem is not None or (result.model_extra or {}).get("refused") == "unauthenticated":
+            self.ignored += 1
+            if result is not None and problem is not None:
+                log.warning("a result for command %s is not sealed by an applier (%s): ignored",
+                            result.command_id[:80], problem)
             return
-        if isinstance(value, dict) and isinstance(value.get("command_id"), str):
-            self.done.add(value["command_id"])
+        self.done.add(result.command_id)
 
     def close(self) -> None:
         self.consumer.close()
@@ -564,15 +628,21 @@ class Applier:
         self.commands_topic = self.kafka.topic("commands")
         self.engine = Engine(settings.rules())  # only for its dead letters
         self.ready = threading.Event()
+        self.keyring = settings.signing.keyring()
+        if not self.keyring or self.keyring.active is None:
+            raise KeyringError("the applier needs the signing keys the worker seals commands with, and one to "
+                               "seal results with: set signing.keys_file or VMSTREAM_SIGNING__KEYS (docs/security.md)")
 
     def run(self, stop: threading.Event) -> None:
         """Run until ``stop`` is set; ``ready`` is set once the ledger has been read."""
-        ledger = ResultLedger(self.settings)
+        ledger = ResultLedger(self.settings, keyring=self.keyring)
         out = producer(self.kafka, client_id=f"{self.settings.worker.app_id}-applier")
         commands = consumer(
             self.kafka, self.commands_topic, group_id=self.group_id, enable_auto_commit=False,
             auto_offset_reset="earliest", isolation_level="read_committed",
             client_id=f"{self.settings.worker.app_id}-applier",
+            # Static membership and the session: back at once after a crash (settings.py).
+            **self.settings.worker.client_consumer_settings(),
         )
         try:
             ledger.catch_up()
@@ -612,9 +682,17 @@ class Applier:
         """
         first: list[tuple[str, str, BaseModel]] = []
         by_target: dict[str, list[Command]] = {}
+        refused: list[tuple[Command, ResultDecision]] = []
         for record in records:
             command = self._parse(record, first)
             if command is None:
+                continue
+            problem = self.keyring.problem("command", command)
+            if problem is not None:  # not the worker's: refused, and it marks nothing done
+                log.warning("command %s at %s:%d:%d is not sealed by the worker (%s): refused",
+                            command.command_id[:80], record.topic, record.partition, record.offset, problem)
+                refused.append((command, policy.unauthenticated(command, reason=problem, now=self.clock(),
+                                                                 topic=self.commands_topic)))
                 continue
             if command.command_id in ledger:
                 log.info("command %s already has a result: skipped", command.command_id)
@@ -622,7 +700,7 @@ class Applier:
             ledger.add(command.command_id)  # a repeat within the batch is skipped too
             by_target.setdefault(subject_key(command.target), []).append(command)
         done = [decision for decisions in pool.map(self._apply_in_order, by_target.values())
-                for decision in decisions]
+                for decision in decisions] + refused
         for command, decision in done:
             if decision.notification is not None:
                 first.append((self.kafka.topic("notifications"), subject_key(decision.notification.subject),
@@ -660,15 +738,18 @@ class Applier:
         metrics.APPLY_RESULTS.labels(command.type, applied.outcome).inc()
         log.info("command %s (%s %s): %s%s", command.command_id, command.type, subject_key(command.target),
                  applied.outcome, f" — {applied.error}" if applied.error else "")
-        return decide_result(
+        decision = decide_result(
             command, outcome=applied.outcome, now=self.clock(), error=applied.error,
             resource_version=applied.resource_version, owner=applied.owner, topic=self.commands_topic,
         )
+        if applied.refused:
+            return ResultDecision(decision.result.model_copy(update={"refused": "policy"}), decision.audit,
+                                  decision.notification)
+        return decision
 
-    @staticmethod
-    def _send(out: KafkaProducer, messages: Sequence[tuple[str, str, BaseModel]]) -> None:
+    def _send(self, out: KafkaProducer, messages: Sequence[tuple[str, str, BaseModel]]) -> None:
         futures = [
-            out.send(topic, key=key.encode() if key else None, value=encode_message(value))
+            out.send(topic, key=key.encode() if key else None, value=encode_message(value, keyring=self.keyring))
             for topic, key, value in messages
         ]
         out.flush()
@@ -707,7 +788,8 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     with api_client(args.kubeconfig) as api:
-        applier = Applier(settings, KubeApplier(api, subresource_url=args.subresource_url))
+        applier = Applier(settings, KubeApplier(api, subresource_url=args.subresource_url,
+                                                project_label=settings.labels.project))
         try:
             probes: ProbeServer | None = ProbeServer(
                 ready=lambda: applier.ready.is_set() and not stop.is_set(), host=args.probe_host,

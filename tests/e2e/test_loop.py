@@ -145,7 +145,7 @@ def loop(control_plane: LocalKube, kafka_bootstrap: str, tmp_path: Path) -> Iter
     api = control_plane.api_client()
     core = client.CoreV1Api(api)
     try:
-        core.create_namespace({"metadata": {"name": NAMESPACE}})
+        core.create_namespace({"metadata": {"name": NAMESPACE, "labels": {PROJECT_LABEL: "proj-a"}}})
     except ApiException as exc:
         if exc.status != 409:
             raise

@@ -26,6 +26,7 @@ from kubernetes.client.rest import ApiException
 from handlers import policy
 from handlers.gpus import desired_vm, plan_patch
 from handlers.messages import GPUMutation
+from streams.applying import RESTART_ANNOTATION
 from streams.scenarios import A100, PROJECT_LABEL
 from streams.scenarios import node as node_object
 from streams.scenarios import vm as vm_object
@@ -218,6 +219,10 @@ def test_a_gpu_patch_passes_and_nothing_else_does(admin: client.ApiClient, appli
     assert status_of(patch(gpu)) == (200, "")
     devices = get_vm(admin, project, "vm-1")["spec"]["template"]["spec"]["domain"]["devices"]
     assert devices["gpus"] == [{"name": "gpu-0", "deviceName": A100}]
+    # What the applier records before a restart, as it records it.
+    record = {"metadata": {"annotations": {RESTART_ANNOTATION: '{"command_id": "cmd-1", "vmi_uid": "u"}'}}}
+    assert status_of(lambda: custom.patch_namespaced_custom_object(
+        *KUBEVIRT, project, "virtualmachines", "vm-1", record, _content_type=MERGE_PATCH)) == (200, "")
 
 
 def test_vm_writes_only_in_project_namespaces(admin: client.ApiClient, applier: client.ApiClient,

@@ -41,7 +41,7 @@ from streams.running import CONFIG, Deployment
 from streams.scenarios import A100, PROJECT_LABEL
 from streams.scenarios import node as node_object
 from streams.settings import load_settings
-from tests.harness import START, Harness
+from tests.harness import START, Harness, config
 from tests.kube_apiserver import Kube, minimal_vm
 from tests.kubevirt_schema import validate_vm
 from tests.kubevirt_sim import KubeVirtSimulator
@@ -229,8 +229,9 @@ def vmi_ref(namespace: str, name: str) -> ObjectRef:
     return ObjectRef(kind="VirtualMachineInstance", namespace=namespace, name=name)
 
 
-def create_vm_command(harness: Harness, namespace: str, name: str, **spec: Any) -> Command:
-    """What the engine decides for a ``create_vm`` intent."""
+def create_vm_command(namespace: str, name: str, **spec: Any) -> Command:
+    """What the engine decides for a ``create_vm`` intent of proj-a, whose namespace this is."""
+    harness = Harness(config(namespaces={"projects": {namespace: "proj-a"}}))
     body = {"namespace": namespace, "name": name, "cores": 2, "memory_gib": 8, "image": IMAGE, **spec}
     decided = harness.intent("create_vm", body, by=OWNER, intent_id=f"it-{uuid.uuid4().hex[:12]}")
     [created] = decided.decision.commands
@@ -239,7 +240,7 @@ def create_vm_command(harness: Harness, namespace: str, name: str, **spec: Any) 
 
 def create_vm(api: client.ApiClient, namespace: str, name: str, **spec: Any) -> dict[str, Any]:
     """A VM as vmstream would create it, written straight to the API server."""
-    manifest = create_vm_command(Harness(), namespace, name, **spec).manifest
+    manifest = create_vm_command(namespace, name, **spec).manifest
     assert manifest is not None
     vm: dict[str, Any] = client.CustomObjectsApi(api).create_namespaced_custom_object(
         *KUBEVIRT, namespace, "virtualmachines", manifest)
@@ -290,14 +291,14 @@ def test_create_vm_then_patch_vm_gives_a_valid_gpu_vm(
     api: client.ApiClient, kube_namespace: str, deployment: Deployment, published: Published
 ) -> None:
     harness = Harness()
-    created = create_vm_command(harness, kube_namespace, "vm-1")
+    created = create_vm_command(kube_namespace, "vm-1")
     publish(deployment, created)
     assert published.result(created)["outcome"] == "applied"
     vm = get(api, "virtualmachines", kube_namespace, "vm-1")
     assert vm is not None and vm["metadata"]["annotations"][OWNER_ANNOTATION] == OWNER
 
     # The same request decided again (another intent): the VM it asks for is there.
-    again = create_vm_command(Harness(), kube_namespace, "vm-1")
+    again = create_vm_command(kube_namespace, "vm-1")
     publish(deployment, again)
     assert published.result(again)["outcome"] == "noop"
 
@@ -471,7 +472,7 @@ def test_restart_through_virt_api_applies_a_pending_gpu_change(
 def test_an_invalid_manifest_fails_with_the_api_message_and_tells_the_requester(
     api: client.ApiClient, kube_namespace: str, deployment: Deployment, published: Published
 ) -> None:
-    valid = create_vm_command(Harness(), kube_namespace, "bad-1")
+    valid = create_vm_command(kube_namespace, "bad-1")
     manifest = json.loads(json.dumps(valid.manifest))
     manifest["spec"]["template"]["spec"]["domain"]["cpu"]["cores"] = "eight"
     invalid = command("create_vm", valid.target, manifest=manifest, requested_by="carol@example.com")
