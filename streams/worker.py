@@ -27,8 +27,11 @@ import asyncio
 import hmac
 import json
 import logging
+import os
+import sys
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,10 +39,9 @@ import aiohttp.web
 from faust.types import EventT
 
 from handlers.capacity import capacity_report
-from handlers.decisions import ResidentUpdate
 from handlers.restarts import pending_detail
 from handlers.engine import Engine, Result, Source
-from handlers.messages import MalformedMessage, decode_json_object
+from handlers.messages import KEY_MAX, MalformedMessage
 from handlers.observing import decision_key
 from handlers.state import GLOBAL_TABLES, TABLES, TableName
 from streams import metrics
@@ -48,7 +50,7 @@ from streams.codecs import decode_resident_update, encode_json, encode_message, 
 from streams.globalview import GlobalView
 from streams.heap import Heap
 from streams import faustfixes
-from streams.tablestate import Journal, TableState
+from streams.tablestate import TableState
 from streams.kafka_clients import faust_credentials
 from streams.settings import Settings
 from streams.topics import ROUTED, changelog_topic, missing_topics
@@ -57,6 +59,10 @@ log = logging.getLogger(__name__)
 
 KIND_HEADER = "vmstream-kind"  # event | resident | tick, on the routed topic
 SOURCE_HEADER = "vmstream-source"  # where a routed event was first read: topic/partition/offset
+# The exit status when a batch's messages cannot be published: the process stops before its
+# inputs are acknowledged, and is restarted (by Kubernetes) to decide them again.
+EXIT_UNPUBLISHED = 75
+_LATEST = 253402300799.0  # 9999-12-31T23:59:59Z, the latest time a datetime holds
 
 TABLE_HELP: dict[TableName, str] = {
     "vms": "VM key → last observed VirtualMachine (decided under the VM's key)",
@@ -104,6 +110,30 @@ def _key(event: EventT[Any]) -> str | None:
     return key.decode("utf-8", "replace") if isinstance(key, bytes) else key
 
 
+def _origin(event: EventT[Any]) -> Source:
+    """Where an input was first read: a routed watch event names its record on k8s-events."""
+    message = event.message
+    try:
+        headers = _headers(event) if message.topic.endswith(ROUTED) else {}
+        if headers.get(KIND_HEADER) == b"event":
+            origin = json.loads(headers[SOURCE_HEADER])
+            return Source(str(origin["topic"]), origin["key"], int(origin["partition"]), int(origin["offset"]))
+    except (KeyError, TypeError, ValueError):
+        pass  # not ours: it is dead-lettered as read on the routed topic
+    return Source(message.topic, _key(event), message.partition, message.offset)
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One message to send, kept until the broker has acknowledged it."""
+
+    topic: Any  # a Faust topic
+    key: bytes
+    value: bytes
+    timestamp: float | None = None
+    headers: dict[str, bytes] | None = None
+
+
 class Worker:
     """The Faust app with its topics, tables, agents and pages; one per process."""
 
@@ -111,6 +141,7 @@ class Worker:
         self.settings = settings
         self.kafka = settings.kafka
         self.engine = Engine(settings.rules(), keys=key_source(settings.auth))  # docs/auth.md
+        self.keyring = settings.signing.keyring()  # seals the commands (docs/security.md)
         conf = settings.worker
         self.app = faustfixes.App(  # faust.App, minus two start-up races
             conf.app_id,
@@ -150,9 +181,7 @@ class Worker:
             self.kafka.bootstrap_servers,
             {name: changelog_topic(conf.app_id, self.tables[name].name) for name in GLOBAL_TABLES},
         )
-        journal = self.app.Table("state-journal", key_type=str, value_type=bytes, partitions=self.kafka.partitions,
-                                 help="input topic:partition:offset → its decision, until the offset is committed")
-        self.state = TableState(self.tables, self.view, Journal(journal))
+        self.state = TableState(self.tables, self.view)
         self.app.task(self.view.run)
         self.missing_topics: list[str] | None = None  # checked at start, then while any is missing
         self.app.agent(self.events, name="route")(self._route)
@@ -178,54 +207,75 @@ class Worker:
     # ------------------------------------------------------------------ agents
 
     async def _route(self, stream: Any) -> None:
-        """Re-key each watch event by the key it is decided under."""
-        async for event in stream.events():
-            message = event.message
-            source = encode_json({"topic": message.topic, "partition": message.partition,
-                                  "offset": message.offset, "key": _key(event)})
-            try:  # a light look at the event: ``decide`` validates it in full
-                value = decode_json_object(event.value)
-                key = decision_key(str(value["kind"]), value["object"])
-            except (MalformedMessage, KeyError, TypeError, AttributeError):
-                key = _key(event) or "malformed"  # decide dead-letters it, with its source
-            await self.routed.send(key=key.encode(), value=event.value, timestamp=message.timestamp,
-                                   headers={KIND_HEADER: b"event", SOURCE_HEADER: source})
+        """Re-key each watch event by the key it is decided under, a batch at a time.
 
-    async def _decide(self, stream: Any) -> None:
-        """Decide in batches: journal, messages, then rows (group commit, streams/tablestate.py).
-
-        An input whose decision is journaled already (delivered again after a crash) is not
-        decided again: its recorded results are sent and written as they were.
+        What no rule could read (no value, too large, not a JSON object, an oversized key) is
+        dead-lettered here, with its own topic, partition and offset; the rest goes on, and
+        ``decide`` validates it in full. A batch is acknowledged once the broker has all it
+        led to (``_deliver``).
         """
         async for events in stream.take_events(self.settings.worker.batch_size,
                                                within=self.settings.worker.batch_seconds):
-            fresh, decided = [], []
+            outgoing: list[Outgoing] = []
             for event in events:
-                results = self.state.recorded(event)
-                if results is None:
-                    results = self._decide_safely(event)
-                    fresh.append((event, results))
-                decided += [(event, result) for result in results]
+                outgoing += self._route_one(event)
+            await self._deliver(outgoing)
+
+    def _route_one(self, event: EventT[Any]) -> list[Outgoing]:
+        """The routed message of one watch event, or its dead letter; never raises."""
+        message = event.message
+        source = Source(message.topic, _key(event), message.partition, message.offset)
+        try:
             try:
-                await self.state.record(fresh, producer=self.output_producer)
+                value = self.engine.screen(event.value, source)
+            except MalformedMessage as exc:  # as ``on_event`` would dead-letter it
+                return self._dead_end(event, source, str(exc))
+            try:  # a light look at the event
+                key = decision_key(str(value["kind"]), value["object"])
+            except Exception:
+                key = ""
+            if not key or len(key) > KEY_MAX:
+                key = source.key or "malformed"  # decide dead-letters it, with its source
+            origin = encode_json({"topic": message.topic, "partition": message.partition,
+                                  "offset": message.offset, "key": source.key})
+            return [Outgoing(self.routed, key.encode(), event.value, message.timestamp,
+                             {KIND_HEADER: b"event", SOURCE_HEADER: origin})]
+        except Exception as error:  # a bug here must cost this event only
+            log.exception("routing failed", extra={"topic": message.topic, "offset": message.offset})
+            return self._dead_end(event, source, f"internal error: {type(error).__name__}: {error}")
+
+    def _dead_end(self, event: EventT[Any], source: Source, error: str) -> list[Outgoing]:
+        result = self.engine.fitted(self.engine.dead_letter(event.value, error, source, self._time(event)),
+                                    event.value, source, self._time(event), encode=self._encode)
+        self._log(result)
+        return self._outgoing(event, result)
+
+    async def _decide(self, stream: Any) -> None:
+        """Decide in batches: one broker round trip per batch (group commit, streams/tablestate.py)."""
+        async for events in stream.take_events(self.settings.worker.batch_size,
+                                               within=self.settings.worker.batch_seconds):
+            decided = [(event, result) for event in events for result in self._decide_safely(event)]
+            try:
                 await self._publish(decided)
                 for event, result in decided:
                     self.state.write(result.decision.changes, event=event)
             finally:
                 self.state.unstage()
-            if self.state.journal is not None:
-                self.state.journal.prune(self.app.consumer)
 
     def _decide_safely(self, event: EventT[Any]) -> list[Result]:
         """Decide one input, staging its changes; a bug dead-letters the input, never stops us."""
         started = time.perf_counter()
         kind = "unknown"
+        source, now = _origin(event), self._time(event)
         try:
             kind, results = self._decide_one(event)
+            # Each output encoded now, while a decision too large for the broker can still
+            # become the input's dead letter instead.
+            results = [self.engine.fitted(r, event.value, source, now, encode=self._encode) for r in results]
         except Exception as error:
-            log.exception("decision failed", extra={"topic": event.message.topic})
-            source = Source(event.message.topic, _key(event), event.message.partition, event.message.offset)
-            results = [self.engine.dead_letter(event.value, f"internal error: {error!r}", source, self._time(event))]
+            log.exception("decision failed", extra={"topic": source.topic, "offset": source.offset})
+            results = [self.engine.fitted(self.engine.dead_letter(event.value, f"internal error: {error!r}", source, now),
+                                          event.value, source, now, encode=self._encode)]
         for result in results:
             self.state.stage(result.decision.changes)
             self._log(result)
@@ -239,11 +289,9 @@ class Worker:
             source = Source(message.topic, _key(event), message.partition, message.offset)
             return "intent", [self.engine.on_intent(self.state, event.value, source, now)]
         headers = _headers(event)
-        kind = headers.get(KIND_HEADER, b"").decode()
+        kind = headers.get(KIND_HEADER, b"").decode("utf-8", "replace")
         if kind == "event":
-            origin = json.loads(headers[SOURCE_HEADER])
-            source = Source(origin["topic"], origin["key"], origin["partition"], origin["offset"])
-            return "event", [self.engine.on_event(self.state, event.value, source, now)]
+            return "event", [self.engine.on_event(self.state, event.value, _origin(event), now)]
         if kind == "resident":
             return "resident", [self.engine.on_resident(self.state, decode_resident_update(event.value), now)]
         if kind == "tick":
@@ -259,15 +307,71 @@ class Worker:
         drop. Were state recorded first, a re-decision would find the intent ``processed``
         (or the owner told) and the lost messages would never be sent.
         """
-        sent = []
-        for event, result in decided:
-            for output in result.outputs():
-                sent.append(await self._send(self.outputs[output.topic], output.key.encode(),
-                                             encode_message(output.value)))
-                metrics.OUTPUTS.labels(output.topic).inc()
-            for update in result.decision.forwards:
-                sent.append(await self._forward(update, event.message.timestamp))
-        await asyncio.gather(*sent)
+        await self._deliver([message for event, result in decided for message in self._outgoing(event, result)])
+
+    def _outgoing(self, event: EventT[Any], result: Result) -> list[Outgoing]:
+        """A result's messages: its outputs as ``Engine.fitted`` encoded them, and what it tells nodes."""
+        wire = result.wire
+        if wire is None:  # not fitted here: decided before, by another instance or run
+            wire = [(o.topic, o.key.encode(), self._encode(o.value)) for o in result.outputs()]
+        outgoing = [Outgoing(self.outputs[topic], key, value) for topic, key, value in wire]
+        for topic, _, _ in wire:
+            metrics.OUTPUTS.labels(topic).inc()
+        outgoing += [Outgoing(self.routed, f"node/{update.node}".encode(), encode_resident_update(update),
+                              event.message.timestamp, {KIND_HEADER: b"resident"})
+                     for update in result.decision.forwards]  # the parent's timestamp keeps replays identical
+        return outgoing
+
+    def _encode(self, value: Any) -> bytes:
+        return encode_message(value, keyring=self.keyring)
+
+    async def _deliver(self, outgoing: list[Outgoing]) -> None:
+        """Send messages and wait until the broker has every one; what failed is sent again,
+        after a backoff that doubles, up to ``worker.publish_attempts`` times.
+
+        A message the broker still refuses then stops the process (exit status 75) before
+        the inputs that led to it are acknowledged: after the restart they are decided
+        again, and their offsets were never committed past them.
+        """
+        conf = self.settings.worker
+        pending, delay = outgoing, conf.publish_backoff_seconds
+        for attempt in range(1, conf.publish_attempts + 1):
+            futures = [await self._send_one(message) for message in pending]
+            outcomes = await asyncio.gather(*futures, return_exceptions=True)
+            failed = [(m, o) for m, o in zip(pending, outcomes) if isinstance(o, BaseException)]
+            if not failed:
+                return
+            log.warning("publishing failed", extra={
+                "attempt": attempt, "failed": len(failed), "of": len(pending),
+                "topic": failed[0][0].topic.get_topic_name(), "error": repr(failed[0][1])})
+            pending = [message for message, _ in failed]
+            if attempt < conf.publish_attempts:
+                await asyncio.sleep(delay)  # a backoff before the next attempt
+                delay *= 2
+        self._stop_unpublished(failed)
+
+    async def _send_one(self, message: Outgoing) -> Any:
+        """The send's future; a send refused at once (too large, no buffer) as a failed one."""
+        try:
+            return await self._send(message.topic, message.key, message.value,
+                                    timestamp=message.timestamp, headers=message.headers)
+        except Exception as error:
+            refused: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            refused.set_exception(error)
+            return refused
+
+    def _stop_unpublished(self, failed: list[tuple[Outgoing, BaseException]]) -> None:
+        """Stop the process at once: neither Faust's acknowledgement of the batch nor its
+        commit on a graceful stop may run, or the batch's inputs would be skipped."""
+        log.critical("messages not published after %d attempts: stopping before their inputs are acknowledged",
+                     self.settings.worker.publish_attempts, extra={
+                         "failed": len(failed),
+                         "topics": sorted({m.topic.get_topic_name() for m, _ in failed}),
+                         "sizes": sorted({len(m.key) + len(m.value) for m, _ in failed})[-3:],
+                         "error": repr(failed[0][1])})
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(EXIT_UNPUBLISHED)
 
     async def _send(self, topic: Any, key: bytes, value: bytes, *, timestamp: float | None = None,
                     headers: dict[str, bytes] | None = None) -> Any:
@@ -290,11 +394,6 @@ class Worker:
             "notifications": audit.notifications,
         })
 
-    async def _forward(self, update: ResidentUpdate, timestamp: float) -> Any:
-        """Tell a node's partition; the parent's timestamp keeps replays identical."""
-        return await self._send(self.routed, f"node/{update.node}".encode(), encode_resident_update(update),
-                                timestamp=timestamp, headers={KIND_HEADER: b"resident"})
-
     async def _tick(self) -> None:
         """Ask each node with a due deadline to fire it, through the node's partition."""
         now = datetime.now(UTC)
@@ -312,8 +411,11 @@ class Worker:
 
     @staticmethod
     def _time(event: EventT[Any]) -> datetime:
-        """Decisions take the input's own time, so replaying it decides the same."""
-        return datetime.fromtimestamp(event.message.timestamp, UTC)
+        """Decisions take the input's own time, so replaying it decides the same; a
+        timestamp no date can show (a producer may set any) is taken as the nearest one."""
+        stamp = event.message.timestamp
+        seconds = float(stamp) if isinstance(stamp, (int, float)) and stamp == stamp else 0.0  # NaN is not a time
+        return datetime.fromtimestamp(min(max(seconds, 0.0), _LATEST), UTC)
 
     # ------------------------------------------------------------------- pages
 
@@ -330,8 +432,7 @@ class Worker:
         return web.json({"status": "ok"})
 
     def changelogs(self) -> tuple[str, ...]:
-        tables = [*self.tables.values(), self.state.journal.table] if self.state.journal else self.tables.values()
-        return tuple(changelog_topic(self.settings.worker.app_id, table.name) for table in tables)
+        return tuple(changelog_topic(self.settings.worker.app_id, table.name) for table in self.tables.values())
 
     async def _ready(self, web: Any, request: Any) -> Any:
         """Ready once the tables are recovered from their changelogs and no topic is missing."""
