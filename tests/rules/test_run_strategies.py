@@ -130,3 +130,33 @@ def test_the_simulator_restarts_a_deleted_vmi_exactly_when_the_rules_say_so(stra
 def test_the_simulator_follows_vm_go(strategy: str, phase: str | None, seen: str | None, action: str) -> None:
     """Each row is a branch of Controller.syncRunStrategy (docs/kubevirt.md)."""
     assert run_strategy_action(strategy, phase, seen=seen) == action
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    strategies=st.lists(st.sampled_from(STRATEGIES), min_size=1, max_size=5),
+    spare=st.integers(min_value=0, max_value=3),
+)
+def test_drain_completed_tallies_what_kubevirt_then_did(strategies: list[str], spare: int) -> None:
+    """Whatever the strategies and cards: after the deadline KubeVirt acts as the simulator
+    says (vm.go), the scheduler fills the spare cards in some order, and drain_completed
+    reports exactly that — not what was announced."""
+    h = drained(*((f"v-{i}", {"run_strategy": s}, RTX) for i, s in enumerate(strategies)), spare={RTX: spare})
+    h.wait(60)
+    h.tick()
+    expected: dict[str, list[str]] = {"came_back": [], "waits_for_gpu": [], "off": []}
+    free = spare
+    for i, strategy in reversed(list(enumerate(strategies))):  # not the announcement's order
+        name = f"v-{i}"
+        h.observe(vmi("p", name, node_name="gpu-node-1", phase="Succeeded", gpu=RTX), "DELETED")
+        if run_strategy_action(strategy, None, seen=strategy) != "start":
+            expected["off"].append(f"vm/p/{name}")
+        elif free:
+            free -= 1
+            h.observe(vmi("p", name, node_name="gpu-node-2", gpu=RTX, generation=2))
+            expected["came_back"].append(f"vm/p/{name}")
+        else:
+            h.observe(vmi("p", name, node_name=None, phase="Scheduling", gpu=RTX, generation=2, unschedulable=True))
+            expected["waits_for_gpu"].append(f"vm/p/{name}")
+    [done] = h.notifications("drain_completed")
+    assert done.details["observed"] == {fate: sorted(keys) for fate, keys in expected.items()}
