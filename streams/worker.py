@@ -50,7 +50,7 @@ from streams.codecs import decode_resident_update, encode_json, encode_message, 
 from streams.globalview import GlobalView
 from streams.heap import Heap
 from streams import faustfixes
-from streams.tablestate import TableState
+from streams.tablestate import Journal, TableState
 from streams.kafka_clients import faust_credentials
 from streams.settings import Settings
 from streams.topics import ROUTED, changelog_topic, missing_topics
@@ -181,7 +181,9 @@ class Worker:
             self.kafka.bootstrap_servers,
             {name: changelog_topic(conf.app_id, self.tables[name].name) for name in GLOBAL_TABLES},
         )
-        self.state = TableState(self.tables, self.view)
+        journal = self.app.Table("state-journal", key_type=str, value_type=bytes, partitions=self.kafka.partitions,
+                                 help="input topic:partition:offset → its decision, until the offset is committed")
+        self.state = TableState(self.tables, self.view, Journal(journal))
         self.app.task(self.view.run)
         self.missing_topics: list[str] | None = None  # checked at start, then while any is missing
         self.app.agent(self.events, name="route")(self._route)
@@ -251,16 +253,29 @@ class Worker:
         return self._outgoing(event, result)
 
     async def _decide(self, stream: Any) -> None:
-        """Decide in batches: one broker round trip per batch (group commit, streams/tablestate.py)."""
+        """Decide in batches: journal, messages, then rows (group commit, streams/tablestate.py).
+
+        An input whose decision is journaled already (delivered again after a crash) is not
+        decided again: its recorded results are sent and written as they were.
+        """
         async for events in stream.take_events(self.settings.worker.batch_size,
                                                within=self.settings.worker.batch_seconds):
-            decided = [(event, result) for event in events for result in self._decide_safely(event)]
+            fresh, decided = [], []
+            for event in events:
+                results = self.state.recorded(event)
+                if results is None:
+                    results = self._decide_safely(event)
+                    fresh.append((event, results))
+                decided += [(event, result) for result in results]
             try:
+                await self.state.record(fresh, producer=self.output_producer)
                 await self._publish(decided)
                 for event, result in decided:
                     self.state.write(result.decision.changes, event=event)
             finally:
                 self.state.unstage()
+            if self.state.journal is not None:
+                self.state.journal.prune(self.app.consumer)
 
     def _decide_safely(self, event: EventT[Any]) -> list[Result]:
         """Decide one input, staging its changes; a bug dead-letters the input, never stops us."""
@@ -432,7 +447,8 @@ class Worker:
         return web.json({"status": "ok"})
 
     def changelogs(self) -> tuple[str, ...]:
-        return tuple(changelog_topic(self.settings.worker.app_id, table.name) for table in self.tables.values())
+        tables = [*self.tables.values(), self.state.journal.table] if self.state.journal else self.tables.values()
+        return tuple(changelog_topic(self.settings.worker.app_id, table.name) for table in tables)
 
     async def _ready(self, web: Any, request: Any) -> Any:
         """Ready once the tables are recovered from their changelogs and no topic is missing."""
