@@ -94,7 +94,7 @@ MAX_EVENT_BYTES = 1_000_000
 # compressing it: room for any object etcd stores (1.5 MiB by default), as JSON.
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
 REDUCED_HEADER = "vmstream-reduced"  # on an event whose object is its rule view: the whole size
-DEAD_LETTER_PREFIX = 64 * 1024  # what a dead letter keeps of an event that fits in no form
+DEAD_LETTER_PREFIX = 16 * 1024  # what a dead letter keeps of an event that fits in no form
 PROBE_PORT = 6068
 
 EVENTS = Metric("vmstream_watch_events_total", "Watch events Kafka acknowledged, by kind and type",
@@ -335,6 +335,11 @@ class Watcher:
         self.listed = threading.Event()  # the first list is on Kafka
         self.stats = WatchStats()
         self._listed_at = 0.0
+        for metric, labels in (  # every series exists from the start, at 0
+            (RELISTS, ()), (DELETED_WHILE_AWAY, ()), (ERRORS, ("api",)), (ERRORS, ("kafka",)),
+            *((OVERSIZED, (form,)) for form in ("compressed", "reduced", "dead_letter")),
+        ):
+            metric.labels(kind.kind, *labels)
         self._pending: deque[_Pending] = deque()
         self._response: BaseHTTPResponse | None = None
         self._lock = threading.Lock()

@@ -7,12 +7,16 @@ with a consumer, polling until a condition holds or a deadline passes.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import ipaddress
 import json
+import os
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,12 +27,25 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kubernetes import client, config
 
+from handlers.capacity import capacity
+from handlers.engine import EVENTS_TOPIC, Source
 from handlers.ids import watch_event_id
-from handlers.messages import WatchEvent, object_key
+from handlers.messages import DeadLetter, WatchEvent, object_key
 from streams.kafka_clients import producer
 from streams.running import Deployment
+from streams.scenarios import RTX, node, vm, vmi
 from streams.settings import KafkaSettings
-from streams.watching import TOPIC, Bridge, Publisher, Watcher, select_kinds
+from streams.watching import (
+    DEAD_LETTER_PREFIX,
+    DLQ_TOPIC,
+    REDUCED_HEADER,
+    TOPIC,
+    Bridge,
+    Publisher,
+    Watcher,
+    select_kinds,
+)
+from tests.harness import Harness
 from tests.kube_apiserver import Kube, minimal_vm
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
@@ -36,25 +53,32 @@ pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 KUBEVIRT = ("kubevirt.io", "v1")
 NM = ("nodemaintenance.medik8s.io", "v1beta1", "nodemaintenances")
 DEADLINE = 60.0
+ALICE = "alice@example.com"
 
 
 # ------------------------------------------------------------------------- helpers
 
 
 class Events:
-    """Everything on the deployment's k8s-events topic, in arrival order (per key: in order)."""
+    """Everything on the deployment's k8s-events topic (or ``topic``), in arrival order (per
+    key: in order)."""
 
-    def __init__(self, kafka: KafkaSettings) -> None:
+    def __init__(self, kafka: KafkaSettings, topic: str = TOPIC) -> None:
         self.consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False)
-        partitions = [TopicPartition(kafka.topic(TOPIC), p) for p in range(kafka.partitions)]
+        partitions = [TopicPartition(kafka.topic(topic), p) for p in range(kafka.partitions)]
         self.consumer.assign(partitions)
         self.consumer.seek_to_beginning(*partitions)
         self.seen: list[tuple[str, dict[str, Any]]] = []
+        self.headers: list[dict[str, bytes]] = []  # each seen event's headers, in the same order
 
     def poll(self) -> None:
         for records in self.consumer.poll(timeout_ms=200).values():
             for record in records:
                 self.seen.append((record.key.decode(), json.loads(record.value)))
+                self.headers.append(dict(record.headers or []))
+
+    def headers_of(self, key: str) -> list[dict[str, bytes]]:
+        return [headers for (k, _), headers in zip(self.seen, self.headers, strict=True) if k == key]
 
     def of(self, key: str) -> list[dict[str, Any]]:
         return [value for k, value in self.seen if k == key]
@@ -454,3 +478,257 @@ def test_the_bridge_survives_a_network_cut_and_resumes_without_losing_events(
     assert watcher.stats.relists == 1
     assert watcher.stats.gone == 0
     assert proxy.accepted >= 2
+
+
+# ------------------------------------------------------------------------- oversized objects
+
+
+def cloud_init(size: int, *, compressible: bool) -> str:
+    """``size`` characters of cloud-init: a long script, or (incompressible) base64 data."""
+    if compressible:
+        line = "  - echo 'provisioning step' >> /var/log/provision.log\n"
+        body = line * (size // len(line) + 1)
+    else:
+        body = base64.b64encode(os.urandom(size)).decode()
+    return ("#cloud-config\nruncmd:\n" + body)[:size]
+
+
+def vm_with_cloud_init(name: str, user_data: str) -> dict[str, Any]:
+    obj = minimal_vm(name)
+    template = obj["spec"]["template"]["spec"]
+    template["domain"]["devices"]["disks"] = [{"name": "cloudinit", "disk": {"bus": "virtio"}}]
+    template["volumes"] = [{"name": "cloudinit", "cloudInitNoCloud": {"userData": user_data}}]
+    return obj
+
+
+def test_a_vm_over_a_megabyte_is_published_reduced_and_the_other_events_keep_flowing(
+    kube: Kube, deployment: Deployment, events: Events, cluster: Cluster
+) -> None:
+    ns = cluster.namespace
+    big, packed, after = (f"VirtualMachine/{ns}/{name}" for name in ("vm-big", "vm-packed", "vm-after"))
+    created = cluster.custom.create_namespaced_custom_object(
+        *KUBEVIRT, ns, "virtualmachines", vm_with_cloud_init("vm-big", cloud_init(1_450_000, compressible=False))
+    )
+    assert len(json.dumps(created)) > 1_400_000  # the API server takes it whole
+    bridge = Bridge(deployment.kafka, kube_configuration(kube), kinds=select_kinds("VirtualMachine"))
+    watcher = bridge.watchers["VirtualMachine"]
+    with running(bridge):
+        events.wait_for(lambda e: bool(e.types(big)), "the big VM, relisted")
+        packed_script = cloud_init(1_100_000, compressible=True)
+        cluster.custom.create_namespaced_custom_object(
+            *KUBEVIRT, ns, "virtualmachines", vm_with_cloud_init("vm-packed", packed_script))
+        cluster.cleanup.append(lambda: cluster.delete_vm("vm-packed"))  # a megabyte less for the next test
+        cluster.annotate_vm("vm-big", "1")
+        cluster.create_vm("vm-after")
+        cluster.delete_vm("vm-big")
+        cluster.annotate_vm("vm-after", "2")
+        events.wait_for(lambda e: "DELETED" in e.types(big) and len(e.types(after)) == 2 and bool(e.types(packed)),
+                        "every change, the big VM's deletion included")
+
+    assert events.types(big) == ["RELISTED", "MODIFIED", "DELETED"]
+    for event, headers in zip(events.of(big), events.headers_of(big), strict=True):
+        WatchEvent.model_validate(event)
+        assert int(headers[REDUCED_HEADER]) > 1_400_000  # the whole event's size
+        obj = event["object"]
+        assert "volumes" not in obj["spec"]["template"]["spec"]
+        assert obj["spec"]["template"]["spec"]["domain"] == created["spec"]["template"]["spec"]["domain"]
+        assert obj["spec"]["runStrategy"] == "Halted"
+        assert obj["metadata"]["uid"] == created["metadata"]["uid"]
+        assert len(json.dumps(event)) < 10_000
+    assert events.of(big)[1]["object"]["metadata"]["annotations"] == {"test/touched": "1"}
+    # Over a megabyte, but compressed it fits: published whole.
+    assert events.types(packed) == ["ADDED"]
+    assert REDUCED_HEADER not in events.headers_of(packed)[0]
+    packed_template = events.of(packed)[0]["object"]["spec"]["template"]["spec"]
+    assert packed_template["volumes"][0]["cloudInitNoCloud"]["userData"] == packed_script
+    assert events.types(after) == ["ADDED", "MODIFIED"]
+    # Counted over every VM in the API server: other tests' leave theirs.
+    assert watcher.stats.oversized["reduced"] == 3 and watcher.stats.oversized["compressed"] >= 1
+
+
+def test_an_event_too_large_even_reduced_is_dead_lettered_and_the_others_keep_flowing(
+    kube: Kube, deployment: Deployment, events: Events, cluster: Cluster
+) -> None:
+    """A small limit stands in for the broker's, so that a rule view can exceed it (the
+    annotations are kept in a view, and the API server allows 256 KiB of them)."""
+    ns = cluster.namespace
+    small, cloud, noisy, later = (f"VirtualMachine/{ns}/{name}"
+                                  for name in ("vm-small", "vm-cloud", "vm-noisy", "vm-later"))
+    cluster.create_vm("vm-small")
+    cluster.custom.create_namespaced_custom_object(
+        *KUBEVIRT, ns, "virtualmachines", vm_with_cloud_init("vm-cloud", cloud_init(30_000, compressible=False)))
+    noisy_vm = minimal_vm("vm-noisy")
+    noisy_vm["metadata"]["annotations"] = {"example.com/blob": cloud_init(40_000, compressible=False)}
+    cluster.custom.create_namespaced_custom_object(*KUBEVIRT, ns, "virtualmachines", noisy_vm)
+    letters = Events(deployment.kafka, topic=DLQ_TOPIC)
+    bridge = Bridge(deployment.kafka, kube_configuration(kube), kinds=select_kinds("VirtualMachine"),
+                    max_event_bytes=20_000)
+    watcher = bridge.watchers["VirtualMachine"]
+    try:
+        with running(bridge):
+            letters.wait_for(lambda e: bool(e.of(noisy)), "the dead letter")
+            cluster.create_vm("vm-later")
+            events.wait_for(lambda e: bool(e.types(small) and e.types(cloud) and e.types(later)),
+                            "the other VMs")
+        assert [key for key, _ in letters.seen] == [noisy]
+    finally:
+        letters.close()
+
+    letter = DeadLetter.model_validate(letters.of(noisy)[0])
+    assert letter.source.topic == deployment.kafka.topic(TOPIC)
+    assert f"RELISTED {noisy}" in letter.error and "sha256" in letter.error
+    assert letter.original.startswith('{"event_id":"evt-') and len(letter.original) <= DEAD_LETTER_PREFIX
+    assert events.types(noisy) == []
+    assert events.types(small) == ["RELISTED"] and not events.headers_of(small)[0]
+    assert events.types(cloud) == ["RELISTED"] and REDUCED_HEADER in events.headers_of(cloud)[0]
+    assert events.types(later) == ["ADDED"]
+    assert watcher.stats.oversized["dead_letter"] == 1 and watcher.stats.oversized["reduced"] >= 1
+
+
+# ------------------------------------------------------------------------- deletions while away
+
+
+def created(obj: dict[str, Any]) -> dict[str, Any]:
+    """A scenario object as a client creates it: the server assigns uid and resourceVersion."""
+    metadata = {k: v for k, v in obj["metadata"].items() if k not in ("uid", "resourceVersion", "generation")}
+    return {**obj, "metadata": metadata}
+
+
+def test_deletions_while_the_bridge_is_stopped_are_published_after_its_restart_and_the_rules_follow(
+    kube: Kube, deployment: Deployment, events: Events, cluster: Cluster
+) -> None:
+    ns, node_name = cluster.namespace, f"gpu-{uid()}"
+    cluster.core.create_node(created(node(node_name, gpus={RTX: 4})))
+    cluster.cleanup.append(lambda: cluster.core.delete_node(node_name))
+    names = [f"vm-{i}" for i in range(1, 7)]
+    for name in names:
+        cluster.custom.create_namespaced_custom_object(
+            *KUBEVIRT, ns, "virtualmachines", created(vm(ns, name, project="proj-a", owner=ALICE)))
+    with_vmi = {"vm-1": RTX, "vm-2": RTX, "vm-6": None}
+    for name, gpu in with_vmi.items():
+        cluster.custom.create_namespaced_custom_object(
+            *KUBEVIRT, ns, "virtualmachineinstances", created(vmi(ns, name, node_name=node_name, gpu=gpu)))
+    mine = {f"Node/{node_name}"} | {f"{kind}/{ns}/{name}" for kind in ("VirtualMachine",) for name in names}
+    mine |= {f"VirtualMachineInstance/{ns}/{name}" for name in with_vmi}
+    kinds = select_kinds("VirtualMachine,VirtualMachineInstance,Node")
+
+    first = Bridge(deployment.kafka, kube_configuration(kube), kinds=kinds)
+    with running(first):
+        wait_until(lambda: synced(first), "the first lists on Kafka")
+    events.wait_for(lambda e: all(e.types(key) for key in mine), "my objects, relisted")
+    before = len(events.seen)
+    last_seen = {key: events.of(key)[-1]["object"] for key in mine}
+
+    # While no bridge runs: 5 VMs, 3 VMIs and the GPU node are deleted; vm-6 stays, VMI-less.
+    for name in names[:5]:
+        cluster.delete_vm(name)
+    for name in with_vmi:
+        cluster.custom.delete_namespaced_custom_object(*KUBEVIRT, ns, "virtualmachineinstances", name)
+    cluster.core.delete_node(node_name)
+    deleted = {f"VirtualMachine/{ns}/{name}" for name in names[:5]} | {f"Node/{node_name}"}
+    deleted |= {f"VirtualMachineInstance/{ns}/{name}" for name in with_vmi}
+
+    second = Bridge(deployment.kafka, kube_configuration(kube), kinds=kinds)  # a new process
+    with running(second):
+        wait_until(lambda: synced(second), "the lists after the restart")
+    events.wait_for(lambda e: all("DELETED" in e.types(key) for key in deleted), "the deletions")
+    wait_until(lambda: not events.poll() and all(w.stats.relists == 1 for w in second.watchers.values()),
+               "the reader to be up to date")  # everything the second bridge acknowledged is read
+    since = events.seen[before:]
+    deletions = sorted(key for key, value in since if value["type"] == "DELETED")
+    assert deletions == sorted(deleted)  # exactly those, once each, and no other
+    assert {value["type"] for _, value in since} == {"RELISTED", "DELETED"}
+    assert f"VirtualMachine/{ns}/vm-6" in {key for key, value in since if value["type"] == "RELISTED"}
+    for key in deleted:
+        event = next(value for k, value in since if k == key)
+        assert event["object"] == last_seen[key]  # the last object the first bridge published
+        metadata = event["object"]["metadata"]
+        assert event["event_id"] == watch_event_id(
+            event["kind"], metadata.get("namespace"), metadata["name"], metadata["resourceVersion"], "DELETED")
+    assert sum(w.stats.deleted_while_away for w in second.watchers.values()) == len(deleted)
+
+    # A third start finds nothing more to delete: what it read back already says DELETED.
+    third = Bridge(deployment.kafka, kube_configuration(kube), kinds=kinds)
+    with running(third):
+        wait_until(lambda: synced(third), "the lists of the third start")
+    assert sum(w.stats.deleted_while_away for w in third.watchers.values()) == 0
+
+    # The rules on what the worker reads: the node's cards leave the capacity, the deleted
+    # VM cannot get a GPU, the VM whose VMI is gone cannot be restarted.
+    harness = Harness()
+
+    def fold(seen: list[tuple[str, dict[str, Any]]]) -> None:
+        order = {"Node": 0, "VirtualMachine": 1, "VirtualMachineInstance": 2}
+        for key, value in sorted((kv for kv in seen if kv[0] in mine), key=lambda kv: order[kv[1]["kind"]]):
+            harness.tick()
+            harness._keep(harness.engine.on_event(harness.state, value, Source(EVENTS_TOPIC, key), harness.now))
+
+    fold(events.seen[:before])
+    rtx = capacity(harness.state, RTX)
+    assert (rtx.total, rtx.used) == (4, 2)  # only my node has RTX cards in this state
+    assert harness.intent("set_gpu", {"namespace": ns, "name": "vm-3", "gpu_class": "nvidia-a100"}
+                          ).decision.commands, "accepted while vm-3 exists"
+    assert harness.intent("restart_vm", {"namespace": ns, "name": "vm-6"}).decision.commands
+    fold(since)
+    rtx = capacity(harness.state, RTX)
+    assert (rtx.total, rtx.used, rtx.free) == (0, 0, 0)
+    assert harness.state.get("vms", f"vm/{ns}/vm-3") is None
+    for spec, why in (({"name": "vm-3", "gpu_class": "nvidia-a100"}, "does not exist"),
+                      ({"name": "vm-6", "gpu_class": "nvidia-a100"}, None)):
+        result = harness.intent("set_gpu", {"namespace": ns, **spec})
+        if why is not None:
+            assert result.decision.commands == [] and why in (result.decision.audit.reason or "")
+    restart = harness.intent("restart_vm", {"namespace": ns, "name": "vm-6"})
+    assert restart.decision.commands == [] and "not running" in (restart.decision.audit.reason or "")
+    restart = harness.intent("restart_vm", {"namespace": ns, "name": "vm-1"})
+    assert restart.decision.commands == [] and "does not exist" in (restart.decision.audit.reason or "")
+
+
+# ------------------------------------------------------------------------- probes
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def _sample(text: str, name: str, **labels: str) -> float:
+    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{wanted}}} ") or (not labels and line.startswith(f"{name} ")):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_the_bridge_answers_health_ready_and_metrics(
+    kube: Kube, deployment: Deployment, events: Events, cluster: Cluster
+) -> None:
+    ns = cluster.namespace
+    cluster.create_vm("vm-probed")
+    bridge = Bridge(deployment.kafka, kube_configuration(kube), kinds=select_kinds("VirtualMachine,Node"))
+    with bridge.probes(port=0) as probes:
+        assert probes.host == "127.0.0.1"  # loopback unless told otherwise
+        assert _get(probes.url + "/health")[0] == 200
+        status, body = _get(probes.url + "/ready")
+        assert status == 503 and json.loads(body)["kinds"]["VirtualMachine"]["listed"] is False
+        metrics_before = _get(probes.url + "/metrics")[1]
+        with running(bridge):
+            wait_until(lambda: _get(probes.url + "/ready")[0] == 200, "ready")
+            events.wait_for(lambda e: bool(e.types(f"VirtualMachine/{ns}/vm-probed")), "the relisted VM")
+            status, body = _get(probes.url + "/ready")
+            metrics = _get(probes.url + "/metrics")[1]
+        assert json.loads(body)["kinds"]["Node"]["listed"] is True
+    for name, labels, at_least in (
+        ("vmstream_watch_relists_total", {"kind": "VirtualMachine"}, 1),
+        ("vmstream_watch_relists_total", {"kind": "Node"}, 1),
+        ("vmstream_watch_events_total", {"kind": "VirtualMachine", "type": "RELISTED"}, 1),
+    ):
+        assert _sample(metrics, name, **labels) - _sample(metrics_before, name, **labels) >= at_least, name
+    assert _sample(metrics, "vmstream_watch_listed", kind="VirtualMachine") == 1
+    for series in ('vmstream_watch_errors_total{kind="Node",source="api"}',
+                   'vmstream_watch_oversized_total{kind="VirtualMachine",outcome="reduced"}',
+                   'vmstream_watch_deleted_while_away_total{kind="VirtualMachine"}'):
+        assert f"\n{series} " in metrics, series
