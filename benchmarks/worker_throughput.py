@@ -407,7 +407,9 @@ class TimedWorker(WorkerProcess):
         raise RuntimeError(f"worker {self.name} not ready after {timeout}s:\n{self.tail()}")
 
     def table_rows(self) -> dict[str, int]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/metrics", timeout=5) as answer:
+        request = urllib.request.Request(f"http://127.0.0.1:{self.web_port}/metrics",
+                                         headers={"Authorization": f"Bearer {self.deployment.web_token}"})
+        with urllib.request.urlopen(request, timeout=5) as answer:
             text = answer.read().decode()
         return {m[1]: int(float(m[2])) for m in re.finditer(r'vmstream_table_rows\{table="(\w+)"\} (\S+)', text)}
 

@@ -238,3 +238,38 @@ def environment_key(env: Mapping[str, str] = os.environ) -> SigningKey | None:
     if not path or not kid:
         return None
     return SigningKey.from_file(kid, path)
+
+
+Record = tuple[str, str | None, bytes, int]  # (topic, key, value, timestamp ms): streams/publishing.py
+
+
+class DevSigner:
+    """A throwaway upstream service for the demo and the tests: a key generated now, its JWKS
+    in ``workdir``, and the environment that makes a worker verify with it. It vouches
+    for whatever an intent says: its requester, its project, and the operator role for
+    ``operators``."""
+
+    def __init__(self, workdir: Path, *, operators: Sequence[str] = (), kid: str = "dev-1") -> None:
+        self.key = SigningKey.generate(kid)
+        self.operators = tuple(operators)
+        self.jwks_file = workdir / "jwks.json"
+        self.jwks_file.write_text(json.dumps(jwks(self.key)), encoding="utf-8")
+
+    def worker_env(self) -> dict[str, str]:
+        return {"VMSTREAM_AUTH__MODE": "jwt", "VMSTREAM_AUTH__JWKS_FILE": str(self.jwks_file)}
+
+    def sign(self, body: Mapping[str, Any], now: datetime | None = None) -> dict[str, Any]:
+        project = body.get("project")
+        return signed(body, self.key, projects=[project] if isinstance(project, str) else [],
+                      roles=[AuthPolicy().operator_role] if body.get("requested_by") in self.operators else [],
+                      now=now)
+
+    def sign_records(self, records: Sequence[Record], intents_topic: str = "vmstream.intents") -> list[Record]:
+        """Each intent of ``records`` signed as of its own timestamp (after any time shift)."""
+        out = []
+        for topic, key, value, timestamp_ms in records:
+            if topic == intents_topic:
+                at = datetime.fromtimestamp(timestamp_ms / 1000, UTC)
+                value = json.dumps(self.sign(json.loads(value), at)).encode()
+            out.append((topic, key, value, timestamp_ms))
+        return out

@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import TextIO
 
 from streams import demo_kubernetes
+from streams.credentials import DevSigner
 from streams.localkafka import LocalKafka
+from streams.publishing import publish, scenario_records
 from streams.running import Deployment, Outputs, WorkerProcess
-from streams.scenarios import demo_phases
+from streams.scenarios import EXAMPLE_CONFIG, demo_phases
 from streams.tailing import render
 
 Expectation = Callable[[Outputs], bool]
@@ -94,15 +96,18 @@ def _run_on_kafka(out: TextIO, stack: ExitStack, workdir: Path, bootstrap: str, 
     deployment = Deployment(bootstrap, workdir)
     deployment.create_topics()
     out.write(f"broker {bootstrap}; topics {deployment.kafka.topic('*')}; starting the worker...\n")
-    worker = WorkerProcess(deployment, "worker").start()
+    # The worker verifies credentials (auth: jwt); the demo signs as an upstream service does.
+    signer = DevSigner(workdir, operators=EXAMPLE_CONFIG["operators"])  # type: ignore[arg-type]
+    worker = WorkerProcess(deployment, "worker", env=signer.worker_env()).start()
     stack.callback(worker.stop)
     outputs = Outputs(deployment, on_arrival=printer)
     stack.callback(outputs.close)
-    out.write(f"worker ready: http://127.0.0.1:{worker.web_port}/ready, /metrics, /capacity\n")
+    out.write(f"worker ready: http://127.0.0.1:{worker.web_port}/ready, /metrics, /capacity; "
+              f"intents signed with a key made now (kid {signer.key.kid}, docs/auth.md)\n")
     phases = demo_phases(notice_seconds)
     for (title, script), (waiting_for, expected) in zip(phases, _expectations(notice_seconds), strict=True):
         out.write(f"\n== {title}\n")
-        deployment.publish_lines(script.jsonl())
+        publish(deployment.kafka, signer.sign_records(scenario_records(script.jsonl(), shift_to_now=True)))
         wait = timeout + (notice_seconds if "deadline" in waiting_for else 0)
         outputs.wait_for(expected, timeout=wait, what=waiting_for)
     return outputs

@@ -21,7 +21,9 @@ from typing import Any, TextIO
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from streams.credentials import DevSigner
 from streams.localkube import LocalKube
+from streams.publishing import publish, scenario_records
 from streams.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess
 from streams.scenarios import A100, RTX, kubevirt_cr, node, vm, vmi
 
@@ -113,7 +115,9 @@ def run(out: TextIO, stack: ExitStack, workdir: Path, bootstrap: str, printer: A
     deployment = Deployment(bootstrap, workdir)
     deployment.create_topics()
     kubeconfig = str(kube.kubeconfig)
-    worker = WorkerProcess(deployment, "worker").start()
+    # The worker verifies credentials (auth: jwt); the demo signs as an upstream service does.
+    signer = DevSigner(workdir, operators=[OPS])
+    worker = WorkerProcess(deployment, "worker", env=signer.worker_env()).start()
     stack.callback(worker.stop)
     for name, command in (("watch", ["watch"]), ("apply", ["apply"])):
         process = VmstreamProcess(deployment, name, [*command, "--config", str(CONFIG), "--kubeconfig", kubeconfig])
@@ -132,7 +136,7 @@ def run(out: TextIO, stack: ExitStack, workdir: Path, bootstrap: str, printer: A
     out.write(f"  the worker has observed {objects} objects through the watch bridge\n")
 
     out.write("\n== bob asks for a GPU on his running VM dev-1\n")
-    deployment.publish_lines([_intent("demo-gpu-1", "set_gpu", {"namespace": "spx-proj-b", "name": "dev-1",
+    publish_signed(deployment, signer, [_intent("demo-gpu-1", "set_gpu", {"namespace": "spx-proj-b", "name": "dev-1",
                                                                "gpu_class": "nvidia-rtx-pro-6000-bse"},
                                       by=BOB, project="proj-b")])
     outputs.wait_for(lambda o: bool(o.seen["command-results"] and o.notifications("gpu_change_pending_restart")),
@@ -148,7 +152,7 @@ def run(out: TextIO, stack: ExitStack, workdir: Path, bootstrap: str, printer: A
     out.write("  nothing waits for a restart any more\n")
 
     out.write(f"\n== ops drains gpu-node-1 with {notice_seconds}s notice\n")
-    deployment.publish_lines([_intent("demo-drain-1", "drain_node", {"node": "gpu-node-1", "reason": "firmware upgrade",
+    publish_signed(deployment, signer, [_intent("demo-drain-1", "drain_node", {"node": "gpu-node-1", "reason": "firmware upgrade",
                                                                      "notice_seconds": notice_seconds}, by=OPS)])
     outputs.wait_for(lambda _: cluster.cordoned("gpu-node-1"), timeout=timeout, what="the cordon")
     out.write("  in Kubernetes now: gpu-node-1 spec.unschedulable=true\n")
@@ -170,3 +174,8 @@ def _intent(intent_id: str, type_: str, spec: dict[str, Any], *, by: str, projec
     if project:
         value["project"] = project
     return json.dumps({"topic": "vmstream.intents", "key": key, "value": value})
+
+
+def publish_signed(deployment: Deployment, signer: DevSigner, lines: list[str]) -> None:
+    """Intents moved to now, then signed: a credential covers the body as published."""
+    publish(deployment.kafka, signer.sign_records(scenario_records(lines, shift_to_now=True)))

@@ -45,6 +45,7 @@ class Deployment:
     bootstrap: str
     workdir: Path
     ident: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    web_token: str = field(default_factory=lambda: uuid.uuid4().hex)  # its worker's private pages
     # The key its worker seals commands with and its applier checks them by (docs/security.md).
     signing_key: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
 
@@ -67,6 +68,7 @@ class Deployment:
             "VMSTREAM_KAFKA__TOPIC_PREFIX": self.kafka.topic_prefix,
             "VMSTREAM_WORKER__APP_ID": self.app_id,
             "VMSTREAM_WORKER__WEB_PORT": str(web_port),
+            "VMSTREAM_WORKER__WEB_TOKEN": self.web_token,
             "VMSTREAM_WORKER__TICK_SECONDS": "0.2",
             "VMSTREAM_SIGNING__KEY_ID": f"k-{self.ident}",
             "VMSTREAM_SIGNING__KEYS": json.dumps({f"k-{self.ident}": self.signing_key}),
@@ -173,7 +175,10 @@ class WorkerProcess(VmstreamProcess):
         raise AssertionError(f"worker {self.name} not ready after {timeout}s:\n{self.tail()}")
 
     def page(self, path: str) -> Any:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}{path}", timeout=5) as answer:
+        """A page, with the deployment's bearer token (all but /health and /ready want it)."""
+        request = urllib.request.Request(f"http://127.0.0.1:{self.web_port}{path}",
+                                         headers={"Authorization": f"Bearer {self.deployment.web_token}"})
+        with urllib.request.urlopen(request, timeout=5) as answer:
             return json.loads(answer.read())
 
     def wait_until(self, path: str, condition: Callable[[Any], bool], timeout: float = 30.0) -> Any:

@@ -47,6 +47,7 @@ NAMESPACED_KINDS = frozenset(
     {
         "ConfigMap",
         "Deployment",
+        "NetworkPolicy",
         "PodDisruptionBudget",
         "Role",
         "RoleBinding",

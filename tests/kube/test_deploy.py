@@ -132,6 +132,12 @@ def test_exactly_the_expected_objects_in_the_vmstream_namespace(rendered: list[M
             ("ValidatingAdmissionPolicy", APPLY),
             ("ValidatingAdmissionPolicyBinding", APPLY),
             ("ConfigMap", "vmstream-config"),
+            ("ConfigMap", "vmstream-intent-keys"),
+            ("NetworkPolicy", "vmstream-default-deny"),
+            ("NetworkPolicy", "vmstream-egress-kafka-dns"),
+            ("NetworkPolicy", "vmstream-egress-apiserver"),
+            ("NetworkPolicy", "vmstream-worker-pages"),
+            ("NetworkPolicy", "vmstream-apply-metrics"),
             ("Deployment", WORKER),
             ("Deployment", WATCH),
             ("Deployment", APPLY),
@@ -225,7 +231,10 @@ def test_the_worker_and_the_applier_are_probed_over_http(
     assert probe("readinessProbe") == ("/ready", 6066)
     assert probe("startupProbe") == ("/health", 6066)
     env = {e["name"]: e.get("value") for e in worker["env"]}
-    assert env["VMSTREAM_WORKER__WEB_HOST"] == "0.0.0.0"  # reachable by the kubelet
+    sources = {e["name"]: e.get("valueFrom") for e in worker["env"]}
+    # The Pod's own address: reachable by the kubelet and the Service, not every interface.
+    assert sources["VMSTREAM_WORKER__WEB_HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert sources["VMSTREAM_WORKER__WEB_TOKEN"]["secretKeyRef"]["name"] == "vmstream-worker-pages"
     assert env["VMSTREAM_WORKER__WEB_PORT"] == "6066"
     applier = _container(objects["Deployment", APPLY])
     apply_ports = {p["name"]: p["containerPort"] for p in applier["ports"]}
@@ -300,6 +309,34 @@ def test_the_configuration_is_valid_and_secrets_arrive_by_environment(
     assert not any(
         host.startswith(("127.", "localhost")) for host in kafka.bootstrap_servers.split(",")
     )
+
+
+
+def test_intents_are_verified_with_the_mounted_keys_and_pages_are_fenced(
+    objects: dict[tuple[str, str], Manifest], tmp_path: Path
+) -> None:
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(objects["ConfigMap", "vmstream-config"]["data"]["config.yaml"])
+    auth = load_settings(config_file).auth
+    assert auth.mode == "jwt" and auth.jwks_file is not None
+    pod = objects["Deployment", WORKER]["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m for m in _container(objects["Deployment", WORKER])["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    keys_file = Path(auth.jwks_file)
+    mounted = volumes[mounts[str(keys_file.parent)]["name"]]["configMap"]["name"]
+    assert mounted == "vmstream-intent-keys"
+    assert json.loads(objects["ConfigMap", mounted]["data"][keys_file.name]) == {"keys": []}
+    # Everything denied, then: the worker's pages from monitoring and the console only.
+    deny = objects["NetworkPolicy", "vmstream-default-deny"]["spec"]
+    assert deny["podSelector"] == {} and sorted(deny["policyTypes"]) == ["Egress", "Ingress"]
+    pages = objects["NetworkPolicy", "vmstream-worker-pages"]["spec"]
+    [rule] = pages["ingress"]
+    [source] = rule["from"]
+    assert source["namespaceSelector"]["matchExpressions"] == [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["monitoring", "console"]}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 6066}]
+    assert pages["podSelector"]["matchLabels"].items() <= objects["Deployment", WORKER]["spec"]["template"][
+        "metadata"]["labels"].items()
 
 
 # -- the API server --------------------------------------------------------------------
