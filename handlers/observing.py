@@ -134,7 +134,8 @@ def fate_since_left(ctx: Context, key: str) -> ObservedFate | None:
             return "waits_for_gpu"
         return "came_back" if vmi.node else None
     if restarts_by_itself(vm.run_strategy):
-        return None  # KubeVirt is about to start a new VMI
+        # KubeVirt is about to start a new VMI (its VM may already say it waits for a card).
+        return "waits_for_gpu" if vm.printable_status == "ErrorUnschedulable" else None
     return "off"
 
 

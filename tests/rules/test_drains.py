@@ -348,3 +348,19 @@ def test_a_second_signal_joins_the_episode(second: str) -> None:
         h.intent("drain_node", {"node": "gpu-node-1", "reason": "again"}, by=OPS, project=None)
     assert len(h.notifications("drain_will_stop_gpu_vm")) == 3
     assert len(h.commands("cordon_node")) == 1
+
+
+def test_a_restarting_vm_whose_vm_says_it_waits_for_a_card_is_reported_waiting() -> None:
+    h = az(spare_rtx=0)
+    drain(h)
+    h.wait(600)
+    h.tick()
+    for name, device in (("always-1", RTX), ("always-2", RTX), ("rerun-1", A100)):
+        h.observe(vmi("p", name, node_name="gpu-node-1", phase="Succeeded", gpu=device), "DELETED")
+    h.observe(vm("p", "always-1", project="proj-a", owner=ALICE, gpu=RTX, rv=2,
+                 printable_status="ErrorUnschedulable"), "MODIFIED")
+    assert h.notifications("drain_completed") == []  # always-2 has not been seen again yet
+    h.observe(vm("p", "always-2", project="proj-a", owner=ALICE, gpu=RTX, rv=2,
+                 printable_status="ErrorUnschedulable"), "MODIFIED")
+    [done] = h.notifications("drain_completed")
+    assert done.details["observed"]["waits_for_gpu"] == ["vm/p/always-1", "vm/p/always-2"]
