@@ -340,3 +340,26 @@ def test_hostile_projects_are_refused(project: str) -> None:
     assert got == "rejected" and reason is not None and "project: Value error, a project id is a label value" in reason
     [told] = result.decision.notifications
     assert told.recipients == [BOB] and told.project is None
+
+
+# ------------------------------------------------------------ the upstream example
+
+
+def test_the_upstream_example_signs_what_the_worker_accepts() -> None:
+    """examples/publish_intent.py uses nothing of vmstream's: its intents must verify."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "publish_intent.py"
+    spec = importlib.util.spec_from_file_location("publish_intent", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    for algorithm in ("EdDSA", "ES256", "RS256"):
+        key = SigningKey.generate("upstream-2026-11", algorithm)
+        h = Harness(keys=KeySet.from_jwks(jwks(key))).observe_all(
+            vm("spx-proj-b", "dev-1", project="proj-b", owner=BOB), vmi("spx-proj-b", "dev-1", node_name="n"))
+        intent = example.set_gpu_intent(by=BOB, project="proj-b", namespace="spx-proj-b", name="dev-1",
+                                        gpu_class="nvidia-a100")
+        body = example.sign(intent, private_key=key.key, kid=key.kid, projects=["proj-b"], now=START.timestamp())
+        assert outcome(h.raw_intent(body, key="vm/spx-proj-b/dev-1")) == ("accepted", None), algorithm
