@@ -1,0 +1,187 @@
+"""Hostile input on a real broker: a bad record costs only itself.
+
+Every class of hostile record (streams/hostile.py) goes to a real worker interleaved with
+valid intents; the test counts with a kafka-python consumer of its own what came out: every
+valid intent has one audit record, every hostile one has one dead letter naming its topic,
+partition and offset (or one rejection). And a message the broker refuses stops the worker
+before it acknowledges the input, which the next worker then decides.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import ConfigResource, ConfigResourceType
+
+from streams.hostile import Hostile, interleaved, valid_intent
+from streams.kafka_clients import admin_client
+from streams.running import Deployment, WorkerProcess
+from streams.scenarios import cluster
+from streams.worker import EXIT_UNPUBLISHED
+
+pytestmark = pytest.mark.kafka
+
+CLUSTER = list(cluster().jsonl())
+
+
+class Reader:
+    """The deployment's audit records and dead letters, read by the test itself."""
+
+    def __init__(self, deployment: Deployment) -> None:
+        kafka = deployment.kafka
+        self.names = {kafka.topic("audit"): "audit", kafka.topic("dlq"): "dlq"}
+        self.consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False,
+                                      max_partition_fetch_bytes=2_000_000)
+        partitions = [TopicPartition(topic, p) for topic in self.names for p in range(kafka.partitions)]
+        self.consumer.assign(partitions)
+        self.consumer.seek_to_beginning(*partitions)
+        self.audit: list[dict[str, Any]] = []
+        self.dlq: list[dict[str, Any]] = []
+        self.largest = 0
+
+    def poll(self) -> None:
+        for records in self.consumer.poll(timeout_ms=200).values():
+            for record in records:
+                self.largest = max(self.largest, len(record.value) + len(record.key or b""))
+                getattr(self, self.names[record.topic]).append(json.loads(record.value))
+
+    def wait_for(self, condition: Any, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}: {len(self.audit)} audit records, "
+                                     f"{len(self.dlq)} dead letters")
+            self.poll()
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+@pytest.fixture
+def deployment(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Deployment]:
+    deployment = Deployment(kafka_bootstrap, tmp_path)
+    deployment.create_topics()
+    yield deployment
+    deployment.delete_topics()
+
+
+@pytest.fixture
+def reader(deployment: Deployment) -> Iterator[Reader]:
+    reader = Reader(deployment)
+    yield reader
+    reader.close()
+
+
+def producer(deployment: Deployment) -> KafkaProducer:
+    return KafkaProducer(bootstrap_servers=deployment.bootstrap, acks="all", linger_ms=5,
+                         max_request_size=1_100_000)
+
+
+def test_every_hostile_record_is_one_dead_letter_and_every_valid_intent_is_decided(
+    deployment: Deployment, reader: Reader
+) -> None:
+    worker = WorkerProcess(deployment, "w1").start()
+    try:
+        deployment.publish_lines(CLUSTER)
+        reader.wait_for(lambda: len(reader.audit) >= len(CLUSTER), 60, "the cluster's events decided")
+        sends: list[tuple[Hostile, Any]] = []
+        valid: list[str] = []
+        out = producer(deployment)
+        for what, item in interleaved(hostile=2 * 29, valid=40):
+            if isinstance(item, Hostile):
+                sends.append((item, out.send(deployment.kafka.topic(item.topic), key=item.key, value=item.value)))
+            else:
+                key, value, intent_id = valid_intent(item)
+                out.send(deployment.kafka.topic("intents"), key=key, value=value)
+                valid.append(intent_id)
+        out.flush()
+        placed = [(hostile, future.get(timeout=30)) for hostile, future in sends]
+        out.close()
+        assert {h.kind for h, _ in placed} >= {"tombstone", "nested-100k-deep", "near-broker-limit", "no-key"}
+
+        letters = {(h.topic, m.partition, m.offset) for h, m in placed if h.fate == "dead_letter"}
+        rejected = {h.ref for h, _ in placed if h.fate == "rejected"}
+
+        def sources() -> Counter[tuple[str, int, int]]:
+            topics = {deployment.kafka.topic(name): name for name in ("intents", "k8s-events")}
+            return Counter((topics.get(d["source"]["topic"], d["source"]["topic"]), d["source"]["partition"],
+                            d["source"]["offset"]) for d in reader.dlq)
+
+        def refs() -> Counter[str]:
+            return Counter(a["input"]["ref"] for a in reader.audit)
+
+        def through() -> bool:
+            seen = refs()
+            return (set(sources()) >= letters and all(seen[r] for r in rejected)
+                    and all(seen[intent_id] for intent_id in valid))
+
+        reader.wait_for(through, 120, "every valid intent audited and every hostile record dead-lettered")
+        reader.poll()  # and anything that came after: the counts below must still hold
+        seen = refs()
+        assert [i for i in valid if seen[i] != 1] == []
+        assert sorted(sources().items()) == sorted((letter, 1) for letter in letters)
+        assert [r for r in rejected if seen[r] != 1] == []
+        assert all(a["outcome"] == "rejected" for a in reader.audit if a["input"]["ref"] in rejected)
+        assert all(seen[f"{deployment.kafka.topic(t)}:{p}:{o}"] == 1 for t, p, o in letters)
+        assert reader.largest < 1_000_000
+        worker.check_running()
+        assert "Crashed" not in worker.log.read_text(errors="replace")
+    finally:
+        assert worker.stop() == 0, worker.tail()
+
+
+def committed(deployment: Deployment, partition: TopicPartition) -> int | None:
+    """The worker's committed offset of ``partition``, asked without joining its group."""
+    consumer = KafkaConsumer(bootstrap_servers=deployment.bootstrap, group_id=deployment.app_id,
+                             enable_auto_commit=False)
+    try:
+        return consumer.committed(partition)
+    finally:
+        consumer.close()
+
+
+def limit_audit(deployment: Deployment, max_message_bytes: str) -> None:
+    admin = admin_client(deployment.kafka)
+    try:
+        admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, deployment.kafka.topic("audit"),
+                                            configs={"max.message.bytes": max_message_bytes})],
+                            raise_on_unknown=False, incremental=True)
+    finally:
+        admin.close()
+
+
+def test_an_output_the_broker_refuses_stops_the_worker_before_its_input_is_committed(
+    deployment: Deployment, reader: Reader
+) -> None:
+    limit_audit(deployment, "100")
+    first = WorkerProcess(deployment, "w1", env={"VMSTREAM_WORKER__PUBLISH_BACKOFF_SECONDS": "0.05"}).start()
+    try:
+        key, value, intent_id = valid_intent(0)
+        out = producer(deployment)
+        placed = out.send(deployment.kafka.topic("intents"), key=key, value=value).get(timeout=30)
+        out.close()
+        deadline = time.monotonic() + 60
+        assert first.process is not None
+        while first.process.poll() is None:
+            assert time.monotonic() < deadline, "the worker went on although its audit record was refused"
+            time.sleep(0.1)  # polling interval
+        assert first.process.returncode == EXIT_UNPUBLISHED, first.tail()
+        assert "not published after 5 attempts" in first.tail()
+        offset = committed(deployment, TopicPartition(deployment.kafka.topic("intents"), placed.partition))
+        assert offset is None or offset <= placed.offset, (offset, placed.offset)
+    finally:
+        first.stop()
+    limit_audit(deployment, "1048588")  # the broker's default again
+    second = WorkerProcess(deployment, "w2").start()
+    try:
+        reader.wait_for(lambda: any(a["input"]["ref"] == intent_id for a in reader.audit), 60, "the intent decided")
+        assert [a["input"]["ref"] for a in reader.audit] == [intent_id]
+    finally:
+        assert second.stop() == 0, second.tail()
