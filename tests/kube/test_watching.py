@@ -53,7 +53,7 @@ pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 KUBEVIRT = ("kubevirt.io", "v1")
 NM = ("nodemaintenance.medik8s.io", "v1beta1", "nodemaintenances")
 DEADLINE = 60.0
-ALICE = "alice@example.com"
+ALICE, OPS = "alice@example.com", "ops@example.com"
 
 
 # ------------------------------------------------------------------------- helpers
@@ -669,6 +669,9 @@ def test_deletions_while_the_bridge_is_stopped_are_published_after_its_restart_a
     assert harness.intent("set_gpu", {"namespace": ns, "name": "vm-3", "gpu_class": "nvidia-a100"}
                           ).decision.commands, "accepted while vm-3 exists"
     assert harness.intent("restart_vm", {"namespace": ns, "name": "vm-6"}).decision.commands
+    drain = harness.intent("drain_node", {"node": node_name, "reason": "firmware"}, by=OPS, project=None)
+    assert [c.type for c in drain.decision.commands] == ["cordon_node"]
+    assert len(harness.notifications("drain_will_stop_gpu_vm")) == 2  # vm-1 and vm-2 hold its cards
     fold(since)
     rtx = capacity(harness.state, RTX)
     assert (rtx.total, rtx.used, rtx.free) == (0, 0, 0)
@@ -682,6 +685,11 @@ def test_deletions_while_the_bridge_is_stopped_are_published_after_its_restart_a
     assert restart.decision.commands == [] and "not running" in (restart.decision.audit.reason or "")
     restart = harness.intent("restart_vm", {"namespace": ns, "name": "vm-1"})
     assert restart.decision.commands == [] and "does not exist" in (restart.decision.audit.reason or "")
+    # The drain's deadline passes: its VMIs are gone, nothing is left to stop.
+    assert [c for r in harness.wait(3600).tick() for c in r.decision.commands] == []
+    assert harness.commands("delete_vmi") == []
+    drain = harness.intent("drain_node", {"node": node_name, "reason": "again"}, by=OPS, project=None)
+    assert drain.decision.commands == [] and "unknown" in (drain.decision.audit.reason or "")
 
 
 # ------------------------------------------------------------------------- probes
