@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults.chaos import Ledger, Publisher, Workload, with_faults, worker_env
+from streams.localkafka import LocalKafka, free_ports
 from streams.running import Deployment, WorkerProcess
 
 pytestmark = pytest.mark.kafka
@@ -114,3 +115,47 @@ def test_kill_9_at_random_points_loses_nothing_and_changes_no_content(
         assert len(workload.intent_ids) == 3 * 300 + 2
     finally:
         worker.stop()
+
+
+def test_a_broker_stopped_and_started_on_its_data_loses_nothing_and_changes_no_content(tmp_path: Path) -> None:
+    """A broker of its own, stopped twice while intents flow and started again on the same
+    data and ports. A worker that gave up meanwhile is started again, as Kubernetes would."""
+    seed = random.randrange(1 << 30)
+    chance = random.Random(seed)
+    # A fixed client port: the one it last had can still look taken (connections in TIME_WAIT).
+    kafka = LocalKafka(data_dir=tmp_path / "broker", keep_data=True, port=free_ports(1)[0])
+    kafka.start()
+    deployment = Deployment(kafka.bootstrap_servers, tmp_path)
+    deployment.create_topics()
+    ledger, publisher = Ledger(deployment), Publisher(deployment)
+    workload = Workload(vms=200, drains=2)
+    worker = WorkerProcess(deployment, "w0", env=worker_env()).start()
+    restarts = 0
+    try:
+        set_up(workload, publisher, ledger)
+        publisher.start(workload.stream(), per_second=100)
+        for outage in range(2):
+            moment = time.monotonic() + chance.uniform(1.0, 3.0)  # when the broker stops: a random moment
+            ledger.wait_until(lambda l: time.monotonic() >= moment, timeout=10, what="the outage")
+            kafka.stop()
+            time.sleep(chance.uniform(2.0, 5.0))  # the outage itself
+            kafka.start()
+            assert kafka.bootstrap_servers == deployment.bootstrap, "the broker came back on other ports"
+
+        def supervise() -> None:
+            nonlocal worker, restarts
+            assert worker.process is not None
+            if worker.process.poll() is not None:
+                restarts += 1
+                worker = WorkerProcess(deployment, f"w{restarts}", env=worker_env()).start()
+
+        publisher.join(timeout=180)
+        ledger.wait_until(lambda l: not l.missing(workload.intent_ids), timeout=240,
+                          what=f"every intent audited (seed {seed})", while_waiting=supervise)
+        ledger.poll()
+        assert ledger.two_contents() == {}, f"seed {seed}"
+    finally:
+        worker.stop()
+        publisher.close()
+        ledger.close()
+        kafka.stop()
