@@ -138,6 +138,7 @@ def test_exactly_the_expected_objects_in_the_vmstream_namespace(rendered: list[M
             ("NetworkPolicy", "vmstream-egress-apiserver"),
             ("NetworkPolicy", "vmstream-worker-pages"),
             ("NetworkPolicy", "vmstream-apply-metrics"),
+            ("NetworkPolicy", "vmstream-watch-metrics"),
             ("Deployment", WORKER),
             ("Deployment", WATCH),
             ("Deployment", APPLY),
@@ -216,7 +217,7 @@ def test_each_deployment_runs_its_job_locked_down(
     assert {"key": "ca.crt", "path": Path(cafile).name} in ca_volume["items"]
 
 
-def test_the_worker_and_the_applier_are_probed_over_http(
+def test_the_worker_the_applier_and_the_bridge_are_probed_over_http(
     objects: dict[tuple[str, str], Manifest],
 ) -> None:
     worker = _container(objects["Deployment", WORKER])
@@ -243,11 +244,14 @@ def test_the_worker_and_the_applier_are_probed_over_http(
         assert (get["path"], apply_ports[get["port"]]) == (path, 6067), kind
     apply_env = {e["name"]: e.get("value") for e in applier["env"]}
     assert (apply_env["VMSTREAM_PROBE_HOST"], apply_env["VMSTREAM_PROBE_PORT"]) == ("0.0.0.0", "6067")
-    for name in (WATCH,):
-        container = _container(objects["Deployment", name])
-        assert not container.get("ports"), name
-        for kind in ("livenessProbe", "readinessProbe", "startupProbe"):
-            assert "httpGet" not in container.get(kind, {}), (name, kind)
+    bridge = _container(objects["Deployment", WATCH])
+    watch_ports = {p["name"]: p["containerPort"] for p in bridge["ports"]}
+    for kind, path in (("livenessProbe", "/health"), ("readinessProbe", "/ready"), ("startupProbe", "/health")):
+        get = bridge[kind]["httpGet"]
+        assert (get["path"], watch_ports[get["port"]]) == (path, 6068), kind
+    watch_env = {e["name"]: e.get("value") or e.get("valueFrom") for e in bridge["env"]}
+    assert watch_env["VMSTREAM_PROBE_HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert watch_env["VMSTREAM_PROBE_PORT"] == "6068"
 
 
 def test_the_worker_has_no_kubernetes_identity(objects: dict[tuple[str, str], Manifest]) -> None:
