@@ -125,6 +125,11 @@ def test_a_credential_is_bound_to_its_intent_id_and_body() -> None:
         (None, "no credential"),
         (42, "must be a compact JWS string"),
         ("not-a-jws", "not a compact JWS"),
+        ("e30.e30.sig.extra", "not a compact JWS"),
+        ("!!.e30.c2ln", "not a compact JWS"),
+        ("W10.e30.c2ln", "not a compact JWS"),  # a header that is not an object
+        ("e30.e30.c2ln", "algorithm None is not one of"),
+        ("x" * 8193, "longer than 8192 characters"),
         (jwt.encode({"sub": BOB}, "s" * 32, algorithm="HS256", headers={"kid": "tests-1"}),
          "algorithm 'HS256' is not one of"),
         (jwt.encode({"sub": BOB}, None, algorithm="none", headers={"kid": "tests-1"}),
