@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from handlers.admission import permitted
 from handlers.catalog import Catalog
 from handlers.cluster import NodeRecord, NodeUsage, Resident
 from handlers.state import Overlay, StateView
@@ -44,13 +45,19 @@ def capacity(state: StateView, device_name: str, *, excluding_node: str | None =
 
 
 def capacity_report(state: StateView, catalog: Catalog) -> dict[str, dict[str, object]]:
-    """Every configured class's capacity, plus devices seen on nodes that map to no class."""
+    """Every configured class's capacity, plus devices seen on nodes that map to no class.
+
+    ``permitted`` is False for a device KubeVirt will not start a VM with (not in the
+    observed KubeVirt CR's ``permittedHostDevices``, handlers/admission.py): its cards are
+    counted as they are, but the class is unavailable — an intent for it is refused.
+    """
     devices = {d for usage in state.values("usage") for d in usage.allocatable}
     devices |= set(catalog.by_device)
     report: dict[str, dict[str, object]] = {}
     for device in sorted(devices):
         gpu = catalog.for_device(device)
-        report[gpu.id or device] = {**gpu.describe(), **capacity(state, device).as_details()}
+        report[gpu.id or device] = {**gpu.describe(), **capacity(state, device).as_details(),
+                                    "permitted": permitted(state, device)}
     return report
 
 

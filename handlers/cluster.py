@@ -198,21 +198,46 @@ class MaintenanceRecord:
 
 @dataclass(frozen=True, slots=True)
 class KubeVirtRecord:
+    """What the rules read of the KubeVirt CR's ``spec.configuration``.
+
+    ``permitted_devices`` is None when KubeVirt checks no GPU against a list: as
+    ``validatePermittedHostDevices`` (pkg/virt-controller/services/renderresources.go, called
+    by ``TemplateService.newResourceRenderer`` when it renders the launcher pod), only when
+    ``permittedHostDevices`` is set at all — then a GPU whose ``deviceName`` is no
+    ``resourceName`` of its ``pciHostDevices``, ``mediatedDevices`` or ``usb`` makes the VMI
+    fail to start — and not under the ``GPUsWithDRA`` feature gate. (The ``GPU`` gate is GA,
+    ``HostDevices`` concerns ``hostDevices`` only: docs/kubevirt.md.)
+    """
+
     cpu_model: str | None
     eviction_strategy: str | None
-    permitted_devices: tuple[str, ...]
+    permitted_devices: tuple[str, ...] | None
+    # developerConfiguration.memoryOvercommit (KubeVirt's default 100): the launcher pod of a VM
+    # without a memory request requests guest * 100 / memoryOvercommit (``WithMemoryRequests``).
+    memory_overcommit: int = 100
 
     @classmethod
     def from_object(cls, obj: dict[str, Any]) -> KubeVirtRecord:
         configuration = _get(obj, "spec", "configuration") or {}
-        pci = _get(configuration, "permittedHostDevices", "pciHostDevices") or ()
+        developer = configuration.get("developerConfiguration") or {}
+        gates = developer.get("featureGates") or ()
+        permitted = configuration.get("permittedHostDevices")
+        devices: tuple[str, ...] | None = None
+        if isinstance(permitted, dict) and "GPUsWithDRA" not in gates:
+            listed = [entry for kind in ("pciHostDevices", "mediatedDevices", "usb")
+                      for entry in permitted.get(kind) or () if isinstance(entry, dict)]
+            devices = tuple(sorted({str(d["resourceName"]) for d in listed if d.get("resourceName")}))
+        overcommit = developer.get("memoryOvercommit")
         return cls(
             cpu_model=configuration.get("cpuModel"),
             eviction_strategy=configuration.get("evictionStrategy"),
-            permitted_devices=tuple(
-                sorted(d["resourceName"] for d in pci if isinstance(d, dict) and d.get("resourceName"))
-            ),
+            permitted_devices=devices,
+            memory_overcommit=overcommit if isinstance(overcommit, int) and overcommit > 0 else 100,
         )
+
+    def permits(self, device_name: str) -> bool:
+        """Whether KubeVirt lets a VMI with this GPU start (see the class docstring)."""
+        return self.permitted_devices is None or device_name in self.permitted_devices
 
 
 @dataclass(frozen=True, slots=True)

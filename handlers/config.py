@@ -27,6 +27,16 @@ class DrainPolicy(Frozen):
 
 class GPUVMPolicy(Frozen):
     eviction_strategy: Literal["External", "None"] = "External"
+    enforce: Literal["patch", "notify", "off"] = Field(
+        default="patch",
+        description="A GPU VM observed without the GPU rules (created with kubectl or by GitOps): patch: "
+                    "vmstream applies them, as for a set_gpu intent, and tells the owner; notify: the owner "
+                    "is told what is missing, nothing is changed; off: nothing.")
+    instancetype_overcommit: Literal["warn", "refuse"] = Field(
+        default="warn",
+        description="A GPU on a VM with an instance type, where the KubeVirt CR's memoryOvercommit is over "
+                    "100 (its memory cannot be pinned by vmstream): warn: the owner and the audit are told; "
+                    "refuse: set_gpu is refused.")
 
 
 class LabelKeys(Frozen):

@@ -123,6 +123,7 @@ class Context:
     commands: list[Command] = field(default_factory=list)
     notifications: list[Notification] = field(default_factory=list)
     forwards: list[ResidentUpdate] = field(default_factory=list)
+    remarks: list[str] = field(default_factory=list)  # what the audit record must say besides its outcome
 
     @classmethod
     def open(cls, state: StateView, config: Config, catalog: Catalog, now: datetime, cause: str) -> Context:
@@ -183,6 +184,11 @@ class Context:
         self.notifications.append(notification)
         return notification
 
+    def remark(self, text: str) -> None:
+        """Something the audit record of this decision says (e.g. a warning told to an owner)."""
+        if text not in self.remarks:
+            self.remarks.append(text)
+
     def forward(self, node: str, vm_key: str, resident: Resident | None, *, fate: ObservedFate | None = None) -> None:
         self.forwards.append(ResidentUpdate(node, vm_key, resident, self.cause, fate))
 
@@ -195,6 +201,8 @@ class Context:
         reason: str | None = None,
     ) -> Decision:
         """Close the decision with its one audit record."""
+        if self.remarks:
+            reason = "; ".join([*([reason] if reason else []), *self.remarks])
         audit = AuditRecord(
             audit_id=ids.audit_id(topic, self.cause, outcome),
             at=self.now,

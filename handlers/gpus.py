@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterator
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from handlers.cluster import HOST_PASSTHROUGH
@@ -125,8 +126,15 @@ def _restore(vm: dict[str, Any], record: dict[str, Any], path: Path, *, if_curre
 
 
 def desired_vm(observed: dict[str, Any], mutation: GPUMutation) -> dict[str, Any]:
-    """The VM ``observed`` should become under ``mutation`` (the GPU rules, all of them)."""
+    """The VM ``observed`` should become under ``mutation`` (the GPU rules, all of them).
+
+    An ``enforce`` mutation only brings the GPU the VM has under the rules: a VM that does
+    not have exactly that GPU (any more) is left as it is, so that an applier planning it
+    again after a conflict can never undo a ``set_gpu`` that came in between.
+    """
     current = gpu_devices(observed)
+    if mutation.enforce and current != [mutation.device_name]:
+        return observed
     if len(current) > 1:
         raise GPURuleViolation(f"the VM has {len(current)} GPUs; a VM may have at most one")
     if mutation.device_name is None and not current:
@@ -143,6 +151,12 @@ def _add_gpu(vm: dict[str, Any], mutation: GPUMutation) -> None:
     record = pre_gpu_record(vm)
     if record is None:
         record = _snapshot(vm)
+        if gpu_devices(vm) == [mutation.device_name]:
+            # The VM came with this very GPU (kubectl, GitOps): before it, it had none, so
+            # removing the GPU later removes it rather than putting it back.
+            key = _key(GPUS)
+            record["values"].pop(key, None)
+            record["absent"] = sorted({*record["absent"], key})
     gpus = _get(vm, GPUS)
     name = GPU_ENTRY_NAME
     if isinstance(gpus, list) and gpus and isinstance(gpus[0], dict) and gpus[0].get("name"):
@@ -161,6 +175,53 @@ def _add_gpu(vm: dict[str, Any], mutation: GPUMutation) -> None:
     _set(vm, EVICTION_STRATEGY, mutation.eviction_strategy)
     record["eviction_strategy"] = mutation.eviction_strategy
     _set(vm, (*ANNOTATIONS, PRE_GPU_ANNOTATION), json.dumps(record, sort_keys=True))
+
+
+def rule_gaps(vm: dict[str, Any], *, eviction_strategy: str) -> list[str]:
+    """Which GPU rules a VM with a GPU breaks, in words; empty when it follows them all.
+
+    The same rules :func:`_add_gpu` applies: ``host-passthrough``, a memory request equal to
+    guest memory (unless an instance type owns the memory), the policy's eviction strategy.
+    """
+    gaps = []
+    model = _get(vm, CPU_MODEL)
+    if model != HOST_PASSTHROUGH:
+        gaps.append(f"CPU model {model if model is not _ABSENT else 'unset'} instead of {HOST_PASSTHROUGH}")
+    guest = _get(vm, MEMORY_GUEST)
+    if not uses_instancetype(vm) and guest not in (_ABSENT, None):
+        request = _get(vm, MEMORY_REQUEST)
+        if request is _ABSENT or not same_quantity(request, guest):
+            shown = "no memory request" if request is _ABSENT else f"memory request {request}"
+            gaps.append(f"{shown} for {guest} of guest memory (overcommitted; passthrough pins it all)")
+    strategy = _get(vm, EVICTION_STRATEGY)
+    if strategy != eviction_strategy:
+        shown = "no eviction strategy" if strategy is _ABSENT else f"eviction strategy {strategy}"
+        gaps.append(f"{shown} instead of {eviction_strategy}")
+    return gaps
+
+
+_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+             "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "m": Decimal("0.001")}
+
+
+def quantity(value: Any) -> Decimal | None:
+    """A Kubernetes quantity ("32Gi", "34359738368", "1e3") as a number; None if it is none."""
+    text = str(value).strip()
+    for suffix in sorted(_SUFFIXES, key=len, reverse=True):
+        if text.endswith(suffix) and len(text) > len(suffix):
+            number, factor = text[: -len(suffix)], Decimal(_SUFFIXES[suffix])
+            break
+    else:
+        number, factor = text, Decimal(1)
+    try:
+        return Decimal(number) * factor
+    except InvalidOperation:
+        return None
+
+
+def same_quantity(a: Any, b: Any) -> bool:
+    qa, qb = quantity(a), quantity(b)
+    return a == b if qa is None or qb is None else qa == qb
 
 
 def _remove_gpu(vm: dict[str, Any]) -> None:

@@ -9,12 +9,14 @@ refusing.
 
 from __future__ import annotations
 
+from handlers.admission import device_refusal
 from handlers.auth import Principal
 from handlers.catalog import UnknownGPUClass
 from handlers.cluster import VMIRecord, VMRecord
 from handlers.config import Config
 from handlers.decisions import Context, vm_subject
 from handlers.drains import call_off_drain, start_drain
+from handlers.enforcement import mark_in_flight, unpinned_overcommit, warn_unpinned
 from handlers.gpus import GPURuleViolation, desired_vm, plan_patch
 from handlers.messages import (
     CreateVMIntent,
@@ -84,6 +86,10 @@ def create_vm(ctx: Context, intent: CreateVMIntent, principal: Principal) -> Ref
         gpu = None if intent.spec.gpu_class is None else _gpu_mutation(ctx, intent.spec.gpu_class)
     except UnknownGPUClass as exc:
         return str(exc)
+    if intent.spec.gpu_class is not None:
+        refusal = device_refusal(ctx.state, ctx.catalog.lookup(intent.spec.gpu_class))
+        if refusal:
+            return refusal
     manifest = vm_manifest(intent, project_label=ctx.config.labels.project, gpu=gpu)
     ctx.command("create_vm", vm_subject(intent.vm_key()), manifest=manifest, requested_by=intent.requested_by)
     return None
@@ -98,9 +104,23 @@ def set_gpu(ctx: Context, intent: SetGPUIntent, principal: Principal) -> Refusal
         desired = desired_vm(vm.object, mutation)
     except (UnknownGPUClass, GPURuleViolation) as exc:
         return str(exc)
+    unpinned = None
+    if intent.spec.gpu_class is not None:
+        refusal = device_refusal(ctx.state, ctx.catalog.lookup(intent.spec.gpu_class))
+        if refusal:
+            return refusal
+        unpinned = unpinned_overcommit(ctx, vm.object)
+        if unpinned is not None and ctx.config.gpu_vm.instancetype_overcommit == "refuse":
+            return (f"VM {vm.namespace}/{vm.name} takes its memory from an instance type and KubeVirt's "
+                    f"memoryOvercommit is {unpinned}%: its memory would not be pinned for the GPU "
+                    "(gpu_vm.instancetype_overcommit: refuse)")
+    after = VMRecord.from_object(desired, project_label=ctx.config.labels.project)
+    if unpinned is not None and mutation.device_name is not None:
+        warn_unpinned(ctx, after, mutation.device_name)
     patch = plan_patch(vm.object, desired)
     if not patch:
         return None  # already as asked: no command; the audit says "no change"
+    mark_in_flight(ctx, vm)
     ctx.command(
         "patch_vm",
         vm_subject(vm.key),
@@ -110,7 +130,7 @@ def set_gpu(ctx: Context, intent: SetGPUIntent, principal: Principal) -> Refusal
         requested_by=intent.requested_by,
     )
     # Tell the owner now, not when the watch catches up: the change will wait for a restart.
-    reconcile_pending(ctx, VMRecord.from_object(desired, project_label=ctx.config.labels.project))
+    reconcile_pending(ctx, after)
     return None
 
 

@@ -318,6 +318,10 @@ class GPUMutation(Message):
 
     device_name: str | None = None  # None removes the GPU
     eviction_strategy: Literal["External", "None"]
+    # True: bring the GPU the VM already has under the rules, never change it (a VM observed
+    # without them, handlers/enforcement.py); a VM that no longer has exactly this GPU when
+    # the applier plans again is left as it is.
+    enforce: bool | None = None
 
 
 CommandType = Literal[
@@ -365,6 +369,8 @@ NotificationType = Literal[
     "drain_completed",
     "command_failed",
     "drain_called_off",  # a drain announced to owners was called off before it stopped their VMs
+    "gpu_rules_applied",  # a GPU VM observed without the GPU rules: patched (or, enforce: notify, only told)
+    "gpu_memory_not_pinned",  # a GPU on an instance-type VM whose memory KubeVirt overcommits
 ]
 
 

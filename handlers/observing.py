@@ -27,6 +27,7 @@ from handlers.cluster import (
 )
 from handlers.decisions import Context, ResidentUpdate
 from handlers.drains import call_off_drain, observe_fate, reconcile_drain, restarts_by_itself, start_drain
+from handlers.enforcement import reconcile_gpu_rules
 from handlers.messages import WatchEvent, node_key, vm_key
 from handlers.restarts import reconcile_pending
 from handlers.state import KUBEVIRT_KEY, DrainEpisode, ObservedFate, VMTracking, put_tracking
@@ -88,6 +89,7 @@ def _kubevirt(ctx: Context, event: WatchEvent) -> None:
 def _reconcile_vm(ctx: Context, key: str) -> None:
     vm: VMRecord | None = ctx.state.get("vms", key)
     if vm is not None:
+        reconcile_gpu_rules(ctx, vm)
         reconcile_pending(ctx, vm)
         reconcile_availability(ctx, vm)
 

@@ -74,10 +74,16 @@ class VMTracking:
     unavailable_episode: str | None = None  # the gpu_unavailable episode the owner was told of
     left_node: str | None = None  # its GPU VMI left this node; where it went is not reported yet
     left_fate: str | None = None  # what was last reported to that node (waits_for_gpu)
+    # The GPU rules (handlers/enforcement.py): the VM content a GPU patch was planned from,
+    # while it is in flight (or, enforce: notify, the gaps the owner was told of); and the
+    # memory-not-pinned episode the owner was told of.
+    gpu_rules_episode: str | None = None
+    unpinned_episode: str | None = None
 
     @property
     def empty(self) -> bool:
-        return self.pending_episode is None and self.unavailable_episode is None and self.left_node is None
+        return (self.pending_episode is None and self.unavailable_episode is None and self.left_node is None
+                and self.gpu_rules_episode is None and self.unpinned_episode is None)
 
 
 @dataclass(frozen=True, slots=True)

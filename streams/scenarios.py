@@ -71,8 +71,10 @@ def node(name: str, *, gpus: dict[str, int] | None = None, unschedulable: bool =
 def vm(namespace: str, name: str, *, project: str, owner: str | None = None,
        run_strategy: str | None = "Always", running: bool | None = None, gpu: str | None = None,
        memory: str = "16Gi", cores: int = 4, rv: int = 1,
-       printable_status: str | None = None) -> dict[str, Any]:
-    """A Superphenix-style VM; ``gpu`` adds a device by hand (as if set before vmstream)."""
+       printable_status: str | None = None, gpu_rules: bool = True) -> dict[str, Any]:
+    """A Superphenix-style VM; ``gpu`` adds a device by hand (as if set before vmstream), with
+    what the GPU rules add (``host-passthrough``, memory request = guest memory, eviction
+    strategy External) — or, ``gpu_rules=False``, the device alone, as kubectl would create it."""
     domain: dict[str, Any] = {
         "cpu": {"sockets": 1, "cores": cores, "threads": 1},
         "memory": {"guest": memory},
@@ -80,7 +82,9 @@ def vm(namespace: str, name: str, *, project: str, owner: str | None = None,
     }
     if gpu:
         domain["devices"]["gpus"] = [{"name": "gpu-0", "deviceName": gpu}]
-        domain["cpu"]["model"] = "host-passthrough"
+        if gpu_rules:
+            domain["cpu"]["model"] = "host-passthrough"
+            domain["resources"] = {"requests": {"memory": memory}}
     spec: dict[str, Any] = {
         "preference": {"kind": "VirtualMachineClusterPreference", "name": "linux"},
         "template": {
@@ -93,6 +97,8 @@ def vm(namespace: str, name: str, *, project: str, owner: str | None = None,
             },
         },
     }
+    if gpu and gpu_rules:
+        spec["template"]["spec"]["evictionStrategy"] = "External"
     if running is not None:
         spec["running"] = running
     elif run_strategy is not None:
