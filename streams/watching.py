@@ -16,14 +16,21 @@ How it keeps that promise:
   whatever might not have been written: at least once, never lost. A republished version
   has the same ``event_id`` (a hash of kind, object, resourceVersion and type), so
   consumers drop the repeat.
-* That state lives in memory: a restarted process starts with a full relist, which shows
-  the current state of every object, but an object deleted while no bridge ran shows only
-  by its absence from that relist.
+* A restarted process first reads ``k8s-events`` back to its end (:func:`last_published`):
+  what it last published of each object seeds the watchers, so its first relist also
+  publishes the deletions that happened while no bridge ran. Each kind relists every
+  :data:`RESYNC_SECONDS`, so that every live object's last event stays within the topic's
+  retention.
+* Every event gets a message (:class:`Publisher`): the whole object when the worker takes
+  it (``limits.max_input_bytes``); else the object reduced to what the rules read; else a
+  dead letter naming it. No object can hold back the events behind it. Batches are
+  gzip-compressed.
 * Network errors, 5xx and anything else unexpected are retried with exponential backoff
   and full jitter (tenacity, capped at :data:`BACKOFF_CAP`); the process never dies of them.
 
 Objects are read raw (``_preload_content=False``): the client's models would drop
-fields they do not know and cost more than the JSON itself.
+fields they do not know and cost more than the JSON itself. ``/health``, ``/ready`` and
+``/metrics`` come from :meth:`Bridge.probes`. docs/watch.md tells the whole design.
 """
 
 from __future__ import annotations
@@ -37,7 +44,6 @@ import random
 import signal
 import threading
 import time
-import zlib
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -62,11 +68,12 @@ from prometheus_client import Counter as Metric
 from prometheus_client import Gauge
 
 from handlers.cluster import rule_view
+from handlers.config import Limits
 from handlers.ids import watch_event_id
 from handlers.messages import DeadLetter, DeadLetterSource, WatchEvent, object_key
 from streams.kafka_clients import COMPRESSION, consumer, producer
 from streams.probes import ProbeServer
-from streams.settings import KafkaSettings, load_kafka_settings
+from streams.settings import KafkaSettings, load_kafka_settings, read_yaml
 
 if TYPE_CHECKING:
     from kafka import KafkaProducer
@@ -88,11 +95,8 @@ BACKOFF_CAP = 30.0  # ...up to this
 STATS_SECONDS = 60.0
 RESYNC_SECONDS = 24 * 3600.0  # a full relist this often, well within k8s-events' 7-day retention
 # One event must fit one Kafka message: the broker's default message.max.bytes is 1,048,588
-# for the whole (compressed) batch; this leaves room for its header, the key and headers.
+# for a whole batch; this leaves room for its header and the record's headers.
 MAX_EVENT_BYTES = 1_000_000
-# kafka-python checks a record's *uncompressed* size against max_request_size before
-# compressing it: room for any object etcd stores (1.5 MiB by default), as JSON.
-MAX_REQUEST_BYTES = 8 * 1024 * 1024
 REDUCED_HEADER = "vmstream-reduced"  # on an event whose object is its rule view: the whole size
 DEAD_LETTER_PREFIX = 16 * 1024  # what a dead letter keeps of an event that fits in no form
 PROBE_PORT = 6068
@@ -107,8 +111,8 @@ ERRORS = Metric("vmstream_watch_errors_total",
                 "Failed attempts, retried: source=api (the API server or its data), kafka (a send)",
                 ["kind", "source"])
 OVERSIZED = Metric("vmstream_watch_oversized_total",
-                   "Events too large for one message as they are, by what was published instead: "
-                   "compressed (whole), reduced (the rule view), dead_letter", ["kind", "outcome"])
+                   "Events too large for the worker as they are, by what was published instead: "
+                   "reduced (the rule view), dead_letter", ["kind", "outcome"])
 LISTED = Gauge("vmstream_watch_listed", "1 once the kind's first list is on Kafka", ["kind"])
 
 
@@ -199,7 +203,7 @@ def _key_of(kind: Kind, obj: dict[str, Any]) -> str:
     return object_key(kind.kind, metadata.get("namespace"), metadata.get("name", ""))
 
 
-Form = Literal["whole", "compressed", "reduced", "dead_letter"]
+Form = Literal["whole", "reduced", "dead_letter"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,41 +218,42 @@ class Sent:
 class Publisher:
     """Sends watch events to the k8s-events topic; the futures say when Kafka has them.
 
-    Every event gets a message, whatever its object's size: the whole object when it fits
-    (compressed by the producer if need be), else the object reduced to what the rules read
-    (:func:`~handlers.cluster.rule_view`, marked by the :data:`REDUCED_HEADER` header), else
-    a dead letter naming it. Nothing one object does can stop the events behind it.
+    Every event gets a message, whatever its object's size: the whole object when the event
+    is at most ``max_bytes`` — what the worker takes (its ``limits.max_input_bytes``: it
+    dead-letters larger input unparsed), at most :data:`MAX_EVENT_BYTES` (the broker's) —
+    else the object reduced to what the rules read (:func:`~handlers.cluster.rule_view`,
+    marked by the :data:`REDUCED_HEADER` header), else a dead letter naming it. Nothing one
+    object does can stop the events behind it.
     """
 
     def __init__(
         self, kafka_producer: KafkaProducer, topic: str, *, dlq_topic: str | None = None,
-        max_bytes: int = MAX_EVENT_BYTES,
+        max_bytes: int = Limits().max_input_bytes,
     ) -> None:
         self.producer = kafka_producer
         self.topic = topic
         self.dlq_topic = dlq_topic or topic.replace(TOPIC, DLQ_TOPIC)
-        self.max_bytes = max_bytes
+        self.max_bytes = min(max_bytes, MAX_EVENT_BYTES)
 
     def send(self, kind: Kind, type_: EventType, obj: dict[str, Any]) -> Sent:
         key, value = watch_event(kind, type_, obj)
-        form = self._fits(key, value)
-        if form is not None:
+        if self._fits(key, value):
             future = self.producer.send(self.topic, key=key.encode(), value=value)
-            return self._sent(kind, future, pydantic_core.to_json(obj), form)
+            return self._sent(kind, future, pydantic_core.to_json(obj), "whole")
         whole_size = len(value)
         view = rule_view(kind.kind, obj)
         _, reduced = watch_event(kind, type_, view)
-        if self._fits(key, reduced) is not None:
+        if self._fits(key, reduced):
             headers = [(REDUCED_HEADER, str(whole_size).encode())]
             future = self.producer.send(self.topic, key=key.encode(), value=reduced, headers=headers)
-            log.warning("watch %s %s: %d bytes, over %d even compressed; published reduced to what the "
-                        "rules read (%d bytes)", type_, key, whole_size, self.max_bytes, len(reduced))
+            log.warning("watch %s %s: %d bytes, over %d; published reduced to what the rules read (%d bytes)",
+                        type_, key, whole_size, self.max_bytes, len(reduced))
             return self._sent(kind, future, pydantic_core.to_json(view), "reduced")
         letter = DeadLetter(
             error=f"watch event {type_} {key} (resourceVersion "
-                  f"{(obj.get('metadata') or {}).get('resourceVersion')}) does not fit one Kafka message: "
+                  f"{(obj.get('metadata') or {}).get('resourceVersion')}) is too large: "
                   f"{whole_size} bytes whole, {len(reduced)} reduced to what the rules read, over "
-                  f"{self.max_bytes} even compressed; original: its first {DEAD_LETTER_PREFIX} bytes "
+                  f"{self.max_bytes}; original: its first {DEAD_LETTER_PREFIX} bytes "
                   f"of {whole_size}, sha256 {hashlib.sha256(value).hexdigest()}",
             source=DeadLetterSource(topic=self.topic),
             original=value[:DEAD_LETTER_PREFIX].decode("utf-8", "ignore"),
@@ -258,14 +263,8 @@ class Publisher:
         future = self.producer.send(self.dlq_topic, key=key.encode(), value=letter.model_dump_json().encode())
         return self._sent(kind, future, pydantic_core.to_json(view), "dead_letter")
 
-    def _fits(self, key: str, value: bytes) -> Form | None:
-        """How ``value`` fits one message: as it is, once compressed (as the producer will), or not."""
-        size = len(key) + len(value)
-        if size <= self.max_bytes:
-            return "whole"
-        if size <= MAX_REQUEST_BYTES and len(key) + len(zlib.compress(value, 6)) <= self.max_bytes:
-            return "compressed"
-        return None
+    def _fits(self, key: str, value: bytes) -> bool:
+        return len(value) <= self.max_bytes and len(key) + len(value) <= MAX_EVENT_BYTES
 
     @staticmethod
     def _sent(kind: Kind, future: FutureRecordMetadata, obj: bytes, form: Form) -> Sent:
@@ -283,7 +282,7 @@ class WatchStats:
     watcher's thread only."""
 
     published: Counter[str] = field(default_factory=Counter)
-    oversized: Counter[str] = field(default_factory=Counter)  # by form: compressed, reduced, dead_letter
+    oversized: Counter[str] = field(default_factory=Counter)  # by form: reduced, dead_letter
     relists: int = 0
     deleted_while_away: int = 0
     gone: int = 0
@@ -337,7 +336,7 @@ class Watcher:
         self._listed_at = 0.0
         for metric, labels in (  # every series exists from the start, at 0
             (RELISTS, ()), (DELETED_WHILE_AWAY, ()), (ERRORS, ("api",)), (ERRORS, ("kafka",)),
-            *((OVERSIZED, (form,)) for form in ("compressed", "reduced", "dead_letter")),
+            *((OVERSIZED, (form,)) for form in ("reduced", "dead_letter")),
         ):
             metric.labels(kind.kind, *labels)
         self._pending: deque[_Pending] = deque()
@@ -678,7 +677,7 @@ class Bridge:
         watch_seconds: int = WATCH_SECONDS,
         stats_seconds: float = STATS_SECONDS,
         resync_seconds: float = RESYNC_SECONDS,
-        max_event_bytes: int = MAX_EVENT_BYTES,
+        max_event_bytes: int = Limits().max_input_bytes,
     ) -> None:
         self.kafka = kafka
         self.kube = kube
@@ -758,8 +757,7 @@ class Bridge:
         try:
             for attempt in retrying:
                 with attempt:
-                    return producer(self.kafka, client_id="vmstream-watch", linger_ms=5,
-                                    compression=COMPRESSION, max_request_size=MAX_REQUEST_BYTES)
+                    return producer(self.kafka, client_id="vmstream-watch", linger_ms=5, compression=COMPRESSION)
         except Exception:
             if not stop.is_set():
                 raise
@@ -825,15 +823,25 @@ def kube_configuration(kubeconfig: str | None) -> client.Configuration:
     return configuration
 
 
+def load_limits(path: str | None) -> Limits:
+    """``limits`` from the configuration file, ``VMSTREAM_LIMITS__MAX_INPUT_BYTES`` first:
+    the bridge publishes whole only what the worker reading the same file takes."""
+    section = dict(read_yaml(path).get("limits") or {})
+    if os.environ.get("VMSTREAM_LIMITS__MAX_INPUT_BYTES"):
+        section["max_input_bytes"] = os.environ["VMSTREAM_LIMITS__MAX_INPUT_BYTES"]
+    return Limits.model_validate(section)
+
+
 def main(args: argparse.Namespace) -> int:
     """``vmstream watch``: run the bridge until SIGINT or SIGTERM."""
     from streams.topics import ensure_topics
 
     try:
         kinds = select_kinds(args.kinds)
-        kafka = load_kafka_settings(args.config)  # the bridge needs no policy, only Kafka
+        kafka = load_kafka_settings(args.config)  # the bridge needs no policy: Kafka and limits
+        limits = load_limits(args.config)
         kube = kube_configuration(args.kubeconfig)
-    except (ValueError, OSError, config.ConfigException) as error:
+    except (ValueError, OSError, config.ConfigException) as error:  # a ValidationError is a ValueError
         log.error("watch: %s", error)
         return 2
     try:
@@ -850,7 +858,7 @@ def main(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    bridge = Bridge(kafka, kube, kinds=kinds)
+    bridge = Bridge(kafka, kube, kinds=kinds, max_event_bytes=limits.max_input_bytes)
     try:
         probes: ProbeServer | None = bridge.probes(host=args.probe_host, port=args.probe_port).start()
     except OSError as error:  # watching matters more than being probed; a kubelet would notice

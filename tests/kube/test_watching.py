@@ -31,7 +31,7 @@ from handlers.capacity import capacity
 from handlers.engine import EVENTS_TOPIC, Source
 from handlers.ids import watch_event_id
 from handlers.messages import DeadLetter, WatchEvent, object_key
-from streams.kafka_clients import producer
+from streams.kafka_clients import admin_client, producer
 from streams.running import Deployment
 from streams.scenarios import RTX, node, vm, vmi
 from streams.settings import KafkaSettings
@@ -501,11 +501,26 @@ def vm_with_cloud_init(name: str, user_data: str) -> dict[str, Any]:
     return obj
 
 
+def topic_bytes(kafka: KafkaSettings, topic: str) -> int:
+    """What the broker stores of ``topic`` (its log segments' size): batches as compressed."""
+    admin = admin_client(kafka)
+    try:
+        answers = admin.describe_log_dirs([kafka.topic(topic)])
+    finally:
+        admin.close()
+    return sum(
+        partition["partition_size"]
+        for answer in answers for log_dir in answer["log_dirs"] for stored in log_dir["topics"]
+        if stored["name"] == kafka.topic(topic) for partition in stored["partitions"]
+    )
+
+
 def test_a_vm_over_a_megabyte_is_published_reduced_and_the_other_events_keep_flowing(
     kube: Kube, deployment: Deployment, events: Events, cluster: Cluster
 ) -> None:
     ns = cluster.namespace
-    big, packed, after = (f"VirtualMachine/{ns}/{name}" for name in ("vm-big", "vm-packed", "vm-after"))
+    big, over, packed, after = (f"VirtualMachine/{ns}/{name}"
+                                for name in ("vm-big", "vm-over", "vm-packed", "vm-after"))
     created = cluster.custom.create_namespaced_custom_object(
         *KUBEVIRT, ns, "virtualmachines", vm_with_cloud_init("vm-big", cloud_init(1_450_000, compressible=False))
     )
@@ -514,15 +529,23 @@ def test_a_vm_over_a_megabyte_is_published_reduced_and_the_other_events_keep_flo
     watcher = bridge.watchers["VirtualMachine"]
     with running(bridge):
         events.wait_for(lambda e: bool(e.types(big)), "the big VM, relisted")
-        packed_script = cloud_init(1_100_000, compressible=True)
+        wait_until(lambda: synced(bridge), "the list acknowledged")
+        stored_before = topic_bytes(deployment.kafka, TOPIC)
+        packed_script = cloud_init(400_000, compressible=True)  # under the worker's 512 KiB
         cluster.custom.create_namespaced_custom_object(
             *KUBEVIRT, ns, "virtualmachines", vm_with_cloud_init("vm-packed", packed_script))
-        cluster.cleanup.append(lambda: cluster.delete_vm("vm-packed"))  # a megabyte less for the next test
+        events.wait_for(lambda e: bool(e.types(packed)), "the packed VM")
+        stored_after = topic_bytes(deployment.kafka, TOPIC)
+        # Over the worker's limit, though the broker would take it.
+        cluster.custom.create_namespaced_custom_object(
+            *KUBEVIRT, ns, "virtualmachines", vm_with_cloud_init("vm-over", cloud_init(600_000, compressible=True)))
+        for name in ("vm-packed", "vm-over"):  # less for the next tests' lists
+            cluster.cleanup.append(lambda name=name: cluster.delete_vm(name))  # type: ignore[misc]
         cluster.annotate_vm("vm-big", "1")
         cluster.create_vm("vm-after")
         cluster.delete_vm("vm-big")
         cluster.annotate_vm("vm-after", "2")
-        events.wait_for(lambda e: "DELETED" in e.types(big) and len(e.types(after)) == 2 and bool(e.types(packed)),
+        events.wait_for(lambda e: "DELETED" in e.types(big) and len(e.types(after)) == 2 and bool(e.types(over)),
                         "every change, the big VM's deletion included")
 
     assert events.types(big) == ["RELISTED", "MODIFIED", "DELETED"]
@@ -536,14 +559,29 @@ def test_a_vm_over_a_megabyte_is_published_reduced_and_the_other_events_keep_flo
         assert obj["metadata"]["uid"] == created["metadata"]["uid"]
         assert len(json.dumps(event)) < 10_000
     assert events.of(big)[1]["object"]["metadata"]["annotations"] == {"test/touched": "1"}
-    # Over a megabyte, but compressed it fits: published whole.
+    assert events.types(over) == ["ADDED"] and int(events.headers_of(over)[0][REDUCED_HEADER]) > 600_000
+    # Under the limit: published whole, and stored compressed.
     assert events.types(packed) == ["ADDED"]
     assert REDUCED_HEADER not in events.headers_of(packed)[0]
     packed_template = events.of(packed)[0]["object"]["spec"]["template"]["spec"]
     assert packed_template["volumes"][0]["cloudInitNoCloud"]["userData"] == packed_script
+    assert 0 < stored_after - stored_before < 40_000
     assert events.types(after) == ["ADDED", "MODIFIED"]
-    # Counted over every VM in the API server: other tests' leave theirs.
-    assert watcher.stats.oversized["reduced"] == 3 and watcher.stats.oversized["compressed"] >= 1
+    # Counted over every VM in the API server: other tests leave theirs.
+    assert watcher.stats.oversized["reduced"] >= 4 and watcher.stats.oversized["dead_letter"] == 0
+
+    # The worker takes every one of these events as it is on Kafka: none is dead-lettered.
+    harness = Harness()
+    mine = [(key, value) for key, value in events.seen if key in (big, over, packed, after)]
+    for key, value in mine:
+        raw = json.dumps(value, separators=(",", ":")).encode()
+        result = harness.engine.on_event(harness.state, raw, Source(EVENTS_TOPIC, key, 0, 0), harness.now)
+        assert result.dead_letters == [] and result.decision.audit is not None, key
+        assert result.decision.audit.outcome == "accepted", (key, result.decision.audit.reason)
+        harness._keep(result)
+    assert harness.state.get("vms", f"vm/{ns}/vm-big") is None  # deleted
+    for name in ("vm-over", "vm-packed", "vm-after"):
+        assert harness.state.get("vms", f"vm/{ns}/{name}") is not None, name
 
 
 def test_an_event_too_large_even_reduced_is_dead_lettered_and_the_others_keep_flowing(
