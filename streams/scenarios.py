@@ -30,7 +30,7 @@ EXAMPLE_CONFIG = {
     },
     "operators": ["ops@example.com"],
     "drain": {"notice_seconds": 900},
-    "gpu_vm": {"eviction_strategy": "External"},
+    "gpu_vm": {"eviction_strategy": "External", "enforce": "patch", "instancetype_overcommit": "warn"},
     "labels": {"project": PROJECT_LABEL},
     # Superphenix's convention: project proj-a's VMs live in namespace spx-proj-a.
     "namespaces": {"template": "spx-{project}"},
