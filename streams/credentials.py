@@ -160,9 +160,10 @@ class KeySource:
     (fetched at start, then every ``jwks_refresh_seconds`` on a thread of its own, the
     last good copy kept when a fetch fails). Called once per intent: it never blocks."""
 
-    def __init__(self, policy: AuthPolicy) -> None:
+    def __init__(self, policy: AuthPolicy, *, recheck_seconds: float = 1.0) -> None:
         self.policy = policy
-        self._file_stamp: tuple[int, int] | None = None
+        self.recheck_seconds = recheck_seconds  # how often the file's stamp is looked at
+        self._file_stamp: tuple[int, int, int] | None = None
         self._file_keys = KeySet()
         self._url_keys = KeySet()
         self._merged = KeySet()
@@ -176,9 +177,14 @@ class KeySource:
             threading.Thread(target=self._refresh, name="jwks-refresh", daemon=True).start()
 
     def __call__(self) -> KeySet:
-        if self.policy.jwks_file and time.monotonic() - self._checked > 1.0:
+        if self.policy.jwks_file and time.monotonic() - self._checked >= self.recheck_seconds:
             self._read_file()
         return self._merged
+
+    def refresh(self) -> None:
+        """Fetch the URL now (the refresh thread does this every ``jwks_refresh_seconds``)."""
+        if self.policy.jwks_url:
+            self._fetch()
 
     def close(self) -> None:
         self._stop.set()
@@ -189,7 +195,7 @@ class KeySource:
         path = Path(self.policy.jwks_file)
         try:
             stat = path.stat()
-            stamp = (stat.st_mtime_ns, stat.st_size)
+            stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)  # a ConfigMap swaps in a new file
             if stamp == self._file_stamp:
                 return
             keys = read_jwks(path.read_bytes(), str(path))
@@ -214,7 +220,7 @@ class KeySource:
 
     def _refresh(self) -> None:
         while not self._stop.wait(self.policy.jwks_refresh_seconds):
-            self._fetch()
+            self.refresh()
 
     def _merge(self) -> None:
         with self._lock:
