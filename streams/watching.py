@@ -70,7 +70,7 @@ from prometheus_client import Gauge
 from handlers.cluster import rule_view
 from handlers.config import Limits
 from handlers.ids import watch_event_id
-from handlers.messages import DeadLetter, DeadLetterSource, WatchEvent, object_key
+from handlers.messages import ORIGINAL_PREFIX_BYTES, DeadLetter, DeadLetterSource, WatchEvent, object_key
 from streams.kafka_clients import COMPRESSION, consumer, producer
 from streams.probes import ProbeServer
 from streams.settings import KafkaSettings, load_kafka_settings, read_yaml
@@ -93,12 +93,12 @@ READ_GRACE_SECONDS = 60.0  # a watch silent this long past its lifetime is a dea
 BACKOFF_FIRST = 0.5  # the first retry waits up to this, doubling per failure...
 BACKOFF_CAP = 30.0  # ...up to this
 STATS_SECONDS = 60.0
+READ_BACK_STALL_SECONDS = 60.0  # reading k8s-events back without a record this long: start again
 RESYNC_SECONDS = 24 * 3600.0  # a full relist this often, well within k8s-events' 7-day retention
 # One event must fit one Kafka message: the broker's default message.max.bytes is 1,048,588
 # for a whole batch; this leaves room for its header and the record's headers.
 MAX_EVENT_BYTES = 1_000_000
 REDUCED_HEADER = "vmstream-reduced"  # on an event whose object is its rule view: the whole size
-DEAD_LETTER_PREFIX = 16 * 1024  # what a dead letter keeps of an event that fits in no form
 PROBE_PORT = 6068
 
 EVENTS = Metric("vmstream_watch_events_total", "Watch events Kafka acknowledged, by kind and type",
@@ -253,11 +253,13 @@ class Publisher:
             error=f"watch event {type_} {key} (resourceVersion "
                   f"{(obj.get('metadata') or {}).get('resourceVersion')}) is too large: "
                   f"{whole_size} bytes whole, {len(reduced)} reduced to what the rules read, over "
-                  f"{self.max_bytes}; original: its first {DEAD_LETTER_PREFIX} bytes "
-                  f"of {whole_size}, sha256 {hashlib.sha256(value).hexdigest()}",
+                  f"{self.max_bytes}",
             source=DeadLetterSource(topic=self.topic),
-            original=value[:DEAD_LETTER_PREFIX].decode("utf-8", "ignore"),
+            original=value[:ORIGINAL_PREFIX_BYTES].decode("utf-8", "ignore"),  # a cut character left out
             at=datetime.now(UTC),
+            original_truncated=True,
+            original_size=whole_size,
+            original_sha256=hashlib.sha256(value).hexdigest(),
         )
         log.error("watch %s %s: %d bytes, too large even reduced; dead-lettered", type_, key, whole_size)
         future = self.producer.send(self.dlq_topic, key=key.encode(), value=letter.model_dump_json().encode())
@@ -603,15 +605,21 @@ def last_published(
         ends = reader.end_offsets(assigned)
         last: dict[bytes, bytes | None] = {}
         remaining = {tp for tp in assigned if reader.position(tp) < ends[tp]}
-        started = time.monotonic()
+        started = progressed = time.monotonic()
         while remaining:
             if stop is not None and stop.is_set():
                 return {}
-            for tp, records in reader.poll(timeout_ms=500).items():
+            batches = reader.poll(timeout_ms=500)
+            for tp, records in batches.items():
                 for record in records:
                     if record.key is not None and record.offset < ends[tp]:
                         last[record.key] = record.value
             remaining = {tp for tp in remaining if reader.position(tp) < ends[tp]}
+            if batches:
+                progressed = time.monotonic()
+            elif time.monotonic() - progressed > READ_BACK_STALL_SECONDS:
+                raise TimeoutError(f"reading {topic} back: no record for {READ_BACK_STALL_SECONDS:.0f}s, "
+                                   f"{len(remaining)} partition(s) short of their end")
     finally:
         reader.close()
     alive: dict[str, dict[str, bytes]] = {}
@@ -908,6 +916,7 @@ __all__ = [
     "add_parser",
     "kube_configuration",
     "last_published",
+    "load_limits",
     "main",
     "select_kinds",
     "watch_event",

@@ -30,19 +30,19 @@ from kubernetes import client, config
 from handlers.capacity import capacity
 from handlers.engine import EVENTS_TOPIC, Source
 from handlers.ids import watch_event_id
-from handlers.messages import DeadLetter, WatchEvent, object_key
+from handlers.messages import ORIGINAL_PREFIX_BYTES, DeadLetter, WatchEvent, object_key
 from streams.kafka_clients import admin_client, producer
 from streams.running import Deployment
 from streams.scenarios import RTX, node, vm, vmi
 from streams.settings import KafkaSettings
 from streams.watching import (
-    DEAD_LETTER_PREFIX,
     DLQ_TOPIC,
     REDUCED_HEADER,
     TOPIC,
     Bridge,
     Publisher,
     Watcher,
+    load_limits,
     select_kinds,
 )
 from tests.harness import Harness
@@ -614,8 +614,10 @@ def test_an_event_too_large_even_reduced_is_dead_lettered_and_the_others_keep_fl
 
     letter = DeadLetter.model_validate(letters.of(noisy)[0])
     assert letter.source.topic == deployment.kafka.topic(TOPIC)
-    assert f"RELISTED {noisy}" in letter.error and "sha256" in letter.error
-    assert letter.original.startswith('{"event_id":"evt-') and len(letter.original) <= DEAD_LETTER_PREFIX
+    assert f"RELISTED {noisy}" in letter.error and "too large" in letter.error
+    assert letter.original.startswith('{"event_id":"evt-') and len(letter.original) <= ORIGINAL_PREFIX_BYTES
+    assert letter.original_truncated is True and letter.original_size is not None
+    assert letter.original_size > 40_000 and letter.original_sha256 is not None
     assert events.types(noisy) == []
     assert events.types(small) == ["RELISTED"] and not events.headers_of(small)[0]
     assert events.types(cloud) == ["RELISTED"] and REDUCED_HEADER in events.headers_of(cloud)[0]
@@ -778,3 +780,14 @@ def test_the_bridge_answers_health_ready_and_metrics(
                    'vmstream_watch_oversized_total{kind="VirtualMachine",outcome="reduced"}',
                    'vmstream_watch_deleted_while_away_total{kind="VirtualMachine"}'):
         assert f"\n{series} " in metrics, series
+
+
+def test_the_bridge_takes_the_workers_input_limit_from_the_configuration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("az: az1\nlimits:\n  max_input_bytes: 300000\n", encoding="utf-8")
+    assert load_limits(str(path)).max_input_bytes == 300_000
+    assert load_limits(None).max_input_bytes == 512 * 1024  # the worker's default
+    monkeypatch.setenv("VMSTREAM_LIMITS__MAX_INPUT_BYTES", "200000")
+    assert load_limits(str(path)).max_input_bytes == 200_000  # the environment first, as for the worker
