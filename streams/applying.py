@@ -73,6 +73,9 @@ KUBEVIRT = ("kubevirt.io", "v1")
 SUBRESOURCE_PATH = "/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/virtualmachines/{name}/{action}"
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
+# Every write names vmstream as its field manager, so managedFields (and GitOps tools reading
+# them: docs/gitops.md) show which fields vmstream set.
+FIELD_MANAGER = "vmstream"
 # On a VM: the restart command last sent for it and the uid of the VMI it restarts, written
 # before the call so that the command redelivered after a crash is not sent twice.
 RESTART_ANNOTATION = "vmstream.io/restart"
@@ -340,7 +343,7 @@ class KubeApplier:
         guarded = [{"op": "replace", "path": "/metadata/resourceVersion", "value": rv}, *patch]
         vm: dict[str, Any] = self._call(
             self.custom.patch_namespaced_custom_object, *KUBEVIRT, namespace, "virtualmachines", name, guarded,
-            _content_type=JSON_PATCH,
+            _content_type=JSON_PATCH, field_manager=FIELD_MANAGER,
         )
         return vm
 
@@ -411,7 +414,8 @@ class KubeApplier:
         owner = _owner(manifest)
         try:
             created: dict[str, Any] = self._call(
-                self.custom.create_namespaced_custom_object, *KUBEVIRT, namespace, "virtualmachines", manifest
+                self.custom.create_namespaced_custom_object, *KUBEVIRT, namespace, "virtualmachines", manifest,
+                field_manager=FIELD_MANAGER,
             )
             return Applied("applied", resource_version=_rv(created), owner=owner)
         except ApiException as exc:
@@ -489,7 +493,8 @@ class KubeApplier:
         if uid:  # without a VMI virt-api refuses (409): nothing to record
             record = json.dumps({"command": command.command_id, "vmi": uid}, separators=(",", ":"))
             self._call(self.custom.patch_namespaced_custom_object, *KUBEVIRT, namespace, "virtualmachines", name,
-                       {"metadata": {"annotations": {RESTART_ANNOTATION: record}}}, _content_type=MERGE_PATCH)
+                       {"metadata": {"annotations": {RESTART_ANNOTATION: record}}}, _content_type=MERGE_PATCH,
+                       field_manager=FIELD_MANAGER)
         return None
 
     def _already_so(self, namespace: str, name: str, action: str) -> bool:
@@ -532,7 +537,7 @@ class KubeApplier:
             "metadata": {"annotations": {policy.CORDONED_ANNOTATION: command.command_id if unschedulable else None}},
             "spec": {"unschedulable": True if unschedulable else None},
         }
-        patched = self._call(self.core.patch_node, name, body, _content_type=MERGE_PATCH)
+        patched = self._call(self.core.patch_node, name, body, _content_type=MERGE_PATCH, field_manager=FIELD_MANAGER)
         return Applied("applied", resource_version=patched.metadata.resource_version)
 
 
