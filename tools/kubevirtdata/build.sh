@@ -36,7 +36,7 @@ export GONOSUMDB="$nmo"
 
 log() { echo "kubevirtdata: $*" >&2; }
 
-# Versions come from go.mod alone, so the script never drifts from what is committed.
+# Versions come from go.mod and go.sum alone, so the script never drifts from what is pinned.
 module_version() { sed -nE "s#^[[:space:]]*(require[[:space:]]+)?$1[[:space:]]+(v[^[:space:]]+).*#\2#p" go.mod | head -n1; }
 # The medik8s module is only downloaded, never imported, so go.sum alone pins it.
 sum_version() { sed -nE "s#^$1 (v[^[:space:]/]+) h1:.*#\1#p" go.sum | head -n1; }
