@@ -346,8 +346,19 @@ class Worker:
 
         A message the broker still refuses then stops the process (exit status 75) before
         the inputs that led to it are acknowledged: after the restart they are decided
-        again, and their offsets were never committed past them.
+        again, and their offsets were never committed past them. A stopping worker cancels
+        its agents, and Faust acknowledges the batch of a cancelled agent: the delivery is
+        finished first.
         """
+        delivery = asyncio.ensure_future(self._deliver_now(outgoing))
+        try:
+            await asyncio.shield(delivery)
+        except asyncio.CancelledError:
+            if not delivery.done():
+                await delivery
+            raise
+
+    async def _deliver_now(self, outgoing: list[Outgoing]) -> None:
         conf = self.settings.worker
         pending, delay = outgoing, conf.publish_backoff_seconds
         for attempt in range(1, conf.publish_attempts + 1):
