@@ -9,6 +9,7 @@ drain called off, and a GPU change across KubeVirt's ``RestartRequired``.
 
 from __future__ import annotations
 
+import copy
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml  # noqa: E402
 
+from handlers.gpus import desired_vm  # noqa: E402
+from handlers.messages import GPUMutation  # noqa: E402
 from streams.scenarios import (  # noqa: E402
     ALICE,
     BOB,
@@ -27,6 +30,7 @@ from streams.scenarios import (  # noqa: E402
     SCENARIOS,
     Script,
     cluster,
+    kubevirt_cr,
     node,
     node_maintenance,
     vm,
@@ -164,11 +168,77 @@ def _restart_required(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
+def gpu_rules() -> Script:
+    """A GPU VM made with kubectl (or synced by a GitOps tool) gets the GPU rules.
+
+    gitops-1 arrives with an RTX card alone: no host-passthrough, no memory request, no
+    eviction strategy. vmstream patches it as a set_gpu would, under its field manager
+    ``vmstream``, and tells alice. KubeVirt's status update of the same VM plans nothing (the
+    patch is in flight); the VM as patched plans nothing. Then the GitOps tool syncs its
+    manifest back (it was not told to ignore those fields, docs/gitops.md): the VM is patched
+    again, and alice told again.
+    """
+    s = cluster().wait(60)
+    made = vm("spx-proj-a", "gitops-1", project="proj-a", owner=ALICE, run_strategy="Manual", gpu=RTX,
+              gpu_rules=False)
+    s.event("ADDED", made)
+    s.wait(2)
+    status = copy.deepcopy(made)
+    status["metadata"]["resourceVersion"] = "2"
+    status["status"] = {"printableStatus": "Stopped"}
+    s.event("MODIFIED", status)
+    s.wait(1)
+    patched = desired_vm(status, GPUMutation(device_name=RTX, eviction_strategy="External", enforce=True))
+    patched["metadata"].update(resourceVersion="3", generation=2)
+    s.event("MODIFIED", patched)
+    s.wait(180)
+    synced = copy.deepcopy(made)
+    synced["metadata"].update(resourceVersion="4", generation=3)
+    s.event("MODIFIED", synced)
+    return s
+
+
+def refused_up_front() -> Script:
+    """What KubeVirt would refuse is refused before anything is written.
+
+    The operator narrows the KubeVirt CR's permittedHostDevices to the RTX card and sets
+    memoryOvercommit: 200. bob's set_gpu and create_vm for the A100 class are refused with
+    that reason (KubeVirt would accept the VM and never start it). alice's it-1 takes its
+    memory from an instance type: her RTX is accepted, and she and the audit are told its
+    memory is not pinned (gpu_vm.instancetype_overcommit: warn).
+    """
+    s = cluster().wait(60)
+    narrowed = kubevirt_cr()
+    narrowed["spec"]["configuration"]["permittedHostDevices"] = {"pciHostDevices": [
+        {"pciVendorSelector": "10DE:2BB5", "resourceName": RTX, "externalResourceProvider": True}]}
+    narrowed["spec"]["configuration"]["developerConfiguration"]["memoryOvercommit"] = 200
+    s.event("MODIFIED", narrowed)
+    s.wait(10)
+    s.intent("it-a100-1", "set_gpu", {"namespace": "spx-proj-b", "name": "dev-1", "gpu_class": "nvidia-a100"},
+             by=BOB, project="proj-b")
+    s.wait(1)
+    s.intent("it-a100-2", "create_vm", {"namespace": "spx-proj-b", "name": "dev-2", "cores": 4, "memory_gib": 16,
+                                        "image": "quay.io/containerdisks/ubuntu:24.04", "gpu_class": "nvidia-a100"},
+             by=BOB, project="proj-b")
+    s.wait(10)
+    typed = vm("spx-proj-a", "it-1", project="proj-a", owner=ALICE, run_strategy="Manual")
+    domain = typed["spec"]["template"]["spec"]["domain"]
+    del domain["memory"], domain["cpu"]
+    typed["spec"]["instancetype"] = {"kind": "VirtualMachineClusterInstancetype", "name": "u1.xlarge"}
+    s.event("ADDED", typed)
+    s.wait(5)
+    s.intent("it-rtx-it-1", "set_gpu", {"namespace": "spx-proj-a", "name": "it-1",
+                                         "gpu_class": "nvidia-rtx-pro-6000-bse"}, by=ALICE, project="proj-a")
+    return s
+
+
 CASES: dict[str, Callable[[], Script]] = {
     "run-strategies": run_strategies,
     "eviction": eviction,
     "called-off": called_off,
     "restart-required": restart_required,
+    "gpu-rules": gpu_rules,
+    "refused-up-front": refused_up_front,
 }
 
 

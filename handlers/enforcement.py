@@ -11,9 +11,9 @@ observed VM only (level-based): a VM that follows the rules gets nothing, whatev
 showed it.
 
 In flight: a GPU patch — this one's or a ``set_gpu`` intent's — records the VM content it
-was planned from (``VMTracking.gpu_rules_episode``). Until the VM's content changes, no
-other patch is planned: the status updates and VMI events that arrive meanwhile show the
-same content and are let pass. The patch's own event shows the VM following the rules and
+was planned from, with its ``metadata.generation`` (``VMTracking.gpu_rules_episode``).
+Until the VM's content changes, no other patch is planned: the status updates and VMI
+events that arrive meanwhile show the same content and generation and are let pass. The patch's own event shows the VM following the rules and
 ends the episode; a VM whose content changed otherwise (someone edited or reverted it) is
 planned again from what it now is. The command's mutation is an ``enforce`` one: an applier
 planning it again after a conflict leaves a VM alone that no longer has that GPU.
@@ -51,7 +51,12 @@ FIELD_MANAGER = "vmstream"  # the field manager of every write the applier makes
 
 
 def rules_content(obj: dict[str, Any]) -> str:
-    """The episode of a VM's content as far as the GPU rules read it (not its status)."""
+    """The episode of a VM's content as far as the GPU rules read it (not its status).
+
+    ``metadata.generation`` is part of it: the API server bumps it on every change of the
+    spec and never for the status, so a VM whose patch landed and was then reverted — both
+    unseen, as after a relist — is told apart from one whose patch is still in flight.
+    """
     def at(path: tuple[str, ...]) -> Any:
         value: Any = obj
         for part in path:
@@ -61,6 +66,7 @@ def rules_content(obj: dict[str, Any]) -> str:
     annotations = at(ANNOTATIONS) or {}
     content = {
         "uid": at(("metadata", "uid")),
+        "generation": at(("metadata", "generation")),
         "domain": at(DOMAIN),
         "eviction": at(EVICTION_STRATEGY),
         "instancetype": at(("spec", "instancetype")),

@@ -117,6 +117,19 @@ def test_a_vm_reverted_after_the_patch_is_patched_again() -> None:
     assert second.command_id != first.command_id and second.base_resource_version == "3"
 
 
+def test_a_patch_landed_and_reverted_unseen_is_planned_again() -> None:
+    h = harness()
+    [first] = h.observe(kubectl_vm()).decision.commands
+    # A relist shows the VM after the patch and a GitOps sync back: the same content, but
+    # the API server counted two spec changes.
+    relisted = kubectl_vm(rv=5)
+    relisted["metadata"]["generation"] = 3
+    [second] = h.observe(relisted, "RELISTED").decision.commands
+    assert second.base_resource_version == "5"
+    [told_first, told_second] = h.notifications("gpu_rules_applied")
+    assert told_first.notification_id != told_second.notification_id
+
+
 def test_notify_tells_the_owner_once_and_changes_nothing() -> None:
     h = harness("notify")
     result = h.observe(kubectl_vm())
