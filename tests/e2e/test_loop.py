@@ -20,6 +20,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from streams.credentials import DevSigner
 from streams.localkube import LocalKube
 from streams.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess
 from streams.scenarios import PROJECT_LABEL, RTX
@@ -61,6 +62,7 @@ class Loop:
     worker: WorkerProcess
     applier: VmstreamProcess
     simulator: KubeVirtSimulator
+    signer: DevSigner  # the upstream service: the worker verifies what it signs (docs/auth.md)
 
     # ------------------------------------------------------------ the cluster
 
@@ -120,7 +122,7 @@ class Loop:
         value: dict[str, Any] = {"intent_id": intent_id, "type": type_, "requested_by": by, "spec": spec}
         if project:
             value["project"] = project
-        self.deployment.publish_raw("intents", key, json.dumps(value).encode())
+        self.deployment.publish_raw("intents", key, json.dumps(self.signer.sign(value)).encode())
         return intent_id
 
     def seen_by_worker(self, name: str) -> None:
@@ -153,7 +155,8 @@ def loop(control_plane: LocalKube, kafka_bootstrap: str, tmp_path: Path) -> Iter
     deployment.create_topics()
     kubeconfig = str(control_plane.kubeconfig)
     with VirtApiStandIn(api) as virt_api, KubeVirtSimulator(api, NAMESPACE) as simulator:
-        worker = WorkerProcess(deployment, "worker").start()
+        signer = DevSigner(tmp_path, operators=["ops@example.com"])
+        worker = WorkerProcess(deployment, "worker", env=signer.worker_env()).start()
         bridge = VmstreamProcess(deployment, "watch", ["watch", "--config", str(CONFIG), "--kubeconfig", kubeconfig])
         applier = VmstreamProcess(deployment, "apply", ["apply", "--config", str(CONFIG), "--kubeconfig", kubeconfig,
                                                          "--subresource-url", virt_api.url])
@@ -161,7 +164,7 @@ def loop(control_plane: LocalKube, kafka_bootstrap: str, tmp_path: Path) -> Iter
         try:
             bridge.start()
             applier.start()
-            yield Loop(api, deployment, outputs, worker, applier, simulator)
+            yield Loop(api, deployment, outputs, worker, applier, simulator, signer)
         finally:
             outputs.close()
             for process in (bridge, applier, worker):
