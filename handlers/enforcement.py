@@ -85,7 +85,8 @@ def reconcile_gpu_rules(ctx: Context, vm: VMRecord) -> None:
     """Bring an observed GPU VM under the GPU rules (or tell its owner), once per content."""
     policy = ctx.config.gpu_vm
     tracking: VMTracking = ctx.state.get("tracking", vm.key) or VMTracking()
-    if len(vm.gpu_devices) != 1 or policy.enforce == "off" or is_system_namespace(vm.namespace):
+    deleting = bool((vm.object.get("metadata") or {}).get("deletionTimestamp"))
+    if len(vm.gpu_devices) != 1 or policy.enforce == "off" or is_system_namespace(vm.namespace) or deleting:
         _forget(ctx, vm, tracking)
         return
     device = vm.gpu_devices[0]

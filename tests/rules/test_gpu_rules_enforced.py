@@ -145,9 +145,12 @@ def test_off_does_nothing() -> None:
     assert result.decision.commands == [] and result.decision.notifications == []
 
 
-def test_a_vm_in_a_system_namespace_is_left_alone() -> None:
+def test_a_vm_in_a_system_namespace_or_being_deleted_is_left_alone() -> None:
     obj = vm("kube-system", "hand-1", project="proj-a", owner=ALICE, gpu=RTX, gpu_rules=False)
     assert harness().observe(obj).decision.commands == []
+    going = kubectl_vm()
+    going["metadata"]["deletionTimestamp"] = "2026-11-30T10:00:00Z"
+    assert harness().observe(going).decision.commands == []
 
 
 def test_a_status_update_while_a_set_gpu_patch_is_in_flight_plans_nothing() -> None:
