@@ -103,8 +103,8 @@ class NamespacePolicy(Frozen):
 class Config(Frozen):
     az: str = Field(min_length=1)
     gpu_classes: dict[str, GPUClassConfig] = Field(default_factory=dict)
-    operators: list[str] = Field(default_factory=list, description="Operators under auth: none only; "
-                                 "with jwt the operator role comes from the credential.")
+    operators: list[str] = Field(default_factory=list, description="Told of drains nobody asked for; who may "
+                                 "drain under auth: none only (with jwt, the credential's operator role).")
     drain: DrainPolicy = DrainPolicy()
     gpu_vm: GPUVMPolicy = GPUVMPolicy()
     labels: LabelKeys = LabelKeys()
