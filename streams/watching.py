@@ -56,6 +56,8 @@ from kafka import TopicPartition
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
+from prometheus_client import Counter as Metric
+from prometheus_client import Gauge
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -64,13 +66,16 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from prometheus_client import Counter as Metric
-from prometheus_client import Gauge
-
 from handlers.cluster import rule_view
 from handlers.config import Limits
 from handlers.ids import watch_event_id
-from handlers.messages import ORIGINAL_PREFIX_BYTES, DeadLetter, DeadLetterSource, WatchEvent, object_key
+from handlers.messages import (
+    ORIGINAL_PREFIX_BYTES,
+    DeadLetter,
+    DeadLetterSource,
+    WatchEvent,
+    object_key,
+)
 from streams.kafka_clients import COMPRESSION, consumer, producer
 from streams.probes import ProbeServer
 from streams.settings import KafkaSettings, load_kafka_settings, read_yaml

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import json
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -27,7 +26,16 @@ from handlers.cluster import (
 )
 from handlers.gpus import desired_vm, plan_patch
 from handlers.messages import GPUMutation
-from streams.scenarios import A100, PROJECT_LABEL, RTX, kubevirt_cr, node, node_maintenance, vm, vmi
+from streams.scenarios import (
+    A100,
+    PROJECT_LABEL,
+    RTX,
+    kubevirt_cr,
+    node,
+    node_maintenance,
+    vm,
+    vmi,
+)
 from tests.harness import Harness
 
 ALICE, OPS = "alice@example.com", "ops@example.com"
