@@ -33,6 +33,9 @@ class KafkaSettings(BaseModel):
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
     ssl_cafile: str | None = None
+    # False where the topics are managed elsewhere (Strimzi KafkaTopics, deploy/components/strimzi):
+    # processes then only check that they exist, and need no permission to create them.
+    create_topics: bool = True
 
     def topic(self, name: str) -> str:
         """The full name of a logical topic (``audit`` → ``vmstream.audit``)."""
@@ -70,6 +73,33 @@ class WorkerSettings(BaseModel):
     # starts here and doubles; then the worker exits (status 75) before acknowledging its input.
     publish_attempts: int = Field(default=5, ge=1)
     publish_backoff_seconds: float = Field(default=0.2, gt=0)
+    # Consumer group membership of this process (the worker's group, or the applier's):
+    # docs/worker.md, "Recovery". With a group_instance_id (static membership, KIP-345) a
+    # process restarted after a crash takes its partitions back as soon as it joins, instead
+    # of waiting out its dead predecessor's session: one id per replica, stable across
+    # restarts (deploy/ uses the pod name), never shared by two live processes (the broker
+    # fences the older one). Without one, a dead member's partitions wait for its session to
+    # time out. The session also bounds how long a replica that is gone for good (a pod
+    # replaced under a new name) keeps its partitions: 10 s (Faust's default was 60 s).
+    group_instance_id: str | None = Field(default=None, min_length=1, max_length=249)
+    session_timeout_seconds: float = Field(default=10.0, ge=6, le=300)  # the broker's minimum is 6 s
+    heartbeat_interval_seconds: float = Field(default=1.0, gt=0)  # well under a third of the session
+
+    def faust_consumer_settings(self) -> dict[str, Any]:
+        """The membership settings as Faust's App takes them."""
+        return {
+            "consumer_group_instance_id": self.group_instance_id,
+            "broker_session_timeout": self.session_timeout_seconds,
+            "broker_heartbeat_interval": self.heartbeat_interval_seconds,
+        }
+
+    def client_consumer_settings(self) -> dict[str, Any]:
+        """The membership settings as kafka-python's KafkaConsumer takes them (the applier)."""
+        return {
+            "group_instance_id": self.group_instance_id,
+            "session_timeout_ms": int(self.session_timeout_seconds * 1000),
+            "heartbeat_interval_ms": int(self.heartbeat_interval_seconds * 1000),
+        }
 
     def page_token(self) -> str | None:
         """The bearer token the private pages want, if one is configured."""
