@@ -22,11 +22,12 @@ import yaml
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError, TopicAuthorizationFailedError
 
+from handlers.state import TABLES
 from streams.kafka_clients import admin_client, client_options
 from streams.localkafka import LocalKafka, Sasl
 from streams.principals import PRINCIPALS, acls
 from streams.settings import KafkaSettings
-from streams.topics import ROUTED, ensure_topics
+from streams.topics import ROUTED, TOPICS as TOPIC_SPECS, changelog_topic, ensure_topics
 
 pytestmark = pytest.mark.kafka
 
@@ -221,3 +222,16 @@ def test_the_strimzi_users_grant_the_same(secured: SecuredBroker) -> None:
                      a.resource_pattern.resource_name, a.resource_pattern.pattern_type.name)
                     for a in acls(name, grants, kafka, app_id=APP_ID)}
         assert _strimzi_acls(users[name]) == expected, name
+
+
+def test_the_strimzi_topics_are_every_topic_the_processes_use() -> None:
+    documents = [d for d in yaml.safe_load_all((ROOT / "deploy/components/strimzi/kafkatopics.yaml").read_text()) if d]
+    topics = {d["metadata"]["name"]: d["spec"] for d in documents if d["kind"] == "KafkaTopic"}
+    kafka = KafkaSettings()
+    changelogs = {changelog_topic(APP_ID, table) for table in TABLES}
+    assert set(topics) == {kafka.topic(spec.name) for spec in TOPIC_SPECS} | changelogs | {
+        f"{APP_ID}-__assignor-__leader"}
+    for spec in TOPIC_SPECS:
+        assert topics[kafka.topic(spec.name)]["config"] == spec.configs, spec.name
+    assert all(topics[name]["config"] == {"cleanup.policy": "compact"} for name in changelogs)
+    assert {spec["partitions"] for name, spec in topics.items() if "__assignor" not in name} == {kafka.partitions}
