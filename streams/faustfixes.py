@@ -32,16 +32,21 @@ VMs took 8.2 s to recover instead of 5.8 s).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
 import faust
+from faust.assignor import PartitionAssignor
 from faust.tables import TableManager
 from faust.tables.recovery import Recovery
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
 from faust.types.transports import TransportT
+
+
+log = logging.getLogger(__name__)
 
 
 class HeldRecovery(Recovery):
@@ -163,6 +168,28 @@ class WorkerTransport(aiokafka_driver.Transport):
     Consumer = WorkerConsumer
 
 
+class StaticMemberAssignor(PartitionAssignor):
+    """Faust's assignor, for a worker restarted with the same ``group_instance_id``.
+
+    A static member that rejoins is handed back the assignment it had (KIP-345), without a
+    new one being computed: Faust's metadata in it names the web URL of the process before
+    the crash, and Faust asserts it is its own. A worker restarted on another port (or host)
+    then failed in aiokafka's coordinator and never consumed. The URL only names where a
+    worker's pages are; the partitions are checked as before.
+    """
+
+    def on_assignment(self, assignment: Any) -> None:
+        try:
+            super().on_assignment(assignment)
+        except AssertionError:
+            handed = sorted(assignment.assignment)
+            computed = sorted(self._assignment.kafka_protocol_assignment(self._table_manager))
+            if handed != computed:
+                raise
+            log.info("assignment handed back from before a restart (static membership): "
+                     "its worker URL is not this one's")
+
+
 class App(faust.App):
     """``faust.App`` with these fixes; takes its arguments, and the fetch pacing."""
 
@@ -172,6 +199,7 @@ class App(faust.App):
         self.fetch_min_bytes = fetch_min_bytes
         self.fetch_idle_wait_ms = fetch_idle_wait_ms
         kwargs.setdefault("TableManager", HeldRecoveryTableManager)
+        kwargs.setdefault("PartitionAssignor", StaticMemberAssignor)
         super().__init__(*args, **kwargs)
 
     def _new_transport(self) -> TransportT:
