@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kubernetes import client, config
+from prometheus_client import REGISTRY
 
 from handlers.capacity import capacity
 from handlers.engine import EVENTS_TOPIC, Result, Source
@@ -464,6 +465,8 @@ def test_the_bridge_survives_a_network_cut_and_resumes_without_losing_events(
     bridge = Bridge(deployment.kafka, kube_configuration(kube, via=proxy.port),
                     kinds=select_kinds("VirtualMachine"))
     watcher = bridge.watchers["VirtualMachine"]
+    api_errors = {"kind": "VirtualMachine", "source": "api"}
+    errors_before = REGISTRY.get_sample_value("vmstream_watch_errors_total", api_errors) or 0.0
     with running(bridge) as thread:
         events.wait_for(lambda e: bool(e.types(before)), "the first relist")
         cluster.create_vm("vm-live")
@@ -488,6 +491,9 @@ def test_the_bridge_survives_a_network_cut_and_resumes_without_losing_events(
     assert watcher.stats.relists == 1
     assert watcher.stats.gone == 0
     assert proxy.accepted >= 2
+    # Each failed attempt is an API error on /metrics.
+    errors = (REGISTRY.get_sample_value("vmstream_watch_errors_total", api_errors) or 0.0) - errors_before
+    assert errors == watcher.stats.failures >= 2
 
 
 # ------------------------------------------------------------------------- oversized objects
