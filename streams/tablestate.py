@@ -135,6 +135,22 @@ class Journal:
         self.table = table
         self.prune_seconds = prune_seconds
         self._pruned_at = 0.0
+        self._committed: dict[TP, int] = {}  # what the broker has acknowledged as committed
+        app = getattr(table, "app", None)
+        if app is not None:
+            self._hear_commits(app.tables)
+
+    def _hear_commits(self, manager: Any) -> None:
+        """Learn each commit the broker acknowledged: Faust calls its table manager's
+        ``on_commit`` only then. (Its consumer's ``_committed_offset`` is updated even when
+        the commit failed, and an entry pruned on its word would be missed after a crash.)"""
+        on_commit = manager.on_commit
+
+        def committed(offsets: Mapping[TP, int]) -> None:
+            self._committed.update(offsets)
+            on_commit(offsets)
+
+        manager.on_commit = committed
 
     @property
     def topic(self) -> str:
@@ -222,24 +238,23 @@ class Journal:
 
     # ------------------------------------------------------------------ pruning
 
-    def prune(self, consumer: Any) -> int:
-        """Delete the entries of inputs whose offsets are committed (at most once per
-        ``prune_seconds``); returns how many records were deleted.
+    def prune(self) -> int:
+        """Delete the entries of inputs whose offsets this process committed (at most once
+        per ``prune_seconds``); returns how many records were deleted.
 
-        Committed offsets come from Faust's consumer (``_committed_offset``: what it last
-        committed or found committed at its start). Faust flushes the changelog rows before
-        it commits, so a committed input's rows are all written.
+        Faust flushes the changelog rows before it commits, so a committed input's rows are
+        all written. Entries of inputs committed by a predecessor stay until this process
+        commits their partition past them.
         """
         now = time.monotonic()
         if now - self._pruned_at < self.prune_seconds:
             return 0
         self._pruned_at = now
-        committed: Mapping[TP, int | None] = consumer._committed_offset
         done = []
         for key in list(self.table.keys()):
             topic, partition, offset = key.split("#", 1)[0].rsplit(":", 2)
             tp = TP(topic, int(partition))
-            upto = committed.get(tp)
+            upto = self._committed.get(tp)
             if upto is not None and int(offset) < upto:
                 done.append((key, tp.partition))
         for key, partition in done:

@@ -276,7 +276,7 @@ class Worker:
             finally:
                 self.state.unstage()
             if self.state.journal is not None:
-                self.state.journal.prune(self.app.consumer)
+                self.state.journal.prune()
 
     def _decide_safely(self, event: EventT[Any]) -> list[Result]:
         """Decide one input, staging its changes; a bug dead-letters the input, never stops us."""

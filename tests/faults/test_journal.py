@@ -70,8 +70,16 @@ class Table:
     data: dict[str, bytes] = field(default_factory=dict)
     changelog_topic: ChangelogTopic = field(default_factory=ChangelogTopic)
 
+    tombstones: list[tuple[int, str]] = field(default_factory=list)
+
     def get(self, key: str) -> bytes | None:
         return self.data.get(key)
+
+    def keys(self) -> list[str]:
+        return list(self.data)
+
+    def send_changelog(self, partition: int, key: str, value: None, value_serializer: str) -> None:
+        self.tombstones.append((partition, key))
 
 
 class Producer:
@@ -133,3 +141,29 @@ def test_a_record_is_replayed_only_for_the_message_it_was_made_for() -> None:
     assert journal.recorded(event) == [result]
     other = Event(Message("t.intents", 0, 7, b"k", b"another message at the same offset"))
     assert journal.recorded(other) is None
+
+
+class TableManager:
+    def __init__(self) -> None:
+        self.heard: list[dict[Any, int]] = []
+
+    def on_commit(self, offsets: dict[Any, int]) -> None:
+        self.heard.append(dict(offsets))
+
+
+def test_entries_are_deleted_once_the_broker_acknowledged_the_commit_past_them() -> None:
+    """Faust's consumer believes in a commit even when it failed; the journal waits for the
+    table manager's ``on_commit``, which Faust calls only for commits that succeeded."""
+    from faust.types import TP
+
+    [result] = [r for r in example_results() if r.dead_letters]
+    journal, manager = Journal(Table(), prune_seconds=0), TableManager()
+    journal._hear_commits(manager)
+    events = [Event(Message("t.intents", 2, offset, b"k", b"v")) for offset in (5, 6, 7)]
+    asyncio.run(journal.record([(e, [result]) for e in events], producer=Producer(), encoded={}))
+    assert journal.prune() == 0  # nothing committed yet
+    manager.on_commit({TP("t.intents", 2): 7, TP("t.intents", 3): 100})
+    assert manager.heard == [{TP("t.intents", 2): 7, TP("t.intents", 3): 100}]  # Faust's own call still made
+    assert journal.prune() == 2
+    assert journal.table.tombstones == [(2, "t.intents:2:5"), (2, "t.intents:2:6")]
+    assert list(journal.table.data) == ["t.intents:2:7"]
