@@ -43,7 +43,7 @@ from handlers.gpus import (
     plan_patch,
     rule_gaps,
 )
-from handlers.messages import GPUMutation
+from handlers.messages import GPUMutation, Severity
 from handlers.policy import is_system_namespace
 from handlers.state import KUBEVIRT_KEY, VMTracking, put_tracking
 
@@ -106,6 +106,7 @@ def reconcile_gpu_rules(ctx: Context, vm: VMRecord) -> None:
     vmi: VMIRecord | None = ctx.state.get("vmis", vm.key)
     running = vmi is not None and vmi.active
     where = f"VM {vm.namespace}/{vm.name}"
+    severity: Severity
     if policy.enforce == "patch":
         mutation = GPUMutation(device_name=device, eviction_strategy=policy.eviction_strategy, enforce=True)
         try:
@@ -117,7 +118,7 @@ def reconcile_gpu_rules(ctx: Context, vm: VMRecord) -> None:
         when = ("they apply at its next restart; until then it keeps running as it is" if running
                 else "they apply when it next starts")
         message = (f"{where} has GPU {gpu.display_name} but was made without what a GPU needs "
-                   f"({'; '.join(gaps)}): vmstream set it as for any GPU VM; {when}.")
+                   f"({'; '.join(gaps)}): vmstream sets it as for any GPU VM; {when}.")
         severity = "info"
     else:
         message = (f"{where} has GPU {gpu.display_name} but lacks what a GPU needs ({'; '.join(gaps)}): "
