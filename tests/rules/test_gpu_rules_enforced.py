@@ -15,7 +15,7 @@ import jsonpatch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handlers.gpus import PRE_GPU_ANNOTATION, desired_vm, gpu_devices, plan_patch, rule_gaps
+from handlers.gpus import PRE_GPU_ANNOTATION, desired_vm, gpu_devices, plan_patch, rule_gaps, same_quantity
 from handlers.messages import Command, GPUMutation
 from streams.scenarios import A100, RTX, vm, vmi
 from tests.harness import Harness, config
@@ -244,3 +244,22 @@ def test_an_enforce_mutation_never_changes_which_gpu_a_vm_has(
     assert desired_vm(once, mutation) == once
     if device != RTX:
         assert once == obj
+
+
+@settings(max_examples=80, deadline=None)
+@given(gib=st.integers(min_value=1, max_value=4096), other=st.integers(min_value=1, max_value=4096))
+def test_memory_is_compared_as_a_quantity(gib: int, other: int) -> None:
+    assert same_quantity(f"{gib}Gi", f"{gib * 1024}Mi") and same_quantity(f"{gib}Gi", str(gib * 2**30))
+    assert same_quantity(f"{gib}Gi", f"{other}Gi") is (gib == other)
+    obj = gpu_vm("host-passthrough", None, "External")
+    domain(obj)["memory"]["guest"] = f"{gib}Gi"
+    domain(obj)["resources"] = {"requests": {"memory": f"{other * 1024}Mi"}}
+    assert (rule_gaps(obj, eviction_strategy="External") == []) is (gib == other)
+
+
+def test_an_instance_type_owns_the_memory_so_no_request_is_asked_for() -> None:
+    obj = gpu_vm("host-passthrough", None, "External")
+    del domain(obj)["memory"]
+    obj["spec"]["instancetype"] = {"kind": "VirtualMachineClusterInstancetype", "name": "u1.large"}
+    assert rule_gaps(obj, eviction_strategy="External") == []
+    assert harness().observe(obj).decision.commands == []
