@@ -87,7 +87,8 @@ def reconcile_gpu_rules(ctx: Context, vm: VMRecord) -> None:
     tracking: VMTracking = ctx.state.get("tracking", vm.key) or VMTracking()
     deleting = bool((vm.object.get("metadata") or {}).get("deletionTimestamp"))
     if len(vm.gpu_devices) != 1 or policy.enforce == "off" or is_system_namespace(vm.namespace) or deleting:
-        _forget(ctx, vm, tracking)
+        if tracking.gpu_rules_episode is not None or tracking.unpinned_episode is not None:
+            put_tracking(ctx.state, vm.key, replace(tracking, gpu_rules_episode=None, unpinned_episode=None))
         return
     device = vm.gpu_devices[0]
     warn_unpinned(ctx, vm, device)

@@ -212,3 +212,9 @@ def test_an_observed_instance_type_gpu_vm_under_overcommit_is_told_once() -> Non
     [second] = [n for n in h.observe(again, "MODIFIED").decision.notifications
                 if n.type == "gpu_memory_not_pinned"]
     assert second.details["memory_overcommit"] == 300
+    # Its GPU removed and given back: a new GPU on it, told again.
+    bare = instancetype_vm("it-2")
+    bare["metadata"]["resourceVersion"] = "5"
+    h.observe(bare, "MODIFIED")
+    again["metadata"]["resourceVersion"] = "6"
+    assert [n for n in h.observe(again, "MODIFIED").decision.notifications if n.type == "gpu_memory_not_pinned"]
