@@ -84,6 +84,7 @@ def hostile_intents(round_: int) -> list[Hostile]:
         intent("oversized-principal", _json({**sound, "requested_by": "a" * 300_000 + "@example.com"})),
         intent("key-of-another-vm", _json(sound), key=b"vm/spx-proj-a/web-1"),
         intent("no-key", _json(sound), key=None),
+        intent("key-not-utf8", _json(sound), key=b"vm/spx-proj-a/train-1\xff"),
         intent("oversized-gpu-class", _json(set_gpu(f"long-class-{round_}", "train-1", "g" * 100_000)),
                fate="rejected", ref=f"long-class-{round_}"),
         intent("a-thousand-unknown-fields",

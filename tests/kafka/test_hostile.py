@@ -20,7 +20,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
 
-from streams.hostile import Hostile, interleaved, valid_intent
+from streams.hostile import Hostile, hostile_events, hostile_intents, interleaved, valid_intent
 from streams.kafka_clients import admin_client
 from streams.running import Deployment, WorkerProcess
 from streams.scenarios import cluster
@@ -94,7 +94,8 @@ def test_every_hostile_record_is_one_dead_letter_and_every_valid_intent_is_decid
         sends: list[tuple[Hostile, Any]] = []
         valid: list[str] = []
         out = producer(deployment)
-        for what, item in interleaved(hostile=2 * 29, valid=40):
+        every_class = len(hostile_intents(0)) + len(hostile_events(0))
+        for _, item in interleaved(hostile=2 * every_class, valid=40):
             if isinstance(item, Hostile):
                 sends.append((item, out.send(deployment.kafka.topic(item.topic), key=item.key, value=item.value)))
             else:

@@ -21,6 +21,7 @@ from handlers.messages import (
     TEXT_MAX,
     AuditInput,
     AuditRecord,
+    MalformedMessage,
     Notification,
     ObjectRef,
     wire_bytes,
@@ -280,3 +281,16 @@ def test_no_bytes_make_the_engine_raise() -> None:
             assert result.decision.audit is not None
             assert len(result.dead_letters) <= 1
             assert_fits(result)
+
+
+@pytest.mark.parametrize(("raw", "error"), HOSTILE_VALUES)
+def test_an_event_screened_before_routing_has_the_dead_letter_on_event_gives(raw: bytes | None, error: str) -> None:
+    """The worker's ``route`` dead-letters what ``Engine.screen`` refuses; a replay, which
+    calls ``on_event``, must reproduce that dead letter and its audit record byte for byte."""
+    h = harness()
+    source = Source(EVENTS_TOPIC, "Node/gpu-node-1", 2, 7)
+    with pytest.raises(MalformedMessage) as refused:
+        h.engine.screen(raw, source)
+    routed = h.engine.dead_letter(raw, str(refused.value), source, h.now)
+    decided = decide_event(h, raw, "Node/gpu-node-1")
+    assert [wire_bytes(o.value) for o in routed.outputs()] == [wire_bytes(o.value) for o in decided.outputs()]
