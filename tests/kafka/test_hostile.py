@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from types import SimpleNamespace
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +25,7 @@ from streams.hostile import Hostile, hostile_events, hostile_intents, interleave
 from streams.kafka_clients import admin_client
 from streams.running import Deployment, WorkerProcess
 from streams.scenarios import cluster
-from streams.worker import EXIT_UNPUBLISHED
+from streams.worker import EXIT_UNPUBLISHED, KIND_HEADER, SOURCE_HEADER, Worker, _origin
 
 pytestmark = pytest.mark.kafka
 
@@ -186,3 +187,23 @@ def test_an_output_the_broker_refuses_stops_the_worker_before_its_input_is_commi
         assert [a["input"]["ref"] for a in reader.audit] == [intent_id]
     finally:
         assert second.stop() == 0, second.tail()
+
+
+def event(topic: str, headers: dict[str, bytes], *, timestamp: Any = 1.0) -> Any:
+    message = SimpleNamespace(topic=topic, partition=4, offset=99, headers=headers, timestamp=timestamp)
+    return SimpleNamespace(message=message, key=b"node/gpu-node-1")
+
+
+def test_a_routed_event_is_dead_lettered_under_its_k8s_events_record_and_only_it() -> None:
+    origin = json.dumps({"topic": "t.k8s-events", "partition": 1, "offset": 7, "key": "Node/gpu-node-1"}).encode()
+    routed = _origin(event("t.worker-routed", {KIND_HEADER: b"event", SOURCE_HEADER: origin}))
+    assert (routed.topic, routed.partition, routed.offset, routed.key) == ("t.k8s-events", 1, 7, "Node/gpu-node-1")
+    forged = _origin(event("t.intents", {KIND_HEADER: b"event", SOURCE_HEADER: origin}))  # not read on intents
+    assert (forged.topic, forged.partition, forged.offset) == ("t.intents", 4, 99)
+    broken = _origin(event("t.worker-routed", {KIND_HEADER: b"event", SOURCE_HEADER: b"{not json"}))
+    assert (broken.topic, broken.offset) == ("t.worker-routed", 99)
+
+
+@pytest.mark.parametrize("timestamp", [float("nan"), None, -5.0, 1e300])
+def test_a_timestamp_no_date_can_show_is_taken_as_the_nearest(timestamp: Any) -> None:
+    assert 1970 <= Worker._time(event("t.intents", {}, timestamp=timestamp)).year <= 9999
