@@ -12,14 +12,17 @@ import copy
 from typing import Any
 
 import jsonpatch
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from handlers.gpus import PRE_GPU_ANNOTATION, desired_vm, gpu_devices, plan_patch, rule_gaps, same_quantity
 from handlers.messages import Command, GPUMutation
 from streams.scenarios import A100, RTX, vm, vmi
+from streams.settings import load_settings
 from tests.harness import Harness, config
 from tests.kubevirt_schema import validate_vm
+from tests.rules.test_example_cases import EXAMPLES
 
 ALICE = "alice@example.com"
 
@@ -263,3 +266,14 @@ def test_an_instance_type_owns_the_memory_so_no_request_is_asked_for() -> None:
     obj["spec"]["instancetype"] = {"kind": "VirtualMachineClusterInstancetype", "name": "u1.large"}
     assert rule_gaps(obj, eviction_strategy="External") == []
     assert harness().observe(obj).decision.commands == []
+
+
+def test_the_policy_comes_from_the_config_file_and_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load_settings(EXAMPLES / "config.yaml").rules().gpu_vm.enforce == "patch"
+    monkeypatch.setenv("VMSTREAM_GPU_VM__ENFORCE", "notify")
+    monkeypatch.setenv("VMSTREAM_GPU_VM__INSTANCETYPE_OVERCOMMIT", "refuse")
+    policy = load_settings(EXAMPLES / "config.yaml").rules().gpu_vm
+    assert (policy.enforce, policy.instancetype_overcommit) == ("notify", "refuse")
+    monkeypatch.setenv("VMSTREAM_GPU_VM__ENFORCE", "always")
+    with pytest.raises(ValueError, match="'patch', 'notify' or 'off'"):
+        load_settings(EXAMPLES / "config.yaml")
