@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic_core
 from kafka import TopicPartition
+from kafka.admin import ConfigResource, ConfigResourceType
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
@@ -76,7 +77,7 @@ from handlers.messages import (
     WatchEvent,
     object_key,
 )
-from streams.kafka_clients import COMPRESSION, consumer, producer
+from streams.kafka_clients import COMPRESSION, admin_client, consumer, producer
 from streams.probes import ProbeServer
 from streams.settings import KafkaSettings, load_kafka_settings, read_yaml
 
@@ -100,9 +101,11 @@ BACKOFF_CAP = 30.0  # ...up to this
 STATS_SECONDS = 60.0
 READ_BACK_STALL_SECONDS = 60.0  # reading k8s-events back without a record this long: start again
 RESYNC_SECONDS = 24 * 3600.0  # a full relist this often, well within k8s-events' 7-day retention
-# One event must fit one Kafka message: the broker's default message.max.bytes is 1,048,588
-# for a whole batch; this leaves room for its header and the record's headers.
-MAX_EVENT_BYTES = 1_000_000
+# One event must fit one Kafka message: what the broker takes per batch (the topic's
+# max.message.bytes, read at start; this is its default) less a batch's header, the record's
+# own fields and headers.
+MESSAGE_BYTES = 1_048_588
+RECORD_OVERHEAD = 512
 REDUCED_HEADER = "vmstream-reduced"  # on an event whose object is its rule view: the whole size
 PROBE_PORT = 6068
 
@@ -141,10 +144,12 @@ KINDS: tuple[Kind, ...] = (
     Kind("Node", "", "v1", "nodes"),
     Kind("NodeMaintenance", "nodemaintenance.medik8s.io", "v1beta1", "nodemaintenances"),
     Kind("KubeVirt", "kubevirt.io", "v1", "kubevirts"),
+    # Their project label says where a project's VMs may be created (docs/auth.md).
+    Kind("Namespace", "", "v1", "namespaces"),
 )
 
 # Core kinds are listed through CoreV1Api (their path is /api/v1, not /apis/<group>/...).
-_CORE_LISTERS = {"nodes": "list_node"}
+_CORE_LISTERS = {"nodes": "list_node", "namespaces": "list_namespace"}
 
 
 def select_kinds(names: Iterable[str] | str | None) -> tuple[Kind, ...]:
@@ -225,20 +230,21 @@ class Publisher:
 
     Every event gets a message, whatever its object's size: the whole object when the event
     is at most ``max_bytes`` — what the worker takes (its ``limits.max_input_bytes``: it
-    dead-letters larger input unparsed), at most :data:`MAX_EVENT_BYTES` (the broker's) —
-    else the object reduced to what the rules read (:func:`~handlers.cluster.rule_view`,
-    marked by the :data:`REDUCED_HEADER` header), else a dead letter naming it. Nothing one
-    object does can stop the events behind it.
+    dead-letters larger input unparsed) — and fits ``message_bytes`` (the topic's
+    max.message.bytes); else the object reduced to what the rules read
+    (:func:`~handlers.cluster.rule_view`, marked by the :data:`REDUCED_HEADER` header); else
+    a dead letter naming it. Nothing one object does can stop the events behind it.
     """
 
     def __init__(
         self, kafka_producer: KafkaProducer, topic: str, *, dlq_topic: str | None = None,
-        max_bytes: int = Limits().max_input_bytes,
+        max_bytes: int = Limits().max_input_bytes, message_bytes: int = MESSAGE_BYTES,
     ) -> None:
         self.producer = kafka_producer
         self.topic = topic
         self.dlq_topic = dlq_topic or topic.replace(TOPIC, DLQ_TOPIC)
-        self.max_bytes = min(max_bytes, MAX_EVENT_BYTES)
+        self.max_bytes = max_bytes
+        self.message_bytes = message_bytes
 
     def send(self, kind: Kind, type_: EventType, obj: dict[str, Any]) -> Sent:
         key, value = watch_event(kind, type_, obj)
@@ -271,7 +277,7 @@ class Publisher:
         return self._sent(kind, future, pydantic_core.to_json(view), "dead_letter")
 
     def _fits(self, key: str, value: bytes) -> bool:
-        return len(value) <= self.max_bytes and len(key) + len(value) <= MAX_EVENT_BYTES
+        return len(value) <= self.max_bytes and len(key) + len(value) + RECORD_OVERHEAD <= self.message_bytes
 
     @staticmethod
     def _sent(kind: Kind, future: FutureRecordMetadata, obj: bytes, form: Form) -> Sent:
@@ -589,6 +595,20 @@ class Watcher:
         EVENTS.labels(self.kind.kind, type_).inc(n)
 
 
+def message_limit(kafka: KafkaSettings, topic: str) -> int | None:
+    """The topic's ``max.message.bytes`` as the broker reports it (None if it has no such topic)."""
+    admin = admin_client(kafka)
+    try:
+        answer = admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, topic, configs={"max.message.bytes": None})],
+            config_filter="all",
+        )
+    finally:
+        admin.close()
+    value = (((answer.get("topic") or {}).get(topic) or {}).get("max.message.bytes") or {}).get("value")
+    return int(value) if value else None
+
+
 def last_published(
     kafka: KafkaSettings, topic: str, kinds: Sequence[Kind], stop: threading.Event | None = None
 ) -> dict[str, dict[str, bytes]]:
@@ -727,7 +747,7 @@ class Bridge:
             kafka_producer.close()
             return
         publisher = Publisher(kafka_producer, self.kafka.topic(TOPIC), dlq_topic=self.kafka.topic(DLQ_TOPIC),
-                              max_bytes=self.max_event_bytes)
+                              max_bytes=self.max_event_bytes, message_bytes=self._message_bytes())
         apis = {name: client.ApiClient(self.kube) for name in self.watchers}
         threads = [
             threading.Thread(
@@ -775,6 +795,21 @@ class Bridge:
             if not stop.is_set():
                 raise
         return None
+
+    def _message_bytes(self) -> int:
+        """What the broker takes per message on k8s-events (its default if it cannot say)."""
+        topic = self.kafka.topic(TOPIC)
+        try:
+            limit = message_limit(self.kafka, topic)
+        except Exception as error:  # the broker refuses DescribeConfigs (ACLs): assume its default
+            log.warning("watch: cannot read %s's max.message.bytes (%s); assuming %d", topic, error, MESSAGE_BYTES)
+            return MESSAGE_BYTES
+        if limit is None:
+            return MESSAGE_BYTES
+        if limit < self.max_event_bytes + RECORD_OVERHEAD:
+            log.warning("watch: %s takes messages of at most %d bytes, less than the worker's %d: events "
+                        "over it are published reduced", topic, limit, self.max_event_bytes)
+        return limit
 
     def _seed(self, stop: threading.Event) -> bool:
         """Give each watcher that has no state yet what k8s-events last showed of its kind.
@@ -890,7 +925,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Register ``vmstream watch``."""
     watch = commands.add_parser(
         "watch",
-        help="publish Kubernetes watch events (VMs, VMIs, Nodes, NodeMaintenances, KubeVirt) to Kafka",
+        help="publish Kubernetes watch events (VMs, VMIs, Nodes, NodeMaintenances, KubeVirt, Namespaces) to Kafka",
         description="List, then watch the kinds vmstream reacts to and publish every change to "
         "the k8s-events topic; relists after 410 Gone, reconnects with backoff.",
     )
@@ -923,6 +958,7 @@ __all__ = [
     "last_published",
     "load_limits",
     "main",
+    "message_limit",
     "select_kinds",
     "watch_event",
 ]

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
+from kafka.admin import ConfigResource, ConfigResourceType
 from kubernetes import client, config
 from prometheus_client import REGISTRY
 
@@ -44,6 +45,7 @@ from streams.watching import (
     Publisher,
     Watcher,
     load_limits,
+    message_limit,
     select_kinds,
 )
 from tests.harness import Harness
@@ -249,6 +251,7 @@ def test_existing_objects_are_published_as_relisted_with_contract_keys(
         f"KubeVirt/{ns}/kubevirt": "KubeVirt",
         f"Node/node-{suffix}": "Node",
         f"NodeMaintenance/nm-{suffix}": "NodeMaintenance",
+        f"Namespace/{ns}": "Namespace",  # its project label says where VMs may be created
     }
 
     bridge = Bridge(deployment.kafka, kube_configuration(kube))
@@ -598,6 +601,33 @@ def test_a_vm_over_a_megabyte_is_published_reduced_and_the_other_events_keep_flo
     assert harness.state.get("vms", f"vm/{ns}/vm-big") is None  # deleted
     for name in ("vm-over", "vm-packed", "vm-after"):
         assert harness.state.get("vms", f"vm/{ns}/{name}") is not None, name
+
+
+def test_a_topic_that_takes_less_than_the_worker_gets_reduced_events_not_refused_ones(
+    kube: Kube, deployment: Deployment, events: Events, cluster: Cluster
+) -> None:
+    """A broker whose limit is below the worker's: the bridge reads it and stays under it."""
+    ns = cluster.namespace
+    topic = deployment.kafka.topic(TOPIC)
+    admin = admin_client(deployment.kafka)
+    try:
+        answer = admin.alter_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, topic, configs={"max.message.bytes": "50000"})])
+    finally:
+        admin.close()
+    wait_until(lambda: message_limit(deployment.kafka, topic) == 50_000, f"the topic's new limit ({answer})")
+    cloud, small = f"VirtualMachine/{ns}/vm-cloud", f"VirtualMachine/{ns}/vm-small"
+    cluster.custom.create_namespaced_custom_object(  # 100 KB: under the worker's 512 KiB, over the topic's
+        *KUBEVIRT, ns, "virtualmachines", vm_with_cloud_init("vm-cloud", cloud_init(100_000, compressible=False)))
+    bridge = Bridge(deployment.kafka, kube_configuration(kube), kinds=select_kinds("VirtualMachine"))
+    with running(bridge):
+        events.wait_for(lambda e: bool(e.types(cloud)), "the VM, relisted")
+        cluster.create_vm("vm-small")
+        events.wait_for(lambda e: bool(e.types(small)), "the next VM")
+    assert REDUCED_HEADER in events.headers_of(cloud)[0]
+    assert "volumes" not in events.of(cloud)[0]["object"]["spec"]["template"]["spec"]
+    assert events.types(small) == ["ADDED"] and not events.headers_of(small)[0]
+    assert bridge.watchers["VirtualMachine"].stats.failures == 0  # nothing refused, nothing retried
 
 
 def test_an_event_too_large_even_reduced_is_dead_lettered_and_the_others_keep_flowing(
