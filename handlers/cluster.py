@@ -197,6 +197,19 @@ class MaintenanceRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class NamespaceRecord:
+    """A namespace and the project its label names (None: no project's namespace)."""
+
+    name: str
+    project: str | None
+
+    @classmethod
+    def from_object(cls, obj: dict[str, Any], *, project_label: str) -> NamespaceRecord:
+        project = (_get(obj, "metadata", "labels") or {}).get(project_label)
+        return cls(name=obj["metadata"]["name"], project=project if isinstance(project, str) and project else None)
+
+
+@dataclass(frozen=True, slots=True)
 class KubeVirtRecord:
     """What the rules read of the KubeVirt CR's ``spec.configuration``.
 

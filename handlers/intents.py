@@ -12,7 +12,7 @@ from __future__ import annotations
 from handlers.admission import device_refusal
 from handlers.auth import Principal
 from handlers.catalog import UnknownGPUClass
-from handlers.cluster import VMIRecord, VMRecord
+from handlers.cluster import NamespaceRecord, VMIRecord, VMRecord
 from handlers.config import Config
 from handlers.decisions import Context, vm_subject
 from handlers.drains import call_off_drain, start_drain
@@ -51,8 +51,11 @@ def _owned_vm(ctx: Context, intent: VMIntent) -> tuple[VMRecord | None, Refusal]
     return vm, None
 
 
-def namespace_project(config: Config, namespace: str) -> str | None:
-    """The project a namespace belongs to, as configured (a template or a mapping)."""
+def namespace_project(config: Config, namespace: str, observed: NamespaceRecord | None = None) -> str | None:
+    """The project a namespace belongs to: its project label when the watch bridge has
+    shown the namespace (unlabelled: none), else as configured (a template or a mapping)."""
+    if observed is not None:
+        return observed.project
     policy = config.namespaces
     if namespace in policy.projects:
         return policy.projects[namespace]
@@ -64,11 +67,12 @@ def namespace_project(config: Config, namespace: str) -> str | None:
     return None
 
 
-def namespace_refusal(config: Config, namespace: str, project: str) -> Refusal:
+def namespace_refusal(config: Config, namespace: str, project: str,
+                      observed: NamespaceRecord | None = None) -> Refusal:
     """VMs are created only in a namespace of their project, never in a system one."""
     if namespace.startswith("kube-") or namespace in config.namespaces.system:
         return f"namespace {namespace} is a system namespace: no VM is created there"
-    owner = namespace_project(config, namespace)
+    owner = namespace_project(config, namespace, observed)
     if owner is None:
         return f"namespace {namespace} is not known to belong to a project"
     if owner != project:
@@ -77,7 +81,8 @@ def namespace_refusal(config: Config, namespace: str, project: str) -> Refusal:
 
 
 def create_vm(ctx: Context, intent: CreateVMIntent, principal: Principal) -> Refusal:
-    refusal = namespace_refusal(ctx.config, intent.spec.namespace, intent.project)
+    refusal = namespace_refusal(ctx.config, intent.spec.namespace, intent.project,
+                                ctx.state.get("namespaces", intent.spec.namespace))
     if refusal:
         return refusal
     if ctx.state.get("vms", intent.vm_key()) is not None:

@@ -280,7 +280,7 @@ class IntentEnvelope(Message):
 
 # ------------------------------------------------------------------------ watch events
 
-WATCHED_KINDS = ("VirtualMachine", "VirtualMachineInstance", "Node", "NodeMaintenance", "KubeVirt")
+WATCHED_KINDS = ("VirtualMachine", "VirtualMachineInstance", "Node", "NodeMaintenance", "KubeVirt", "Namespace")
 
 
 class WatchEvent(Message):

@@ -19,6 +19,7 @@ from handlers.capacity import refresh_usage
 from handlers.cluster import (
     KubeVirtRecord,
     MaintenanceRecord,
+    NamespaceRecord,
     NodeRecord,
     Resident,
     VMIRecord,
@@ -79,6 +80,12 @@ def _vmi(ctx: Context, event: WatchEvent) -> None:
     ctx.state.put("vmis", vmi.key, None if event.type == "DELETED" else vmi)
     _reconcile_vm(ctx, vmi.key)
     _tell_nodes(ctx, vmi.key, before)
+
+
+def _namespace(ctx: Context, event: WatchEvent) -> None:
+    """Which project a namespace belongs to: create_vm goes only into its own (handlers/intents.py)."""
+    record = NamespaceRecord.from_object(event.object, project_label=ctx.config.labels.project)
+    ctx.state.put("namespaces", record.name, None if event.type == "DELETED" else record)
 
 
 def _kubevirt(ctx: Context, event: WatchEvent) -> None:
@@ -211,4 +218,5 @@ _FOLDS = {
     "Node": _node,
     "NodeMaintenance": _maintenance,
     "KubeVirt": _kubevirt,
+    "Namespace": _namespace,
 }

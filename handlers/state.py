@@ -20,9 +20,11 @@ table             key                 written under            value
 ``processed``     ``<intent_id>``     the intent's key         outcome of an intent decided
 ``usage``         ``<node>``          that node; read by all   :class:`~handlers.cluster.NodeUsage`
 ``kubevirt``      ``cluster``         the KubeVirt CR; by all  :class:`~handlers.cluster.KubeVirtRecord`
+``namespaces``    ``<namespace>``     the cluster; read by all :class:`~handlers.cluster.NamespaceRecord`
 ================  ==================  =======================  ============================
 
-``usage`` and ``kubevirt`` are cluster-wide facts: every worker instance reads all of them.
+``usage``, ``kubevirt`` and ``namespaces`` are cluster-wide facts: every worker instance
+reads all of them.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any, Literal, Protocol
 from handlers.cluster import (
     KubeVirtRecord,
     MaintenanceRecord,
+    NamespaceRecord,
     NodeRecord,
     NodeUsage,
     Resident,
@@ -43,7 +46,8 @@ from handlers.cluster import (
 )
 
 TableName = Literal[
-    "vms", "vmis", "tracking", "nodes", "residents", "drains", "maintenances", "processed", "usage", "kubevirt"
+    "vms", "vmis", "tracking", "nodes", "residents", "drains", "maintenances", "processed", "usage", "kubevirt",
+    "namespaces",
 ]
 TABLES: tuple[TableName, ...] = (
     "vms",
@@ -56,8 +60,9 @@ TABLES: tuple[TableName, ...] = (
     "processed",
     "usage",
     "kubevirt",
+    "namespaces",
 )
-GLOBAL_TABLES: tuple[TableName, ...] = ("usage", "kubevirt")
+GLOBAL_TABLES: tuple[TableName, ...] = ("usage", "kubevirt", "namespaces")
 KUBEVIRT_KEY = "cluster"
 
 DrainSource = Literal["intent", "maintenance", "cordon", "eviction"]
@@ -193,6 +198,7 @@ def table_types() -> dict[TableName, Any]:
         "processed": str,
         "usage": NodeUsage,
         "kubevirt": KubeVirtRecord,
+        "namespaces": NamespaceRecord,
     }
 
 

@@ -75,6 +75,7 @@ TABLE_HELP: dict[TableName, str] = {
     "processed": "intent_id → outcome (decided under the intent's key)",
     "usage": "node → GPU cards offered and held: cluster-wide, read by every instance",
     "kubevirt": "'cluster' → the KubeVirt CR's configuration: cluster-wide",
+    "namespaces": "namespace → the project its label names: cluster-wide, read by every instance",
 }
 
 

@@ -52,6 +52,7 @@ WATCH_GRANTS: dict[tuple[str, str], set[str]] = {
     ("kubevirt.io", "virtualmachineinstances"): {"list", "watch"},
     ("kubevirt.io", "kubevirts"): {"list", "watch"},
     ("", "nodes"): {"list", "watch"},
+    ("", "namespaces"): {"list", "watch"},
     ("nodemaintenance.medik8s.io", "nodemaintenances"): {"list", "watch"},
 }
 APPLY_GRANTS: dict[tuple[str, str], set[str]] = {

@@ -368,3 +368,36 @@ def test_the_upstream_example_signs_what_the_worker_accepts() -> None:
                                         gpu_class="nvidia-a100")
         body = example.sign(intent, private_key=key.key, kid=key.kid, projects=["proj-b"], now=START.timestamp())
         assert outcome(h.raw_intent(body, key="vm/spx-proj-b/dev-1")) == ("accepted", None), algorithm
+
+
+# ------------------------------------------------------------ observed namespaces
+
+
+def namespace(name: str, project: str | None = None) -> dict[str, Any]:
+    labels = {"kubernetes.io/metadata.name": name} | ({"superphenix.net/projectID": project} if project else {})
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+
+
+def test_an_observed_namespace_belongs_to_the_project_its_label_names() -> None:
+    h = az()
+    assert outcome(h.observe(namespace("lab-x", "proj-a"))) == ("accepted", None)
+    assert outcome(h.intent("create_vm", create_spec("lab-x")))[0] == "accepted"
+
+
+def test_an_observed_label_wins_over_the_configured_template() -> None:
+    h = az().observe_all(namespace("spx-proj-a", "proj-b"), namespace("spx-proj-c"))
+    assert outcome(h.intent("create_vm", create_spec("spx-proj-a")))[1] == (
+        "namespace spx-proj-a does not belong to project 'proj-a'")
+    result = h.intent("create_vm", create_spec("spx-proj-c"), by="carol@example.com", project="proj-c")
+    assert outcome(result)[1] == "namespace spx-proj-c is not known to belong to a project"
+
+
+def test_a_deleted_namespace_is_forgotten_and_system_ones_stay_closed() -> None:
+    h = az()
+    h.observe(namespace("lab-x", "proj-a"))
+    h.observe(namespace("lab-x", "proj-a"), "DELETED")
+    assert outcome(h.intent("create_vm", create_spec("lab-x")))[1] == (
+        "namespace lab-x is not known to belong to a project")
+    h.observe(namespace("kube-system", "proj-a"))  # a label does not open a system namespace
+    assert outcome(h.intent("create_vm", create_spec("kube-system")))[1].startswith(  # type: ignore[union-attr]
+        "namespace kube-system is a system namespace")
