@@ -333,6 +333,7 @@ RULE_PATHS: dict[str, tuple[tuple[str, ...], ...]] = {
     "Node": (("spec", "unschedulable"), ("status", "allocatable"), ("status", "conditions")),
     "NodeMaintenance": (("spec", "nodeName"), ("spec", "reason"), ("status", "phase")),
     "KubeVirt": (("spec", "configuration"),),
+    "Namespace": (),  # its project label: kept with the metadata
 }
 # Kept for every kind: identity, labels and annotations (bounded by the API server to 256 KiB).
 _ALWAYS: tuple[tuple[str, ...], ...] = (("apiVersion",), ("kind",), ("metadata",))

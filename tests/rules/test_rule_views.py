@@ -19,6 +19,7 @@ from handlers.cluster import (
     RULE_PATHS,
     KubeVirtRecord,
     MaintenanceRecord,
+    NamespaceRecord,
     NodeRecord,
     VMIRecord,
     VMRecord,
@@ -36,6 +37,7 @@ from streams.scenarios import (
     vm,
     vmi,
 )
+from streams.watching import KINDS
 from tests.harness import Harness
 
 ALICE, OPS = "alice@example.com", "ops@example.com"
@@ -81,10 +83,14 @@ def rich_objects() -> list[dict[str, Any]]:
     cordoned = node("gpu-node-1", gpus={RTX: 2, A100: 1}, unschedulable=True)
     maintenance = node_maintenance("nm-1", "gpu-node-1", "replace a fan")
     maintenance["status"] = {"phase": "Running"}
-    return [padded(o) for o in (restart_vm, evicted, cordoned, maintenance, kubevirt_cr())]
+    namespace = {"apiVersion": "v1", "kind": "Namespace",
+                 "metadata": {"name": "spx-proj-a", "labels": {PROJECT_LABEL: "proj-a"}},
+                 "spec": {"finalizers": ["kubernetes"]}}
+    return [padded(o) for o in (restart_vm, evicted, cordoned, maintenance, kubevirt_cr(), namespace)]
 
 
 RECORDS = {
+    "Namespace": lambda o: NamespaceRecord.from_object(o, project_label=PROJECT_LABEL),
     "VirtualMachine": lambda o: VMRecord.from_object(o, project_label=PROJECT_LABEL),
     "VirtualMachineInstance": VMIRecord.from_object,
     "Node": NodeRecord.from_object,
@@ -94,7 +100,7 @@ RECORDS = {
 
 
 def test_every_watched_kind_has_its_rule_paths() -> None:
-    assert set(RULE_PATHS) == set(RECORDS)
+    assert set(RULE_PATHS) == set(RECORDS) == {kind.kind for kind in KINDS}
 
 
 @pytest.mark.parametrize("obj", rich_objects(), ids=lambda o: o["kind"])
