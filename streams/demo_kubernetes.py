@@ -25,7 +25,7 @@ from streams.credentials import DevSigner
 from streams.localkube import LocalKube
 from streams.publishing import publish, scenario_records
 from streams.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess
-from streams.scenarios import A100, RTX, kubevirt_cr, node, vm, vmi
+from streams.scenarios import A100, PROJECT_LABEL, RTX, kubevirt_cr, node, vm, vmi
 
 KUBEVIRT = ("kubevirt.io", "v1")
 ALICE, BOB, OPS = "alice@example.com", "bob@example.com", "ops@example.com"
@@ -53,8 +53,9 @@ class Cluster:
 
     def create_az(self) -> int:
         """Nodes, the KubeVirt CR, VMs and their running VMIs; returns how many objects."""
-        for namespace in ("kubevirt", "spx-proj-a", "spx-proj-b"):
-            self.core.create_namespace({"metadata": {"name": namespace}})
+        self.core.create_namespace({"metadata": {"name": "kubevirt"}})
+        for project in ("proj-a", "proj-b"):  # the applier writes only in project namespaces
+            self.core.create_namespace({"metadata": {"name": f"spx-{project}", "labels": {PROJECT_LABEL: project}}})
         nodes = [node("gpu-node-1", gpus={RTX: 2}), node("gpu-node-2", gpus={RTX: 2, A100: 1}), node("cpu-node-1")]
         for obj in nodes:
             self.core.create_node(_created(obj))

@@ -163,6 +163,7 @@ class Worker:
             fetch_max_wait_ms=conf.fetch_max_wait_ms,
             fetch_min_bytes=conf.fetch_min_bytes,
             fetch_idle_wait_ms=conf.fetch_idle_wait_ms,
+            topic_allow_declare=self.kafka.create_topics,  # else the platform's KafkaTopics
             **conf.faust_consumer_settings(),  # static membership, session: back at once after a crash
         )
         # Outputs on a producer (a connection) of their own: aiokafka sends one request at a

@@ -711,3 +711,19 @@ def test_requests_made_as_the_service_accounts_are_allowed_or_forbidden(
     finally:
         with kube.api_client() as admin:
             client.CoreV1Api(admin).delete_node(node_name)
+
+
+def test_the_worker_and_the_applier_hold_the_signing_keys(objects: dict[tuple[str, str], Manifest]) -> None:
+    """Commands are sealed by the worker and checked by the applier (docs/security.md): both
+    mount the Secret where the configuration looks for the keys; the watch bridge does not."""
+    signing = load_settings(BASE / "config.yaml").signing
+    assert signing.keys_file and signing.key_id
+    for name in (WORKER, APPLY, WATCH):
+        deployment = objects["Deployment", name]
+        volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+        mounts = {m["mountPath"]: m for m in _container(deployment)["volumeMounts"]}
+        if name == WATCH:
+            assert signing.keys_file not in mounts
+            continue
+        assert mounts[signing.keys_file].get("readOnly") is True, name
+        assert volumes[mounts[signing.keys_file]["name"]]["secret"]["secretName"] == "vmstream-signing", name
