@@ -294,3 +294,14 @@ def test_an_event_screened_before_routing_has_the_dead_letter_on_event_gives(raw
     routed = h.engine.dead_letter(raw, str(refused.value), source, h.now)
     decided = decide_event(h, raw, "Node/gpu-node-1")
     assert [wire_bytes(o.value) for o in routed.outputs()] == [wire_bytes(o.value) for o in decided.outputs()]
+
+
+def test_an_output_that_cannot_be_encoded_makes_the_input_a_dead_letter() -> None:
+    """A lone surrogate (possible in parsed input, as simulate's) has no UTF-8: no message can carry it."""
+    h = harness()
+    subject = ObjectRef(kind="VirtualMachine", namespace="spx-proj-a", name="w-1")
+    told = Notification(notification_id="ntf-1", type="gpu_unavailable", recipients=[ALICE], subject=subject,
+                        severity="info", message="GPU \ud800 unavailable")
+    result = h.engine.fitted(Result(Decision(notifications=[told])), encoded(set_gpu()),
+                             Source(INTENTS_TOPIC, KEY, 3, 41), h.now)
+    assert_dead_lettered(result, INTENTS_TOPIC, 3, 41, "internal error: its outputs cannot be encoded")
