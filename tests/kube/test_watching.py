@@ -12,6 +12,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import signal
 import socket
 import threading
 import time
@@ -34,7 +35,8 @@ from handlers.engine import EVENTS_TOPIC, Result, Source
 from handlers.ids import watch_event_id
 from handlers.messages import ORIGINAL_PREFIX_BYTES, DeadLetter, WatchEvent, object_key
 from streams.kafka_clients import admin_client, producer
-from streams.running import Deployment
+from streams.processes import free_ports
+from streams.running import Deployment, VmstreamProcess
 from streams.scenarios import RTX, node, vm, vmi
 from streams.settings import KafkaSettings
 from streams.watching import (
@@ -835,3 +837,51 @@ def test_the_bridge_takes_the_workers_input_limit_from_the_configuration(
     assert load_limits(None).max_input_bytes == 512 * 1024  # the worker's default
     monkeypatch.setenv("VMSTREAM_LIMITS__MAX_INPUT_BYTES", "200000")
     assert load_limits(str(path)).max_input_bytes == 200_000  # the environment first, as for the worker
+
+
+# ------------------------------------------------------------------------- the command
+
+
+def _answers(url: str) -> int | None:
+    """The page's status, or None while nothing listens there."""
+    try:
+        return _get(url)[0]
+    except urllib.error.URLError:
+        return None
+
+
+def test_vmstream_watch_killed_then_restarted_publishes_what_was_deleted_meanwhile(
+    kube: Kube, deployment: Deployment, events: Events, cluster: Cluster
+) -> None:
+    """The command itself, killed with SIGKILL: nothing flushed at exit, nothing in memory
+    survives; what it published on Kafka is all the next one has."""
+    ns = cluster.namespace
+    a, b, c = (f"VirtualMachine/{ns}/{name}" for name in ("vm-a", "vm-b", "vm-c"))
+    for name in ("vm-a", "vm-b", "vm-c"):
+        cluster.create_vm(name)
+    port = free_ports(1)[0]
+    command = ["watch", "--kubeconfig", str(kube.kubeconfig), "--kinds", "VirtualMachine",
+               "--probe-port", str(port)]
+    url = f"http://127.0.0.1:{port}"
+
+    first = VmstreamProcess(deployment, "watch-1", command).start()
+    try:
+        wait_until(lambda: _answers(url + "/ready") == 200, "the first bridge ready")
+        events.wait_for(lambda e: all(e.types(key) for key in (a, b, c)), "the three VMs, relisted")
+    finally:
+        first.stop(signal.SIGKILL)
+    cluster.delete_vm("vm-a")
+    cluster.delete_vm("vm-b")
+
+    second = VmstreamProcess(deployment, "watch-2", command).start()
+    try:
+        wait_until(lambda: _answers(url + "/ready") == 200, "the second bridge ready", timeout=120)
+        metrics = _get(url + "/metrics")[1]
+    finally:
+        second.stop()
+    events.read_to_end()
+    assert events.types(a) == ["RELISTED", "DELETED"]
+    assert events.types(b) == ["RELISTED", "DELETED"]
+    assert events.types(c) == ["RELISTED", "RELISTED"]
+    # Ready only once the deletions it found were on Kafka; counted by this process.
+    assert _sample(metrics, "vmstream_watch_deleted_while_away_total", kind="VirtualMachine") == 2
