@@ -67,8 +67,9 @@ def set_lag(topic: str, partition: int, highwater: int | None, position: int | N
 def record_lag(app: Any) -> None:
     """The worker's lag on its input partitions (changelogs left out), from what Faust read.
 
-    Position is the offset after the last record the agents read, else the committed offset,
-    else nothing yet to say. Highwater is aiokafka's, from the last fetch response.
+    Position is the offset after the last record the agents read, else the committed offset;
+    a partition never written has no lag; else nothing yet to say. Highwater is aiokafka's,
+    from the last fetch response.
     """
     try:
         consumer = app.consumer
@@ -88,6 +89,8 @@ def record_lag(app: Any) -> None:
             continue
         last = read.get(tp)
         position = last + 1 if last is not None else committed.get(tp)
+        if position is None and highwater == 0:
+            position = 0  # never written: nothing to read, nothing behind
         set_lag(tp.topic, tp.partition, highwater, position)
 
 
