@@ -1,7 +1,9 @@
-"""Prometheus metrics of the worker: what came in, what went out, how fast, how far behind.
+"""Prometheus metrics of the worker and the applier: what came in, what went out, how fast,
+how far behind.
 
-Served at ``/metrics`` by the worker's web server. Names follow Prometheus conventions
-(``_total`` counters, ``_seconds`` histograms).
+Served at ``/metrics`` by the worker's web server, and by :mod:`streams.probes` in the
+applier and the watch bridge. Names follow Prometheus conventions (``_total`` counters,
+``_seconds`` histograms).
 """
 
 from __future__ import annotations
