@@ -25,7 +25,7 @@ from kafka import KafkaConsumer, TopicPartition
 from streams import requesting
 from streams.credentials import SigningKey, jwks, sign_intent, signed
 from streams.running import Deployment, WorkerProcess
-from streams.scenarios import cluster
+from streams.scenarios import START, cluster, iso
 
 pytestmark = pytest.mark.kafka
 
@@ -102,6 +102,15 @@ def create(namespace: str) -> dict[str, Any]:
             "image": "registry.example.com/ubuntu:24.04", "run_strategy": "Always"}
 
 
+def namespace_event(name: str, project: str | None) -> str:
+    """A Namespace as the watch bridge shows it, with the project label if any."""
+    labels = {"kubernetes.io/metadata.name": name} | ({"superphenix.net/projectID": project} if project else {})
+    value = {"event_id": f"ns-{name}", "type": "ADDED", "kind": "Namespace",
+             "object": {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}},
+             "observed_at": iso(START)}  # the cluster's scenario time: publishing moves it to now
+    return json.dumps({"topic": "vmstream.k8s-events", "key": f"Namespace/{name}", "value": value})
+
+
 def test_hostile_intents_are_refused_audited_and_command_nothing(
     worker: tuple[Deployment, WorkerProcess], signer: tuple[SigningKey, Path]
 ) -> None:
@@ -109,7 +118,9 @@ def test_hostile_intents_are_refused_audited_and_command_nothing(
     key, _ = signer
     reader = Reader(deployment)
     try:
-        lines = list(cluster().jsonl())
+        # Namespaces as observed: lab-a is proj-a's by its label (the template would not say
+        # so), spx-proj-z matches the template but carries no project label.
+        lines = [*cluster().jsonl(), namespace_event("lab-a", "proj-a"), namespace_event("spx-proj-z", None)]
         deployment.publish_lines(lines)
         reader.until(lambda: sum(a["input"]["topic"].endswith("k8s-events") for a in reader.seen["audit"])
                      >= len(lines), "the cluster's events decided")
@@ -120,6 +131,7 @@ def test_hostile_intents_are_refused_audited_and_command_nothing(
                              {"namespace": "spx-proj-b", "name": "dev-1", "gpu_class": "nvidia-a100"}, "proj-b")
         into_bobs = intent("h-other-ns", "create_vm", ALICE, create("spx-proj-b"), "proj-a")
         into_system = intent("h-system-ns", "create_vm", ALICE, create("kube-system"), "proj-a")
+        into_unlabelled = intent("h-unlabelled-ns", "create_vm", "zed@example.com", create("spx-proj-z"), "proj-z")
         # A credential issued for one of bob's intents, put on another.
         bobs = intent("bob-1", "restart_vm", BOB, {"namespace": "spx-proj-b", "name": "dev-1"}, "proj-b")
         stolen = intent("h-replayed", "set_gpu", BOB,
@@ -136,6 +148,7 @@ def test_hostile_intents_are_refused_audited_and_command_nothing(
             "h-project": signed(gpu_on_bobs, key, projects=["proj-a"]),
             "h-other-ns": signed(into_bobs, key, projects=["proj-a"]),
             "h-system-ns": signed(into_system, key, projects=["proj-a"]),
+            "h-unlabelled-ns": signed(into_unlabelled, key, projects=["proj-z"]),
             "h-replayed": stolen,
             "h-expired": signed(expired, key, projects=["proj-b"], now=now - timedelta(hours=2),
                                 lifetime=timedelta(minutes=5)),
@@ -151,18 +164,18 @@ def test_hostile_intents_are_refused_audited_and_command_nothing(
         assert "alice@example.com is not a member of project 'proj-b'" in why["h-project"]["reason"]
         assert why["h-other-ns"]["reason"] == "namespace spx-proj-b does not belong to project 'proj-a'"
         assert why["h-system-ns"]["reason"].startswith("namespace kube-system is a system namespace")
+        assert why["h-unlabelled-ns"]["reason"] == "namespace spx-proj-z is not known to belong to a project"
         assert "issued for intent 'bob-1', not 'h-replayed'" in why["h-replayed"]["reason"]
         assert "credential expired at" in why["h-expired"]["reason"]
         assert all(not a["commands"] for a in why.values())
 
         # A signed request after them: once its command is read, theirs would have been too.
-        valid = signed(intent("ok-1", "set_gpu", BOB, {"namespace": "spx-proj-b", "name": "dev-1",
-                                                       "gpu_class": "nvidia-a100"}, "proj-b"),
-                       key, projects=["proj-b"])
+        # Into lab-a, which only its observed label makes proj-a's.
+        valid = signed(intent("ok-1", "create_vm", ALICE, create("lab-a"), "proj-a"), key, projects=["proj-a"])
         deployment.publish_raw("intents", key_of(valid), json.dumps(valid).encode())
         reader.until(lambda: reader.audits("ok-1") and reader.seen["commands"], "the signed intent's command")
         assert reader.audits("ok-1")[0]["outcome"] == "accepted"
-        assert [c["cause"] for c in reader.seen["commands"]] == ["ok-1"]
+        assert [(c["cause"], c["type"]) for c in reader.seen["commands"]] == [("ok-1", "create_vm")]
     finally:
         reader.close()
 
