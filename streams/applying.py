@@ -49,6 +49,7 @@ from handlers import policy
 from handlers.cluster import OWNER_ANNOTATION
 from handlers.config import LabelKeys
 from handlers.decisions import subject_key
+from handlers.enforcement import FIELD_MANAGER  # every write names it: managedFields show vmstream's fields
 from handlers.engine import Engine, Source
 from handlers.gpus import GPURuleViolation, desired_vm, plan_patch
 from handlers.messages import Command, CommandResult, describe_validation_error
@@ -73,9 +74,6 @@ KUBEVIRT = ("kubevirt.io", "v1")
 SUBRESOURCE_PATH = "/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/virtualmachines/{name}/{action}"
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
-# Every write names vmstream as its field manager, so managedFields (and GitOps tools reading
-# them: docs/gitops.md) show which fields vmstream set.
-FIELD_MANAGER = "vmstream"
 # On a VM: the restart command last sent for it and the uid of the VMI it restarts, written
 # before the call so that the command redelivered after a crash is not sent twice.
 RESTART_ANNOTATION = "vmstream.io/restart"
