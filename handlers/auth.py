@@ -218,12 +218,10 @@ def _check_claims(claims: Mapping[str, Any], body: Mapping[str, Any], policy: Au
     return Principal(subject, frozenset(projects), policy.operator_role in roles)
 
 
-def claimed_principal(body: Mapping[str, Any], operators: list[str]) -> Principal:
+def claimed_principal(requested_by: str, project: str | None, operators: list[str]) -> Principal:
     """``auth: none`` (local development only): the body is taken at its word."""
-    name = str(body.get("requested_by", ""))
-    project = body.get("project")
-    return Principal(name, frozenset([project]) if isinstance(project, str) else frozenset(),
-                     name in operators, verified=False)
+    return Principal(requested_by, frozenset([project]) if project else frozenset(),
+                     requested_by in operators, verified=False)
 
 
 def agreement_problem(principal: Principal, requested_by: str, project: str | None) -> str | None:

@@ -178,10 +178,10 @@ class Engine:
     def _authenticate(self, raw: bytes | str | dict[str, Any], intent: IntentEnvelope | Any,
                       now: datetime) -> Verification:
         """Who asks, from the credential only (handlers/auth.py); the body must agree."""
-        body = decode_json_object(raw)  # parsed already: this cannot fail here
         policy = self.config.auth
         if policy.mode == "none":
-            return claimed_principal(body, self.config.operators)
+            return claimed_principal(intent.requested_by, intent.project, self.config.operators)
+        body = decode_json_object(raw)  # parsed already: this cannot fail here
         who = verify_intent(body.get(CREDENTIAL_FIELD), body, self.keys(), policy, now)
         if isinstance(who, Unauthenticated):
             return who
