@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from handlers.enforcement import FIELD_MANAGER
 from handlers.gpus import gpu_devices, rule_gaps
-from streams.applying import FIELD_MANAGER, KUBEVIRT, KubeApplier
+from streams.applying import KUBEVIRT, KubeApplier
 from streams.scenarios import A100, PROJECT_LABEL, RTX, vm
 from tests.harness import Harness
 from tests.kube_apiserver import Kube
