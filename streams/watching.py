@@ -619,7 +619,8 @@ def last_published(
     tombstone forgets its key; a value that is no watch event is skipped.
     """
     wanted = {kind.kind for kind in kinds}
-    reader = consumer(kafka, group_id=None, enable_auto_commit=False)
+    reader = consumer(kafka, group_id=None, enable_auto_commit=False, max_poll_records=10_000,
+                      max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024)
     try:
         partitions = reader.partitions_for_topic(topic)
         if not partitions:
