@@ -116,6 +116,7 @@ def test_the_view_yields_the_same_record_and_is_much_smaller(obj: dict[str, Any]
 def test_gpu_patches_are_the_same_from_the_view(device: str | None, instancetype: bool) -> None:
     whole = padded(vm("p", "v", project="proj-a", owner=ALICE, gpu=None if device else A100))
     whole["metadata"]["annotations"]["other.example/keep"] = "yes"
+    whole["spec"]["template"]["spec"]["evictionStrategy"] = "LiveMigrate"
     if instancetype:
         whole["spec"]["instancetype"] = {"name": "u1.large"}
     mutation = GPUMutation(device_name=device, eviction_strategy="External")
