@@ -6,6 +6,11 @@ is meant for this, but with more than one instance it does not deliver the parti
 another instance writes (faust-streaming issue #283, and seen here: an instance saw only
 its own nodes). So this view reads the changelog topics itself, with a group-less consumer
 assigned every partition, from the beginning and then as they grow.
+
+The worker's pages answer for the whole cluster the same way: ``/pending`` reads the
+``tracking``, ``vms`` and ``vmis`` changelogs through a view of their own that keeps the
+rows as bytes and decodes only those a page asks for (``decode=False``), so any replica
+behind a Service gives the same list.
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ log = logging.getLogger(__name__)
 class GlobalView:
     """The latest value of every key of some tables' changelogs, across all partitions."""
 
-    def __init__(self, bootstrap_servers: str, changelogs: dict[TableName, str], **client: Any) -> None:
+    def __init__(self, bootstrap_servers: str, changelogs: dict[TableName, str], *, decode: bool = True,
+                 **client: Any) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.changelogs = changelogs
+        self.decode = decode  # else rows are kept as bytes, decoded by ``get``
         self.client = client
         self.tables: dict[TableName, dict[str, Any]] = {name: {} for name in changelogs}
         self.caught_up = asyncio.Event()
@@ -70,7 +77,18 @@ class GlobalView:
         if value is None:
             self.tables[name].pop(decoded_key, None)
         else:
-            self.tables[name][decoded_key] = decode_state(name, value)
+            self.tables[name][decoded_key] = decode_state(name, value) if self.decode else value
+
+    def get(self, table: TableName, key: str) -> Any | None:
+        """A row, decoded (a :class:`~handlers.state.StateView` over the view alone)."""
+        value = self.tables[table].get(key)
+        return decode_state(table, value) if isinstance(value, bytes) else value
+
+    def values(self, table: TableName) -> list[Any]:
+        return [value for key in self.keys(table) if (value := self.get(table, key)) is not None]
+
+    def keys(self, table: TableName) -> list[str]:
+        return sorted(self.tables[table])
 
 
 async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:

@@ -1,5 +1,9 @@
 """The Kafka topics of CONTRACTS.md, plus the worker's own routing topic — created once.
 
+The worker decides only what it read from ``worker-routed``, a topic it partitions itself
+(murmur2 of the decision key, by its own producer): intents and watch events are re-keyed
+onto it whatever partitioner their producer used (docs/worker.md, "Decision keys").
+
 Creation is idempotent (an existing topic is left as it is) and part of the worker's
 start-up and of ``vmstream topics create``. Retention follows what each topic is for: the
 audit stream is the record and never expires; dead letters wait weeks for a person.
@@ -20,6 +24,11 @@ log = logging.getLogger(__name__)
 
 DAY_MS = 24 * 3600 * 1000
 ROUTED = "worker-routed"  # the worker's repartition topic: inputs under their decision key
+# On the routed topic: what a record is (intent | event | resident | tick), and for an intent
+# or a watch event, where it was first read (JSON: topic, partition, offset, key).
+KIND_HEADER = "vmstream-kind"
+SOURCE_HEADER = "vmstream-source"
+ROUTED_INPUTS = ("intents", "k8s-events")  # what ``route`` re-keys onto the routed topic
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +46,8 @@ TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec("notifications", "what people are told", {"retention.ms": str(30 * DAY_MS)}),
     TopicSpec("audit", "the record of every decision", {"retention.ms": "-1", "retention.bytes": "-1"}),
     TopicSpec("dlq", "malformed input, kept for a person", {"retention.ms": str(90 * DAY_MS)}),
-    TopicSpec(ROUTED, "inputs re-keyed by decision key (internal)", {"retention.ms": str(7 * DAY_MS)}),
+    TopicSpec(ROUTED, "intents and watch events re-keyed by decision key (internal)",
+              {"retention.ms": str(7 * DAY_MS)}),
 )
 
 

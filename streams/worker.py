@@ -2,17 +2,18 @@
 
 Topology (declared once, in :func:`build`)::
 
-    vmstream.k8s-events ──route──► vmstream.worker-routed ─┐   (re-keyed by decision key)
-    vmstream.intents ──────────────────────────────────────┴─decide─► commands, notifications,
-                                                                      audit, dlq
+    vmstream.intents ────┐
+    vmstream.k8s-events ─┴─route──► vmstream.worker-routed ──decide──► commands, notifications,
+                          (re-keyed by decision key)                   audit, dlq
     decide ──(a GPU VMI came or went)──► worker-routed, keyed by its node
     timer ──(a drain deadline is due)──► worker-routed, keyed by its node
 
-``decide`` consumes intents and the routed topic together: both are keyed by decision key
-(``vm/<ns>/<name>``, ``node/<name>``) over the same number of partitions, so one instance
-owns a key's intents, events and table rows at once. Table rows are written under the
-partition of the message being decided, which is what keeps each row with its key. The
-rules run in :class:`~handlers.engine.Engine`; this module only moves bytes.
+``decide`` consumes only the routed topic, which the worker partitions itself (murmur2 of
+the decision key, ``vm/<ns>/<name>`` or ``node/<name>``, by its own producer): whatever
+partitioner wrote an intent or a watch event, one instance owns a key's inputs and table
+rows at once. Table rows are written under the partition of the message being decided,
+which is what keeps each row with its key. The rules run in
+:class:`~handlers.engine.Engine`; this module only moves bytes.
 
 Effectively once without Faust's exactly-once: intents are deduplicated by ``intent_id``
 in the ``processed`` table, every output carries an id derived from its cause, and a batch's
@@ -53,12 +54,10 @@ from streams import faustfixes
 from streams.tablestate import Journal, TableState
 from streams.kafka_clients import faust_credentials
 from streams.settings import Settings
-from streams.topics import ROUTED, changelog_topic, missing_topics
+from streams.topics import KIND_HEADER, ROUTED, SOURCE_HEADER, changelog_topic, missing_topics
 
 log = logging.getLogger(__name__)
 
-KIND_HEADER = "vmstream-kind"  # event | resident | tick, on the routed topic
-SOURCE_HEADER = "vmstream-source"  # where a routed event was first read: topic/partition/offset
 # The exit status when a batch's messages cannot be published: the process stops before its
 # inputs are acknowledged, and is restarted (by Kubernetes) to decide them again.
 EXIT_UNPUBLISHED = 75
@@ -79,6 +78,7 @@ TABLE_HELP: dict[TableName, str] = {
 }
 
 
+PENDING_TABLES: tuple[TableName, ...] = ("tracking", "vms", "vmis")  # the rows /pending reads
 PUBLIC_PAGES = ("/health", "/ready")  # what probes read; everything else needs the token
 
 
@@ -112,11 +112,12 @@ def _key(event: EventT[Any]) -> str | None:
 
 
 def _origin(event: EventT[Any]) -> Source:
-    """Where an input was first read: a routed watch event names its record on k8s-events."""
+    """Where an input was first read: a routed intent or watch event names its record on
+    intents or k8s-events (KIND_HEADER, SOURCE_HEADER: streams/topics.py)."""
     message = event.message
     try:
         headers = _headers(event) if message.topic.endswith(ROUTED) else {}
-        if headers.get(KIND_HEADER) == b"event":
+        if headers.get(KIND_HEADER) in (b"event", b"intent"):
             origin = json.loads(headers[SOURCE_HEADER])
             return Source(str(origin["topic"]), origin["key"], int(origin["partition"]), int(origin["offset"]))
     except (KeyError, TypeError, ValueError):
@@ -170,10 +171,8 @@ class Worker:
         # time per connection, and a batch's outputs must not queue behind the changelog
         # rows of the batch before, a request that spans up to 60 partitions.
         self.output_producer = self.app.add_dependency(self.app.transport.create_producer(beacon=self.app.beacon))
-        self.intents = self._topic("intents")
-        self.events = self._topic("k8s-events")
         self.routed = self._topic(ROUTED)
-        self.decided = self._topic("intents", ROUTED)
+        self.inputs = self._topic("intents", "k8s-events")  # route's: re-keyed onto the routed topic
         self.outputs = {name: self._topic(name) for name in ("commands", "notifications", "audit", "dlq")}
         self.tables = {
             name: self.app.Table(f"state-{name}", key_type=str, value_type=bytes,
@@ -188,9 +187,16 @@ class Worker:
                                  help="input topic:partition:offset → its decision, until the offset is committed")
         self.state = TableState(self.tables, self.view, Journal(journal))
         self.app.task(self.view.run)
+        # What /pending shows, for the whole cluster from any instance (kept as bytes).
+        self.pages_view = GlobalView(
+            self.kafka.bootstrap_servers,
+            {name: changelog_topic(conf.app_id, self.tables[name].name) for name in PENDING_TABLES},
+            decode=False,
+        )
+        self.app.task(self.pages_view.run)
         self.missing_topics: list[str] | None = None  # checked at start, then while any is missing
-        self.app.agent(self.events, name="route")(self._route)
-        self.app.agent(self.decided, name="decide")(self._decide)
+        self.app.agent(self.inputs, name="route")(self._route)
+        self.app.agent(self.routed, name="decide")(self._decide)
         self.app.timer(conf.tick_seconds)(self._tick)
         self.heap = Heap(full_every=conf.gc_full_seconds)
         self.app.timer(conf.gc_freeze_seconds)(self._tend_heap)
@@ -212,12 +218,14 @@ class Worker:
     # ------------------------------------------------------------------ agents
 
     async def _route(self, stream: Any) -> None:
-        """Re-key each watch event by the key it is decided under, a batch at a time.
+        """Re-key each intent and watch event by the key it is decided under, a batch at a time.
 
-        What no rule could read (no value, too large, not a JSON object, an oversized key) is
-        dead-lettered here, with its own topic, partition and offset; the rest goes on, and
-        ``decide`` validates it in full. A batch is acknowledged once the broker has all it
-        led to (``_deliver``).
+        The routed topic is partitioned by the worker's own producer, so an intent a Go
+        (FNV-1a) or librdkafka (CRC32) producer put on another partition than murmur2 would
+        meets its VM's state all the same. What no rule could read (no value, too large, not
+        a JSON object, an oversized key) is dead-lettered here, with its own topic, partition
+        and offset; the rest goes on, and ``decide`` validates it in full. A batch is
+        acknowledged once the broker has all it led to (``_deliver``).
         """
         async for events in stream.take_events(self.settings.worker.batch_size,
                                                within=self.settings.worker.batch_seconds):
@@ -227,24 +235,36 @@ class Worker:
             await self._deliver(outgoing)
 
     def _route_one(self, event: EventT[Any]) -> list[Outgoing]:
-        """The routed message of one watch event, or its dead letter; never raises."""
+        """The routed message of one intent or watch event, or its dead letter; never raises.
+
+        An intent's decision key is its Kafka key (CONTRACTS.md; one naming another VM or
+        node than its spec is dead-lettered by ``decide``), so the same intent always lands
+        in the same routed partition, with its ``processed`` row. A watch event's is read
+        off its object. The routed record keeps the input's value and timestamp (the time it
+        is decided at), and names its origin in ``SOURCE_HEADER``; the input's own headers are
+        not carried over.
+        """
         message = event.message
         source = Source(message.topic, _key(event), message.partition, message.offset)
+        intent = message.topic == self.kafka.topic("intents")
         try:
             try:
                 value = self.engine.screen(event.value, source)
-            except MalformedMessage as exc:  # as ``on_event`` would dead-letter it
+            except MalformedMessage as exc:  # as ``on_intent`` / ``on_event`` would dead-letter it
                 return self._dead_end(event, source, str(exc))
-            try:  # a light look at the event
-                key = decision_key(str(value["kind"]), value["object"])
-            except Exception:
-                key = ""
+            if intent:
+                key = source.key or ""
+            else:
+                try:  # a light look at the event
+                    key = decision_key(str(value["kind"]), value["object"])
+                except Exception:
+                    key = ""
             if not key or len(key) > KEY_MAX:
                 key = source.key or "malformed"  # decide dead-letters it, with its source
             origin = encode_json({"topic": message.topic, "partition": message.partition,
                                   "offset": message.offset, "key": source.key})
             return [Outgoing(self.routed, key.encode(), event.value, message.timestamp,
-                             {KIND_HEADER: b"event", SOURCE_HEADER: origin})]
+                             {KIND_HEADER: b"intent" if intent else b"event", SOURCE_HEADER: origin})]
         except Exception as error:  # a bug here must cost this event only
             log.exception("routing failed", extra={"topic": message.topic, "offset": message.offset})
             return self._dead_end(event, source, f"internal error: {type(error).__name__}: {error}")
@@ -301,13 +321,11 @@ class Worker:
         return results
 
     def _decide_one(self, event: EventT[Any]) -> tuple[str, list[Result]]:
-        message = event.message
         now = self._time(event)
-        if message.topic == self.kafka.topic("intents"):
-            source = Source(message.topic, _key(event), message.partition, message.offset)
-            return "intent", [self.engine.on_intent(self.state, event.value, source, now)]
         headers = _headers(event)
         kind = headers.get(KIND_HEADER, b"").decode("utf-8", "replace")
+        if kind == "intent":
+            return "intent", [self.engine.on_intent(self.state, event.value, _origin(event), now)]
         if kind == "event":
             return "event", [self.engine.on_event(self.state, event.value, _origin(event), now)]
         if kind == "resident":
@@ -467,7 +485,7 @@ class Worker:
     async def _ready(self, web: Any, request: Any) -> Any:
         """Ready once the tables are recovered from their changelogs and no topic is missing."""
         tables_recovered = self.app.tables.recovery.completed.is_set()  # type: ignore[attr-defined]
-        recovered = tables_recovered and self.view.caught_up.is_set()
+        recovered = tables_recovered and self.view.caught_up.is_set() and self.pages_view.caught_up.is_set()
         if self.missing_topics is None or self.missing_topics:
             self.missing_topics = await self.app.loop.run_in_executor(None, missing_topics, self.kafka)
         missing = self.missing_topics
@@ -480,9 +498,11 @@ class Worker:
         return web.json(capacity_report(self.state, self.engine.catalog))
 
     async def _pending(self, web: Any, request: Any) -> Any:
-        """VMs of this instance's partitions whose GPU change waits for a restart."""
-        keys = sorted(self.tables["tracking"].keys())
-        return web.json([d for key in keys if (d := pending_detail(self.state, key)) is not None])
+        """The VMs of the whole cluster whose GPU change waits for a restart: any instance
+        gives the same list (a console asks one replica behind a Service), read from the
+        changelogs of every partition (``pages_view``), not from this instance's tables."""
+        view = self.pages_view
+        return web.json([d for key in view.keys("tracking") if (d := pending_detail(view, key)) is not None])
 
     async def _metrics(self, web: Any, request: Any) -> Any:
         return web.bytes(metrics.exposition(), content_type=metrics.CONTENT_TYPE)

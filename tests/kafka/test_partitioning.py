@@ -1,0 +1,163 @@
+"""Decisions do not depend on the producer's partitioner, nor on which replica is asked.
+
+Two workers share one consumer group. The cluster's state is published first; then intents
+are written to partitions murmur2 would not pick for their key — as a Go (sarama, FNV-1a) or
+librdkafka (CRC32) producer places them. Each must still be decided on its VM's state: the
+worker re-keys intents onto a topic it partitions itself. The test counts the outcomes with
+a kafka-python consumer of its own, and asks both workers' ``/pending``: a console asks one
+replica behind a Service, and either must give the whole cluster's list.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.partitioner.default import murmur2
+
+from handlers.engine import Engine
+from streams.kafka_clients import admin_client
+from streams.running import CONFIG, Deployment, WorkerProcess
+from streams.scenarios import cluster
+from streams.settings import load_settings
+from streams.simulating import Simulation
+
+pytestmark = pytest.mark.kafka
+
+CLUSTER = list(cluster().jsonl())
+VMS = [("spx-proj-a", name, "proj-a", "alice@example.com") for name in ("train-1", "batch-1", "web-1")] + [
+    ("spx-proj-b", name, "proj-b", "bob@example.com") for name in ("infer-1", "dev-1", "legacy-1")]
+
+
+def intents() -> list[tuple[str, dict[str, Any]]]:
+    """Two GPU changes per VM of the scenario, in order: GPU off, then an RTX PRO 6000."""
+    return [(f"vm/{ns}/{name}", {"intent_id": f"it-{name}-{i}", "type": "set_gpu", "requested_by": by,
+                                 "project": project,
+                                 "spec": {"namespace": ns, "name": name, "gpu_class": gpu_class}})
+            for ns, name, project, by in VMS for i, gpu_class in enumerate([None, "nvidia-rtx-pro-6000-bse"])]
+
+
+def murmur2_partition(key: str, partitions: int) -> int:
+    """Where a Java or kafka-python producer puts ``key`` (Kafka's default partitioner)."""
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
+def expected_pending() -> list[str]:
+    """The VMs whose GPU change waits for a restart after the scenario and the intents, as
+    ``simulate`` decides them: one process, state in memory, no partitions at all."""
+    simulation = Simulation(Engine(load_settings(CONFIG).rules()))
+    lines = CLUSTER + [json.dumps({"topic": "vmstream.intents", "key": key, "value": value})
+                       for key, value in intents()]
+    list(simulation.feed(lines))
+    return sorted(key for key, tracking in simulation.state.tables["tracking"].items() if tracking.pending_episode)
+
+
+class Audit:
+    """The deployment's audit records, read by the test itself."""
+
+    def __init__(self, deployment: Deployment) -> None:
+        kafka = deployment.kafka
+        self.consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False)
+        partitions = [TopicPartition(kafka.topic("audit"), p) for p in range(kafka.partitions)]
+        self.consumer.assign(partitions)
+        self.consumer.seek_to_beginning(*partitions)
+        self.records: list[dict[str, Any]] = []
+
+    def wait_for(self, condition: Any, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition(self.records):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}: {len(self.records)} audit records")
+            for records in self.consumer.poll(timeout_ms=200).values():
+                self.records += [json.loads(record.value) for record in records]
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+@pytest.fixture
+def deployment(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Deployment]:
+    deployment = Deployment(kafka_bootstrap, tmp_path)
+    deployment.create_topics()
+    yield deployment
+    deployment.delete_topics()
+
+
+def wait_for_two_members(deployment: Deployment, timeout: float = 90.0) -> None:
+    """Both workers are members of the group, each assigned partitions of the routed topic."""
+    admin = admin_client(deployment.kafka)
+    routed = deployment.kafka.topic("worker-routed")
+    holding: list[bool] = []
+    quiet = logging.getLogger("kafka.admin")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # Faust's member metadata is not kafka-python's: it says so each time
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            group = admin.describe_groups([deployment.app_id])[deployment.app_id]
+            holding = [routed in json.dumps(member.get("member_assignment"), default=str)
+                       for member in group.get("members") or ()] if group.get("group_state") == "Stable" else []
+            if len(holding) == 2 and all(holding):
+                return
+            time.sleep(0.2)  # polling interval
+    finally:
+        quiet.setLevel(level)
+        admin.close()
+    raise AssertionError(f"the group never had two members holding routed partitions: {holding}")
+
+
+def test_misplaced_intents_are_decided_on_their_vms_state_and_pending_is_cluster_wide(
+    deployment: Deployment
+) -> None:
+    kafka = deployment.kafka
+    audit = Audit(deployment)
+    workers = [WorkerProcess(deployment, "w1"), WorkerProcess(deployment, "w2")]
+    try:
+        for worker in workers:
+            worker.start()
+        wait_for_two_members(deployment)
+        deployment.publish_lines(CLUSTER)
+        events = kafka.topic("k8s-events")
+        audit.wait_for(lambda rs: sum(r["input"]["topic"] == events for r in rs) >= len(CLUSTER), 90,
+                       "the cluster's events decided")
+
+        out = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
+        placed = {}
+        for key, value in intents():
+            right = murmur2_partition(key, kafka.partitions)
+            wrong = (right + 1 + len(key) % (kafka.partitions - 1)) % kafka.partitions  # never murmur2's
+            assert wrong != right
+            metadata = out.send(kafka.topic("intents"), key=key.encode(), value=json.dumps(value).encode(),
+                                partition=wrong).get(timeout=30)
+            assert metadata.partition == wrong
+            placed[value["intent_id"]] = wrong
+        out.close()
+
+        audit.wait_for(lambda rs: set(placed) <= {r["input"]["ref"] for r in rs}, 90, "every intent audited")
+        decided = {r["input"]["ref"]: r for r in audit.records if r["input"]["ref"] in placed}
+        refused = {ref: r.get("reason") for ref, r in decided.items() if r["outcome"] != "accepted"}
+        assert refused == {}, refused  # none met "does not exist": each was decided on its VM's state
+        counted = [r["input"]["ref"] for r in audit.records if r["input"]["ref"] in placed]
+        assert sorted(counted) == sorted(placed)  # one decision each
+        # The audit names the record as the producer placed it, not the routed copy.
+        assert {ref: (r["input"]["topic"], r["input"]["key"]) for ref, r in decided.items()} == {
+            value["intent_id"]: (kafka.topic("intents"), key) for key, value in intents()}
+
+        expected = expected_pending()
+        assert expected  # VMs of more than one partition wait for a restart
+        for worker in workers:
+            pending = worker.wait_until("/pending", lambda body: sorted(p["vm"] for p in body) == expected, 60)
+            assert all(p["episode"] for p in pending)
+        assert workers[0].page("/pending") == workers[1].page("/pending")
+        for worker in workers:
+            worker.check_running()
+    finally:
+        audit.close()
+        for worker in workers:
+            worker.stop()
