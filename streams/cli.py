@@ -11,7 +11,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from streams import applying, demo, replaying, requesting, tailing, watching
+from streams import applying, demo, notify, replaying, requesting, tailing, watching
 from streams.logs import limit_client_logs
 from streams.settings import load_settings
 
@@ -115,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     replaying.add_parser(commands)
     applying.add_parser(commands)
     watching.add_parser(commands)
+    notify.add_parser(commands)
     return parser
 
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from handlers.config import Config
+from handlers.delivery import Endpoint, Route
 from streams.signing import Keyring, keyring_from
 
 OUTPUT_TOPICS = ("commands", "command-results", "notifications", "audit", "dlq")
@@ -113,6 +114,48 @@ class WorkerSettings(BaseModel):
         return None
 
 
+class ApiSettings(BaseModel):
+    """``vmstream api``, the read API for consoles (docs/api.md).
+
+    Tokens: ``operator_token`` (or the file ``operator_token_file``) sees everything;
+    ``project_tokens`` (token → project; or the YAML map ``project_tokens_file``) sees the
+    GPU classes and that project only. Without any token every ``/v1`` page answers 401.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = "127.0.0.1"  # loopback unless told; deploy/ sets the Pod's IP
+    port: int = Field(default=6069, ge=0, le=65535)
+    operator_token: SecretStr | None = None
+    operator_token_file: str | None = None
+    project_tokens: dict[str, str] = Field(default_factory=dict)  # VMSTREAM_API__PROJECT_TOKENS as JSON
+    project_tokens_file: str | None = None
+    # How often the GPU classes' figures are compared with vmstream.gpu-classes (and the
+    # classes that changed published).
+    publish_seconds: float = Field(default=1.0, gt=0)
+
+    def tokens(self) -> dict[str, Any]:
+        """Every accepted token → its caller (``streams.api.Caller``)."""
+        from streams.api import Caller
+
+        projects = dict(self.project_tokens)
+        if self.project_tokens_file:
+            loaded = yaml.safe_load(Path(self.project_tokens_file).read_text(encoding="utf-8")) or {}
+            if not isinstance(loaded, dict):
+                raise ValueError(f"api.project_tokens_file: {self.project_tokens_file} is not a map of token → project")
+            projects.update({str(token): str(project) for token, project in loaded.items()})
+        tokens: dict[str, Any] = {token: Caller(operator=False, project=project)
+                                  for token, project in projects.items() if token}
+        operator = self.operator_token.get_secret_value() if self.operator_token else None
+        if not operator and self.operator_token_file:
+            operator = Path(self.operator_token_file).read_text(encoding="utf-8").strip()
+            if not operator:
+                raise ValueError(f"api.operator_token_file: {self.operator_token_file} is empty")
+        if operator:
+            tokens[operator] = Caller(operator=True, project=None)
+        return tokens
+
+
 class SigningSettings(BaseModel):
     """The keys that seal commands (worker) and command results (applier): docs/security.md.
 
@@ -131,6 +174,53 @@ class SigningSettings(BaseModel):
     def keyring(self) -> Keyring:
         return keyring_from(keys={kid: secret.get_secret_value() for kid, secret in self.keys.items()},
                             keys_file=self.keys_file, key_id=self.key_id)
+
+
+class SmtpSettings(BaseModel):
+    """The mail relay ``vmstream notify`` sends through (docs/notify.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str | None = None  # None: no e-mail; addresses then go to dead letters
+    port: int = Field(default=587, ge=1, le=65535)
+    # starttls: upgrade a plain connection (587); ssl: TLS from the first byte (465).
+    security: Literal["starttls", "ssl", "none"] = "starttls"
+    ssl_cafile: str | None = None
+    username: str | None = None
+    password: SecretStr | None = None  # VMSTREAM_NOTIFY__SMTP__PASSWORD
+    sender: str = "vmstream@localhost"
+    timeout_seconds: float = Field(default=30.0, gt=0)
+
+
+class RateLimit(BaseModel):
+    """A token bucket per recipient: ``burst`` at once, then ``per_second``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    per_second: float = Field(default=1.0, gt=0)
+    burst: int = Field(default=20, ge=1)
+
+
+class NotifySettings(BaseModel):
+    """``vmstream notify``: notifications delivered to people (docs/notify.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    smtp: SmtpSettings = SmtpSettings()
+    endpoints: dict[str, Endpoint] = Field(default_factory=dict)  # webhook:<name> → where and how
+    # project id → its members (principals); else looked up at directory_url, with {project}
+    # replaced, answering a JSON list of principals (or {"members": [...]}), kept for a while.
+    directory: dict[str, list[str]] = Field(default_factory=dict)
+    directory_url: str | None = None
+    directory_cache_seconds: float = Field(default=300.0, ge=0)
+    routes: list[Route] = Field(default_factory=list)
+    rate_limit: RateLimit = RateLimit()
+    attempts: int = Field(default=6, ge=1)  # per delivery, then a dead letter
+    backoff_seconds: float = Field(default=0.5, gt=0)  # the first wait; it doubles
+    backoff_max_seconds: float = Field(default=30.0, gt=0)
+    http_timeout_seconds: float = Field(default=10.0, gt=0)
+    source: str = "urn:vmstream"  # the CloudEvents' source
+    group_id: str = "vmstream-notify"
 
 
 class EnvironmentFirst(BaseSettings):
@@ -159,7 +249,9 @@ class Settings(EnvironmentFirst, Config):
 
     kafka: KafkaSettings = KafkaSettings()
     worker: WorkerSettings = WorkerSettings()
+    api: ApiSettings = ApiSettings()
     signing: SigningSettings = SigningSettings()
+    notify: NotifySettings = NotifySettings()
 
     def rules(self) -> Config:
         """The policy the handlers obey."""
