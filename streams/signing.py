@@ -92,7 +92,8 @@ class Keyring:
             return f"its MAC algorithm {sealed['alg']!r} is not {ALGORITHM}"
         if sealed["kid"] not in self.keys:
             return f"its MAC key {sealed['kid'][:64]!r} is unknown"
-        if not hmac.compare_digest(sealed["value"], self.mac(purpose, value, sealed["kid"])):
+        # A MAC is base64url: anything else does not match (compare_digest raises on non-ASCII).
+        if not sealed["value"].isascii() or not hmac.compare_digest(sealed["value"], self.mac(purpose, value, sealed["kid"])):
             return "its MAC does not match"
         return None
 

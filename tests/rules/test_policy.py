@@ -79,6 +79,18 @@ def test_a_sealed_command_does_not_pass_for_a_result() -> None:
     assert open_sealed(CommandResult, encode_message(result, keyring=KEYS), "command-result", KEYS)[1] is None
 
 
+@pytest.mark.parametrize("forged", ["é" * 43, "A" * 42 + "\u202e", "\x00" * 43])
+def test_a_mac_value_that_is_not_ascii_does_not_match_it_never_raises(forged: str) -> None:
+    """Anyone who can write a topic can put any string in ``mac.value`` under a known key
+    id: the applier's ledger and its commands are read through this check, so raising here
+    would stop the applier on that record at every start."""
+    for value in (command("cordon_node", NODE), CommandResult(command_id="cmd-1", outcome="applied", at=NOW)):
+        purpose = "command" if isinstance(value, Command) else "command-result"
+        body = json.loads(encode_message(value, keyring=KEYS))
+        body["mac"]["value"] = forged
+        assert open_sealed(type(value), json.dumps(body).encode(), purpose, KEYS)[1] == "its MAC does not match"
+
+
 def test_rotation_any_held_key_verifies_the_active_one_seals() -> None:
     old = Keyring({"k1": b"k" * 32}, "k1")
     assert open_sealed(Command, encode_message(command("cordon_node", NODE), keyring=old), "command", KEYS)[1] is None
