@@ -553,9 +553,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     notify.add_argument("--probe-host", default=os.environ.get("VMSTREAM_PROBE_HOST", "127.0.0.1"),
                         help="address of /health, /ready and /metrics (default: $VMSTREAM_PROBE_HOST, "
                         "else loopback only)")
-    notify.add_argument("--probe-port", type=int, default=int(os.environ.get("VMSTREAM_PROBE_PORT", "6069")),
+    notify.add_argument("--probe-port", type=int, default=int(os.environ.get("VMSTREAM_PROBE_PORT", "6070")),
                         help="port of /health, /ready and /metrics (default: $VMSTREAM_PROBE_PORT, else "
-                        "6069; 0: any free)")
+                        "6070; 0: any free)")
     notify.set_defaults(handler=_run)
 
 
