@@ -255,6 +255,15 @@ def test_the_worker_the_applier_and_the_bridge_are_probed_over_http(
     assert watch_env["VMSTREAM_PROBE_PORT"] == "6068"
 
 
+def test_the_worker_and_the_applier_are_static_group_members_named_by_their_pod(
+    objects: dict[tuple[str, str], Manifest],
+) -> None:
+    """A container restarted after a crash takes its partitions back at once (docs/worker.md)."""
+    for name in (WORKER, APPLY):
+        sources = {e["name"]: e.get("valueFrom") for e in _container(objects["Deployment", name])["env"]}
+        assert sources["VMSTREAM_WORKER__GROUP_INSTANCE_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}, name
+
+
 def test_the_worker_has_no_kubernetes_identity(objects: dict[tuple[str, str], Manifest]) -> None:
     assert objects["ServiceAccount", WORKER]["automountServiceAccountToken"] is False
     assert objects["Deployment", WORKER]["spec"]["template"]["spec"][
