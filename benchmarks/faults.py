@@ -2,8 +2,8 @@
 
 A broker of its own (``LocalKafka``, kept data) and one worker. The AZ of
 ``tests/faults/chaos.py`` is decided, then its set_gpu intents (with GPU VMIs arriving and
-drains whose deadlines fire) are published at a steady rate while faults strike at random
-moments, in a shuffled order:
+drains whose deadlines fire) are published at a steady rate (slow enough that the faults all
+strike while they flow) while faults strike at random moments, in a shuffled order:
 
 - ``kill``: the worker is killed with SIGKILL and started again;
 - ``row``: the worker is replaced by one that dies (``os._exit``) right after the n-th
@@ -136,9 +136,9 @@ def main() -> None:
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     if args.small:
-        figures = run(vms=100, kills=2, row_crashes=1, outages=1, rate=100, seed=seed)
+        figures = run(vms=100, kills=2, row_crashes=1, outages=1, rate=10, seed=seed)
     else:
-        figures = run(vms=1000, kills=8, row_crashes=4, outages=2, rate=150, seed=seed)
+        figures = run(vms=1000, kills=8, row_crashes=4, outages=2, rate=20, seed=seed)
     print(json.dumps(figures, indent=2))
 
 

@@ -43,7 +43,7 @@ from streams.globalview import GlobalView
 
 log = logging.getLogger(__name__)
 
-EXIT_UNJOURNALED = 75  # as a batch whose messages cannot be published: restarted, decided again
+EXIT_UNJOURNALED = 75  # as a batch whose messages cannot be published: restarted, replayed or decided again
 
 _DELETED = object()
 
@@ -172,12 +172,12 @@ class Journal:
                     if raw is None:
                         return None
                 entry = _ENTRY.validate_json(raw)
+                if entry.input != _fingerprint(event):
+                    return None  # the record of another message once at this offset
+                return [_result(recorded) for recorded in entry.results]
             except (ValueError, ValidationError) as error:  # written by another version of the worker
                 log.warning("journal entry not readable, deciding again", extra={"ref": ref, "error": str(error)})
                 return None
-        if entry.input != _fingerprint(event):
-            return None  # the record of another message once at this offset
-        return [_result(recorded) for recorded in entry.results]
 
     def _joined(self, ref: str, head: _Parts) -> bytes | None:
         """An entry's parts joined, if all of them are there and are the ones the head names."""
@@ -220,9 +220,7 @@ class Journal:
             # would be skipped. Stopped, the process decides them again after its restart.
             log.critical("journal not written: stopping before the batch is acknowledged",
                          extra={"failed": len(failed), "of": len(pending), "error": repr(failed[0])})
-            for stream in (sys.stdout, sys.stderr):
-                stream.flush()
-            os._exit(EXIT_UNJOURNALED)
+            _stop()
         for event, records in stored:  # the local copy of what the changelog now holds
             with deciding(event):
                 for key, value in records:
@@ -261,6 +259,15 @@ class Journal:
             self.table.send_changelog(partition, key, None, value_serializer="raw")
             self.table.data.pop(key, None)
         return len(done)
+
+
+def _stop() -> None:
+    """End the process before Faust acknowledges the batch: raised, the error would leave
+    the agent and Faust would acknowledge the batch on its way out, and its inputs would be
+    skipped. Restarted, the worker replays the batch from the journal or decides it again."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(EXIT_UNJOURNALED)
 
 
 def _recorded(result: Result, encoded: dict[int, bytes]) -> _Recorded:
@@ -339,6 +346,17 @@ class TableState:
                     raw = self._encoded.pop(id(change), None) or encode_state(change.table, change.value)
                     target[change.key] = raw
                     self._decoded[(change.table, change.key)] = (raw, change.value)
+
+    def write_all(self, decided: Sequence[tuple[EventT[Any], Result]]) -> None:
+        """Write a batch's rows, each input's in its own partition. The batch is journaled
+        and its messages are out: if a row cannot be written, the process stops before the
+        batch is acknowledged, and its restart replays the batch from the journal."""
+        try:
+            for event, result in decided:
+                self.write(result.decision.changes, event=event)
+        except Exception:
+            log.critical("rows not written: stopping before the batch is acknowledged", exc_info=True)
+            _stop()
 
     async def record(self, decided: Sequence[tuple[EventT[Any], list[Result]]], *, producer: Any) -> None:
         """Journal a batch's fresh decisions before any of their messages is sent."""

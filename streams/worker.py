@@ -290,11 +290,21 @@ class Worker:
                     results = self._decide_safely(event)
                     fresh.append((event, results))
                 decided += [(event, result) for result in results]
-            try:
+
+            async def settle() -> None:
                 await self.state.record(fresh, producer=self.output_producer)
                 await self._publish(decided)
-                for event, result in decided:
-                    self.state.write(result.decision.changes, event=event)
+                self.state.write_all(decided)
+
+            # Faust acknowledges the batch however this loop is left, a cancellation too (a
+            # graceful stop, the app crashing on a failed commit), and commits on its way
+            # out: the batch is finished first, or its inputs would be committed unrecorded.
+            settling = asyncio.ensure_future(settle())
+            try:
+                await asyncio.shield(settling)
+            except asyncio.CancelledError:
+                await settling
+                raise
             finally:
                 self.state.unstage()
             if self.state.journal is not None:

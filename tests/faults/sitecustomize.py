@@ -9,6 +9,10 @@ synchronously and acknowledged, and nothing after it. Rows of other inputs (the 
 events) do not count. The crash a decision's rows fear most: some of its changelogs have
 the decision, others not.
 
+``VMSTREAM_TEST_SLOW_PUBLISH=<seconds>``: the first batch with an intent waits that long
+before its messages are published, having created the file named by
+``VMSTREAM_TEST_SLOW_PUBLISH_MARK``: a test stops the worker while a batch is in flight.
+
 ``VMSTREAM_TEST_SEEK_DELAY`` (seconds): the first fetch answers before the seek to the
 committed offsets returns. ``Consumer.perform_seek`` then returns only once
 more messages than an agent takes in one batch (500) have been delivered to the agents'
@@ -23,6 +27,14 @@ import os
 
 _delay = float(os.environ.get("VMSTREAM_TEST_SEEK_DELAY", "0") or 0)
 _MORE_THAN_A_BATCH = 1000
+
+
+def _is_intent(event: object) -> bool:
+    """An intent, as read from its topic or as the worker routed it (``vmstream-kind: intent``)."""
+    message = event.message  # type: ignore[attr-defined]
+    headers = message.headers or {}
+    items = headers.items() if isinstance(headers, dict) else headers
+    return message.topic.endswith(".intents") or any(k == "vmstream-kind" and v == b"intent" for k, v in items)
 
 
 def _read_since(now: dict, before: dict) -> int:
@@ -58,24 +70,45 @@ if _crash_after > 0:
         """Send the row ourselves, wait for the broker's acknowledgement, and die."""
         from kafka import KafkaProducer
 
-        event = current_event()
-        serializers = table.app.serializers
-        producer = KafkaProducer(bootstrap_servers=os.environ["VMSTREAM_KAFKA__BOOTSTRAP_SERVERS"], acks="all")
-        producer.send(
-            table.changelog_topic.get_topic_name(),
-            key=serializers.dumps_key(table.key_type, key, serializer=table.key_serializer),
-            value=serializers.dumps_value(table.value_type, value, serializer=table.value_serializer),
-            partition=event.message.partition,
-        ).get(timeout=30)
-        os._exit(CRASH_EXIT_CODE)
+        try:
+            event = current_event()
+            serializers = table.app.serializers
+            producer = KafkaProducer(bootstrap_servers=os.environ["VMSTREAM_KAFKA__BOOTSTRAP_SERVERS"], acks="all")
+            producer.send(
+                table.changelog_topic.get_topic_name(),
+                key=serializers.dumps_key(table.key_type, key, serializer=table.key_serializer),
+                value=serializers.dumps_value(table.value_type, value, serializer=table.value_serializer),
+                partition=event.message.partition,
+            ).get(timeout=30)
+        finally:  # the row written or not (a broker down), the process dies here
+            os._exit(CRASH_EXIT_CODE)
 
     def _on_key_set_then_crash(self: Table, key: object, value: object) -> None:
         global _rows
         event = current_event()
-        if event is not None and event.message.topic.endswith(".intents"):
+        if event is not None and _is_intent(event):
             _rows += 1
             if _rows >= _crash_after:
                 _write_and_die(self, key, value)
         _on_key_set(self, key, value)
 
     Table.on_key_set = _on_key_set_then_crash  # type: ignore[method-assign]
+
+
+_slow_publish = float(os.environ.get("VMSTREAM_TEST_SLOW_PUBLISH", "0") or 0)
+
+if _slow_publish > 0:
+    from streams.worker import Worker
+
+    _publish = Worker._publish
+    _slowed: list[bool] = []
+
+    async def _publish_slowly(self: Worker, decided: list) -> None:  # type: ignore[type-arg]
+        if not _slowed and any(_is_intent(event) for event, _ in decided):
+            _slowed.append(True)
+            with open(os.environ["VMSTREAM_TEST_SLOW_PUBLISH_MARK"], "w"):
+                pass
+            await asyncio.sleep(_slow_publish)
+        await _publish(self, decided)
+
+    Worker._publish = _publish_slowly  # type: ignore[method-assign]
