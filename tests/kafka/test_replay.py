@@ -1,0 +1,223 @@
+"""``vmstream replay`` is exact on a clean stream and catches any tampered record.
+
+Two workers and an applier (against a real kube-apiserver, where the scenario's VMs do not
+exist: its commands fail there, which is a result like any other) run one stream: the
+cluster's events, GPU changes (intents on partitions murmur2 would not pick among them), a
+malformed intent, a drain whose deadline fires. ``vmstream replay`` then runs over it as an
+operator would: exit 0 on the untouched stream. Then records of the worker and of the
+applier are dropped (``DeleteRecords``), forged and altered (a second record under an id,
+with other content: Kafka keeps what was written) one after the other, and after each the
+replay exits 1 and names the record.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.partitioner.default import murmur2
+
+from streams.running import CONFIG, Deployment, VmstreamProcess, WorkerProcess
+from streams.scenarios import cluster
+from streams.settings import KafkaSettings
+from streams.topics import KIND_HEADER, SOURCE_HEADER
+from tests.kube_apiserver import Kube
+
+pytestmark = pytest.mark.kafka
+
+CLUSTER = list(cluster().jsonl())
+REPLAYED = ("intents", "k8s-events", "worker-routed", "audit", "commands", "notifications", "dlq", "command-results")
+VMS = [("spx-proj-a", "train-1", "proj-a", "alice@example.com"), ("spx-proj-a", "web-1", "proj-a", "alice@example.com"),
+       ("spx-proj-b", "dev-1", "proj-b", "bob@example.com"), ("spx-proj-b", "legacy-1", "proj-b", "bob@example.com")]
+
+
+@dataclass
+class Record:
+    topic: str  # logical name
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp: int
+    headers: list[tuple[str, bytes]]
+
+    def json(self) -> dict[str, Any]:
+        return json.loads(self.value or b"")
+
+
+def read_all(kafka: KafkaSettings) -> list[Record]:
+    """Every record of the replayed topics, read to their end offsets by the test itself."""
+    consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False)
+    try:
+        partitions = [TopicPartition(kafka.topic(name), p) for name in REPLAYED for p in range(kafka.partitions)]
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        ends = consumer.end_offsets(partitions)
+        names = {kafka.topic(name): name for name in REPLAYED}
+        records: list[Record] = []
+        deadline = time.monotonic() + 60
+        while any(consumer.position(tp) < end for tp, end in ends.items()):
+            assert time.monotonic() < deadline, "could not read the stream to its end"
+            for tp, batch in consumer.poll(timeout_ms=200).items():
+                records += [Record(names[tp.topic], tp.partition, r.offset, r.key, r.value, r.timestamp,
+                                   list(r.headers or ())) for r in batch]
+        return sorted(records, key=lambda r: (r.topic, r.partition, r.offset))
+    finally:
+        consumer.close()
+
+
+def run_replay(deployment: Deployment) -> subprocess.CompletedProcess[str]:
+    env = deployment.env(0)
+    return subprocess.run([sys.executable, "-m", "streams.cli", "replay", "--config", str(CONFIG)],
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def intent(key: str, value: dict[str, Any]) -> tuple[str, bytes]:
+    return key, json.dumps(value).encode()
+
+
+@pytest.fixture(scope="module")
+def stream(kafka_bootstrap: str, kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Deployment, list[Record]]]:
+    """The recorded stream of two workers and an applier, once for the module."""
+    deployment = Deployment(kafka_bootstrap, tmp_path_factory.mktemp("replay"))
+    deployment.create_topics()
+    kafka = deployment.kafka
+    workers = [WorkerProcess(deployment, "w1"), WorkerProcess(deployment, "w2")]
+    applier = VmstreamProcess(deployment, "apply", ["apply", "--config", str(CONFIG), "--kubeconfig",
+                                                    str(kube.kubeconfig)])
+    try:
+        for worker in workers:
+            worker.start()
+        applier.start()
+        deployment.publish_lines(CLUSTER)
+        for worker in workers:  # the drain must see every node's free cards
+            worker.wait_until("/capacity", lambda c: c["nvidia-rtx-pro-6000-bse"]["free"] == 2, 90)
+        out = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
+        for i, (ns, name, project, by) in enumerate(VMS):
+            key = f"vm/{ns}/{name}"
+            value = {"intent_id": f"it-{name}", "type": "set_gpu", "requested_by": by, "project": project,
+                     "spec": {"namespace": ns, "name": name, "gpu_class": None if i % 2 else "nvidia-a100"}}
+            wrong = ((murmur2(key.encode()) & 0x7FFFFFFF) + 1 + i) % kafka.partitions
+            out.send(kafka.topic("intents"), key=key.encode(), value=json.dumps(value).encode(), partition=wrong)
+        out.send(kafka.topic("intents"), key=b"vm/spx-proj-a/web-1", value=b"{not json")
+        drain = {"intent_id": "it-drain-1", "type": "drain_node", "requested_by": "ops@example.com",
+                 "spec": {"node": "gpu-node-1", "reason": "firmware upgrade", "notice_seconds": 2}}
+        out.send(kafka.topic("intents"), key=b"node/gpu-node-1", value=json.dumps(drain).encode())
+        out.flush()
+        out.close()
+
+        def settled() -> bool:
+            records = read_all(kafka)
+            commands = {r.json()["command_id"] for r in records if r.topic == "commands"}
+            results = {r.json()["command_id"] for r in records if r.topic == "command-results"}
+            stops = [r for r in records if r.topic == "commands" and r.json()["type"] == "delete_vmi"]
+            audited = {r.json()["input"]["ref"] for r in records if r.topic == "audit"}
+            return (len(stops) >= 2 and commands <= results and {f"it-{n}" for _, n, _, _ in VMS} <= audited
+                    and any(r.topic == "dlq" for r in records))
+
+        deadline = time.monotonic() + 120
+        while not settled():
+            assert time.monotonic() < deadline, "the stream never settled: every intent decided, the drain's " \
+                                                "stops issued, every command applied"
+            time.sleep(0.5)  # polling interval
+        for process in (*workers, applier):
+            process.check_running()
+    finally:
+        for process in (applier, *workers):
+            process.stop()
+    records = read_all(kafka)
+    yield deployment, records
+    deployment.delete_topics()
+
+
+def test_a_clean_stream_of_two_workers_and_an_applier_replays_with_no_difference(
+    stream: tuple[Deployment, list[Record]]
+) -> None:
+    deployment, records = stream
+    routed_kinds = {dict(r.headers).get(KIND_HEADER) for r in records if r.topic == "worker-routed"}
+    assert {b"intent", b"event", b"tick"} <= routed_kinds  # routed intents, events and a deadline
+    assert any(r.topic == "command-results" for r in records)
+    replayed = run_replay(deployment)
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    assert " 0 different, 0 missing from the audit stream, 0 recorded but not reproduced, 0 other" in replayed.stdout
+    commands = {r.json()["command_id"] for r in records if r.topic == "commands"}
+    assert f"{len(commands)} commands' results checked" in replayed.stdout
+
+
+def first(records: list[Record], topic: str, match: Callable[[dict[str, Any]], bool] = lambda _: True) -> Record:
+    return next(r for r in records if r.topic == topic and match(r.json()))
+
+
+def altered(record: Record, **changes: Any) -> bytes:
+    return json.dumps({**record.json(), **changes}).encode()
+
+
+def test_a_record_dropped_forged_or_altered_is_reported_and_exits_1(stream: tuple[Deployment, list[Record]]) -> None:
+    deployment, _ = stream
+    kafka = deployment.kafka
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
+    out = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
+
+    def drop(topic: str, match: Callable[[Record], bool] = lambda _: True) -> Record:
+        """Drop the first record of a partition (of those that match): DeleteRecords."""
+        records = [r for r in read_all(kafka) if r.topic == topic]
+        heads = [r for r in records if r is next(x for x in records if x.partition == r.partition)]
+        record = next(r for r in heads if match(r))
+        admin.delete_records({TopicPartition(kafka.topic(topic), record.partition): record.offset + 1})
+        return record
+
+    def write(topic: str, key: bytes | None, value: bytes) -> None:
+        out.send(kafka.topic(topic), key=key, value=value).get(timeout=30)
+
+    def reported(named: str) -> None:
+        replayed = run_replay(deployment)
+        assert replayed.returncode == 1, replayed.stdout + replayed.stderr
+        assert named in replayed.stdout, replayed.stdout
+
+    try:
+        clean = run_replay(deployment)
+        assert clean.returncode == 0, clean.stdout + clean.stderr
+
+        # Dropped: a notification of the worker, a result of the applier.
+        notice = drop("notifications", lambda r: r.json()["type"] != "command_failed").json()
+        reported(f"notifications {notice['notification_id']}: decided again, but not recorded")
+        unapplied = drop("command-results").json()["command_id"]
+        reported(f"command {unapplied}: no result")
+
+        records = read_all(kafka)
+        # Forged: a command the worker never decided, a second result for a command.
+        command = first(records, "commands")
+        write("commands", command.key, altered(command, command_id="cmd-forged", cause="nobody"))
+        reported("commands cmd-forged: recorded, but decided by nobody")
+        result = first(records, "command-results")
+        twice = result.json()["command_id"]
+        write("command-results", result.key, altered(result, outcome="noop", error=None))
+        reported(f"command {twice}: 2 different results")
+
+        # Altered: an audit record of the worker, a command's target, an audit record of the applier.
+        audit = first(records, "audit", lambda a: a["input"]["ref"] == "it-train-1")
+        write("audit", audit.key, altered(audit, outcome="rejected", reason="forged"))
+        reported(f"{audit.json()['audit_id']} outcome: replayed 'accepted', recorded 'rejected'")
+        stop = first(records, "commands", lambda c: c["type"] == "delete_vmi")
+        write("commands", stop.key, altered(stop, target={**stop.json()["target"], "name": "someone-else"}))
+        reported(f"commands {stop.json()['command_id']}: recorded otherwise (target)")
+        applied = first(records, "audit", lambda a: a["input"]["topic"] == kafka.topic("commands")
+                        and a["input"]["ref"] not in (unapplied, twice))
+        write("audit", applied.key, altered(applied, reason="all went well"))
+        reported(f"audit {applied.json()['audit_id']}: not the record of command {applied.json()['input']['ref']}")
+
+        # The routed copy of an input dropped: that input was never routed.
+        routed = drop("worker-routed", lambda r: dict(r.headers).get(KIND_HEADER) in (b"event", b"intent"))
+        origin = json.loads(dict(routed.headers)[SOURCE_HEADER])
+        reported(f"input {origin['topic']}:{origin['partition']}:{origin['offset']} was never routed")
+    finally:
+        out.close()
+        admin.close()
