@@ -40,8 +40,9 @@ FIELD_MANAGER = "vmstream-deploy-test"
 SECRET = "vmstream-kafka"
 
 WATCH, APPLY, WORKER = "vmstream-watch", "vmstream-apply", "vmstream-worker"
-DEPLOYMENTS = {WORKER: 2, WATCH: 1, APPLY: 1}  # name → replicas
-COMMANDS = {WORKER: "worker", WATCH: "watch", APPLY: "apply"}
+NOTIFY = "vmstream-notify"
+DEPLOYMENTS = {WORKER: 2, WATCH: 1, APPLY: 1, NOTIFY: 1}  # name → replicas
+COMMANDS = {WORKER: "worker", WATCH: "watch", APPLY: "apply", NOTIFY: "notify"}
 WRITABLE = ("/tmp", "/var/lib/vmstream")
 CONFIG_PATH = "/etc/vmstream/config.yaml"
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
@@ -126,6 +127,7 @@ def test_exactly_the_expected_objects_in_the_vmstream_namespace(rendered: list[M
             ("ServiceAccount", WATCH),
             ("ServiceAccount", APPLY),
             ("ServiceAccount", WORKER),
+            ("ServiceAccount", NOTIFY),
             ("ClusterRole", WATCH),
             ("ClusterRole", APPLY),
             ("ClusterRoleBinding", WATCH),
@@ -140,9 +142,12 @@ def test_exactly_the_expected_objects_in_the_vmstream_namespace(rendered: list[M
             ("NetworkPolicy", "vmstream-worker-pages"),
             ("NetworkPolicy", "vmstream-apply-metrics"),
             ("NetworkPolicy", "vmstream-watch-metrics"),
+            ("NetworkPolicy", "vmstream-notify-egress"),
+            ("NetworkPolicy", "vmstream-notify-metrics"),
             ("Deployment", WORKER),
             ("Deployment", WATCH),
             ("Deployment", APPLY),
+            ("Deployment", NOTIFY),
             ("PodDisruptionBudget", WORKER),
             ("Service", WORKER),
         ]
@@ -253,6 +258,14 @@ def test_the_worker_the_applier_and_the_bridge_are_probed_over_http(
     watch_env = {e["name"]: e.get("value") or e.get("valueFrom") for e in bridge["env"]}
     assert watch_env["VMSTREAM_PROBE_HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert watch_env["VMSTREAM_PROBE_PORT"] == "6068"
+    notify = _container(objects["Deployment", NOTIFY])
+    notify_ports = {p["name"]: p["containerPort"] for p in notify["ports"]}
+    for kind, path in (("livenessProbe", "/health"), ("readinessProbe", "/ready"), ("startupProbe", "/health")):
+        get = notify[kind]["httpGet"]
+        assert (get["path"], notify_ports[get["port"]]) == (path, 6070), kind
+    notify_env = {e["name"]: e.get("value") or e.get("valueFrom") for e in notify["env"]}
+    assert notify_env["VMSTREAM_PROBE_HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert notify_env["VMSTREAM_PROBE_PORT"] == "6070"
 
 
 def test_the_worker_and_the_applier_are_static_group_members_named_by_their_pod(
@@ -264,14 +277,17 @@ def test_the_worker_and_the_applier_are_static_group_members_named_by_their_pod(
         assert sources["VMSTREAM_WORKER__GROUP_INSTANCE_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}, name
 
 
-def test_the_worker_has_no_kubernetes_identity(objects: dict[tuple[str, str], Manifest]) -> None:
-    assert objects["ServiceAccount", WORKER]["automountServiceAccountToken"] is False
-    assert objects["Deployment", WORKER]["spec"]["template"]["spec"][
+@pytest.mark.parametrize("name", [WORKER, NOTIFY])
+def test_the_worker_and_notify_have_no_kubernetes_identity(
+    objects: dict[tuple[str, str], Manifest], name: str
+) -> None:
+    assert objects["ServiceAccount", name]["automountServiceAccountToken"] is False
+    assert objects["Deployment", name]["spec"]["template"]["spec"][
         "automountServiceAccountToken"
     ] is False
     for obj in objects.values():
         for subject in obj.get("subjects", []):
-            assert subject["name"] != WORKER, obj["metadata"]["name"]
+            assert subject["name"] != name, obj["metadata"]["name"]
 
 
 def test_the_worker_service_and_disruption_budget_select_the_worker_pods(
@@ -280,7 +296,7 @@ def test_the_worker_service_and_disruption_budget_select_the_worker_pods(
     deployment = objects["Deployment", WORKER]
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     others = [
-        objects["Deployment", n]["spec"]["template"]["metadata"]["labels"] for n in (WATCH, APPLY)
+        objects["Deployment", n]["spec"]["template"]["metadata"]["labels"] for n in (WATCH, APPLY, NOTIFY)
     ]
     service = objects["Service", WORKER]["spec"]
     budget = objects["PodDisruptionBudget", WORKER]["spec"]
@@ -586,7 +602,7 @@ def test_the_applier_can_do_what_it_applies(rbac: Api, namespace_: str) -> None:
 
 
 @pytest.mark.kube
-@pytest.mark.parametrize("name", [WATCH, APPLY, WORKER])
+@pytest.mark.parametrize("name", [WATCH, APPLY, WORKER, NOTIFY])
 def test_no_service_account_can_delete_nodes_read_secrets_or_create_pods(
     rbac: Api, name: str
 ) -> None:
@@ -633,6 +649,7 @@ def test_each_service_account_may_do_exactly_what_its_job_needs(rbac: Api) -> No
         WATCH: baseline | _granted(WATCH_GRANTS, rbac),
         APPLY: baseline | _granted(APPLY_GRANTS, rbac),
         WORKER: baseline,
+        NOTIFY: baseline,
     }
     for name, want in expected.items():
         got = allowed_set(sa_user(name))
@@ -670,7 +687,7 @@ def test_requests_made_as_the_service_accounts_are_allowed_or_forbidden(
             name: config.new_client_from_config(
                 config_file=str(kube.local.client_cert(sa_user(name), SA_GROUPS))
             )
-            for name in (WATCH, APPLY, WORKER)
+            for name in (WATCH, APPLY, WORKER, NOTIFY)
         }
         try:
             status: dict[str, dict[str, int]] = {}
@@ -713,6 +730,10 @@ def test_requests_made_as_the_service_accounts_are_allowed_or_forbidden(
                 "patch node": 200, "delete node": 403, "list secrets": 403,
             },
             WORKER: {
+                "list vms": 403, "list nodes": 403, "get vm": 403, "patch vm": 403,
+                "patch node": 403, "delete node": 403, "list secrets": 403,
+            },
+            NOTIFY: {
                 "list vms": 403, "list nodes": 403, "get vm": 403, "patch vm": 403,
                 "patch node": 403, "delete node": 403, "list secrets": 403,
             },
