@@ -40,7 +40,7 @@ from handlers.gpus import (
     plan_patch,
 )
 from handlers.decisions import subject_key
-from handlers.messages import AuditInput, AuditRecord, Command, CommandResult
+from handlers.messages import AuditInput, AuditRecord, Command, CommandResult, ObjectRef
 from handlers.results import COMMANDS_TOPIC, ResultDecision
 from handlers.vms import MANAGED_BY_LABEL
 
@@ -257,9 +257,12 @@ def unauthenticated(command: Command, *, reason: str, now: datetime, topic: str 
     notification goes to them, and its audit record is named apart from the real one's.
     """
     error = f"refused: the command is not sealed by the worker: {reason}"
+    # The target's own fields only: whatever else a forger puts in it must not make the
+    # refusal too large for the results topic.
+    target = ObjectRef(kind=command.target.kind, namespace=command.target.namespace, name=command.target.name)
     result = CommandResult(
         command_id=command.command_id, outcome="failed", error=error, at=now, type=command.type,
-        target=command.target, cause=command.cause, requested_by=command.requested_by, refused="unauthenticated",
+        target=target, cause=command.cause, requested_by=command.requested_by, refused="unauthenticated",
     )
     audit = AuditRecord(
         audit_id=ids.audit_id(topic, command.command_id, "unauthenticated"),

@@ -224,3 +224,16 @@ def test_an_unauthenticated_command_is_refused_without_telling_its_claimed_peopl
     assert decision.notification is None
     assert decision.result.outcome == "failed" and (decision.result.model_extra or {})["refused"] == "unauthenticated"
     assert decision.audit.outcome == "rejected" and decision.audit.commands == []
+
+
+def test_the_refusal_of_an_unsealed_command_is_small_whatever_the_command_carries() -> None:
+    """A forged command near the topic's size limit, its bulk in a field of its target: the
+    refusal must still fit the results topic, or the applier fails its batch on that command
+    at every start and applies nothing after it."""
+    bulky = json.loads(encode_message(command("cordon_node", NODE)))
+    bulky["target"]["padding"] = "x" * 1_000_000
+    forged = Command.model_validate_json(json.dumps(bulky))
+    decision = policy.unauthenticated(forged, reason="it carries no MAC", now=NOW)
+    assert decision.result.target == NODE
+    assert len(encode_message(decision.result, keyring=KEYS)) < 4096
+    assert len(encode_message(decision.audit, keyring=KEYS)) < 4096
