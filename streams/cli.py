@@ -63,6 +63,12 @@ def _topics(args: argparse.Namespace) -> int:
     return 0
 
 
+def _api(args: argparse.Namespace) -> int:
+    from streams.api import main as serve_api
+
+    return serve_api(args)
+
+
 def _kafka(args: argparse.Namespace) -> int:
     from streams import localkafka
 
@@ -108,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     kube = commands.add_parser("kube", help="a local kube-apiserver + etcd with KubeVirt's CRDs")
     kube.add_argument("action", choices=["up", "down", "status"])
     kube.set_defaults(handler=_kube)
+
+    api = commands.add_parser("api", help="serve the read API for consoles (docs/api.md)")
+    api.add_argument("--config", help="the configuration file (YAML)")
+    api.set_defaults(handler=_api)
 
     requesting.add_parser(commands)
     tailing.add_parser(commands)

@@ -29,6 +29,7 @@ ROUTED = "worker-routed"  # the worker's repartition topic: inputs under their d
 KIND_HEADER = "vmstream-kind"
 SOURCE_HEADER = "vmstream-source"
 ROUTED_INPUTS = ("intents", "k8s-events")  # what ``route`` re-keys onto the routed topic
+GPU_CLASSES = "gpu-classes"  # ``vmstream api``'s figures per GPU class, compacted (docs/api.md)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,8 @@ TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec("dlq", "malformed input, kept for a person", {"retention.ms": str(90 * DAY_MS)}),
     TopicSpec(ROUTED, "intents and watch events re-keyed by decision key (internal)",
               {"retention.ms": str(7 * DAY_MS)}),
+    TopicSpec(GPU_CLASSES, "each GPU class's cards, one current record per class (key: the class name)",
+              {"cleanup.policy": "compact"}),
 )
 
 

@@ -1,0 +1,189 @@
+"""``vmstream api`` on a real broker over a real worker: any replica, the same answer.
+
+A worker decides the AZ's events and a ``set_gpu``; two ``vmstream api`` processes read its
+changelogs. Both must answer what ``simulate`` decides over the same inputs (one process,
+state in memory), token scoping must hold, and ``vmstream.gpu-classes`` must hold one
+current record per class — read back by the test's own consumer.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+
+from handlers.engine import Engine
+from handlers.views import gpu_classes, vm_badge
+from streams.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess
+from streams.scenarios import BOB, RTX, Script, cluster, vm
+from streams.settings import load_settings
+from streams.simulating import Simulation
+from streams.topics import GPU_CLASSES
+
+pytestmark = pytest.mark.kafka
+
+OPERATOR = "operator-token-1"
+PROJECT_TOKENS = {"proj-a-token": "proj-a", "proj-b-token": "proj-b"}
+
+
+def scenario() -> tuple[list[str], list[str]]:
+    """The AZ, then bob's set_gpu on his running dev-1; then the patched VM as the watch sees it."""
+    first = cluster().wait(60)
+    first.intent("it-api-gpu-1", "set_gpu", {"namespace": "spx-proj-b", "name": "dev-1",
+                                             "gpu_class": "nvidia-rtx-pro-6000-bse"}, by=BOB, project="proj-b")
+    patched = Script(first.now, "ev-api")
+    patched.event("MODIFIED", vm("spx-proj-b", "dev-1", project="proj-b", memory="32Gi", gpu=RTX, rv=2))
+    return list(first.jsonl()), list(patched.jsonl())
+
+
+def simulated(lines: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The class list and dev-1's badge as ``simulate`` decides them: the expected answers."""
+    settings = load_settings(CONFIG)
+    simulation = Simulation(Engine(settings.rules()))
+    list(simulation.feed(lines))
+    catalog = simulation.engine.catalog
+    classes = gpu_classes(simulation.state, catalog, az=settings.az).model_dump(mode="json")
+    badge = vm_badge(simulation.state, catalog, "spx-proj-b", "dev-1")
+    assert badge is not None
+    return classes, badge.model_dump(mode="json")
+
+
+class ApiProcess(VmstreamProcess):
+    """``vmstream api`` for a deployment: ready when its ``/ready`` says so."""
+
+    def __init__(self, deployment: Deployment, name: str) -> None:
+        super().__init__(deployment, name, ["api", "--config", str(CONFIG)])
+        self.env = {"VMSTREAM_API__PORT": str(self.web_port), "VMSTREAM_API__OPERATOR_TOKEN": OPERATOR,
+                    "VMSTREAM_API__PROJECT_TOKENS": json.dumps(PROJECT_TOKENS),
+                    "VMSTREAM_API__PUBLISH_SECONDS": "0.2"}
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.check_running()
+            if self.get("/ready")[0] == 200:
+                return
+            time.sleep(0.2)  # polling interval of a readiness probe
+        raise AssertionError(f"api {self.name} not ready after {timeout}s:\n{self.tail()}")
+
+    def get(self, path: str, token: str | None = None) -> tuple[int, Any]:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        request = urllib.request.Request(f"http://127.0.0.1:{self.web_port}{path}", headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=5) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read() or b"null")
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return 0, None
+
+    def wait_until(self, path: str, condition: Callable[[Any], bool], timeout: float = 60.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            status, body = self.get(path, OPERATOR)
+            if status == 200 and condition(body):
+                return body
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name} {path} never satisfied the condition: {status} {body}\n{self.tail()}")
+            time.sleep(0.1)  # polling interval
+
+
+class ClassTopic:
+    """The latest record per key of vmstream.gpu-classes, read by the test itself."""
+
+    def __init__(self, deployment: Deployment) -> None:
+        kafka = deployment.kafka
+        self.consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False)
+        partitions = [TopicPartition(kafka.topic(GPU_CLASSES), p) for p in range(kafka.partitions)]
+        self.consumer.assign(partitions)
+        self.consumer.seek_to_beginning(*partitions)
+        self.latest: dict[str, Any] = {}
+
+    def wait_for(self, expected: dict[str, Any], timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.latest != expected:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the topic holds {self.latest}, not {expected}")
+            for records in self.consumer.poll(timeout_ms=200).values():
+                for record in records:
+                    key = record.key.decode()
+                    if record.value is None:
+                        self.latest.pop(key, None)
+                    else:
+                        self.latest[key] = json.loads(record.value)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+@pytest.fixture
+def deployment(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Deployment]:
+    deployment = Deployment(kafka_bootstrap, tmp_path)
+    deployment.create_topics()
+    yield deployment
+    deployment.delete_topics()
+
+
+def test_two_replicas_answer_alike_tokens_are_scoped_and_the_class_topic_is_current(deployment: Deployment) -> None:
+    first, patched = scenario()
+    expected_classes, _ = simulated(first)
+    expected_all_classes, expected_badge = simulated(first + patched)
+    assert expected_badge["waits_for"] == "restart" and expected_badge["gpus_after_restart"]
+    outputs = Outputs(deployment)
+    topic = ClassTopic(deployment)
+    worker = WorkerProcess(deployment, "w1")
+    apis = [ApiProcess(deployment, "api-1"), ApiProcess(deployment, "api-2")]
+    try:
+        worker.start()
+        for api in apis:
+            api.start()
+        deployment.publish_lines(first)
+        outputs.wait_for(lambda o: o.audits(input__ref="it-api-gpu-1"), what="the set_gpu decided")
+        assert outputs.audits(input__ref="it-api-gpu-1")[0]["outcome"] == "accepted"
+
+        # The pending badge from either replica, as soon as set_gpu was decided.
+        for api in apis:
+            told = api.wait_until("/v1/vms/spx-proj-b/dev-1", lambda b: b["waits_for"] == "restart")
+            assert told["badge"] == "(applies after restart)" and told["owner_told"]
+        # Once the watch shows the patched template, the GPU after the restart is the new one.
+        deployment.publish_lines(patched)
+        badges = [api.wait_until("/v1/vms/spx-proj-b/dev-1", lambda b: b == expected_badge) for api in apis]
+        assert badges[0] == badges[1] == expected_badge
+        assert [g["device_name"] for g in expected_badge["gpus_after_restart"]] == [RTX]
+        assert expected_badge["gpus_now"] == []
+
+        classes = [api.wait_until("/v1/gpu-classes", lambda b: b == expected_all_classes) for api in apis]
+        assert classes[0] == classes[1] == expected_all_classes == expected_classes
+        assert {c["name"] for c in expected_all_classes["classes"]} >= {"nvidia-rtx-pro-6000-bse", "nvidia-a100"}
+
+        # Tokens: none 401, a wrong one 401, another project's VM or project 403, its own 200.
+        api = apis[0]
+        assert api.get("/v1/gpu-classes")[0] == 401
+        assert api.get("/v1/vms/spx-proj-b/dev-1", "not-a-token")[0] == 401
+        assert api.get("/v1/vms/spx-proj-b/dev-1", "proj-a-token")[0] == 403
+        assert api.get("/v1/projects/proj-b", "proj-a-token")[0] == 403
+        status, own = api.get("/v1/vms/spx-proj-b/dev-1", "proj-b-token")
+        assert (status, own) == (200, expected_badge)
+        status, project = api.get("/v1/projects/proj-b", "proj-b-token")
+        assert status == 200 and [b["name"] for b in project["pending"]] == ["dev-1"]
+        assert api.get("/v1/gpu-classes", "proj-a-token") == (200, expected_all_classes)
+        assert api.get("/v1/vms/spx-proj-b/nope", OPERATOR)[0] == 404
+        assert api.get("/v1/vms/spx-proj-b/nope", "proj-a-token")[0] == 403
+
+        # The compacted topic: one current record per class, whoever published it.
+        topic.wait_for({c["name"]: c for c in expected_all_classes["classes"]})
+        for process in (worker, *apis):
+            process.check_running()
+    finally:
+        topic.close()
+        outputs.close()
+        for api in apis:
+            api.stop()
+        worker.stop()
