@@ -32,6 +32,7 @@ from handlers.messages import (
     Notification,
     WatchEvent,
 )
+from streams.api import openapi_document
 from streams.settings import KafkaSettings, Settings
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_ID_BASE = "https://vmstream.io/schemas/"
 ASYNCAPI_FILE = "asyncapi.yaml"
+OPENAPI_FILE = "openapi.json"
 # The contracts' own version, not the package's: bump the minor on an additive change.
 CONTRACTS_VERSION = "1.0.0"
 KAFKA_BINDING_VERSION = "0.5.0"
@@ -334,6 +336,7 @@ def render_schemas() -> dict[str, str]:
     """Every published file's name and text, in a stable order; no I/O."""
     files = {doc.file: _render_json(json_schema(doc)) for doc in (*MESSAGES, CONFIG)}
     files[ASYNCAPI_FILE] = _render_yaml(asyncapi_document())
+    files[OPENAPI_FILE] = _render_json(openapi_document())  # the read API (streams/api.py)
     return files
 
 
