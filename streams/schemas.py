@@ -159,11 +159,16 @@ MESSAGES: tuple[SchemaDoc, ...] = (
 _VM_OR_NODE = "`vm/<namespace>/<name>` or `node/<name>`"
 TOPICS: tuple[TopicDoc, ...] = (
     TopicDoc("intents", "Intents", _VM_OR_NODE,
-             "Requests from upstream services and the CLI.", INTENT),
+             "Requests from upstream services and the CLI. Any partitioner will do (murmur2, "
+             "FNV-1a, CRC32, explicit partitions): the worker re-keys each intent by its key onto "
+             "a topic it partitions itself (vmstream.worker-routed, internal) and decides it "
+             "there, with its VM's or node's state.", INTENT),
     TopicDoc("k8s-events", "Kubernetes events",
              "`<Kind>/<namespace>/<name>` (cluster-scoped: `<Kind>/<name>`)",
              "Watched objects (VirtualMachine, VirtualMachineInstance, Node, NodeMaintenance, "
-             "KubeVirt) as the watch bridge sees them.", WATCH_EVENT),
+             "KubeVirt) as the watch bridge sees them. Any partitioner will do: the worker "
+             "re-keys each event by the key it is decided under (`vm/<namespace>/<name>`, "
+             "`node/<name>`) onto vmstream.worker-routed.", WATCH_EVENT),
     TopicDoc("commands", "Commands", f"the target's key: {_VM_OR_NODE}",
              "Changes the worker decided, for the applier to make.", COMMAND),
     TopicDoc("command-results", "Command results", "the key of its command",
@@ -177,9 +182,8 @@ TOPICS: tuple[TopicDoc, ...] = (
 )
 
 OPERATIONS: tuple[OperationDoc, ...] = (
-    OperationDoc("worker", "receive", "intents", "Decide on each intent."),
-    OperationDoc("worker", "receive", "k8s-events", "Keep the observed state of the AZ."),
-    OperationDoc("worker", "receive", "command-results", "Record what the applier did."),
+    OperationDoc("worker", "receive", "intents", "Route each intent by its key to the instance that decides it."),
+    OperationDoc("worker", "receive", "k8s-events", "Route each event by its decision key; keep the observed state."),
     OperationDoc("worker", "send", "commands", "Ask the applier for a change."),
     OperationDoc("worker", "send", "notifications", "Tell people what will happen or happened."),
     OperationDoc("worker", "send", "audit", "Record each decision."),
@@ -191,7 +195,8 @@ OPERATIONS: tuple[OperationDoc, ...] = (
 )
 
 COMPONENTS: dict[str, str] = {
-    "worker": "Consumes intents, events and command results; runs the decision rules.",
+    "worker": "Consumes intents and watch events, re-keyed onto its own internal topic "
+              "(vmstream.worker-routed) by decision key; runs the decision rules.",
     "applier": "The only writer to the Kubernetes API; applies commands idempotently.",
     "watch-bridge": "Watches the Kubernetes API and publishes what it sees.",
 }

@@ -275,7 +275,6 @@ def test_asyncapi_operations_match_the_topology() -> None:
     assert seen == {
         ("worker", "receive", "intents"),
         ("worker", "receive", "k8s-events"),
-        ("worker", "receive", "command-results"),
         ("worker", "send", "commands"),
         ("worker", "send", "notifications"),
         ("worker", "send", "audit"),
