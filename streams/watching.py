@@ -653,14 +653,14 @@ def last_published(
     for key, value in last.items():
         if value is None:
             continue
-        try:
+        try:  # anyone may have written anything here: a record that is no watch event is skipped
             event = json.loads(value)
             kind, type_, obj = event["kind"], event["type"], event["object"]
-        except (ValueError, TypeError, KeyError):
+            if isinstance(kind, str) and kind in wanted and type_ != "DELETED" and isinstance(obj, dict):
+                name, shown = key.decode(), pydantic_core.to_json(obj)
+                alive.setdefault(kind, {})[name] = shown
+        except (ValueError, TypeError, KeyError, RecursionError):  # UnicodeDecodeError is a ValueError
             skipped += 1
-            continue
-        if kind in wanted and type_ != "DELETED" and isinstance(obj, dict):
-            alive.setdefault(kind, {})[key.decode()] = pydantic_core.to_json(obj)
     log.info(
         "watch read back %s: keys=%d alive=%s skipped=%d seconds=%.2f", topic, len(last),
         ",".join(f"{kind}={len(keys)}" for kind, keys in sorted(alive.items())) or "none", skipped,
