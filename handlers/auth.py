@@ -138,7 +138,7 @@ def _header(token: str) -> dict[str, Any] | None:
     segment = token.split(".", 1)[0]
     try:
         header = json.loads(base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4)))
-    except (ValueError, binascii.Error):
+    except (ValueError, binascii.Error, RecursionError):  # nested deeper than the parser goes
         return None
     return header if isinstance(header, dict) else None
 

@@ -3,6 +3,7 @@ rules let a proven requester do (their projects' VMs and namespaces, drains for 
 
 from __future__ import annotations
 
+import base64
 from datetime import timedelta
 from typing import Any
 
@@ -128,6 +129,8 @@ def test_a_credential_is_bound_to_its_intent_id_and_body() -> None:
         ("e30.e30.sig.extra", "not a compact JWS"),
         ("!!.e30.c2ln", "not a compact JWS"),
         ("W10.e30.c2ln", "not a compact JWS"),  # a header that is not an object
+        # a header nested deeper than a JSON parser goes, within the length limit
+        (base64.urlsafe_b64encode(b"[" * 3000 + b"]" * 3000).rstrip(b"=").decode() + ".e30.c2ln", "not a compact JWS"),
         ("e30.e30.c2ln", "algorithm None is not one of"),
         ("x" * 8193, "longer than 8192 characters"),
         (jwt.encode({"sub": BOB}, "s" * 32, algorithm="HS256", headers={"kid": "tests-1"}),
