@@ -48,7 +48,7 @@ from streams.credentials import key_source
 from streams.kafka_clients import consumer
 from streams.settings import KafkaSettings, load_settings
 from streams.signing import MAC_FIELD, Keyring
-from streams.topics import KIND_HEADER, ROUTED, SOURCE_HEADER
+from streams.topics import KIND_HEADER, ROUTED, ROUTED_INPUTS, SOURCE_HEADER
 
 COMPARED = ("at", "outcome", "reason", "commands", "notifications", "input")
 
@@ -424,7 +424,7 @@ def replay(engine: Engine, kafka: KafkaSettings, out: TextIO, *, applier: bool |
            keyring: Keyring | None = None) -> Comparison:
     """Decide the routed topic again and compare with every record of the worker and, when
     ``applier`` (``None``: when it has written anything), of the applier."""
-    inputs = {_ref(r): r for r in read_topics(kafka, [kafka.topic("intents"), kafka.topic("k8s-events")])}
+    inputs = {_ref(r): r for r in read_topics(kafka, [kafka.topic(name) for name in ROUTED_INPUTS])}
     routed = list(read_topics(kafka, [kafka.topic(ROUTED)]))
     run = Replay(engine, kafka, keyring=keyring)
     recorded = {name: _json(read_topics(kafka, [kafka.topic(name)]), run.problems)
