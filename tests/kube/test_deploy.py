@@ -40,9 +40,9 @@ FIELD_MANAGER = "vmstream-deploy-test"
 SECRET = "vmstream-kafka"
 
 WATCH, APPLY, WORKER = "vmstream-watch", "vmstream-apply", "vmstream-worker"
-NOTIFY = "vmstream-notify"
-DEPLOYMENTS = {WORKER: 2, WATCH: 1, APPLY: 1, NOTIFY: 1}  # name → replicas
-COMMANDS = {WORKER: "worker", WATCH: "watch", APPLY: "apply", NOTIFY: "notify"}
+NOTIFY, API = "vmstream-notify", "vmstream-api"
+DEPLOYMENTS = {WORKER: 2, WATCH: 1, APPLY: 1, NOTIFY: 1, API: 2}  # name → replicas
+COMMANDS = {WORKER: "worker", WATCH: "watch", APPLY: "apply", NOTIFY: "notify", API: "api"}
 WRITABLE = ("/tmp", "/var/lib/vmstream")
 CONFIG_PATH = "/etc/vmstream/config.yaml"
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
@@ -128,6 +128,7 @@ def test_exactly_the_expected_objects_in_the_vmstream_namespace(rendered: list[M
             ("ServiceAccount", APPLY),
             ("ServiceAccount", WORKER),
             ("ServiceAccount", NOTIFY),
+            ("ServiceAccount", API),
             ("ClusterRole", WATCH),
             ("ClusterRole", APPLY),
             ("ClusterRoleBinding", WATCH),
@@ -144,12 +145,15 @@ def test_exactly_the_expected_objects_in_the_vmstream_namespace(rendered: list[M
             ("NetworkPolicy", "vmstream-watch-metrics"),
             ("NetworkPolicy", "vmstream-notify-egress"),
             ("NetworkPolicy", "vmstream-notify-metrics"),
+            ("NetworkPolicy", "vmstream-api-pages"),
             ("Deployment", WORKER),
             ("Deployment", WATCH),
             ("Deployment", APPLY),
             ("Deployment", NOTIFY),
+            ("Deployment", API),
             ("PodDisruptionBudget", WORKER),
             ("Service", WORKER),
+            ("Service", API),
         ]
     )
     for obj in rendered:
@@ -266,6 +270,15 @@ def test_the_worker_the_applier_and_the_bridge_are_probed_over_http(
     notify_env = {e["name"]: e.get("value") or e.get("valueFrom") for e in notify["env"]}
     assert notify_env["VMSTREAM_PROBE_HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert notify_env["VMSTREAM_PROBE_PORT"] == "6070"
+    api = _container(objects["Deployment", API])
+    api_ports = {p["name"]: p["containerPort"] for p in api["ports"]}
+    for kind, path in (("livenessProbe", "/health"), ("readinessProbe", "/ready"), ("startupProbe", "/health")):
+        get = api[kind]["httpGet"]
+        assert (get["path"], api_ports[get["port"]]) == (path, 6069), kind
+    api_env = {e["name"]: e.get("value") or e.get("valueFrom") for e in api["env"]}
+    assert api_env["VMSTREAM_API__HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert api_env["VMSTREAM_API__PORT"] == "6069"
+    assert api_env["VMSTREAM_API__OPERATOR_TOKEN"]["secretKeyRef"]["name"] == "vmstream-api"
 
 
 def test_the_worker_and_the_applier_are_static_group_members_named_by_their_pod(
@@ -277,7 +290,7 @@ def test_the_worker_and_the_applier_are_static_group_members_named_by_their_pod(
         assert sources["VMSTREAM_WORKER__GROUP_INSTANCE_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}, name
 
 
-@pytest.mark.parametrize("name", [WORKER, NOTIFY])
+@pytest.mark.parametrize("name", [WORKER, NOTIFY, API])
 def test_the_worker_and_notify_have_no_kubernetes_identity(
     objects: dict[tuple[str, str], Manifest], name: str
 ) -> None:
@@ -296,7 +309,7 @@ def test_the_worker_service_and_disruption_budget_select_the_worker_pods(
     deployment = objects["Deployment", WORKER]
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     others = [
-        objects["Deployment", n]["spec"]["template"]["metadata"]["labels"] for n in (WATCH, APPLY, NOTIFY)
+        objects["Deployment", n]["spec"]["template"]["metadata"]["labels"] for n in (WATCH, APPLY, NOTIFY, API)
     ]
     service = objects["Service", WORKER]["spec"]
     budget = objects["PodDisruptionBudget", WORKER]["spec"]
@@ -602,7 +615,7 @@ def test_the_applier_can_do_what_it_applies(rbac: Api, namespace_: str) -> None:
 
 
 @pytest.mark.kube
-@pytest.mark.parametrize("name", [WATCH, APPLY, WORKER, NOTIFY])
+@pytest.mark.parametrize("name", [WATCH, APPLY, WORKER, NOTIFY, API])
 def test_no_service_account_can_delete_nodes_read_secrets_or_create_pods(
     rbac: Api, name: str
 ) -> None:
@@ -650,6 +663,7 @@ def test_each_service_account_may_do_exactly_what_its_job_needs(rbac: Api) -> No
         APPLY: baseline | _granted(APPLY_GRANTS, rbac),
         WORKER: baseline,
         NOTIFY: baseline,
+        API: baseline,
     }
     for name, want in expected.items():
         got = allowed_set(sa_user(name))
@@ -687,7 +701,7 @@ def test_requests_made_as_the_service_accounts_are_allowed_or_forbidden(
             name: config.new_client_from_config(
                 config_file=str(kube.local.client_cert(sa_user(name), SA_GROUPS))
             )
-            for name in (WATCH, APPLY, WORKER, NOTIFY)
+            for name in (WATCH, APPLY, WORKER, NOTIFY, API)
         }
         try:
             status: dict[str, dict[str, int]] = {}
@@ -734,6 +748,10 @@ def test_requests_made_as_the_service_accounts_are_allowed_or_forbidden(
                 "patch node": 403, "delete node": 403, "list secrets": 403,
             },
             NOTIFY: {
+                "list vms": 403, "list nodes": 403, "get vm": 403, "patch vm": 403,
+                "patch node": 403, "delete node": 403, "list secrets": 403,
+            },
+            API: {
                 "list vms": 403, "list nodes": 403, "get vm": 403, "patch vm": 403,
                 "patch node": 403, "delete node": 403, "list secrets": 403,
             },
