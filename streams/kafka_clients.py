@@ -60,6 +60,18 @@ def consumer(kafka: KafkaSettings, *topics: str, **extra: Any) -> KafkaConsumer:
     return KafkaConsumer(*topics, **client_options(kafka), **extra)
 
 
+def aiokafka_options(kafka: KafkaSettings) -> dict[str, Any]:
+    """The same options for an aiokafka client of the worker's own (not made by Faust)."""
+    options: dict[str, Any] = {"security_protocol": kafka.security_protocol}
+    if kafka.security_protocol in ("SSL", "SASL_SSL"):
+        options["ssl_context"] = ssl.create_default_context(cafile=kafka.ssl_cafile)
+    if kafka.sasl_mechanism:
+        options["sasl_mechanism"] = kafka.sasl_mechanism
+        options["sasl_plain_username"] = kafka.sasl_username
+        options["sasl_plain_password"] = kafka.sasl_password.get_secret_value() if kafka.sasl_password else None
+    return options
+
+
 def faust_credentials(kafka: KafkaSettings) -> Any:
     """Faust's ``broker_credentials`` for the configured security protocol, or None."""
     import faust

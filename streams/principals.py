@@ -30,6 +30,7 @@ class Grants:
     write: tuple[str, ...] = ()
     groups: tuple[str, ...] = ()
     owned_prefix: str | None = None
+    read_prefixed: tuple[str, ...] = ()  # topics read by name prefix (another's changelogs)
 
 
 # The processes (their Kafka users are named as their ServiceAccounts) and the upstream
@@ -49,6 +50,8 @@ PRINCIPALS: dict[str, Grants] = {
         groups=("{app_id}-applier",),
     ),
     "vmstream-notify": Grants(read=("notifications",), groups=("vmstream-notify",)),
+    # vmstream api: the worker's tables, read-only, and its own compacted figures per class.
+    "vmstream-api": Grants(read=("gpu-classes",), write=("gpu-classes",), read_prefixed=("{app_id}-state-",)),
     "upstream-portal": Grants(write=("intents",)),
 }
 
@@ -65,6 +68,8 @@ def acls(principal: str, grants: Grants, kafka: KafkaSettings, *, app_id: str) -
     # READ and WRITE imply DESCRIBE.
     found += [allow(ACLOperation.READ, ResourceType.TOPIC, kafka.topic(topic)) for topic in grants.read]
     found += [allow(ACLOperation.WRITE, ResourceType.TOPIC, kafka.topic(topic)) for topic in grants.write]
+    found += [allow(ACLOperation.READ, ResourceType.TOPIC, prefix.format(app_id=app_id),
+                    ACLResourcePatternType.PREFIXED) for prefix in grants.read_prefixed]
     for group in grants.groups:
         found.append(allow(ACLOperation.READ, ResourceType.GROUP, group.format(app_id=app_id)))
     if grants.owned_prefix:

@@ -52,7 +52,7 @@ from streams.globalview import GlobalView
 from streams.heap import Heap
 from streams import faustfixes
 from streams.tablestate import Journal, TableState
-from streams.kafka_clients import faust_credentials
+from streams.kafka_clients import aiokafka_options, faust_credentials
 from streams.settings import Settings
 from streams.topics import KIND_HEADER, ROUTED, SOURCE_HEADER, changelog_topic, missing_topics
 
@@ -182,6 +182,7 @@ class Worker:
         self.view = GlobalView(
             self.kafka.bootstrap_servers,
             {name: changelog_topic(conf.app_id, self.tables[name].name) for name in GLOBAL_TABLES},
+            **aiokafka_options(self.kafka),
         )
         journal = self.app.Table("state-journal", key_type=str, value_type=bytes, partitions=self.kafka.partitions,
                                  help="input topic:partition:offset → its decision, until the offset is committed")
@@ -192,6 +193,7 @@ class Worker:
             self.kafka.bootstrap_servers,
             {name: changelog_topic(conf.app_id, self.tables[name].name) for name in PENDING_TABLES},
             decode=False,
+            **aiokafka_options(self.kafka),
         )
         self.app.task(self.pages_view.run)
         self.missing_topics: list[str] | None = None  # checked at start, then while any is missing

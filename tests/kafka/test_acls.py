@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import NewTopic
 from kafka.errors import TopicAuthorizationFailedError
 from kubernetes import client
 
@@ -32,18 +33,22 @@ from handlers.state import TABLES
 from streams.codecs import encode_message
 from streams.kafka_clients import admin_client, client_options
 from streams.localkafka import LocalKafka, Sasl
+from streams.processes import free_ports
 from streams.principals import PRINCIPALS, acls
 from streams.settings import KafkaSettings
 from streams.signing import Keyring
-from streams.topics import ROUTED, TOPICS as TOPIC_SPECS, changelog_topic, ensure_topics
+from streams.topics import TOPICS as TOPIC_SPECS, changelog_topic, ensure_topics
 from tests.kube_apiserver import Kube
 
 pytestmark = pytest.mark.kafka
 
 ROOT = Path(__file__).resolve().parents[2]
 APP_ID = "vmstream"
-TOPICS = ("intents", "k8s-events", ROUTED, "commands", "command-results", "notifications", "audit", "dlq")
+TOPICS = tuple(spec.name for spec in TOPIC_SPECS)  # every topic vmstream creates
 STRANGER = "stranger"  # authenticated, no ACL at all
+# The worker's Faust tables (streams/worker.py): one per rule table, and its journal.
+CHANGELOGS = tuple(changelog_topic(APP_ID, f"state-{name}") for name in (*TABLES, "journal"))
+SCRATCH = f"{APP_ID}-acl-scratch"  # a topic under the worker's prefix that no table reads
 
 
 class SecuredBroker:
@@ -70,7 +75,7 @@ def secured() -> Iterator[SecuredBroker]:
     with LocalKafka(sasl=sasl) as broker:
         secured = SecuredBroker(broker, sasl, f"t{uuid.uuid4().hex[:8]}.")
         admin_settings = secured.settings(sasl.admin)
-        ensure_topics(admin_settings, changelogs=(f"{APP_ID}-vms-changelog",))
+        ensure_topics(admin_settings, changelogs=(SCRATCH,))
         admin = admin_client(admin_settings)
         try:
             wanted = [acl for name, grants in PRINCIPALS.items()
@@ -212,9 +217,9 @@ def test_reads_follow_the_table(secured: SecuredBroker) -> None:
 
 def test_the_worker_owns_its_changelogs(secured: SecuredBroker) -> None:
     changelog = KafkaSettings(**{**secured.settings("vmstream-worker").model_dump(), "topic_prefix": ""})
-    assert _produce(changelog, (f"{APP_ID}-vms-changelog",)) == {f"{APP_ID}-vms-changelog": True}
+    assert _produce(changelog, (SCRATCH,)) == {SCRATCH: True}
     other = KafkaSettings(**{**secured.settings("vmstream-apply").model_dump(), "topic_prefix": ""})
-    assert _produce(other, (f"{APP_ID}-vms-changelog",)) == {f"{APP_ID}-vms-changelog": False}
+    assert _produce(other, (SCRATCH,)) == {SCRATCH: False}
 
 
 # ------------------------------------------------------------------------------ Strimzi
@@ -249,7 +254,7 @@ def test_the_strimzi_topics_are_every_topic_the_processes_use() -> None:
     documents = [d for d in yaml.safe_load_all((ROOT / "deploy/components/strimzi/kafkatopics.yaml").read_text()) if d]
     topics = {d["metadata"]["name"]: d["spec"] for d in documents if d["kind"] == "KafkaTopic"}
     kafka = KafkaSettings()
-    changelogs = {changelog_topic(APP_ID, table) for table in TABLES}
+    changelogs = set(CHANGELOGS)
     assert set(topics) == {kafka.topic(spec.name) for spec in TOPIC_SPECS} | changelogs | {
         f"{APP_ID}-__assignor-__leader"}
     for spec in TOPIC_SPECS:
@@ -333,3 +338,72 @@ def test_the_applier_does_its_job_on_its_own_acls(secured: SecuredBroker, kube: 
                 process.kill()
                 process.wait()
             client.CoreV1Api(api).delete_node(node)
+
+
+def test_the_worker_does_its_job_on_its_own_acls(secured: SecuredBroker, tmp_path: Path) -> None:
+    """``vmstream worker`` as ``vmstream-worker``, topics made by the platform (here: the
+    admin) and ``kafka.create_topics: false``: it reads an intent written by an upstream
+    service, keeps its tables and writes its audit record."""
+    own = secured.settings("vmstream-worker")
+    admin = admin_client(secured.settings(secured.sasl.admin))
+    try:
+        admin.create_topics([NewTopic(f"{APP_ID}-__assignor-__leader", 1, 1)])
+    finally:
+        admin.close()
+    ensure_topics(secured.settings(secured.sasl.admin), changelogs=CHANGELOGS)
+    [web_port] = free_ports(1)
+    env = {
+        **os.environ, "PYTHONUNBUFFERED": "1",
+        "VMSTREAM_KAFKA__BOOTSTRAP_SERVERS": own.bootstrap_servers,
+        "VMSTREAM_KAFKA__TOPIC_PREFIX": own.topic_prefix,
+        "VMSTREAM_KAFKA__PARTITIONS": "1",
+        "VMSTREAM_KAFKA__SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "VMSTREAM_KAFKA__SASL_MECHANISM": "SCRAM-SHA-512",
+        "VMSTREAM_KAFKA__SASL_USERNAME": "vmstream-worker",
+        "VMSTREAM_KAFKA__SASL_PASSWORD": secured.sasl.users["vmstream-worker"],
+        "VMSTREAM_KAFKA__CREATE_TOPICS": "false",
+        "VMSTREAM_WORKER__APP_ID": APP_ID,
+        "VMSTREAM_WORKER__WEB_PORT": str(web_port),
+        "VMSTREAM_AUTH__MODE": "none",  # intents at their word: this test is about Kafka
+    }
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "streams.cli", "worker", "--config", str(ROOT / "examples/config.yaml")],
+            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        intent_id = f"it-acl-{uuid.uuid4().hex[:8]}"
+        intent = {"intent_id": intent_id, "type": "set_gpu", "requested_by": "alice@example.com",
+                  "project": "proj-a", "spec": {"namespace": "spx-proj-a", "name": "nowhere",
+                                                "gpu_class": "nvidia-a100"}}
+        portal = KafkaProducer(**client_options(secured.settings("upstream-portal")))
+        try:
+            portal.send(own.topic("intents"), key=b"vm/spx-proj-a/nowhere",
+                        value=json.dumps(intent).encode()).get(timeout=15)
+        finally:
+            portal.close(timeout=5)
+        reader = KafkaConsumer(group_id=None, enable_auto_commit=False,
+                               **client_options(secured.settings(secured.sasl.admin)))
+        try:
+            partition = TopicPartition(own.topic("audit"), 0)
+            reader.assign([partition])
+            reader.seek_to_beginning(partition)
+            deadline = time.monotonic() + 180
+            audits: list[dict[str, Any]] = []
+            while not audits:
+                assert process.poll() is None, log_path.read_text(errors="replace")[-4000:]
+                assert time.monotonic() < deadline, f"no audit record: {log_path.read_text(errors='replace')[-4000:]}"
+                for records in reader.poll(timeout_ms=500).values():
+                    audits += [v for v in (json.loads(r.value) for r in records)
+                               if (v.get("input") or {}).get("ref") == intent_id]
+        finally:
+            reader.close()
+        assert audits[0]["outcome"] in ("accepted", "rejected"), audits
+        assert "AuthorizationFailed" not in log_path.read_text(errors="replace")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
