@@ -209,7 +209,8 @@ class Api:
     @aiohttp.web.middleware
     async def _guard(self, request: aiohttp.web.Request, handler: Any) -> aiohttp.web.StreamResponse:
         if request.path in PUBLIC:
-            return await handler(request)  # type: ignore[no-any-return]
+            public: aiohttp.web.StreamResponse = await handler(request)
+            return public
         caller = caller_of(request.headers.get("Authorization", ""), self.tokens)
         if caller is None:
             return _problem(401, "a bearer token is required",
@@ -217,7 +218,8 @@ class Api:
         if not self.ready:
             return _problem(503, "the tables are not read yet")
         request["caller"] = caller
-        return await handler(request)  # type: ignore[no-any-return]
+        answer: aiohttp.web.StreamResponse = await handler(request)
+        return answer
 
     async def _health(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
         return aiohttp.web.json_response({"status": "ok"})

@@ -73,14 +73,19 @@ class ApiProcess(VmstreamProcess):
             time.sleep(0.2)  # polling interval of a readiness probe
         raise AssertionError(f"api {self.name} not ready after {timeout}s:\n{self.tail()}")
 
-    def get(self, path: str, token: str | None = None) -> tuple[int, Any]:
+    def get(self, path: str, token: str | None = None, *, method: str = "GET") -> tuple[int, Any]:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        request = urllib.request.Request(f"http://127.0.0.1:{self.web_port}{path}", headers=headers)
+        request = urllib.request.Request(f"http://127.0.0.1:{self.web_port}{path}", headers=headers, method=method,
+                                         data=b"{}" if method != "GET" else None)
         try:
             with urllib.request.urlopen(request, timeout=5) as answer:
                 return answer.status, json.loads(answer.read())
         except urllib.error.HTTPError as error:
-            return error.code, json.loads(error.read() or b"null")
+            body = error.read()
+            try:
+                return error.code, json.loads(body or b"null")
+            except ValueError:
+                return error.code, body.decode(errors="replace")
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return 0, None
 
@@ -176,6 +181,9 @@ def test_two_replicas_answer_alike_tokens_are_scoped_and_the_class_topic_is_curr
         assert api.get("/v1/gpu-classes", "proj-a-token") == (200, expected_all_classes)
         assert api.get("/v1/vms/spx-proj-b/nope", OPERATOR)[0] == 404
         assert api.get("/v1/vms/spx-proj-b/nope", "proj-a-token")[0] == 403
+        # Read-only: nothing but GET is routed.
+        assert api.get("/v1/projects/proj-b", OPERATOR, method="POST")[0] == 405
+        assert api.get("/v1/vms/spx-proj-b/dev-1", OPERATOR, method="DELETE")[0] == 405
 
         # The compacted topic: one current record per class, whoever published it.
         topic.wait_for({c["name"]: c for c in expected_all_classes["classes"]})
