@@ -91,7 +91,7 @@ def pages_guard(token: str | None) -> Any:
     async def guard(request: Any, handler: Any) -> Any:
         if request.path.rstrip("/") in PUBLIC_PAGES:
             return await handler(request)
-        given = request.headers.get("Authorization", "").encode()
+        given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")  # bytes as sent
         if expected is not None and hmac.compare_digest(given, expected):
             return await handler(request)
         return aiohttp.web.json_response({"error": "a bearer token is required"}, status=401,
