@@ -89,7 +89,8 @@ def main() -> int:
         bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or stack.enter_context(LocalKafka()).bootstrap_servers
         kube = stack.enter_context(LocalKube())
         api = kube.api_client()
-        client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})
+        # A project namespace: the applier writes nowhere else (docs/security.md).
+        client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE, "labels": {PROJECT_LABEL: "bench"}}})
         custom = client.CustomObjectsApi(api)
         names = [f"vm-{i:05d}" for i in range(args.vms)]
         started = time.monotonic()
