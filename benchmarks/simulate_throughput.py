@@ -110,6 +110,7 @@ MIX: dict[str, float] = {
     "malformed": 0.002,
     "node_flap": 0.002,
 }
+MIX_KINDS, MIX_WEIGHTS = list(MIX), list(MIX.values())
 
 
 # ------------------------------------------------------------------ the cluster model
@@ -225,9 +226,11 @@ class Generator:
     deadline) are queued on the cluster clock and interleaved with the background traffic.
     """
 
-    def __init__(self, rng: random.Random, *, vms: int, nodes: int, limit: int, out: TextIO) -> None:
+    def __init__(self, rng: random.Random, *, vms: int, nodes: int, limit: int, out: TextIO,
+                 events_per_drain: int = EVENTS_PER_DRAIN) -> None:
         self.rng = rng
         self.limit = limit
+        self.events_per_drain = events_per_drain
         self.out = out
         self.script = Script(START)
         self.written = 0
@@ -426,25 +429,34 @@ class Generator:
         # Drains start spread over the stream, the last early enough for its deadline to pass
         # (a notice of 900 s is some 7,000 lines at this pace).
         begin, rest = self.count, self.limit - self.count
-        drains = max(1, rest // EVENTS_PER_DRAIN)
+        drains = max(1, rest // self.events_per_drain)
         window = max(rest - DRAIN_TAIL_LINES, rest // 2)
         drain_at = [begin + window * (2 * i + 1) // (2 * drains) for i in range(drains)]
         kinds = ("intent", "cordon", "maintenance", "eviction")
-        kinds_list, weights = list(MIX), list(MIX.values())
+
+        def drain_now() -> bool:
+            if not (drain_at and self.count >= drain_at[0]):
+                return False
+            drain_at.pop(0)
+            self.drain(kinds[(drains - len(drain_at) - 1) % len(kinds)])
+            return True
+
         while self.count < self.limit:
-            due = self.now + timedelta(seconds=self.rng.expovariate(1 / MEAN_GAP_SECONDS))
-            if self._queue and self._queue[0][0] <= due:
-                at, _, action = heapq.heappop(self._queue)
-                self._advance_to(at)
-                action()
-            else:
-                self._advance_to(due)
-                if drain_at and self.count >= drain_at[0]:
-                    drain_at.pop(0)
-                    self.drain(kinds[(drains - len(drain_at) - 1) % len(kinds)])
-                else:
-                    getattr(self, f"_bg_{self.rng.choices(kinds_list, weights)[0]}")()
-            self.flush()
+            self.step(drain_now)
+
+    def step(self, drain_now: Callable[[], bool] | None = None) -> None:
+        """One action on the cluster clock: a follow-up that is due, else a drain if
+        ``drain_now`` starts one, else a piece of background traffic (MIX)."""
+        due = self.now + timedelta(seconds=self.rng.expovariate(1 / MEAN_GAP_SECONDS))
+        if self._queue and self._queue[0][0] <= due:
+            at, _, action = heapq.heappop(self._queue)
+            self._advance_to(at)
+            action()
+        else:
+            self._advance_to(due)
+            if drain_now is None or not drain_now():
+                getattr(self, f"_bg_{self.rng.choices(MIX_KINDS, MIX_WEIGHTS)[0]}")()
+        self.flush()
 
     # -------------------------------------------------------- background traffic
 
@@ -804,12 +816,14 @@ class Generator:
         self.later(self.rng.uniform(1, 3) if intent else 0, back)
 
 
-def generate(path: Path, *, vms: int, nodes: int, events: int, seed: int) -> Counter[str]:
+def generate(path: Path, *, vms: int, nodes: int, events: int, seed: int,
+             events_per_drain: int = EVENTS_PER_DRAIN) -> Counter[str]:
     """Write the stream to ``path``; returns how many lines of each kind it holds."""
     if nodes < 5 or vms < 1 or events < 1:
         raise SystemExit("need at least 5 nodes, 1 VM and 1 event")
     with path.open("w", encoding="utf-8") as out:
-        generator = Generator(random.Random(seed), vms=vms, nodes=nodes, limit=events, out=out)
+        generator = Generator(random.Random(seed), vms=vms, nodes=nodes, limit=events, out=out,
+                              events_per_drain=events_per_drain)
         generator.run()
     return generator.mix
 
@@ -987,6 +1001,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--nodes", type=int, default=1_000, help="nodes, 20%% with GPUs (default 1,000)")
     parser.add_argument("--events", type=int, default=100_000, help="input lines in total (default 100,000)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the generator (default 1)")
+    parser.add_argument("--events-per-drain", type=int, default=EVENTS_PER_DRAIN, metavar="N",
+                        help=f"a drain every N input lines, as far as nodes are free for one "
+                             f"(default {EVENTS_PER_DRAIN:,}; 100: 1 %% drains)")
     parser.add_argument("--out", type=Path, help="where to write the JSONL input (default: a temp dir, removed)")
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="run each measurement N times and keep the fastest (for a busy machine)")
@@ -1007,7 +1024,8 @@ def main(argv: list[str] | None = None) -> int:
         write_config(config)
 
         started = time.perf_counter()
-        mix = generate(inputs_path, vms=args.vms, nodes=args.nodes, events=args.events, seed=args.seed)
+        mix = generate(inputs_path, vms=args.vms, nodes=args.nodes, events=args.events, seed=args.seed,
+                       events_per_drain=args.events_per_drain)
         inputs = count_lines(inputs_path)
         size_mib = inputs_path.stat().st_size / 2**20
         print(f"generated {inputs:,} input lines ({size_mib:,.1f} MiB) in "

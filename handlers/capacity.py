@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from handlers.admission import permitted
 from handlers.catalog import Catalog
 from handlers.cluster import NodeRecord, NodeUsage, Resident
-from handlers.state import Overlay, StateView
+from handlers.state import Overlay, StateView, UsageTotals
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +30,15 @@ class Capacity:
 
 
 def capacity(state: StateView, device_name: str, *, excluding_node: str | None = None) -> Capacity:
-    """Capacity of ``device_name``, optionally as seen from outside one node (a drain)."""
+    """Capacity of ``device_name``, optionally as seen from outside one node (a drain).
+
+    Over a state that keeps :class:`~handlers.state.UsageTotals` (``MemoryState``, and a
+    decision's :class:`~handlers.state.Overlay` on it), the sums kept along, corrected by
+    the nodes this decision changed and the one excluded; else a pass over every node.
+    """
+    indexed = _indexed(state, device_name, excluding_node)
+    if indexed is not None:
+        return indexed
     total = schedulable = used = free = 0
     for usage in state.values("usage"):
         allocatable = usage.allocatable.get(device_name, 0)
@@ -42,6 +50,22 @@ def capacity(state: StateView, device_name: str, *, excluding_node: str | None =
             used += min(usage.held.get(device_name, 0), allocatable)
             free += usage.free(device_name)
     return Capacity(device_name, total, schedulable, used, free)
+
+
+def _indexed(state: StateView, device_name: str, excluding_node: str | None) -> Capacity | None:
+    base, own = (state.base, state.changed("usage")) if isinstance(state, Overlay) else (state, {})
+    totals: UsageTotals | None = getattr(base, "usage_totals", None)
+    if totals is None:
+        return None
+    sums = list(totals.get(device_name))
+    corrections = dict(own)
+    if excluding_node is not None:
+        corrections[excluding_node] = None
+    for node, usage in corrections.items():
+        before, after = UsageTotals.share(base.get("usage", node), device_name), UsageTotals.share(usage, device_name)
+        for i in range(4):
+            sums[i] += after[i] - before[i]
+    return Capacity(device_name, *sums)
 
 
 def capacity_report(state: StateView, catalog: Catalog) -> dict[str, dict[str, object]]:

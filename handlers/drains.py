@@ -39,7 +39,7 @@ from handlers.capacity import capacity
 from handlers.cluster import NodeRecord, Resident
 from handlers.decisions import Context, node_subject, vm_subject
 from handlers.messages import ObjectRef
-from handlers.state import DrainEpisode, DrainOutcome, DrainScope, DrainSource, ObservedFate
+from handlers.state import DeadlineIndex, DrainEpisode, DrainOutcome, DrainScope, DrainSource, ObservedFate, StateView
 
 # What KubeVirt's VM controller does once a VM's VMI is gone (deleted, as a drain does),
 # by run strategy: pkg/virt-controller/watch/vm/vm.go, ``Controller.syncRunStrategy``.
@@ -239,6 +239,16 @@ def due_deadlines(episodes: Iterable[DrainEpisode], now: datetime) -> list[str]:
     return sorted(e.node for e in episodes if not e.deadline_passed and not e.completed and e.deadline <= now)
 
 
+def due_nodes(state: StateView, now: datetime) -> list[str]:
+    """The nodes whose deadline may be due at ``now``, in name order: the state's
+    :class:`~handlers.state.DeadlineIndex` when it keeps one (``MemoryState``), else every
+    episode looked at. A candidate is fired only if its row says so (``Engine.on_tick``)."""
+    index: DeadlineIndex | None = getattr(state, "deadlines", None)
+    if index is not None:
+        return index.due(now)
+    return due_deadlines((e for e in state.values("drains") if e is not None), now)
+
+
 def _requesters(ctx: Context, episode: DrainEpisode) -> list[str]:
     return [episode.requested_by] if episode.requested_by else list(ctx.config.operators)
 
@@ -332,6 +342,7 @@ def plan_fates(
         if r.has_vm and restarts_by_itself(r.run_strategy) and r.template_gpus
     )
     plans: dict[str, tuple[DrainOutcome, int | None, int | None]] = {}
+    free_of: dict[str, int] = {}  # the same for every VM of a class: asked once
     for resident in sorted(residents, key=lambda r: r.key):
         if not resident.has_vm or not restarts_by_itself(resident.run_strategy):
             plans[resident.key] = ("needs_manual_start", None, None)
@@ -340,7 +351,9 @@ def plan_fates(
             plans[resident.key] = ("returns_automatically", None, None)
             continue
         device = resident.template_gpus[0]
-        free = capacity(ctx.state, device, excluding_node=episode.node).free
+        free = free_of.get(device)
+        if free is None:
+            free = free_of[device] = capacity(ctx.state, device, excluding_node=episode.node).free
         fate: DrainOutcome = "returns_automatically" if free >= competing[device] else "waits_for_gpu"
         plans[resident.key] = (fate, free, competing[device])
     return plans

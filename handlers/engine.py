@@ -34,7 +34,7 @@ from handlers.auth import (
 from handlers.catalog import Catalog
 from handlers.config import Config
 from handlers.decisions import Context, Decision, Output, ResidentUpdate, subject_of_key
-from handlers.drains import due_deadlines, fire_deadline
+from handlers.drains import due_deadlines, due_nodes, fire_deadline
 from handlers.intents import create_vm, drain_node, restart_vm, set_gpu, undrain_node
 from handlers.messages import (
     KEY_MAX,
@@ -277,10 +277,10 @@ class Engine:
     def on_tick(self, state: StateView, now: datetime, *, only: str | None = None) -> list[Result]:
         """Fire every drain deadline due at ``now`` (or only ``only``'s); one decision per node."""
         results = []
-        episodes = state.values("drains") if only is None else [state.get("drains", only)]
-        due = {e.node: e for e in episodes if e is not None}
-        for node in due_deadlines(due.values(), now):
-            episode: DrainEpisode = due[node]
+        for node in due_nodes(state, now) if only is None else [only]:
+            episode: DrainEpisode | None = state.get("drains", node)
+            if episode is None or not due_deadlines([episode], now):
+                continue
             # Decided *as of the deadline*, however late the timer fires: a replay or a
             # simulation reissues byte-identical commands.
             ctx = self._context(state, episode.deadline, f"deadline/{node}/{episode.episode}")

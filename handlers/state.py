@@ -29,6 +29,7 @@ reads all of them.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -121,6 +122,93 @@ class Change:
     value: Any | None  # None deletes the key
 
 
+class DeadlineIndex:
+    """The drain deadlines still to fire, by time: derived from the ``drains`` table alone.
+
+    Whoever keeps the table tells the index each row it writes (:meth:`note`), so asking
+    which deadlines are due costs the number of due ones, not the number of episodes. It is
+    a hint, never the truth: :meth:`due` names the nodes whose indexed deadline is due, and
+    the engine checks each against the table before it fires anything. Rebuilt from the
+    table's rows (:meth:`of`), it gives the same answers as the one kept along.
+    """
+
+    def __init__(self) -> None:
+        self._deadline: dict[str, datetime] = {}  # node → the deadline of its episode still to fire
+        self._heap: list[tuple[datetime, str]] = []  # may hold entries no longer current
+
+    @classmethod
+    def of(cls, episodes: Iterable[DrainEpisode | None]) -> DeadlineIndex:
+        index = cls()
+        for episode in episodes:
+            if episode is not None:
+                index.note(episode.node, episode)
+        return index
+
+    def note(self, node: str, episode: DrainEpisode | None) -> None:
+        """The ``drains`` row of ``node`` is now ``episode`` (None: deleted)."""
+        if episode is None or episode.deadline_passed or episode.completed:
+            self._deadline.pop(node, None)
+            return
+        if self._deadline.get(node) != episode.deadline:
+            self._deadline[node] = episode.deadline
+            heapq.heappush(self._heap, (episode.deadline, node))
+            if len(self._heap) > 2 * len(self._deadline) + 64:
+                self._heap = [(at, name) for name, at in self._deadline.items()]
+                heapq.heapify(self._heap)
+
+    def due(self, now: datetime) -> list[str]:
+        """The nodes whose deadline is at or before ``now``, in name order; they stay
+        indexed until their row says the deadline passed."""
+        due: set[str] = set()
+        while self._heap and self._heap[0][0] <= now:
+            at, node = heapq.heappop(self._heap)
+            if self._deadline.get(node) == at:
+                due.add(node)
+        for node in due:
+            heapq.heappush(self._heap, (self._deadline[node], node))
+        return sorted(due)
+
+    def __len__(self) -> int:
+        return len(self._deadline)
+
+
+class UsageTotals:
+    """GPU cards per device summed over every node's :class:`~handlers.cluster.NodeUsage`,
+    kept as ``usage`` rows change: capacity without a pass over every node."""
+
+    def __init__(self) -> None:
+        self._sums: dict[str, list[int]] = {}  # device → [total, schedulable, used, free]
+
+    @staticmethod
+    def share(usage: NodeUsage | None, device: str) -> tuple[int, int, int, int]:
+        """One node's part of ``device``'s capacity: (total, schedulable, used, free)."""
+        if usage is None:
+            return 0, 0, 0, 0
+        allocatable = usage.allocatable.get(device, 0)
+        if not allocatable:
+            return 0, 0, 0, 0
+        if not usage.schedulable:
+            return allocatable, 0, 0, 0
+        return allocatable, allocatable, min(usage.held.get(device, 0), allocatable), usage.free(device)
+
+    def note(self, old: NodeUsage | None, new: NodeUsage | None) -> None:
+        """A node's usage row went from ``old`` to ``new``."""
+        for usage, sign in ((old, -1), (new, 1)):
+            if usage is None:
+                continue
+            for device in usage.allocatable:
+                part = self.share(usage, device)
+                if part == (0, 0, 0, 0):
+                    continue
+                sums = self._sums.setdefault(device, [0, 0, 0, 0])
+                for i in range(4):
+                    sums[i] += sign * part[i]
+
+    def get(self, device: str) -> tuple[int, int, int, int]:
+        sums = self._sums.get(device)
+        return (0, 0, 0, 0) if sums is None else (sums[0], sums[1], sums[2], sums[3])
+
+
 class StateView(Protocol):
     """Read access to state: all a handler may know besides its input and the time."""
 
@@ -134,6 +222,8 @@ class MemoryState:
 
     def __init__(self) -> None:
         self.tables: dict[str, dict[str, Any]] = {name: {} for name in TABLES}
+        self.deadlines = DeadlineIndex()  # of the ``drains`` rows
+        self.usage_totals = UsageTotals()  # of the ``usage`` rows
 
     def get(self, table: TableName, key: str) -> Any | None:
         return self.tables[table].get(key)
@@ -143,10 +233,15 @@ class MemoryState:
 
     def apply(self, changes: Iterable[Change]) -> None:
         for change in changes:
+            rows = self.tables[change.table]
+            if change.table == "usage":
+                self.usage_totals.note(rows.get(change.key), change.value)
+            elif change.table == "drains":
+                self.deadlines.note(change.key, change.value)
             if change.value is None:
-                self.tables[change.table].pop(change.key, None)
+                rows.pop(change.key, None)
             else:
-                self.tables[change.table][change.key] = change.value
+                rows[change.key] = change.value
 
     def sizes(self) -> dict[str, int]:
         return {name: len(table) for name, table in self.tables.items()}
@@ -180,6 +275,10 @@ class Overlay:
             if value.node not in mine:
                 yield value
         yield from (value for value in mine.values() if value is not None)
+
+    def changed(self, table: TableName) -> dict[str, Any | None]:
+        """This decision's own rows of ``table`` so far (None: deleted)."""
+        return {key: value for (name, key), value in self._changes.items() if name == table}
 
     def changes(self) -> list[Change]:
         return [Change(table, key, value) for (table, key), value in self._changes.items()]

@@ -1,0 +1,419 @@
+"""Is the engine flat? Its cost per input over AZs of 1k, 10k and 100k VMs with 0, 100 and
+1,000 drains in flight, the mix of ``simulate_throughput.py`` with 1 % drains, and the
+engine time of the drains that tell the most owners at once.
+
+Why this exists: the worker and ``vmstream simulate`` decide one input at a time; if what
+one input costs grew with the drains in flight, the nodes, the VMs or the pending restarts,
+the busiest hour of an AZ (a rack drained for a firmware upgrade) would be the slowest.
+Targets (issue 14): inputs/s within 20 % across the grid; ≥ 20,000 inputs/s on one core on
+the 1 % drain mix; peak RSS < 1 GiB with 100k VMs; a 500-VM drain and a NodeMaintenance on
+50 nodes each decided well within 1 s.
+
+What it does, each part in a child process of its own (so that a part's peak RSS is its
+own, and so that ``--baseline`` runs the very same script in another tree):
+
+1. **grid** — per VM count, an AZ from ``simulate_throughput.Generator`` (nodes: a tenth of
+   the VMs, at least 1,100 so that 1,000 of them can be drained) relisted through the
+   engine; then, in turn, 0, 100 and 1,000 drains in flight (``drain_node`` intents with a
+   day's notice, each node cordoned after it — GPU nodes with GPU VMs first), each followed
+   by the same number of inputs of background traffic (the MIX of simulate_throughput.py:
+   heartbeats, VM and VMI updates, restarts, intents, follow-ups), which alone are timed;
+2. **mix** — simulate_throughput.py's stream of 10,000 VMs / 1,000 nodes with a drain every
+   100 lines (as far as GPU nodes are free for one), through ``Simulation.feed``;
+3. **scale** — a node with 500 GPU VMs drained by one intent, then NodeMaintenances on 50
+   nodes of 8 GPU VMs one after the other: the engine time (decision, its state applied,
+   the node learning of its residents) and the owners told by that decision.
+
+The machine is shared: every row prints the load average, and rates are given per second
+of wall clock and per second of this process's CPU (user + system), which swings much less.
+Inputs are JSON lines made before timing starts; the timed loop is ``Simulation.feed_line``
+into a counting sink, as in simulate_throughput.py.
+
+Run it from the repository root::
+
+    .venv/bin/python benchmarks/engine_grid.py --quick        # 1k and 10k VMs, fewer inputs (≈ 1 min)
+    .venv/bin/python benchmarks/engine_grid.py                # the whole grid, 100k VMs included
+    # the previous commit side by side, in a snapshot of it:
+    mkdir -p /tmp/before && git archive HEAD~1 | tar -x -C /tmp/before
+    .venv/bin/python benchmarks/engine_grid.py --quick --baseline /tmp/before
+
+``--baseline DIR`` copies this script and simulate_throughput.py into ``DIR/benchmarks/``
+(overwriting them there) and runs each part in DIR right after the same part here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import json
+import os
+import pstats
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import simulate_throughput as st  # noqa: E402  (benchmarks/ is this script's directory)
+
+from handlers.engine import Engine  # noqa: E402
+from handlers.state import MemoryState  # noqa: E402
+from streams.scenarios import RTX, Script, node, node_maintenance, vm, vmi  # noqa: E402
+from streams.settings import load_settings  # noqa: E402
+from streams.simulating import Simulation  # noqa: E402
+
+HERE = Path(__file__).resolve()
+TARGET_SPREAD = 0.20
+TARGET_MIX_RATE = 20_000.0
+TARGET_RSS_MIB = 1024.0
+DRAIN_NOTICE = 86_400  # a day: no deadline passes while a cell is timed
+
+
+def load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def peak_rss_mib() -> float:
+    for row in Path("/proc/self/status").read_text().splitlines():
+        if row.startswith("VmHWM:"):
+            return int(row.split()[1]) / 1024
+    return float("nan")
+
+
+def reset_peak_rss() -> None:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def simulation(config: Path) -> Simulation:
+    settings = load_settings(config)
+    return Simulation(Engine(settings.rules()), settings.kafka)
+
+
+class Lines:
+    """Stands in for the generator's output file: keeps the lines of one phase."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def write(self, text: str) -> None:
+        if text != "\n":
+            self.lines.append(text)
+
+    def take(self) -> list[str]:
+        taken, self.lines = self.lines, []
+        return taken
+
+
+def feed(sim: Simulation, lines: Iterable[str], sink: st.CountingSink, first: int = 1) -> None:
+    for number, text in enumerate(lines, start=first):
+        for output in sim.feed_line(text, number):
+            sink.write(output)
+
+
+def timed(sim: Simulation, lines: list[str], profiler: cProfile.Profile | None = None) -> dict[str, float]:
+    sink = st.CountingSink()
+    gc.collect()
+    if profiler is not None:
+        profiler.enable()
+    wall, cpu = time.perf_counter(), time.process_time()
+    feed(sim, lines, sink)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    if profiler is not None:
+        profiler.disable()
+    return {"inputs": len(lines), "outputs": sink.lines, "wall": wall, "cpu": cpu,
+            "rate": len(lines) / wall, "cpu_rate": len(lines) / cpu}
+
+
+def episodes(state: MemoryState) -> tuple[int, int]:
+    """Drain episodes in the table, and those of them whose deadline is still to fire."""
+    rows = list(state.values("drains"))
+    return len(rows), sum(1 for e in rows if not e.deadline_passed and not e.completed)
+
+
+# ------------------------------------------------------------------------------ grid
+
+
+def drain_hosts(gen: st.Generator, count: int) -> list[st.NodeState]:
+    """Nodes to drain, not drained yet: GPU nodes with GPU VMs first, then any other."""
+    free = [n for n in gen.all_nodes if not n.busy and n.schedulable]
+    crowded = [n for n in free if any(gen.vmis[k].gpu for k in n.vmis)]
+    chosen = {n.name for n in crowded}
+    rest = [n for n in free if n.name not in chosen] if len(crowded) < count else []
+    return (crowded + rest)[:count]
+
+
+def open_drains(gen: st.Generator, count: int) -> int:
+    """``count`` drain intents with a day's notice, each node cordoned as kubectl would show."""
+    hosts = drain_hosts(gen, count)
+    gen.limit = 10**12  # background() cut the stream at its end
+    for host in hosts:
+        host.busy = True
+        gen._intent("drain_node", {"node": host.name, "reason": "rack firmware upgrade",
+                                   "notice_seconds": DRAIN_NOTICE}, by=st.OPS, project=None)
+        gen._cordon(host, True)
+        gen.flush()
+    return len(hosts)
+
+
+def background(gen: st.Generator, count: int) -> None:
+    gen.limit = gen.written + count
+    while gen.written < gen.limit:
+        gen.step()
+
+
+def run_grid_row(vms: int, drains: list[int], inputs: int, config: Path, seed: int,
+                 profile: int) -> dict[str, Any]:
+    nodes = max(vms // 10, 1_100)
+    out = Lines()
+    gen = st.Generator(random.Random(seed), vms=vms, nodes=nodes, limit=10**12, out=out)
+    gen.relist()
+    gen.flush()
+    phases: list[tuple[str, list[str], int]] = [("relist", out.take(), 0)]
+    opened = 0
+    for target in drains:
+        opened += open_drains(gen, target - opened)
+        phases.append(("drains", out.take(), opened))
+        background(gen, inputs)
+        phases.append(("timed", out.take(), opened))
+    del gen
+    gc.collect()
+    reset_peak_rss()
+    sim = simulation(config)
+    cells = []
+    fed = 0
+    for kind, lines, opened in phases:
+        if kind != "timed":
+            feed(sim, lines, st.CountingSink(), fed + 1)
+            fed += len(lines)
+            continue
+        profiler = cProfile.Profile() if profile and opened == max(drains) else None
+        cell = {"vms": vms, "nodes": nodes, "drains": opened, **timed(sim, lines, profiler)}
+        cell["episodes"], cell["to_fire"] = episodes(sim.state)
+        cell["load"] = load()
+        cells.append(cell)
+        fed += len(lines)
+        if profiler is not None:
+            print(f"cProfile of the {vms:,} VMs / {opened:,} drains cell, top {profile} by tottime:", file=sys.stderr)
+            pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(profile)
+    return {"cells": cells, "peak_rss_mib": peak_rss_mib(), "rows": sum(len(t) for t in sim.state.tables.values())}
+
+
+# ------------------------------------------------------------------------------- mix
+
+
+def run_mix(events: int, config: Path, seed: int, every: int, profile: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="vmstream-grid-") as tmp:
+        path = Path(tmp) / "mix.jsonl"
+        mix = st.generate(path, vms=10_000, nodes=1_000, events=events, seed=seed, events_per_drain=every)
+        lines = path.read_text(encoding="utf-8").splitlines()
+    drains = sum(n for kind, n in mix.items() if any(w in kind for w in ("drain", "cordon", "maintenance", "evict")))
+    sim = simulation(config)
+    profiler = cProfile.Profile() if profile else None
+    result = timed(sim, lines, profiler)
+    if profiler is not None:
+        print(f"cProfile of the 1 % drain mix, top {profile} by tottime:", file=sys.stderr)
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(profile)
+    result["episodes"], result["to_fire"] = episodes(sim.state)
+    result["drain_lines"] = drains
+    result["load"] = load()
+    return result
+
+
+# ----------------------------------------------------------------------------- scale
+
+
+def crowded_node(s: Script, name: str, gpus: int, owners: int) -> None:
+    s.event("ADDED", node(name, gpus={RTX: gpus}))
+    for i in range(gpus):
+        vm_name = f"{name}-vm-{i:03d}"
+        s.event("ADDED", vm(f"spx-proj-{i % 40:02d}", vm_name, project=f"proj-{i % 40:02d}",
+                            owner=f"user-{i % owners:03d}@example.com",
+                            run_strategy="Always" if i % 2 else "Manual", gpu=RTX))
+        s.event("ADDED", vmi(f"spx-proj-{i % 40:02d}", vm_name, node_name=name, gpu=RTX,
+                             cpu_model="host-passthrough"))
+        s.wait(0.001)
+
+
+def decided(sim: Simulation, line: dict[str, Any], number: int) -> tuple[float, int, int]:
+    """Engine CPU seconds for one input (with the node learning of it), owners told, audit records."""
+    text = json.dumps(line, sort_keys=True)
+    started = time.process_time()
+    outputs = list(sim.feed_line(text, number))
+    seconds = time.process_time() - started
+    told = sum(1 for o in outputs if '"type":"drain_will_stop_gpu_vm"' in o)
+    audits = sum(1 for o in outputs if o.startswith('{"topic":"vmstream.audit"'))
+    return seconds, told, audits
+
+
+def run_scale(vms: int, config: Path, seed: int) -> dict[str, Any]:
+    out = Lines()
+    gen = st.Generator(random.Random(seed), vms=vms, nodes=max(vms // 10, 5), limit=10**12, out=out)
+    gen.relist()
+    gen.flush()
+    s = Script(gen.now, prefix="scale")
+    s.event("ADDED", node("spare-node", gpus={RTX: 100}))
+    crowded_node(s, "big-node", 500, 300)
+    racks = [f"rack-node-{i:02d}" for i in range(50)]
+    for name in racks:
+        crowded_node(s, name, 8, 300)
+    setup = out.take() + list(s.jsonl())
+    del gen
+    sim = simulation(config)
+    feed(sim, setup, st.CountingSink())
+    number = len(setup)
+    s.lines.clear()
+    s.wait(5).intent("it-scale-drain", "drain_node", {"node": "big-node", "reason": "firmware upgrade",
+                                                      "notice_seconds": 900}, by=st.OPS)
+    seconds, told, audits = decided(sim, s.lines[0], number + 1)
+    result: dict[str, Any] = {"big_node": {"seconds": seconds, "told": told, "decisions": audits}}
+    per_node = []
+    for i, name in enumerate(racks):
+        s.lines.clear()
+        s.wait(0.01).event("ADDED", node_maintenance(f"nm-{name}", name, "rack PSU replacement"))
+        per_node.append(decided(sim, s.lines[0], number + 2 + i))
+    result["maintenance"] = {
+        "nodes": len(racks), "total_seconds": sum(p[0] for p in per_node), "max_seconds": max(p[0] for p in per_node),
+        "told": sum(p[1] for p in per_node), "told_min_per_node": min(p[1] for p in per_node),
+        "decisions": sum(p[2] for p in per_node),
+    }
+    result["load"] = load()
+    return result
+
+
+# ------------------------------------------------------------------------ the parent
+
+
+def child(tree: Path, args: list[str]) -> dict[str, Any]:
+    """Run one part in ``tree``'s copy of this script; its JSON result."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as result:
+        script = tree / "benchmarks" / HERE.name
+        command = [sys.executable, str(script), *args, "--result", result.name]
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        completed = subprocess.run(command, env=env, cwd=tree)
+        if completed.returncode != 0:
+            raise SystemExit(f"{' '.join(command)} exited with {completed.returncode}")
+        return json.loads(Path(result.name).read_text())
+
+
+def spread(rates: list[float]) -> float:
+    return (max(rates) - min(rates)) / max(rates)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1k and 10k VMs, 5,000 inputs a cell, a shorter mix")
+    parser.add_argument("--vms", type=int, nargs="+", help="VM counts of the grid (default 1,000 10,000 100,000)")
+    parser.add_argument("--drains", type=int, nargs="+", default=[0, 100, 1_000], help="drains in flight per cell")
+    parser.add_argument("--inputs", type=int, help="timed inputs per cell (default 20,000; --quick 5,000)")
+    parser.add_argument("--mix-events", type=int, help="lines of the 1 %% drain mix (default 100,000; --quick 30,000)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--parts", nargs="+", default=["grid", "mix", "scale"], choices=["grid", "mix", "scale"])
+    parser.add_argument("--baseline", type=Path, metavar="DIR",
+                        help="also run every part in DIR (a snapshot of another commit), side by side")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="cProfile the largest-drain cell of each row and the mix; top N by tottime")
+    parser.add_argument("--part", help=argparse.SUPPRESS)  # a child: which part
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--config", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    inputs = args.inputs or (5_000 if args.quick else 20_000)
+    mix_events = args.mix_events or (30_000 if args.quick else 100_000)
+    grid_vms = args.vms or ([1_000, 10_000] if args.quick else [1_000, 10_000, 100_000])
+
+    if args.part:  # a child: one part, its result as JSON
+        config = Path(args.config)
+        kind, _, value = args.part.partition(":")
+        if kind == "grid":
+            result = run_grid_row(int(value), args.drains, inputs, config, args.seed, args.profile)
+        elif kind == "mix":
+            result = run_mix(mix_events, config, args.seed, 100, args.profile)
+        else:
+            result = run_scale(10_000 if not args.quick else 1_000, config, args.seed)
+        Path(args.result).write_text(json.dumps(result))
+        return 0
+
+    trees = [("now", HERE.parent.parent)]
+    if args.baseline:
+        base = args.baseline.resolve()
+        for name in (HERE.name, "simulate_throughput.py"):
+            shutil.copy(HERE.parent / name, base / "benchmarks" / name)
+        trees.append(("baseline", base))
+    print(f"trees: " + ", ".join(f"{label} = {tree}" for label, tree in trees))
+    print(f"start: {load()}")
+    with tempfile.TemporaryDirectory(prefix="vmstream-grid-") as tmp:
+        config = Path(tmp) / "config.yaml"
+        st.write_config(config)
+        common = ["--seed", str(args.seed), "--inputs", str(inputs), "--mix-events", str(mix_events),
+                  "--drains", *map(str, args.drains), "--config", str(config), "--profile", str(args.profile)]
+        if args.quick:
+            common.append("--quick")
+        results: dict[str, dict[str, Any]] = {label: {} for label, _ in trees}
+        parts = [f"grid:{v}" for v in grid_vms] if "grid" in args.parts else []
+        parts += [p for p in ("mix", "scale") if p in args.parts]
+        for part in parts:
+            for label, tree in trees:
+                print(f"{part} in {label} … ({load()})", flush=True)
+                results[label][part] = child(tree, ["--part", part, *common])
+        report(results, grid_vms, inputs, mix_events)
+    print(f"end: {load()}")
+    return 0
+
+
+def report(results: dict[str, dict[str, Any]], grid_vms: list[int], inputs: int, mix_events: int) -> None:
+    labels = list(results)
+    if any(p.startswith("grid") for p in results[labels[0]]):
+        print(f"\n== grid: {inputs:,} timed inputs a cell (background traffic after the drains opened)")
+        print("   inputs/s wall | per CPU-second; episodes = drain rows (of them, deadlines still to fire)")
+        header = f"{'VMs':>8} {'nodes':>6} {'drains':>6} {'episodes':>13}"
+        for label in labels:
+            header += f" | {label + ' wall/s':>14} {label + ' cpu/s':>13}"
+        print(header)
+        for vms in grid_vms:
+            rows = [results[label][f"grid:{vms}"] for label in labels]
+            for i, cell in enumerate(rows[0]["cells"]):
+                line = f"{vms:>8,} {cell['nodes']:>6,} {cell['drains']:>6,} {cell['episodes']:>6,} ({cell['to_fire']:>4,})"
+                for row in rows:
+                    c = row["cells"][i]
+                    line += f" | {c['rate']:>14,.0f} {c['cpu_rate']:>13,.0f}"
+                print(line + f"   [{rows[0]['cells'][i]['load']}]")
+        for label in labels:
+            cells = [c for vms in grid_vms for c in results[label][f"grid:{vms}"]["cells"]]
+            rss = {vms: results[label][f"grid:{vms}"]["peak_rss_mib"] for vms in grid_vms}
+            print(f"{label}: spread across the grid (max−min)/max: wall {spread([c['rate'] for c in cells]):.0%}, "
+                  f"CPU {spread([c['cpu_rate'] for c in cells]):.0%} (target ≤ {TARGET_SPREAD:.0%}); "
+                  "peak RSS MiB by VMs (engine and state, after generation): "
+                  + ", ".join(f"{v:,}: {m:,.0f}" for v, m in rss.items()) + f" (target < {TARGET_RSS_MIB:,.0f})")
+    if "mix" in results[labels[0]]:
+        print(f"\n== simulate_throughput.py's mix, 10,000 VMs / 1,000 nodes, {mix_events:,} lines, a drain every 100 "
+              "lines as far as GPU nodes are free")
+        for label in labels:
+            m = results[label]["mix"]
+            print(f"{label:>9}: {m['rate']:>8,.0f} inputs/s wall, {m['cpu_rate']:>8,.0f} per CPU-second "
+                  f"(target ≥ {TARGET_MIX_RATE:,.0f}); drain lines {m['drain_lines']:,} "
+                  f"({m['drain_lines'] / m['inputs']:.1%}), episodes at the end "
+                  f"{m['episodes']:,} ({m['to_fire']:,} to fire)  [{m['load']}]")
+    if "scale" in results[labels[0]]:
+        print("\n== drains at scale: engine CPU time of the decision (state applied, the node told of its residents)")
+        for label in labels:
+            s = results[label]["scale"]
+            big, nm = s["big_node"], s["maintenance"]
+            print(f"{label:>9}: a node with 500 GPU VMs drained: {big['seconds'] * 1000:,.0f} ms, "
+                  f"{big['told']} owners' notices in {big['decisions']} decision(s); "
+                  f"NodeMaintenance on {nm['nodes']} nodes: {nm['total_seconds'] * 1000:,.0f} ms in all, "
+                  f"slowest node {nm['max_seconds'] * 1000:,.1f} ms, {nm['told']} notices in {nm['decisions']} "
+                  f"decisions (≥ {nm['told_min_per_node']} a node)  [{s['load']}]")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
