@@ -26,7 +26,6 @@ import hmac
 import json
 import logging
 import signal
-import ssl
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +49,7 @@ from handlers.views import (
     vm_badge,
 )
 from streams.globalview import GlobalView
+from streams.kafka_clients import aiokafka_options
 from streams.settings import ApiSettings, KafkaSettings, load_settings
 from streams.topics import GPU_CLASSES, changelog_topic, ensure_topics
 
@@ -70,18 +70,6 @@ class Problem(BaseModel):
 class Caller:
     operator: bool
     project: str | None  # a project token's project
-
-
-def aiokafka_options(kafka: KafkaSettings) -> dict[str, Any]:
-    """The security options of :class:`KafkaSettings` as aiokafka's clients take them."""
-    options: dict[str, Any] = {"security_protocol": kafka.security_protocol}
-    if kafka.security_protocol in ("SSL", "SASL_SSL"):
-        options["ssl_context"] = ssl.create_default_context(cafile=kafka.ssl_cafile)
-    if kafka.sasl_mechanism:
-        options["sasl_mechanism"] = kafka.sasl_mechanism
-        options["sasl_plain_username"] = kafka.sasl_username
-        options["sasl_plain_password"] = kafka.sasl_password.get_secret_value() if kafka.sasl_password else None
-    return options
 
 
 def caller_of(header: str, tokens: dict[str, Caller]) -> Caller | None:
