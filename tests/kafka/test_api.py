@@ -195,3 +195,24 @@ def test_two_replicas_answer_alike_tokens_are_scoped_and_the_class_topic_is_curr
         for api in apis:
             api.stop()
         worker.stop()
+
+
+def test_the_class_topic_publishes_what_differs_and_a_tombstone_for_a_class_gone() -> None:
+    """No broker: what a replica would publish over a topic holding ``latest``."""
+    from handlers.views import GPUClassStatus
+    from streams.api import ClassTopic
+
+    def status(name: str, free: int) -> GPUClassStatus:
+        return GPUClassStatus(name=name, class_id=name, display_name=name, device_name=f"nvidia.com/{name}",
+                              undefined=False, permitted=True, total=2, schedulable=2, in_use=2 - free, free=free)
+
+    topic = ClassTopic()
+    topic.apply(b"a", status("a", 1).model_dump_json().encode())
+    topic.apply(b"gone", status("gone", 0).model_dump_json().encode())
+    topic.apply(b"b", status("b", 2).model_dump_json().encode())
+    topic.apply(b"b", None)  # a tombstone read back
+    changes = topic.changes([status("a", 1), status("b", 0)])
+    assert [(name, value is None) for name, value in changes] == [("b", False), ("gone", True)]
+    for name, value in changes:
+        topic.apply(name.encode(), value)
+    assert topic.changes([status("a", 1), status("b", 0)]) == []
