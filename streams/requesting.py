@@ -3,16 +3,24 @@
 CLI arguments → :func:`build_intent` (the pydantic models the worker parses with, so a
 request the worker would refuse as malformed never leaves the machine) → :func:`publish_intent`
 on the intents topic under its contract key, with the idempotent producer → with ``--wait``,
-:class:`OutcomeWatch` reads the audit and notifications topics from the end offsets it noted
-*before* the publish, so however fast the worker answers, its record cannot be missed.
+:class:`OutcomeWatch` reads the audit, notifications and command-results topics from the end
+offsets it noted *before* the publish, so however fast the worker and the applier answer,
+their records cannot be missed. ``--wait`` (``--wait=applied``) waits for the decision, then
+for the result of each command the decision's audit record names; ``--wait=decided`` for the
+decision only. Results count only when sealed by an applier, if the signing keys are at hand
+(``signing`` in the configuration, or ``VMSTREAM_SIGNING__KEYS``; docs/security.md).
 
 Exit codes (also in ``vmstream intent --help``):
 
-- 0: published; with ``--wait``, accepted.
+- 0: published; with ``--wait``, accepted and every command applied in Kubernetes (or the
+  decision had no command); with ``--wait=decided``, accepted.
 - 1: with ``--wait``, decided but not accepted (rejected, duplicate, …): the outcome says why.
 - 2: invalid arguments, intent or configuration; nothing was published.
-- 3: with ``--wait``, no decision before ``--timeout``; the intent *was* published.
+- 3: with ``--wait``, no decision, or not every command's result, before ``--timeout``; the
+  intent *was* published.
 - 4: Kafka could not be written or read (no broker, no topics).
+- 5: with ``--wait``, accepted, but a command failed in Kubernetes (the API server or the
+  applier's policy refused it): the result's error says why.
 - 130: interrupted.
 """
 
@@ -30,10 +38,12 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar, get_args
 
 from pydantic import TypeAdapter, ValidationError
+from pydantic_settings import SettingsConfigDict
 
 from handlers.messages import (
     INTENT_TYPES,
     AuditRecord,
+    CommandResult,
     CreateVMIntent,
     DrainNodeIntent,
     Intent,
@@ -48,9 +58,17 @@ from handlers.messages import (
 )
 from handlers.config import AuthPolicy
 from streams.credentials import SigningKey, environment_key, sign_intent
-from streams.settings import KafkaSettings
+from streams.settings import EnvironmentFirst, KafkaSettings, SigningSettings, read_yaml
 from streams.settings import load_kafka_settings
-from streams.tailing import bounded, positive_seconds, quiet_kafka_logs, render_audit, render_notification
+from streams.signing import Keyring, open_sealed
+from streams.tailing import (
+    bounded,
+    positive_seconds,
+    quiet_kafka_logs,
+    render_audit,
+    render_command_result,
+    render_notification,
+)
 
 if TYPE_CHECKING:
     from kafka import KafkaConsumer
@@ -65,7 +83,10 @@ EXIT_NOT_ACCEPTED = 1
 EXIT_INVALID = 2
 EXIT_TIMEOUT = 3
 EXIT_KAFKA = 4
+EXIT_FAILED = 5
 EXIT_INTERRUPTED = 130
+WAIT_STAGES = ("decided", "applied")
+SUCCEEDED = ("applied", "noop", "conflict_retried")  # a result's outcomes that mean it is in Kubernetes
 
 DEFAULT_TIMEOUT = 30.0
 POLL_SECONDS = 0.5  # the longest one poll blocks; the deadline is checked between polls
@@ -238,7 +259,8 @@ class OutcomeWatch:
     however soon it comes. No consumer group, no commits: watching changes nothing.
     """
 
-    def __init__(self, kafka: KafkaSettings, *, timeout: float | None = None) -> None:
+    def __init__(self, kafka: KafkaSettings, *, timeout: float | None = None, results: bool = False,
+                 keyring: Keyring | None = None) -> None:
         from kafka import KafkaConsumer
         from kafka.structs import TopicPartition
 
@@ -246,13 +268,22 @@ class OutcomeWatch:
 
         self.audit_topic = kafka.topic("audit")
         self.notifications_topic = kafka.topic("notifications")
+        self.results_topic = kafka.topic("command-results")
+        self.keyring = keyring
+        self._results: dict[str, CommandResult] = {}
         # read_committed: the worker writes in transactions; an aborted decision never happened.
         self._client: KafkaConsumer = consumer(kafka, group_id=None, enable_auto_commit=False,
                                                isolation_level="read_committed", **bounded(KafkaConsumer, timeout))
         try:
             partitions = []
-            for topic in (self.audit_topic, self.notifications_topic):
+            # A topic created a moment ago may not be in every broker's metadata yet: look again
+            # for a while before calling it missing.
+            settle = time.monotonic() + min(timeout if timeout is not None else 10.0, 10.0)
+            for topic in (self.audit_topic, self.notifications_topic, *([self.results_topic] if results else [])):
                 ids = self._client.partitions_for_topic(topic)
+                while not ids and time.monotonic() < settle:
+                    time.sleep(0.2)  # metadata polling interval
+                    ids = self._client.partitions_for_topic(topic)
                 if not ids:
                     raise RequestError(f"no topic {topic!r} on {kafka.bootstrap_servers} "
                                        "(create them with `vmstream topics create`)")
@@ -294,10 +325,42 @@ class OutcomeWatch:
                         found = _read(AuditRecord, record.value)
                         if audit is None and found is not None and found.input.ref in refs:
                             audit = found
+                    elif record.topic == self.results_topic:
+                        self._take_result(record.value)
                     else:
                         notification = _read(Notification, record.value)
                         if notification is not None:
                             self._notifications[notification.notification_id] = notification
+
+    def wait_results(self, command_ids: Collection[str], deadline: float) -> dict[str, CommandResult]:
+        """The first result of each of ``command_ids`` seen by ``deadline`` (all of them, if
+        they came in time). Reading goes on from where :meth:`wait` stopped."""
+        while not all(c in self._results for c in command_ids):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            for records in self._client.poll(timeout_ms=int(min(remaining, POLL_SECONDS) * 1000)).values():
+                for record in records:
+                    if record.topic == self.results_topic:
+                        self._take_result(record.value)
+        return {c: self._results[c] for c in command_ids if c in self._results}
+
+    def _take_result(self, raw: bytes | None) -> None:
+        """A result counts when an applier sealed it (if the keys are at hand), and never one
+        refusing an unsealed command: anyone could publish that under a real command's id."""
+        if raw is None:
+            return
+        if self.keyring:
+            result, problem = open_sealed(CommandResult, raw, "command-result", self.keyring)
+            if result is not None and problem is not None:
+                log.warning("a result for command %s is not sealed by an applier (%s): ignored",
+                            result.command_id[:80], problem)
+                return
+        else:
+            result = _read(CommandResult, raw)
+        if result is None or (result.model_extra or {}).get("refused") == "unauthenticated":
+            return
+        self._results.setdefault(result.command_id, result)
 
     def _outcome(self, audit: AuditRecord) -> Outcome:
         seen = [self._notifications[n] for n in audit.notifications if n in self._notifications]
@@ -323,31 +386,55 @@ def request(
     kafka: KafkaSettings,
     intent: AnyIntent,
     *,
-    wait: bool,
+    wait: str | bool | None,
     timeout: float,
     out: TextIO,
     err: TextIO,
+    keyring: Keyring | None = None,
 ) -> int:
-    """Publish ``intent``; with ``wait``, print its outcome. Returns the exit code."""
+    """Publish ``intent``; with ``wait`` (``"decided"``, or ``"applied"``/True: also the
+    commands' results), print its outcome. Returns the exit code."""
     deadline = time.monotonic() + timeout
-    if not wait:
+    stage = "applied" if wait is True else (wait or None)
+    if stage is None:
         published = publish_intent(kafka, intent, timeout=timeout)
         _print_published(intent, published, out)
         return EXIT_ACCEPTED
-    with OutcomeWatch(kafka, timeout=timeout) as watch:  # before publishing: the answer cannot be missed
+    # Before publishing: the answers cannot be missed.
+    with OutcomeWatch(kafka, timeout=timeout, results=stage == "applied", keyring=keyring) as watch:
         published = publish_intent(kafka, intent, timeout=max(0.001, deadline - time.monotonic()))
         _print_published(intent, published, out)
         outcome = watch.wait({intent.intent_id, published.source_ref}, deadline)
-    if outcome is None:
-        print(
-            f"vmstream intent: no decision on {intent.intent_id} within {timeout:g}s. It was published "
-            f"({published.topic}[{published.partition}]@{published.offset}) and may still be decided: "
-            f"is a worker running? Watch with `vmstream tail audit --follow`.",
-            file=err,
-        )
+        if outcome is None:
+            print(
+                f"vmstream intent: no decision on {intent.intent_id} within {timeout:g}s. It was published "
+                f"({published.topic}[{published.partition}]@{published.offset}) and may still be decided: "
+                f"is a worker running? Watch with `vmstream tail audit --follow`.",
+                file=err,
+            )
+            return EXIT_TIMEOUT
+        _print_outcome(outcome, out, err)
+        if outcome.audit.outcome != "accepted":
+            return EXIT_NOT_ACCEPTED
+        if stage == "decided" or not outcome.audit.commands:
+            return EXIT_ACCEPTED
+        results = watch.wait_results(outcome.audit.commands, deadline)
+    for command_id in outcome.audit.commands:
+        if command_id in results:
+            print(f"  result {render_command_result(results[command_id])}", file=out)
+    out.flush()
+    missing = [c for c in outcome.audit.commands if c not in results]
+    if missing:
+        print(f"vmstream intent: {intent.intent_id} was accepted, but no result for command(s) "
+              f"{', '.join(missing)} within {timeout:g}s: is an applier running? Watch with "
+              "`vmstream tail command-results --follow`.", file=err)
         return EXIT_TIMEOUT
-    _print_outcome(outcome, out, err)
-    return EXIT_ACCEPTED if outcome.audit.outcome == "accepted" else EXIT_NOT_ACCEPTED
+    failed = [r for r in results.values() if r.outcome not in SUCCEEDED]
+    if failed:
+        print(f"vmstream intent: {intent.intent_id} was accepted, but {len(failed)} of {len(results)} "
+              "command(s) failed in Kubernetes", file=err)
+        return EXIT_FAILED
+    return EXIT_ACCEPTED
 
 
 def _print_published(intent: AnyIntent, published: Published, out: TextIO) -> None:
@@ -396,7 +483,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"vmstream intent: configuration: {exc}", file=sys.stderr)
         return EXIT_INVALID
     try:
-        return request(kafka, intent, wait=args.wait, timeout=args.timeout, out=sys.stdout, err=sys.stderr)
+        return request(kafka, intent, wait=args.wait, timeout=args.timeout, out=sys.stdout, err=sys.stderr,
+                       keyring=result_keyring(args.config, err=sys.stderr) if args.wait == "applied" else None)
     except RequestError as exc:
         print(f"vmstream intent: {exc}", file=sys.stderr)
         return EXIT_KAFKA
@@ -408,10 +496,33 @@ def _run(args: argparse.Namespace) -> int:
 
 
 EXIT_CODES = (
-    "exit codes: 0 published (with --wait: accepted); 1 decided but not accepted (rejected, "
-    "duplicate, …); 2 invalid arguments or intent, nothing published; 3 no decision within "
-    "--timeout (the intent was published); 4 Kafka unreachable or topics missing"
+    "exit codes: 0 published (with --wait: accepted and every command applied, or no command; "
+    "with --wait=decided: accepted); 1 decided but not accepted (rejected, duplicate, …); 2 invalid "
+    "arguments or intent, nothing published; 3 no decision, or not every command's result, within "
+    "--timeout (the intent was published); 4 Kafka unreachable or topics missing; 5 accepted, but "
+    "a command failed in Kubernetes"
 )
+
+
+class SigningOnly(EnvironmentFirst):
+    """The file as ``intent --wait`` sees it for results: only ``signing`` matters."""
+
+    model_config = SettingsConfigDict(env_prefix="VMSTREAM_", env_nested_delimiter="__", frozen=True,
+                                      extra="ignore")
+
+    signing: SigningSettings = SigningSettings()
+
+
+def result_keyring(config: str | None, *, err: TextIO) -> Keyring | None:
+    """The keys results are sealed with (``signing`` of the configuration file and
+    ``VMSTREAM_SIGNING__*``), to count only an applier's results; None without them."""
+    try:
+        keyring = SigningOnly(**{k: v for k, v in read_yaml(config).items() if k == "signing"}).signing.keyring()
+    except (OSError, ValueError) as exc:
+        print(f"vmstream intent: the signing keys cannot be read ({exc}): results are taken as the "
+              "command-results topic holds them (only the applier may write it: docs/security.md)", file=err)
+        return None
+    return keyring or None
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -434,7 +545,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     signing.add_argument("--issuer", help="the iss claim, if the worker checks issuers")
     signing.add_argument("--lifetime", type=positive_seconds, default=300.0, metavar="SECONDS",
                          help="how long the credential is valid (default 300)")
-    common.add_argument("--wait", action="store_true", help="wait for the decision and print it")
+    common.add_argument("--wait", nargs="?", const="applied", choices=WAIT_STAGES, metavar="applied|decided",
+                        help="wait for the decision and print it; then (applied, the default) for the "
+                        "result of each of its commands in Kubernetes")
     common.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                         help=f"give up publishing and waiting after SECONDS (default {DEFAULT_TIMEOUT:g})")
 

@@ -192,7 +192,7 @@ def test_the_cli_signs_with_a_key_file(
     monkeypatch.setenv("VMSTREAM_KAFKA__TOPIC_PREFIX", deployment.kafka.topic_prefix)
     lines = list(cluster().jsonl())
     deployment.publish_lines(lines)
-    drain = ["drain", "--by", OPS, "--node", "gpu-node-2", "--reason", "firmware", "--wait", "--timeout", "60"]
+    drain = ["drain", "--by", OPS, "--node", "gpu-node-2", "--reason", "firmware", "--wait=decided", "--timeout", "60"]
     parser = requesting.argparse.ArgumentParser(prog="vmstream")
     requesting.add_parser(parser.add_subparsers(dest="command", required=True))
 

@@ -186,7 +186,7 @@ def test_wait_reports_the_decision_written_after_the_publish(
     stand_in.start()
     assert stand_in.ready.wait(DEADLINE)
 
-    assert cli("intent", *SET_GPU, "--id", intent_id, "--wait", "--timeout", str(DEADLINE)) == code
+    assert cli("intent", *SET_GPU, "--id", intent_id, "--wait=decided", "--timeout", str(DEADLINE)) == code
 
     assert json.loads(stand_in.result().value)["intent_id"] == intent_id
     out = capsys.readouterr().out.splitlines()
