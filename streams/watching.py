@@ -476,9 +476,18 @@ class Watcher:
             relisted = publisher.send(self.kind, "RELISTED", obj)
             sent.append(relisted)
             listed[key] = relisted.obj
-        gone = [key for key in self.known if key not in listed]
-        for key in gone:
-            sent.append(publisher.send(self.kind, "DELETED", json.loads(self.known[key])))
+        gone = []
+        for key in [key for key in self.known if key not in listed]:
+            try:  # read back from the topic, where anyone may have written: only an event of that very object
+                obj = json.loads(self.known[key])
+                if _key_of(self.kind, obj) != key:
+                    raise ValueError(f"its object is {_key_of(self.kind, obj)}")
+                sent.append(publisher.send(self.kind, "DELETED", obj))
+            except (ValueError, TypeError, AttributeError) as error:  # a ValidationError is a ValueError
+                log.warning("watch kind=%s: %s was read back as no event of it (%s); no DELETED",
+                            self.kind.kind, key[:300], str(error)[:300])
+                continue
+            gone.append(key)
         for one in sent:
             _acknowledged(one.future)
         self.known = listed

@@ -12,7 +12,7 @@ import pytest
 from kafka import KafkaProducer
 
 from streams.settings import KafkaSettings
-from streams.watching import KINDS, last_published, watch_event
+from streams.watching import KINDS, Publisher, Watcher, last_published, watch_event
 from tests.kafka_broker import TopicFactory
 
 pytestmark = pytest.mark.kafka
@@ -54,3 +54,54 @@ def test_records_that_are_no_watch_event_are_skipped_not_fatal(
     alive = last_published(KafkaSettings(bootstrap_servers=kafka_bootstrap), topic, [VM_KIND])
 
     assert list(alive.get("VirtualMachine", {})) == [key]
+
+
+def test_a_relist_publishes_deletions_only_for_what_was_read_back_as_that_very_object(
+    kafka_bootstrap: str, kafka_topic_factory: TopicFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read back, a record whose object is no VM (no name, metadata that is no map) or is
+    another VM than its key says made every relist of the kind fail, so the bridge never
+    watched VMs again; and one naming a live VM under another key would have had it
+    published as deleted. Only a genuinely gone VM is."""
+    topic = kafka_topic_factory("events", partitions=1)
+
+    def vm(name: str) -> dict[str, Any]:
+        return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                "metadata": {"namespace": "spx-proj-a", "name": name, "resourceVersion": "7"}, "spec": {}}
+
+    records = [
+        watch_event(VM_KIND, "ADDED", vm("live")),
+        watch_event(VM_KIND, "ADDED", vm("gone")),
+        ("VirtualMachine/spx-proj-a/nameless", json.dumps({"kind": "VirtualMachine", "type": "ADDED",
+                                                           "object": {"metadata": {}}}).encode()),
+        ("VirtualMachine/spx-proj-a/flat", json.dumps({"kind": "VirtualMachine", "type": "ADDED",
+                                                       "object": {"metadata": "x"}}).encode()),
+        ("VirtualMachine/spx-proj-a/ghost", json.dumps({"kind": "VirtualMachine", "type": "ADDED",
+                                                        "object": vm("live")}).encode()),
+    ]
+    out = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    try:
+        for record_key, record_value in records:
+            out.send(topic, key=record_key.encode(), value=record_value)
+        out.flush()
+        watcher = Watcher(VM_KIND)
+        watcher.known = last_published(KafkaSettings(bootstrap_servers=kafka_bootstrap), topic,
+                                       [VM_KIND]).get("VirtualMachine", {})
+        watcher.seeded = True
+        monkeypatch.setattr(watcher, "_list", lambda api: ([vm("live")], "8"))
+        published: list[tuple[str, str]] = []
+        publisher = Publisher(out, topic, dlq_topic=topic)
+        send = publisher.send
+
+        def recorded(kind: Any, type_: Any, obj: dict[str, Any]) -> Any:
+            sent = send(kind, type_, obj)
+            published.append((type_, obj["metadata"]["name"]))
+            return sent
+
+        monkeypatch.setattr(publisher, "send", recorded)
+        watcher.relist(None, publisher)  # type: ignore[arg-type]  # _list is the stand-in
+    finally:
+        out.close()
+
+    assert sorted(published) == [("DELETED", "gone"), ("RELISTED", "live")]
+    assert list(watcher.known) == ["VirtualMachine/spx-proj-a/live"]
