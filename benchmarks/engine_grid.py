@@ -197,7 +197,7 @@ def run_grid_row(vms: int, drains: list[int], inputs: int, config: Path, seed: i
             feed(sim, lines, st.CountingSink(), fed + 1)
             fed += len(lines)
             continue
-        profiler = cProfile.Profile() if profile and opened == max(drains) else None
+        profiler = cProfile.Profile(time.process_time) if profile and opened == max(drains) else None
         cell = {"vms": vms, "nodes": nodes, "drains": opened, **timed(sim, lines, profiler)}
         cell["episodes"], cell["to_fire"] = episodes(sim.state)
         cell["load"] = load()
@@ -219,7 +219,7 @@ def run_mix(events: int, config: Path, seed: int, every: int, profile: int) -> d
         lines = path.read_text(encoding="utf-8").splitlines()
     drains = sum(n for kind, n in mix.items() if any(w in kind for w in ("drain", "cordon", "maintenance", "evict")))
     sim = simulation(config)
-    profiler = cProfile.Profile() if profile else None
+    profiler = cProfile.Profile(time.process_time) if profile else None
     result = timed(sim, lines, profiler)
     if profiler is not None:
         print(f"cProfile of the 1 % drain mix, top {profile} by tottime:", file=sys.stderr)
@@ -322,7 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", type=Path, metavar="DIR",
                         help="also run every part in DIR (a snapshot of another commit), side by side")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
-                        help="cProfile the largest-drain cell of each row and the mix; top N by tottime")
+                        help="cProfile the largest-drain cell of each row and the mix; top N by tottime "
+                             "(timed in CPU seconds: on a loaded machine wall-clock profiles blame whatever ran "
+                             "when the process was descheduled)")
     parser.add_argument("--part", help=argparse.SUPPRESS)  # a child: which part
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)

@@ -197,6 +197,7 @@ def reconcile_drain(ctx: Context, node: str) -> None:
     episode: DrainEpisode | None = ctx.state.get("drains", node)
     if episode is None:
         return
+    before = episode
     observed: NodeRecord | None = ctx.state.get("nodes", node)
     if observed is not None and observed.unschedulable and not episode.cordon_observed:
         episode = replace(episode, cordon_observed=True)
@@ -213,7 +214,8 @@ def reconcile_drain(ctx: Context, node: str) -> None:
         episode = _stop(ctx, episode, on_node)
     if not on_node and not episode.completed and all(k in episode.observed for k in episode.announced):
         episode = _complete(ctx, episode)
-    ctx.state.put("drains", node, episode)
+    if episode != before:  # a node's heartbeat during its drain changes no row
+        ctx.state.put("drains", node, episode)
 
 
 def observe_fate(ctx: Context, node: str, vm_key: str, fate: ObservedFate) -> None:
@@ -361,8 +363,9 @@ def plan_fates(
 
 def _stop(ctx: Context, episode: DrainEpisode, on_node: list[Resident]) -> DrainEpisode:
     stopped = list(episode.stopped)
+    already = set(stopped)
     for resident in on_node:
-        if resident.key in stopped:
+        if resident.key in already:
             continue
         _, namespace, name = resident.key.split("/", 2)
         ctx.command(
