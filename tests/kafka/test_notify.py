@@ -15,6 +15,7 @@ import email.policy
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -514,3 +515,52 @@ def test_a_project_is_expanded_to_its_members_from_the_map_and_the_directory(
     # The directory was asked once: the second notification's lookup came from the cache.
     assert [r.path for r in receiver.log if r.method == "GET"] == ["/directory/proj-b"]
     assert receiver.posts("/hooks") == []  # info: no route to the webhook here
+
+
+def test_mail_goes_over_starttls_with_auth_to_a_relay_that_demands_both(tmp_path: Path) -> None:
+    """notify's SMTP sender against aiosmtpd requiring STARTTLS and AUTH (a certificate of a
+    throwaway CA, given as ``ssl_cafile``); a wrong password is a permanent failure (535)."""
+    from aiosmtpd.smtp import AuthResult, LoginPassword
+    from pydantic import SecretStr
+
+    from streams.localkube import CertificateAuthority
+    from streams.notify import Failed, SmtpSender
+    from streams.settings import SmtpSettings
+
+    authority = CertificateAuthority.create(tmp_path / "ca")
+    cert, key = authority.issue(tmp_path / "ca", "smtp", "127.0.0.1", server_hosts=["127.0.0.1"])
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(cert, key)
+    logins: list[tuple[bytes, bool]] = []
+
+    def authenticate(server: Any, session: Any, envelope: Any, mechanism: str, data: Any) -> AuthResult:
+        good = isinstance(data, LoginPassword) and (data.login, data.password) == (b"vmstream", b"s3cret")
+        logins.append((data.login if isinstance(data, LoginPassword) else b"", bool(session.ssl)))
+        return AuthResult(success=good, handled=False)  # handled=False: aiosmtpd answers 535 itself
+
+    mails = Inbox()
+    [port] = free_ports(1)
+    controller = Controller(mails, hostname="127.0.0.1", port=port, tls_context=served, require_starttls=True,
+                            authenticator=authenticate, auth_required=True)
+    controller.start()
+    try:
+        relay = SmtpSettings(host="127.0.0.1", port=port, security="starttls",
+                             ssl_cafile=str(tmp_path / "ca" / "ca.crt"), username="vmstream",
+                             password=SecretStr("s3cret"), sender="vmstream@az1.example")
+        sender = SmtpSender(relay)
+        notice = drain_notice("alice@example.com")
+        sender.send("alice@example.com", notice)
+        sender.idle()
+        [raw] = mails.to("alice@example.com")
+        assert email.message_from_bytes(raw, policy=email.policy.default)["X-Vmstream-Notification-Id"] == (
+            notice.notification_id)
+        assert logins == [(b"vmstream", True)]  # the password went over TLS
+
+        wrong = SmtpSender(relay.model_copy(update={"password": SecretStr("wrong")}))
+        with pytest.raises(Failed) as failed:
+            wrong.send("alice@example.com", notice)
+        assert failed.value.verdict == "permanent", failed.value.reason
+        assert failed.value.reason.startswith("SMTP 535")
+        assert len(mails.mails) == 1
+    finally:
+        controller.stop()
