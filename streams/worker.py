@@ -49,6 +49,8 @@ from handlers.state import GLOBAL_TABLES, TABLES, TableName
 from streams import metrics
 from streams.credentials import key_source
 from streams.codecs import decode_resident_update, encode_json, encode_message, encode_resident_update
+from streams.cloudevents import (TRACEPARENT, TRACESTATE, Trace, event_source, kafka_headers, trace_headers,
+                                 trace_of)
 from streams.globalview import GlobalView
 from streams.heap import Heap
 from streams import faustfixes
@@ -146,6 +148,7 @@ class Worker:
         self.engine = Engine(settings.rules(), keys=key_source(settings.auth))  # docs/auth.md
         self.keyring = settings.signing.keyring()  # seals the commands (docs/security.md)
         conf = settings.worker
+        self.event_source = event_source("worker", conf.app_id)  # CloudEvents ``source`` of its outputs
         self.app = faustfixes.App(  # faust.App, minus two start-up races
             conf.app_id,
             broker=[f"kafka://{server}" for server in self.kafka.bootstrap_servers.split(",")],
@@ -267,7 +270,8 @@ class Worker:
             origin = encode_json({"topic": message.topic, "partition": message.partition,
                                   "offset": message.offset, "key": source.key})
             return [Outgoing(self.routed, key.encode(), event.value, message.timestamp,
-                             {KIND_HEADER: b"intent" if intent else b"event", SOURCE_HEADER: origin})]
+                             {KIND_HEADER: b"intent" if intent else b"event", SOURCE_HEADER: origin,
+                              **trace_headers(message.headers)})]  # its trace goes on (docs/integrators.md)
         except Exception as error:  # a bug here must cost this event only
             log.exception("routing failed", extra={"topic": message.topic, "offset": message.offset})
             return self._dead_end(event, source, f"internal error: {type(error).__name__}: {error}")
@@ -363,13 +367,28 @@ class Worker:
         wire = result.wire
         if wire is None:  # not fitted here: decided before, by another instance or run
             wire = [(o.topic, o.key.encode(), self._encode(o.value)) for o in result.outputs()]
-        outgoing = [Outgoing(self.outputs[topic], key, value) for topic, key, value in wire]
+        trace, when = self._trace(event, result)
+        outgoing = [Outgoing(self.outputs[topic], key, value,
+                             headers=kafka_headers(output.value, source=self.event_source, trace=trace, time=when))
+                    for output, (topic, key, value) in zip(result.outputs(), wire, strict=True)]
         for topic, _, _ in wire:
             metrics.OUTPUTS.labels(topic).inc()
-        outgoing += [Outgoing(self.routed, f"node/{update.node}".encode(), encode_resident_update(update),
-                              event.message.timestamp, {KIND_HEADER: b"resident"})
-                     for update in result.decision.forwards]  # the parent's timestamp keeps replays identical
+        for update in result.decision.forwards:  # the parent's timestamp keeps replays identical
+            headers = {KIND_HEADER: b"resident",
+                       TRACEPARENT: trace.child(f"{update.cause}@{update.node}/{update.vm_key}").encode()}
+            if trace.state:
+                headers[TRACESTATE] = trace.state.encode()
+            outgoing.append(Outgoing(self.routed, f"node/{update.node}".encode(), encode_resident_update(update),
+                                     event.message.timestamp, headers))
         return outgoing
+
+    def _trace(self, event: EventT[Any], result: Result) -> tuple[Trace, datetime]:
+        """The trace a result's messages carry and the time it was decided at: the input's
+        ``traceparent``, else one derived from the input's id (its audit record's ``ref``),
+        so a decision taken again yields the same headers (handlers/tracing.py)."""
+        audit, message = result.decision.audit, event.message
+        input_id = audit.input.ref if audit is not None else f"{message.topic}:{message.partition}:{message.offset}"
+        return trace_of(message.headers, input_id), audit.at if audit is not None else self._time(event)
 
     def _encode(self, value: Any) -> bytes:
         return encode_message(value, keyring=self.keyring)
