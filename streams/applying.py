@@ -56,6 +56,7 @@ from handlers.messages import Command, CommandResult, describe_validation_error
 from handlers.results import Outcome, ResultDecision, decide_result
 from streams import metrics
 from streams.codecs import encode_message
+from streams.cloudevents import TraceBook, event_source, kafka_headers, ref_of
 from streams.kafka_clients import consumer, producer
 from streams.logs import limit_client_logs
 from streams.probes import ProbeServer
@@ -630,6 +631,8 @@ class Applier:
         self.clock = clock
         self.commands_topic = self.kafka.topic("commands")
         self.engine = Engine(settings.rules())  # only for its dead letters
+        self.event_source = event_source("applier", settings.worker.app_id)  # CloudEvents ``source``
+        self.traces = TraceBook()  # each command's trace, carried by what comes of it (docs/integrators.md)
         self.ready = threading.Event()
         self.keyring = settings.signing.keyring()
         if not self.keyring or self.keyring.active is None:
@@ -718,8 +721,11 @@ class Applier:
         key = record.key.decode("utf-8", "replace") if record.key else None
         raw: bytes = record.value or b""
         try:
-            return Command.model_validate_json(raw)
+            command = Command.model_validate_json(raw)
+            self.traces.keep(command.command_id, record.headers)
+            return command
         except ValidationError as exc:
+            self.traces.keep(f"{record.topic}:{record.partition}:{record.offset}", record.headers)
             source = Source(record.topic, key, record.partition, record.offset)
             result = self.engine.dead_letter(raw, describe_validation_error(exc), source, self.clock())
             log.warning("malformed command at %s:%d:%d", record.topic, record.partition, record.offset)
@@ -751,13 +757,20 @@ class Applier:
         return decision
 
     def _send(self, out: KafkaProducer, messages: Sequence[tuple[str, str, BaseModel]]) -> None:
+        """Send and wait for the broker; each record carries the CloudEvents headers and the
+        trace of the command it comes of (streams/cloudevents.py)."""
         futures = [
-            out.send(topic, key=key.encode() if key else None, value=encode_message(value, keyring=self.keyring))
+            out.send(topic, key=key.encode() if key else None, value=encode_message(value, keyring=self.keyring),
+                     headers=list(kafka_headers(value, source=self.event_source, trace=self.traces.trace(ref_of(value)),
+                                                time=self.clock()).items()))
             for topic, key, value in messages
         ]
         out.flush()
         for future in futures:
             future.get(timeout=30)
+        for _, _, value in messages:
+            if isinstance(value, CommandResult):  # the command is done: its trace is not needed again
+                self.traces.forget(value.command_id)
 
 
 # ---------------------------------------------------------------------------------- CLI
