@@ -103,6 +103,7 @@ class Request:
     headers: dict[str, str]
     body: bytes
     status: int  # what the receiver answered
+    at: float = field(default_factory=time.monotonic)  # when it was answered
 
 
 class Receiver:
@@ -564,3 +565,22 @@ def test_mail_goes_over_starttls_with_auth_to_a_relay_that_demands_both(tmp_path
         assert len(mails.mails) == 1
     finally:
         controller.stop()
+
+
+def test_a_recipient_is_sent_no_more_than_its_rate(
+    kafka_bootstrap: str, tmp_path: Path, inbox: tuple[Inbox, int], receiver: Receiver,
+    notifier_for: Callable[[Setup], Notifier],
+) -> None:
+    """A token bucket per recipient: one at once (burst 1), then 4 a second — so the webhook's
+    four calls are at least a quarter of a second apart, by the receiver's clock."""
+    mails, smtp_port = inbox
+    setup = make_setup(kafka_bootstrap, tmp_path, smtp_port=smtp_port, receiver=receiver,
+                       rate_limit={"per_second": 4, "burst": 1})
+    notifier_for(setup)
+    for _ in range(4):
+        setup.publish(drain_notice("alice@example.com"))
+    eventually(setup.all_committed, "notify to commit the notifications")
+    calls = [r.at for r in receiver.accepted("/hooks")]
+    assert len(calls) == 4 and len(mails.to("alice@example.com")) == 4
+    gaps = [later - earlier for earlier, later in zip(calls, calls[1:])]
+    assert min(gaps) >= 0.2, gaps  # 0.25 s by the bucket, less the receiver's own jitter
