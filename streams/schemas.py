@@ -17,23 +17,39 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import TypeAdapter
 
+from handlers import ids
 from handlers.messages import (
+    AuditInput,
     AuditRecord,
     Command,
     CommandResult,
     DeadLetter,
+    DeadLetterSource,
+    GPUMutation,
     Intent,
     Notification,
+    ObjectRef,
+    SetGPUIntent,
     WatchEvent,
+)
+from handlers.tracing import (
+    CONTENT_TYPE,
+    SPEC_VERSION,
+    TYPE_PREFIX,
+    derived_trace,
+    message_headers,
+    parse_traceparent,
 )
 from streams.api import openapi_document
 from streams.settings import KafkaSettings, Settings
+from streams.topics import TOPICS as TOPIC_SPECS
 
 __all__ = [
     "ASYNCAPI_FILE", "CONFIG", "MESSAGES", "TOPICS",
@@ -202,6 +218,191 @@ COMPONENTS: dict[str, str] = {
 }
 
 
+# ----------------------------------------------------- the envelope: headers, keys, examples
+
+_KEY_RULE = (
+    "The key, not the partition, carries the routing: produce with any partitioner (murmur2, "
+    "FNV-1a, CRC32, explicit partitions); the key must be exactly this string whatever partition it "
+    "lands on, and no consumer may infer anything from a record's partition. Order holds per key."
+)
+_TRACEPARENT = {
+    "type": "string",
+    "pattern": "^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-.*)?$",
+    "description": "W3C Trace Context. On an input: optional; a valid one passes its trace-id on to "
+                   "every output it leads to, and without one the trace-id is derived from the "
+                   "input's id (intent_id, event_id). On an output: the input's trace-id with a span "
+                   "id derived from the output's own id (`ce_id`).",
+}
+_TRACESTATE = {"type": "string", "maxLength": 512,
+               "description": "W3C Trace Context vendor state, passed on unchanged with its traceparent."}
+
+
+def _output_headers(ce_type: JsonObject, id_field: str) -> JsonObject:
+    """The CloudEvents Kafka protocol binding (binary mode) headers every output record carries."""
+    return {
+        "type": "object",
+        "required": ["ce_specversion", "ce_id", "ce_type", "ce_source", "ce_time", "content-type", "traceparent"],
+        "properties": {
+            "ce_specversion": {"const": SPEC_VERSION},
+            "ce_id": {"type": "string", "description": f"The message's own id: {id_field}."},
+            "ce_type": ce_type,
+            "ce_source": {"type": "string", "pattern": "^/vmstream/",
+                          "description": "The process that wrote it: /vmstream/worker/<app_id>, "
+                                         "/vmstream/applier/<app_id>."},
+            "ce_time": {"type": "string", "format": "date-time",
+                        "description": "When it was decided: the input's own time, so a replay "
+                                       "writes the same headers."},
+            "content-type": {"const": CONTENT_TYPE},
+            "traceparent": _TRACEPARENT,
+            "tracestate": _TRACESTATE,
+        },
+    }
+
+
+def _input_headers(extra: JsonObject | None = None) -> JsonObject:
+    return {
+        "type": "object",
+        "description": "All optional. CloudEvents headers (ce_*) are accepted and not required.",
+        "properties": {"traceparent": _TRACEPARENT, "tracestate": _TRACESTATE, **(extra or {})},
+    }
+
+
+_PREFIX = TYPE_PREFIX.replace(".", r"\.")
+HEADERS: dict[str, JsonObject] = {
+    "Intent": _input_headers(),
+    "WatchEvent": _input_headers({"vmstream-reduced": {
+        "type": "string", "pattern": "^[0-9]+$",
+        "description": "The whole event's size in bytes, on an event reduced to what the rules read."}}),
+    "Command": _output_headers({"type": "string", "pattern": f"^{_PREFIX}command\\.[a-z_]+$",
+                                "description": "io.vmstream.command.<type>, e.g. io.vmstream.command.patch_vm."},
+                               "command_id"),
+    "CommandResult": _output_headers({"const": f"{TYPE_PREFIX}command-result"},
+                                     "the command_id of its command (one result per command)"),
+    "Notification": _output_headers({"type": "string", "pattern": f"^{_PREFIX}notification\\.[a-z_]+$",
+                                     "description": "io.vmstream.notification.<type>."}, "notification_id"),
+    "AuditRecord": _output_headers({"const": f"{TYPE_PREFIX}audit"}, "audit_id"),
+    "DeadLetter": _output_headers({"const": f"{TYPE_PREFIX}dead-letter"},
+                                  "dlq:<topic>:<partition>:<offset> of the record set aside"),
+}
+
+CORRELATION: dict[str, tuple[str, str]] = {
+    "Intent": ("$message.payload#/intent_id", "The intent's id: its audit record's `input.ref`, its "
+               "commands' `cause`, their results' `cause`; its trace-id is in every one's traceparent."),
+    "WatchEvent": ("$message.payload#/event_id", "The event's id: its audit record's `input.ref` and its "
+                   "commands' `cause`."),
+    "Command": ("$message.payload#/cause", "The intent_id or event_id (or drain deadline) it was decided "
+                "for; its own `command_id` names its result."),
+    "CommandResult": ("$message.payload#/cause", "Its command's cause (the intent_id or event_id); "
+                      "`command_id` names the command."),
+    "Notification": ("$message.header#/traceparent", "The trace-id of the input it was decided for "
+                     "(an intent_rejected also names `details.intent_id`)."),
+    "AuditRecord": ("$message.payload#/input/ref", "The input it records: an intent_id, event_id or "
+                    "command_id."),
+    "DeadLetter": ("$message.header#/traceparent", "The trace-id the unreadable record came with, else one "
+                   "derived from where it was read."),
+}
+
+
+def _examples() -> dict[str, JsonObject]:
+    """One example record per message — payload and headers — built through the models, so each
+    is valid by construction, and with the ids and headers vmstream would give it."""
+    at = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
+    vm = ObjectRef(kind="VirtualMachine", namespace="spx-proj-b", name="dev-1")
+    device = "nvidia.com/GB202GL_RTX_PRO_6000_BLACKWELL_SERVER_EDITION"
+    intent = SetGPUIntent(intent_id="4a0c7c5e-2b1e-4f0a-9a51-0d7f3e1c9b20", type="set_gpu",
+                          requested_by="bob@example.com", project="proj-b", requested_at=at,
+                          spec={"namespace": "spx-proj-b", "name": "dev-1", "gpu_class": "nvidia-rtx-pro-6000-bse"},
+                          credential="eyJhbGciOiJFZERTQSIsImtpZCI6InVwc3RyZWFtLTIwMjYtMTEiLCJ0eXAiOiJKV1QifQ.…")
+    cause = intent.intent_id
+    command = Command(command_id=ids.command_id(cause, "patch_vm", "vm/spx-proj-b/dev-1"), type="patch_vm",
+                      target=vm, cause=cause, issued_at=at, base_resource_version="226",
+                      patch=[{"op": "add", "path": "/spec/template/spec/domain/devices/gpus",
+                              "value": [{"name": "gpu1", "deviceName": device}]}],
+                      mutation=GPUMutation(device_name=device, eviction_strategy="External"),
+                      requested_by="bob@example.com")
+    notification = Notification(
+        notification_id=ids.notification_id("gpu_change_pending_restart", "vm/spx-proj-b/dev-1", cause),
+        type="gpu_change_pending_restart", recipients=["bob@example.com"], project="proj-b", subject=vm,
+        severity="info", at=at,
+        message="VM spx-proj-b/dev-1 will have GPU NVIDIA RTX PRO 6000 Blackwell Server Edition after its "
+                "next restart; until then it keeps running as it is.")
+    audit = AuditRecord(audit_id=ids.audit_id("vmstream.intents", cause, "accepted"), at=at,
+                        input=AuditInput(topic="vmstream.intents", key="vm/spx-proj-b/dev-1", ref=cause),
+                        outcome="accepted", commands=[command.command_id],
+                        notifications=[notification.notification_id])
+    result = CommandResult(command_id=command.command_id, outcome="applied", at=at, type="patch_vm", target=vm,
+                           resource_version="227", cause=cause, requested_by="bob@example.com")
+    letter = DeadLetter(error="not JSON: Expecting property name enclosed in double quotes",
+                        source=DeadLetterSource(topic="vmstream.intents", partition=3, offset=41),
+                        original="{not json", at=at)
+    event = WatchEvent(event_id=ids.watch_event_id("VirtualMachine", "spx-proj-b", "dev-1", "226", "MODIFIED"),
+                       type="MODIFIED", kind="VirtualMachine", observed_at=at,
+                       object={"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                               "metadata": {"name": "dev-1", "namespace": "spx-proj-b", "resourceVersion": "226",
+                                            "labels": {"superphenix.net/projectID": "proj-b"}},
+                               "spec": {"runStrategy": "Always"}})
+    upstream = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    traced = parse_traceparent(upstream) or derived_trace(cause)
+
+    def record(name: str, summary: str, value: Any, headers: JsonObject) -> JsonObject:
+        return {"name": name, "summary": summary, "headers": headers,
+                "payload": value.model_dump(mode="json", exclude_none=True)}
+
+    def output(name: str, summary: str, value: Any, source: str) -> JsonObject:
+        return record(name, summary, value, dict(message_headers(value, source=source, time=at, trace=traced)))
+
+    worker, applier = "/vmstream/worker/vmstream", "/vmstream/applier/vmstream"
+    return {
+        "Intent": record("set_gpu", "A signed request for a GPU, with the caller's trace.", intent,
+                         {"traceparent": upstream}),
+        "WatchEvent": record("vm_modified", "A VirtualMachine changed (no trace: one is derived from event_id).",
+                             event, {}),
+        "Command": output("patch_vm", "The GPU change the intent above leads to.", command, worker),
+        "CommandResult": output("applied", "The applier's result of that command, in the intent's trace.",
+                                result, applier),
+        "Notification": output("gpu_change_pending_restart", "What the owner is told.", notification, worker),
+        "AuditRecord": output("accepted", "The intent's audit record: it names the command and notification.",
+                              audit, worker),
+        "DeadLetter": output("not_json", "A record no rule could read, set aside with where it was read.",
+                             letter, worker),
+    }
+
+
+def _channel_binding(name: str, kafka: KafkaSettings) -> JsonObject:
+    """The Kafka channel binding of a topic: partitions, replicas and the configs it is created with."""
+    spec = next(spec for spec in TOPIC_SPECS if spec.name == name)
+    configs: JsonObject = {"cleanup.policy": [spec.configs.get("cleanup.policy", "delete")]}
+    for key in ("retention.ms", "retention.bytes"):
+        if key in spec.configs:
+            configs[key] = int(spec.configs[key])
+    return {"kafka": {"topic": kafka.topic(name), "partitions": kafka.partitions,
+                      "replicas": kafka.replication_factor, "topicConfiguration": configs,
+                      "bindingVersion": KAFKA_BINDING_VERSION}}
+
+
+SERVERS: JsonObject = {
+    "production": {
+        "host": "kafka-bootstrap.kafka.svc:9093",
+        "protocol": "kafka-secure",
+        "description": "The platform's Kafka (Strimzi): SASL_SSL with SCRAM-SHA-512, one principal per "
+                       "process and per upstream service, each allowed exactly its topics (docs/security.md). "
+                       "Settings: kafka.security_protocol, kafka.sasl_mechanism, kafka.sasl_username, "
+                       "kafka.sasl_password, kafka.ssl_cafile.",
+        "security": [{"$ref": "#/components/securitySchemes/scramSha512"}],
+    },
+    "local": {
+        "host": "127.0.0.1:9092",
+        "protocol": "kafka",
+        "description": "`vmstream kafka up`: a single-node broker for development, PLAINTEXT.",
+    },
+}
+SECURITY_SCHEMES: JsonObject = {
+    "scramSha512": {"type": "scramSha512", "description": "SASL/SCRAM-SHA-512 over TLS: the user and "
+                    "password of the principal (a Strimzi KafkaUser's Secret)."},
+    "scramSha256": {"type": "scramSha256", "description": "SASL/SCRAM-SHA-256, where the platform uses it."},
+}
+
+
 # ------------------------------------------------------------------------- JSON Schema
 
 
@@ -281,6 +482,7 @@ def asyncapi_document(kafka: KafkaSettings | None = None) -> JsonObject:
             "title": topic.title,
             "description": f"{topic.description} Key: {topic.key}. Value: {message}.",
             "messages": {message: {"$ref": f"#/components/messages/{message}"}},
+            "bindings": _channel_binding(topic.name, kafka),
         }
     operations: JsonObject = {}
     for op in OPERATIONS:
@@ -293,20 +495,26 @@ def asyncapi_document(kafka: KafkaSettings | None = None) -> JsonObject:
             "messages": [{"$ref": f"#/channels/{topic.name}/messages/{topic.message.name}"}],
         }
     messages: JsonObject = {}
+    examples = _examples()
     for topic in TOPICS:
         doc = topic.message
+        location, meaning = CORRELATION[doc.name]
         messages[doc.name] = {
             "name": doc.name,
             "title": doc.name,
             "description": doc.description,
             "contentType": "application/json",
+            "headers": HEADERS[doc.name],
+            "correlationId": {"location": location, "description": meaning},
             "payload": {"$ref": f"#/components/schemas/{doc.name}"},
             "bindings": {
                 "kafka": {
-                    "key": {"type": "string", "description": f"Key: {topic.key}."},
+                    "key": {"type": "string", "minLength": 1, "maxLength": 512,
+                            "description": f"Key: {topic.key}. {_KEY_RULE}"},
                     "bindingVersion": KAFKA_BINDING_VERSION,
                 },
             },
+            "examples": [examples[doc.name]],
         }
     return {
         "asyncapi": "3.0.0",
@@ -323,9 +531,11 @@ def asyncapi_document(kafka: KafkaSettings | None = None) -> JsonObject:
             "tags": [{"name": name, "description": text} for name, text in COMPONENTS.items()],
         },
         "defaultContentType": "application/json",
+        "servers": SERVERS,
         "channels": channels,
         "operations": operations,
-        "components": {"messages": messages, "schemas": _component_schemas(MESSAGES)},
+        "components": {"messages": messages, "schemas": _component_schemas(MESSAGES),
+                       "securitySchemes": SECURITY_SCHEMES},
     }
 
 

@@ -150,3 +150,40 @@ def test_ce_time_is_rfc3339_in_utc() -> None:
     assert ce_time(datetime(2026, 11, 30, 10, 0, 0, 250000, tzinfo=UTC)) == "2026-11-30T10:00:00.25Z"
     paris = datetime.fromisoformat("2026-11-30T11:00:00+01:00")
     assert ce_time(paris) == "2026-11-30T10:00:00Z"
+
+
+def test_the_asyncapi_examples_are_what_the_headers_and_payloads_promise() -> None:
+    """Each message's example: headers its header schema accepts, a payload its schema
+    accepts, and — for an output — the CloudEvents id and the trace of the intent example."""
+    from jsonschema import Draft202012Validator
+
+    from streams.schemas import asyncapi_document
+
+    document = asyncapi_document()
+    messages = document["components"]["messages"]
+    [intent] = messages["Intent"]["examples"]
+    upstream = parse_traceparent(intent["headers"]["traceparent"])
+    assert upstream is not None
+    outputs = ("Command", "CommandResult", "Notification", "AuditRecord", "DeadLetter")
+    for name, message in messages.items():
+        [example] = message["examples"]
+        assert not list(Draft202012Validator(message["headers"]).iter_errors(example["headers"])), name
+        payload = Draft202012Validator({"components": document["components"], **message["payload"]})
+        assert not list(payload.iter_errors(example["payload"])), name
+        assert message["correlationId"]["location"].startswith(("$message.payload#/", "$message.header#/"))
+        if name in outputs:
+            own_id, _, _ = identity(_model(name, example["payload"]))
+            assert example["headers"]["ce_id"] == own_id, name
+            trace = parse_traceparent(example["headers"]["traceparent"])
+            assert trace is not None and trace.trace_id == upstream.trace_id, name
+    broken = dict(messages["Command"]["examples"][0]["headers"], ce_specversion="0.3")
+    assert list(Draft202012Validator(messages["Command"]["headers"]).iter_errors(broken))
+    audit = document["channels"]["audit"]["bindings"]["kafka"]
+    assert audit["topicConfiguration"]["retention.ms"] == -1 and audit["partitions"] >= 1
+    assert document["servers"]["production"]["security"] == [{"$ref": "#/components/securitySchemes/scramSha512"}]
+
+
+def _model(name: str, payload: dict[str, object]) -> object:
+    models = {"Command": Command, "CommandResult": CommandResult, "Notification": Notification,
+              "AuditRecord": AuditRecord, "DeadLetter": DeadLetter}
+    return models[name].model_validate(payload)
