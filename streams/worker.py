@@ -247,8 +247,8 @@ class Worker:
         node than its spec is dead-lettered by ``decide``), so the same intent always lands
         in the same routed partition, with its ``processed`` row. A watch event's is read
         off its object. The routed record keeps the input's value and timestamp (the time it
-        is decided at), and names its origin in ``SOURCE_HEADER``; the input's own headers are
-        not carried over.
+        is decided at), and names its origin in ``SOURCE_HEADER``; of the input's own headers
+        only its trace context goes on.
         """
         message = event.message
         source = Source(message.topic, _key(event), message.partition, message.offset)
