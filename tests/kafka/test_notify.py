@@ -10,6 +10,7 @@ committed offsets — never from notify itself.
 from __future__ import annotations
 
 import email
+import io
 import email.message
 import email.policy
 import json
@@ -584,3 +585,41 @@ def test_a_recipient_is_sent_no_more_than_its_rate(
     assert len(calls) == 4 and len(mails.to("alice@example.com")) == 4
     gaps = [later - earlier for earlier, later in zip(calls, calls[1:])]
     assert min(gaps) >= 0.2, gaps  # 0.25 s by the bucket, less the receiver's own jitter
+
+
+def test_the_engines_own_drain_notices_reach_each_recipient_once(
+    kafka_bootstrap: str, tmp_path: Path, inbox: tuple[Inbox, int], receiver: Receiver,
+    notifier_for: Callable[[Setup], Notifier],
+) -> None:
+    """The notifications the decision engine makes of examples/drain.jsonl (what the worker
+    publishes), each published twice: alice is told of both her VMs, ops of the drain's end,
+    once each; the two warnings also reach the webhook, once each."""
+    from handlers.engine import Engine
+    from streams.simulating import run as simulate
+
+    setup = make_setup(kafka_bootstrap, tmp_path, smtp_port=inbox[1], receiver=receiver)
+    decided = io.StringIO()
+    with open(ROOT / "examples" / "drain.jsonl", encoding="utf-8") as source:
+        simulate(Engine(setup.settings.rules()), source, decided)  # the file's topics: vmstream.*
+    outputs = [json.loads(line) for line in decided.getvalue().splitlines()]
+    notices = [(o["key"], Notification.model_validate(o["value"])) for o in outputs
+               if o["topic"] == "vmstream.notifications"]
+    assert sorted(n.type for _, n in notices) == ["drain_completed", "drain_will_stop_gpu_vm",
+                                                  "drain_will_stop_gpu_vm"]
+    notifier_for(setup)
+    for key, notice in [*notices, *notices]:
+        setup.publish(notice, key=key)
+    eventually(setup.all_committed, "notify to commit the notifications")
+
+    mails = inbox[0]
+    subjects = sorted(email.message_from_bytes(raw, policy=email.policy.default)["Subject"]
+                      for raw in mails.to("alice@example.com"))
+    assert subjects == ["[vmstream warning] VirtualMachine spx-proj-a/batch-1: will be stopped for a node drain",
+                        "[vmstream warning] VirtualMachine spx-proj-a/train-1: will be stopped for a node drain"]
+    [raw] = mails.to("ops@example.com")
+    assert email.message_from_bytes(raw, policy=email.policy.default)["Subject"] == (
+        "[vmstream info] Node gpu-node-1: drain completed")
+    assert len(mails.mails) == 3
+    hooked = sorted(json.loads(r.body)["id"] for r in receiver.accepted("/hooks"))
+    assert hooked == sorted(n.notification_id for _, n in notices if n.severity == "warning")
+    assert len(receiver.posts("/hooks")) == 2
