@@ -14,7 +14,15 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from handlers.messages import AuditRecord, CommandResult, DeadLetter, Notification
-from handlers.tracing import TRACEPARENT, TRACESTATE, Trace, incoming_trace, message_headers
+from handlers.tracing import (
+    TRACEPARENT,
+    TRACESTATE,
+    Trace,
+    incoming_trace,
+    message_headers,
+    parse_traceparent,
+    with_state,
+)
 
 __all__ = [
     "TRACEPARENT", "TRACESTATE", "Trace", "TraceBook",
@@ -47,14 +55,17 @@ def trace_of(headers: HeaderItems, input_id: str) -> Trace:
 
 
 def trace_headers(headers: HeaderItems) -> dict[str, bytes]:
-    """The trace context of a record as received, to pass on unchanged (an intent routed)."""
+    """The trace context a record brought, to pass on (an intent routed): only a valid one,
+    as version 00, so nothing but a well-formed, bounded header travels further."""
     parents = _values(headers, TRACEPARENT)
-    if len(parents) != 1:
+    trace = parse_traceparent(parents[0]) if len(parents) == 1 else None
+    if trace is None:
         return {}
-    kept = {TRACEPARENT: parents[0]}
     states = _values(headers, TRACESTATE)
-    if len(states) == 1:
-        kept[TRACESTATE] = states[0]
+    trace = with_state(trace, states[0] if len(states) == 1 else None)
+    kept = {TRACEPARENT: f"00-{trace.trace_id}-{trace.span_id}-{trace.flags & 0x01:02x}".encode()}
+    if trace.state:
+        kept[TRACESTATE] = trace.state.encode()
     return kept
 
 

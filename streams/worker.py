@@ -368,8 +368,7 @@ class Worker:
         if wire is None:  # not fitted here: decided before, by another instance or run
             wire = [(o.topic, o.key.encode(), self._encode(o.value)) for o in result.outputs()]
         trace, when = self._trace(event, result)
-        outgoing = [Outgoing(self.outputs[topic], key, value,
-                             headers=kafka_headers(output.value, source=self.event_source, trace=trace, time=when))
+        outgoing = [Outgoing(self.outputs[topic], key, value, headers=self._ce_headers(output.value, trace, when))
                     for output, (topic, key, value) in zip(result.outputs(), wire, strict=True)]
         for topic, _, _ in wire:
             metrics.OUTPUTS.labels(topic).inc()
@@ -389,6 +388,14 @@ class Worker:
         audit, message = result.decision.audit, event.message
         input_id = audit.input.ref if audit is not None else f"{message.topic}:{message.partition}:{message.offset}"
         return trace_of(message.headers, input_id), audit.at if audit is not None else self._time(event)
+
+    def _ce_headers(self, value: Any, trace: Trace, when: datetime) -> dict[str, bytes]:
+        """An output's CloudEvents headers; a bug here costs the headers, never the message."""
+        try:
+            return kafka_headers(value, source=self.event_source, trace=trace, time=when)
+        except Exception:
+            log.exception("no CloudEvents headers for a %s", type(value).__name__)
+            return {TRACEPARENT: trace.child("").encode()}
 
     def _encode(self, value: Any) -> bytes:
         return encode_message(value, keyring=self.keyring)

@@ -187,3 +187,25 @@ def _model(name: str, payload: dict[str, object]) -> object:
     models = {"Command": Command, "CommandResult": CommandResult, "Notification": Notification,
               "AuditRecord": AuditRecord, "DeadLetter": DeadLetter}
     return models[name].model_validate(payload)
+
+
+def test_the_shell_reads_one_valid_traceparent_and_passes_on_only_a_valid_one() -> None:
+    from streams.cloudevents import TraceBook, trace_headers, trace_of
+
+    assert trace_of([("traceparent", VALID.encode())], "it-1").trace_id == TRACE_ID
+    assert trace_of({"traceparent": VALID.encode()}, "it-1").trace_id == TRACE_ID
+    # Two traceparents are ambiguous: as if none came.
+    two = [("traceparent", VALID.encode()), ("traceparent", f"00-{'1' * 32}-{PARENT}-01".encode())]
+    assert trace_of(two, "it-1") == derived_trace("it-1")
+    assert trace_of(None, "it-1") == derived_trace("it-1")
+    assert trace_headers([("traceparent", VALID.encode()), ("tracestate", b"a=1"), ("other", b"x")]) == {
+        "traceparent": VALID.encode(), "tracestate": b"a=1"}
+    assert trace_headers([("traceparent", b"x" * 10_000)]) == {}  # nothing invalid travels on
+    assert trace_headers([("traceparent", f"cc-{TRACE_ID}-{PARENT}-03-more".encode())]) == {
+        "traceparent": f"00-{TRACE_ID}-{PARENT}-01".encode()}
+    book = TraceBook(limit=2)
+    book.keep("cmd-1", [("traceparent", VALID.encode())])
+    assert book.trace("cmd-1").trace_id == TRACE_ID
+    book.keep("cmd-2", [])
+    book.keep("cmd-3", [])
+    assert book.trace("cmd-1") == derived_trace("cmd-1")  # the oldest is forgotten first
