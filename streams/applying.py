@@ -5,6 +5,11 @@
         → :func:`~handlers.results.decide_result` → notifications, audit, command-results
         → commit the command's offset
 
+Commands of different keys (VMs, nodes) are applied at once by a pool of
+``apply.concurrency`` workers, those of one key one after the other in offset order
+(:class:`Lanes`); what they came to is published, and the offset committed, only for the
+prefix of each partition whose commands all have their result.
+
 Level-based (ARCHITECTURE.md, principle 2): a ``patch_vm`` is sent with the observed
 ``resourceVersion`` as a precondition. When the VM has moved on (another writer, a 409),
 the patch is planned again from the live VM with the very functions the worker planned it
@@ -32,6 +37,7 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -40,6 +46,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import urllib3
+from kafka import ConsumerRebalanceListener
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
@@ -609,6 +616,115 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+# What one command read comes to: messages to publish first (notification, audit record or
+# dead letter), then its result.
+Outputs = tuple[list[tuple[str, str, "BaseModel"]], list[tuple[str, str, "BaseModel"]]]
+
+
+class Lanes:
+    """Commands read and not yet released: one lane per key, lanes applied at once.
+
+    The commands of one key (one VM, one node: the Kafka key) are applied one after the
+    other in the order they were read, by one worker of the pool at a time; commands of
+    different keys do not wait for each other. Each partition keeps its commands in offset
+    order, and :meth:`release` hands out only the prefix of each that is settled.
+    """
+
+    def __init__(self, pool: ThreadPoolExecutor, apply: Callable[[Command], Outputs]) -> None:
+        self.pool = pool
+        self.apply = apply
+        self.changed = threading.Condition()
+        self.waiting: dict[str, deque[tuple[list[Any], Command]]] = {}  # key → its lane, the running one first
+        self.partitions: dict[Any, deque[list[Any]]] = {}  # partition → [offset, Outputs or None], in offset order
+        self.running = 0  # commands started and not settled
+        self.failure: BaseException | None = None
+
+    def in_flight(self) -> int:
+        with self.changed:
+            return self.running
+
+    def pending(self) -> bool:
+        with self.changed:
+            return any(self.partitions.values())
+
+    def settled(self, tp: Any, offset: int, outputs: Outputs) -> None:
+        """A command read that needs no API call: released in its turn."""
+        with self.changed:
+            self.partitions.setdefault(tp, deque()).append([offset, outputs])
+
+    def start(self, tp: Any, offset: int, key: str, command: Command) -> None:
+        """Apply ``command`` after every command of ``key`` read before it."""
+        slot: list[Any] = [offset, None]
+        with self.changed:
+            self.partitions.setdefault(tp, deque()).append(slot)
+            self.running += 1
+            lane = self.waiting.get(key)
+            if lane is not None:  # its key is busy: the lane's worker takes it in turn
+                lane.append((slot, command))
+                return
+            self.waiting[key] = deque([(slot, command)])
+        self.pool.submit(self._run_lane, key)
+
+    def _run_lane(self, key: str) -> None:
+        while True:
+            with self.changed:
+                slot, command = self.waiting[key][0]
+            try:
+                outputs = self.apply(command)
+            except BaseException as exc:  # a bug: the loop stops on it, nothing past it is released
+                with self.changed:
+                    self.failure = exc
+                    self.changed.notify_all()
+                raise
+            with self.changed:
+                slot[1] = outputs
+                self.running -= 1
+                lane = self.waiting[key]
+                lane.popleft()
+                self.changed.notify_all()
+                if not lane:
+                    del self.waiting[key]
+                    return
+
+    def wait_for_change(self, timeout: float) -> None:
+        with self.changed:
+            self.changed.wait(timeout)
+
+    def wait_until_idle(self) -> None:
+        with self.changed:
+            while self.running and self.failure is None:
+                self.changed.wait()
+
+    def release(self) -> tuple[list[tuple[str, str, BaseModel]], list[tuple[str, str, BaseModel]], dict[Any, int]]:
+        """The settled prefix of every partition: its outputs, and the offset to commit."""
+        first: list[tuple[str, str, BaseModel]] = []
+        results: list[tuple[str, str, BaseModel]] = []
+        offsets: dict[Any, int] = {}
+        with self.changed:
+            if self.failure is not None:
+                raise RuntimeError("applying a command failed unexpectedly") from self.failure
+            for tp, slots in self.partitions.items():
+                while slots and slots[0][1] is not None:
+                    offset, (before, result) = slots.popleft()
+                    first.extend(before)
+                    results.extend(result)
+                    offsets[tp] = offset + 1
+        return first, results, offsets
+
+
+class _SettleOnRevoke(ConsumerRebalanceListener):
+    """Before a partition is taken away: everything read is finished and committed."""
+
+    def __init__(self, settle: Callable[[], None]) -> None:
+        self.settle = settle
+
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        self.settle()
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        pass
+
+
 class Applier:
     """The loop: consume commands, apply each once, publish what came of it, commit."""
 
@@ -619,12 +735,12 @@ class Applier:
         *,
         group_id: str | None = None,
         clock: Callable[[], datetime] = _now,
-        concurrency: int = 8,
-        batch_size: int = 200,
+        concurrency: int | None = None,
+        max_in_flight: int | None = None,
     ) -> None:
         self.settings = settings
-        self.concurrency = concurrency
-        self.batch_size = batch_size
+        self.concurrency = concurrency or settings.apply.concurrency
+        self.max_in_flight = max_in_flight or settings.apply.max_in_flight
         self.kafka = settings.kafka
         self.kube = kube
         self.group_id = group_id or f"{settings.worker.app_id}-applier"
@@ -644,7 +760,7 @@ class Applier:
         ledger = ResultLedger(self.settings, keyring=self.keyring)
         out = producer(self.kafka, client_id=f"{self.settings.worker.app_id}-applier")
         commands = consumer(
-            self.kafka, self.commands_topic, group_id=self.group_id, enable_auto_commit=False,
+            self.kafka, group_id=self.group_id, enable_auto_commit=False,
             auto_offset_reset="earliest", isolation_level="read_committed",
             client_id=f"{self.settings.worker.app_id}-applier",
             # Static membership and the session: back at once after a crash (settings.py).
@@ -655,14 +771,26 @@ class Applier:
             log.info("applier ready: %d commands already have a result", len(ledger.done))
             self.ready.set()
             with ThreadPoolExecutor(self.concurrency, thread_name_prefix="apply") as pool:
+                lanes = Lanes(pool, lambda command: self._outputs(command, self.apply_one(command)))
+                # A partition taken away mid-flight: what was read of it is finished, published
+                # and committed first, so its next owner starts where this one stopped.
+                commands.subscribe([self.commands_topic],
+                                   listener=_SettleOnRevoke(lambda: self._release(lanes, commands, out, wait=True)))
                 while not stop.is_set():
-                    batch = commands.poll(timeout_ms=500, max_records=self.batch_size)
-                    if batch:
-                        ledger.catch_up()
-                        records = [record for records in batch.values() for record in records]
-                        self.handle_batch(records, ledger, out, pool)
-                        self._commit(commands, {tp: records[-1].offset + 1 for tp, records in batch.items()})
-                    metrics.record_client_lag(commands)  # what was polled has been handled
+                    if lanes.in_flight() >= self.max_in_flight:
+                        lanes.wait_for_change(timeout=0.5)
+                    else:
+                        # While commands are in flight, back soon to publish what they came to.
+                        batch = commands.poll(timeout_ms=20 if lanes.pending() else 500,
+                                              max_records=self.max_in_flight - lanes.in_flight())
+                        if batch:
+                            ledger.catch_up()
+                            for tp, records in batch.items():
+                                for record in records:
+                                    self._admit(tp, record, ledger, lanes)
+                    self._release(lanes, commands, out)
+                    metrics.record_client_lag(commands)
+                self._release(lanes, commands, out, wait=True)
         finally:
             commands.close()
             out.close()
@@ -678,44 +806,55 @@ class Applier:
         except CommitFailedError as exc:  # a rebalance took the partition: the ledger covers it
             log.warning("commit failed (partition moved?): %s", exc)
 
-    def handle_batch(self, records: list[ConsumerRecord], ledger: ResultLedger, out: KafkaProducer,
-                     pool: ThreadPoolExecutor) -> None:
-        """A poll's worth of commands: applied concurrently across targets, in order per target.
+    def _admit(self, tp: Any, record: ConsumerRecord, ledger: ResultLedger, lanes: Lanes) -> None:
+        """One command read: set going behind the commands of its key, or settled at once
+        (malformed: a dead letter; not sealed by the worker: refused; already done: skipped)."""
+        dead: list[tuple[str, str, BaseModel]] = []
+        command = self._parse(record, dead)
+        if command is None:
+            lanes.settled(tp, record.offset, (dead, []))
+            return
+        problem = self.keyring.problem("command", command)
+        if problem is not None:  # not the worker's: refused, and it marks nothing done
+            log.warning("command %s at %s:%d:%d is not sealed by the worker (%s): refused",
+                        command.command_id[:80], record.topic, record.partition, record.offset, problem)
+            decision = policy.unauthenticated(command, reason=problem, now=self.clock(), topic=self.commands_topic)
+            lanes.settled(tp, record.offset, self._outputs(command, decision))
+            return
+        if command.command_id in ledger:
+            log.info("command %s already has a result: skipped", command.command_id)
+            lanes.settled(tp, record.offset, ([], []))
+            return
+        ledger.add(command.command_id)  # a repeat read before this one is done is skipped too
+        lanes.start(tp, record.offset, subject_key(command.target), command)
 
-        Commands about different objects do not wait for each other's API calls; two about
-        the same object run one after the other, as they were issued. What came of them is
-        published once for the whole batch: notifications and audit records, then results.
-        """
+    def _outputs(self, command: Command, decision: ResultDecision) -> Outputs:
+        """What to publish of a decision: notification and audit record first, then the result."""
         first: list[tuple[str, str, BaseModel]] = []
-        by_target: dict[str, list[Command]] = {}
-        refused: list[tuple[Command, ResultDecision]] = []
-        for record in records:
-            command = self._parse(record, first)
-            if command is None:
-                continue
-            problem = self.keyring.problem("command", command)
-            if problem is not None:  # not the worker's: refused, and it marks nothing done
-                log.warning("command %s at %s:%d:%d is not sealed by the worker (%s): refused",
-                            command.command_id[:80], record.topic, record.partition, record.offset, problem)
-                refused.append((command, policy.unauthenticated(command, reason=problem, now=self.clock(),
-                                                                 topic=self.commands_topic)))
-                continue
-            if command.command_id in ledger:
-                log.info("command %s already has a result: skipped", command.command_id)
-                continue
-            ledger.add(command.command_id)  # a repeat within the batch is skipped too
-            by_target.setdefault(subject_key(command.target), []).append(command)
-        done = [decision for decisions in pool.map(self._apply_in_order, by_target.values())
-                for decision in decisions] + refused
-        for command, decision in done:
-            if decision.notification is not None:
-                first.append((self.kafka.topic("notifications"), subject_key(decision.notification.subject),
-                              decision.notification))
-            first.append((self.kafka.topic("audit"), decision.audit.input.key or "", decision.audit))
-        self._send(out, first)
-        # The results last: they are what marks a command done, for this applier and the next.
-        self._send(out, [(self.kafka.topic("command-results"), subject_key(command.target), decision.result)
-                         for command, decision in done])
+        if decision.notification is not None:
+            first.append((self.kafka.topic("notifications"), subject_key(decision.notification.subject),
+                          decision.notification))
+        first.append((self.kafka.topic("audit"), decision.audit.input.key or "", decision.audit))
+        return first, [(self.kafka.topic("command-results"), subject_key(command.target), decision.result)]
+
+    def _release(self, lanes: Lanes, commands: KafkaConsumer, out: KafkaProducer, *, wait: bool = False) -> None:
+        """Publish what the commands at the head of each partition came to, and commit past them.
+
+        Only a prefix of each partition is released: a command still in flight holds back
+        the ones read after it on its partition (their effects are in the API server, their
+        results wait), so the committed offset never passes a command that has no result.
+        Notifications and audit records first, the results last: they are what marks a
+        command done, for this applier and the next.
+        """
+        if wait:
+            lanes.wait_until_idle()
+        first, results, offsets = lanes.release()
+        if first:
+            self._send(out, first)
+        if results:
+            self._send(out, results)
+        if offsets:
+            self._commit(commands, offsets)
 
     def _parse(self, record: ConsumerRecord, dead: list[tuple[str, str, BaseModel]]) -> Command | None:
         key = record.key.decode("utf-8", "replace") if record.key else None
@@ -731,9 +870,6 @@ class Applier:
             log.warning("malformed command at %s:%d:%d", record.topic, record.partition, record.offset)
             dead.extend((self.kafka.topic(o.topic), o.key, o.value) for o in result.outputs())
             return None
-
-    def _apply_in_order(self, commands: list[Command]) -> list[tuple[Command, ResultDecision]]:
-        return [(command, self.apply_one(command)) for command in commands]
 
     def apply_one(self, command: Command) -> ResultDecision:
         """Apply one command to the API server and decide what to record of it."""
@@ -776,19 +912,22 @@ class Applier:
 # ---------------------------------------------------------------------------------- CLI
 
 
-def api_client(kubeconfig: str | None) -> client.ApiClient:
-    """From ``--kubeconfig``, else in-cluster, else ``$KUBECONFIG`` / ``~/.kube/config``."""
+def api_client(kubeconfig: str | None, *, pool_size: int | None = None) -> client.ApiClient:
+    """From ``--kubeconfig``, else in-cluster, else ``$KUBECONFIG`` / ``~/.kube/config``;
+    ``pool_size`` connections kept open, one per call in flight."""
     from kubernetes import config
 
+    configuration = client.Configuration()
     if kubeconfig:
-        api: client.ApiClient = config.new_client_from_config(config_file=kubeconfig)
-        return api
-    try:
-        config.load_incluster_config()
-        return client.ApiClient()
-    except config.ConfigException:
-        api = config.new_client_from_config()
-        return api
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    else:
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=configuration)
+    if pool_size is not None:
+        configuration.connection_pool_maxsize = max(pool_size, configuration.connection_pool_maxsize or 0)
+    return client.ApiClient(configuration)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -803,7 +942,7 @@ def _run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    with api_client(args.kubeconfig) as api:
+    with api_client(args.kubeconfig, pool_size=settings.apply.concurrency) as api:
         applier = Applier(settings, KubeApplier(api, subresource_url=args.subresource_url,
                                                 project_label=settings.labels.project))
         try:

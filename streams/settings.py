@@ -114,6 +114,16 @@ class WorkerSettings(BaseModel):
         return None
 
 
+class ApplySettings(BaseModel):
+    """``vmstream apply``: commands of different keys are applied at once, those of one key
+    (one VM, one node) one after the other in offset order."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    concurrency: int = Field(default=8, ge=1, le=256)  # API calls in flight, at most (one per key)
+    max_in_flight: int = Field(default=200, ge=1)  # commands read and not yet released, at most
+
+
 class ApiSettings(BaseModel):
     """``vmstream api``, the read API for consoles (docs/api.md).
 
@@ -250,6 +260,7 @@ class Settings(EnvironmentFirst, Config):
     kafka: KafkaSettings = KafkaSettings()
     worker: WorkerSettings = WorkerSettings()
     api: ApiSettings = ApiSettings()
+    apply: ApplySettings = ApplySettings()
     signing: SigningSettings = SigningSettings()
     notify: NotifySettings = NotifySettings()
 

@@ -33,12 +33,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from handlers import ids
 from handlers.cluster import OWNER_ANNOTATION
 from handlers.decisions import subject_key
-from handlers.messages import Command, CommandType, ObjectRef
+from handlers.messages import Command, CommandType, GPUMutation, ObjectRef
 from streams.applying import Applier, KubeApplier
 from streams.codecs import encode_message
 from streams.processes import free_ports
+from streams.publishing import publish as publish_records
 from streams.running import CONFIG, Deployment
-from streams.scenarios import A100, PROJECT_LABEL
+from streams.scenarios import A100, PROJECT_LABEL, RTX
 from streams.scenarios import node as node_object
 from streams.settings import load_settings
 from tests.harness import START, Harness, config
@@ -352,6 +353,63 @@ def test_a_vm_changed_meanwhile_is_planned_again_without_losing_the_change(
     assert published.result(late)["outcome"] == "noop"
     after = get(api, "virtualmachines", kube_namespace, "vm-2")
     assert after is not None and after["metadata"]["resourceVersion"] == stored["metadata"]["resourceVersion"]
+
+
+def test_commands_of_different_vms_are_applied_at_once(
+    api: client.ApiClient, kube_namespace: str, deployment: Deployment, published: Published,
+    virt_api: VirtApiStandIn,
+) -> None:
+    """virt-api holds the stop of one VM until the start of another has reached it: an
+    applier that waited for one command before sending the next would let the hold run out."""
+    custom = client.CustomObjectsApi(api)
+    for name, strategy in (("vm-held", "Always"), ("vm-other", "Halted")):
+        create_vm(api, kube_namespace, name)
+        custom.patch_namespaced_custom_object(*KUBEVIRT, kube_namespace, "virtualmachines", name,
+                                              {"spec": {"runStrategy": strategy}})
+    entered, arrived = threading.Event(), threading.Event()
+    held: list[bool] = []
+
+    def hold() -> None:
+        entered.set()
+        held.append(arrived.wait(10))  # well within the applier's read timeout (30 s)
+
+    virt_api.before_answering("stop", hold)
+    virt_api.before_answering("start", arrived.set)
+    stop = command("stop_vm", vm_ref(kube_namespace, "vm-held"))
+    publish(deployment, stop)
+    assert entered.wait(DEADLINE), "the stop never reached virt-api"
+    start = command("start_vm", vm_ref(kube_namespace, "vm-other"))  # published while the stop is held
+    publish(deployment, start)
+    assert published.result(start)["outcome"] == "applied"
+    assert held == [True], "the start reached virt-api only after the stop was answered"
+    assert published.result(stop)["outcome"] == "applied"
+    assert (get(api, "virtualmachines", kube_namespace, "vm-held") or {})["spec"]["runStrategy"] == "Halted"
+    assert (get(api, "virtualmachines", kube_namespace, "vm-other") or {})["spec"]["runStrategy"] == "Always"
+
+
+def test_commands_of_one_vm_are_applied_in_the_order_issued(
+    api: client.ApiClient, kube_namespace: str, deployment: Deployment, published: Published
+) -> None:
+    """Eight GPU changes to one VM, published at once: applied one after the other as issued,
+    each on what the one before left, their results in the same order."""
+    create_vm(api, kube_namespace, "vm-seq")
+    devices = [A100, RTX, None, RTX, A100, None, A100, RTX]
+    issued = [command("patch_vm", vm_ref(kube_namespace, "vm-seq"),
+                      mutation=GPUMutation(device_name=device, eviction_strategy="External"))
+              for device in devices]
+    keyring, now = deployment.signing.keyring(), int(time.time() * 1000)
+    publish_records(deployment.kafka, [(deployment.kafka.topic("commands"), subject_key(each.target),
+                                       encode_message(each, keyring=keyring), now) for each in issued])  # one batch
+    results = [published.result(each) for each in issued]
+    assert [result["outcome"] for result in results] == ["conflict_retried"] * len(devices)  # each one changed the VM
+    ids = {each.command_id for each in issued}
+    assert [value["command_id"] for _, value in published.seen["command-results"] if value["command_id"] in ids] \
+        == [each.command_id for each in issued]
+    versions = [int(result["resource_version"]) for result in results]
+    assert versions == sorted(versions) and len(set(versions)) == len(versions), "applied in another order"
+    stored = get(api, "virtualmachines", kube_namespace, "vm-seq")
+    assert stored is not None and stored["metadata"]["resourceVersion"] == results[-1]["resource_version"]
+    assert domain(stored)["devices"]["gpus"] == [{"name": "gpu-0", "deviceName": RTX}]
 
 
 def test_delete_vmi_brings_back_only_an_always_vm(
