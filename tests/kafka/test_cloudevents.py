@@ -97,7 +97,8 @@ def records(deployment: Deployment) -> Iterator[Records]:
     reader.close()
 
 
-def send(deployment: Deployment, key: str, value: bytes, headers: list[tuple[str, bytes]], topic: str = "intents") -> None:
+def send(deployment: Deployment, key: str, value: bytes, headers: list[tuple[str, bytes]],
+         topic: str = "intents") -> None:
     producer = KafkaProducer(bootstrap_servers=deployment.bootstrap)
     try:
         producer.send(deployment.kafka.topic(topic), key=key.encode(), value=value, headers=headers).get(timeout=30)
@@ -133,12 +134,14 @@ def test_every_worker_output_carries_cloudevents_headers_and_its_input_s_trace(
         records.wait_for("the cluster's events decided", lambda: all(records.audits(e) for e in events))
 
         # An intent with a trace (and CloudEvents headers of its own: taken, not required)...
-        send(deployment, "vm/spx-proj-b/dev-1", json.dumps(set_gpu("it-traced", "dev-1", "nvidia-rtx-pro-6000-bse")).encode(),
+        traced = set_gpu("it-traced", "dev-1", "nvidia-rtx-pro-6000-bse")
+        send(deployment, "vm/spx-proj-b/dev-1", json.dumps(traced).encode(),
              [("traceparent", f"00-{TRACE_ID}-00f067aa0ba902b7-01".encode()), ("tracestate", b"upstream=7"),
               ("ce_specversion", b"1.0"), ("ce_id", b"it-traced"), ("ce_type", b"com.example.intent"),
               ("ce_source", b"/upstream"), ("content-type", b"application/json")])
         # ...one without, refused (an unknown class)...
-        send(deployment, "vm/spx-proj-b/infer-1", json.dumps(set_gpu("it-untraced", "infer-1", "no-such-class")).encode(), [])
+        untraced = set_gpu("it-untraced", "infer-1", "no-such-class")
+        send(deployment, "vm/spx-proj-b/infer-1", json.dumps(untraced).encode(), [])
         # ...and one no rule can read, with a trace: its dead letter carries it.
         send(deployment, "vm/spx-proj-b/dev-1", b"{not json",
              [("traceparent", f"00-{OTHER_TRACE_ID}-b7ad6b7169203331-00".encode())])
