@@ -53,11 +53,11 @@ from handlers import delivery
 from handlers.delivery import Bucket, Endpoint, Target, Verdict
 from handlers.messages import DeadLetter, DeadLetterSource, Notification, clip, describe_validation_error
 from streams import metrics
-from streams.kafka_clients import admin_client, consumer, producer
+from streams.kafka_clients import consumer, producer
 from streams.logs import limit_client_logs
 from streams.probes import ProbeServer
 from streams.settings import NotifySettings, Settings, SmtpSettings, load_settings
-from streams.topics import ensure_topics
+from streams.topics import DELIVERIES, ensure_topics
 
 if TYPE_CHECKING:
     from kafka import KafkaConsumer, KafkaProducer
@@ -65,8 +65,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LEDGER = "deliveries"  # the logical name of the ledger topic (compacted)
-LEDGER_CONFIGS = {"cleanup.policy": "compact"}
+LEDGER = DELIVERIES  # the logical name of the ledger topic (compacted)
 
 DELIVERIES = Counter("vmstream_notify_deliveries_total",
                      "Deliveries of notifications, by channel and outcome (delivered, dead_lettered, skipped: "
@@ -274,25 +273,8 @@ class Directory:
 
 
 def ensure_ledger(settings: Settings) -> None:
-    """The topics notify reads and writes, the compacted ledger among them."""
-    from kafka.admin import NewTopic
-    from kafka.errors import TopicAlreadyExistsError
-
+    """The topics notify reads and writes, the compacted ledger among them (streams/topics.py)."""
     ensure_topics(settings.kafka)
-    if not settings.kafka.create_topics:
-        return
-    admin = admin_client(settings.kafka)
-    try:
-        name = settings.kafka.topic(LEDGER)
-        if name not in set(admin.list_topics()):
-            try:
-                admin.create_topics([NewTopic(name=name, num_partitions=settings.kafka.partitions,
-                                              replication_factor=settings.kafka.replication_factor,
-                                              topic_configs=LEDGER_CONFIGS)])
-            except TopicAlreadyExistsError:
-                pass
-    finally:
-        admin.close()
 
 
 class DeliveryLedger:

@@ -49,7 +49,9 @@ PRINCIPALS: dict[str, Grants] = {
         write=("command-results", "notifications", "audit", "dlq"),
         groups=("{app_id}-applier",),
     ),
-    "vmstream-notify": Grants(read=("notifications",), groups=("vmstream-notify",)),
+    # vmstream notify: notifications in; its ledger of deliveries, and dead letters, out.
+    "vmstream-notify": Grants(read=("notifications", "deliveries"), write=("deliveries", "dlq"),
+                              groups=("vmstream-notify",)),
     # vmstream api: the worker's tables, read-only, and its own compacted figures per class.
     "vmstream-api": Grants(read=("gpu-classes",), write=("gpu-classes",), read_prefixed=("{app_id}-state-",)),
     "upstream-portal": Grants(write=("intents",)),

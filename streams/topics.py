@@ -29,6 +29,7 @@ ROUTED = "worker-routed"  # the worker's repartition topic: inputs under their d
 KIND_HEADER = "vmstream-kind"
 SOURCE_HEADER = "vmstream-source"
 ROUTED_INPUTS = ("intents", "k8s-events")  # what ``route`` re-keys onto the routed topic
+DELIVERIES = "deliveries"  # ``vmstream notify``'s ledger, compacted (docs/notify.md)
 GPU_CLASSES = "gpu-classes"  # ``vmstream api``'s figures per GPU class, compacted (docs/api.md)
 
 
@@ -51,6 +52,8 @@ TOPICS: tuple[TopicSpec, ...] = (
               {"retention.ms": str(7 * DAY_MS)}),
     TopicSpec(GPU_CLASSES, "each GPU class's cards, one current record per class (key: the class name)",
               {"cleanup.policy": "compact"}),
+    TopicSpec(DELIVERIES, "vmstream notify's ledger: one record per notification, channel and recipient "
+              "delivered or dead-lettered (docs/notify.md)", {"cleanup.policy": "compact"}),
 )
 
 
