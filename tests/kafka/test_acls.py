@@ -407,3 +407,75 @@ def test_the_worker_does_its_job_on_its_own_acls(secured: SecuredBroker, tmp_pat
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def test_notify_does_its_job_on_its_own_acls(secured: SecuredBroker, tmp_path: Path) -> None:
+    """``vmstream notify`` as ``vmstream-notify``, topics made by the platform: it reads its
+    ledger back, takes a notification the worker wrote, delivers it to a webhook (recorded in
+    the ledger) and dead-letters the recipient it cannot resolve."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from threading import Thread
+
+    from handlers.messages import Notification
+
+    own = secured.settings("vmstream-notify")
+    ensure_topics(secured.settings(secured.sasl.admin))
+    received: list[dict[str, Any]] = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            return
+
+    hook = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    Thread(target=hook.serve_forever, daemon=True).start()
+    [probe_port] = free_ports(1)
+    env = {
+        **os.environ, "PYTHONUNBUFFERED": "1",
+        "VMSTREAM_KAFKA__BOOTSTRAP_SERVERS": own.bootstrap_servers,
+        "VMSTREAM_KAFKA__TOPIC_PREFIX": own.topic_prefix,
+        "VMSTREAM_KAFKA__PARTITIONS": "1",
+        "VMSTREAM_KAFKA__SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "VMSTREAM_KAFKA__SASL_MECHANISM": "SCRAM-SHA-512",
+        "VMSTREAM_KAFKA__SASL_USERNAME": "vmstream-notify",
+        "VMSTREAM_KAFKA__SASL_PASSWORD": secured.sasl.users["vmstream-notify"],
+        "VMSTREAM_KAFKA__CREATE_TOPICS": "false",
+        "VMSTREAM_NOTIFY__ENDPOINTS": json.dumps({"hooks": {"url": f"http://127.0.0.1:{hook.server_address[1]}/"}}),
+    }
+    log_path = tmp_path / "notify.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "streams.cli", "notify", "--config", str(ROOT / "examples/config.yaml"),
+             "--probe-port", str(probe_port)],
+            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        notice = Notification(
+            notification_id=f"ntf-acl-{uuid.uuid4().hex[:8]}", type="drain_will_stop_gpu_vm",
+            recipients=["webhook:hooks", "nobody"], subject=ObjectRef(kind="Node", name="gpu-node-1"),
+            severity="warning", message="Node gpu-node-1 is being drained.", at=datetime.now(UTC))
+        worker = KafkaProducer(**client_options(secured.settings("vmstream-worker")))
+        try:
+            worker.send(own.topic("notifications"), key=b"node/gpu-node-1", value=encode_message(notice)
+                        ).get(timeout=15)
+        finally:
+            worker.close(timeout=5)
+        deadline = time.monotonic() + 180
+        while not received or _end_offset(own, "deliveries") < 2 or _end_offset(own, "dlq") < 1:
+            assert process.poll() is None, log_path.read_text(errors="replace")[-4000:]
+            assert time.monotonic() < deadline, f"not delivered: {log_path.read_text(errors='replace')[-4000:]}"
+            time.sleep(0.2)  # polling interval
+        assert [event["id"] for event in received] == [notice.notification_id]
+        assert "AuthorizationFailed" not in log_path.read_text(errors="replace")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        hook.shutdown()
+        hook.server_close()
