@@ -177,22 +177,31 @@ def run_grid_row(vms: int, drains: list[int], inputs: int, config: Path, seed: i
     nodes = max(vms // 10, 1_100)
     out = Lines()
     gen = st.Generator(random.Random(seed), vms=vms, nodes=nodes, limit=10**12, out=out)
+    tmp = tempfile.TemporaryDirectory(prefix="vmstream-grid-")
+    phases: list[tuple[str, Path, int]] = []
+
+    def keep(kind: str, opened: int) -> None:  # on disk: the peak RSS is the engine's and its state's
+        path = Path(tmp.name) / f"{len(phases)}.jsonl"
+        path.write_text("\n".join(out.take()), encoding="utf-8")
+        phases.append((kind, path, opened))
+
     gen.relist()
     gen.flush()
-    phases: list[tuple[str, list[str], int]] = [("relist", out.take(), 0)]
+    keep("relist", 0)
     opened = 0
     for target in drains:
         opened += open_drains(gen, target - opened)
-        phases.append(("drains", out.take(), opened))
+        keep("drains", opened)
         background(gen, inputs)
-        phases.append(("timed", out.take(), opened))
+        keep("timed", opened)
     del gen
     gc.collect()
     reset_peak_rss()
     sim = simulation(config)
     cells = []
     fed = 0
-    for kind, lines, opened in phases:
+    for kind, path, opened in phases:
+        lines = path.read_text(encoding="utf-8").splitlines()
         if kind != "timed":
             feed(sim, lines, st.CountingSink(), fed + 1)
             fed += len(lines)
@@ -206,6 +215,8 @@ def run_grid_row(vms: int, drains: list[int], inputs: int, config: Path, seed: i
         if profiler is not None:
             print(f"cProfile of the {vms:,} VMs / {opened:,} drains cell, top {profile} by tottime:", file=sys.stderr)
             pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(profile)
+    del lines
+    tmp.cleanup()
     return {"cells": cells, "peak_rss_mib": peak_rss_mib(), "rows": sum(len(t) for t in sim.state.tables.values())}
 
 
@@ -394,7 +405,7 @@ def report(results: dict[str, dict[str, Any]], grid_vms: list[int], inputs: int,
             rss = {vms: results[label][f"grid:{vms}"]["peak_rss_mib"] for vms in grid_vms}
             print(f"{label}: spread across the grid (max−min)/max: wall {spread([c['rate'] for c in cells]):.0%}, "
                   f"CPU {spread([c['cpu_rate'] for c in cells]):.0%} (target ≤ {TARGET_SPREAD:.0%}); "
-                  "peak RSS MiB by VMs (engine and state, after generation): "
+                  "peak RSS MiB by VMs (engine, state and the lines of one phase): "
                   + ", ".join(f"{v:,}: {m:,.0f}" for v, m in rss.items()) + f" (target < {TARGET_RSS_MIB:,.0f})")
     if "mix" in results[labels[0]]:
         print(f"\n== simulate_throughput.py's mix, 10,000 VMs / 1,000 nodes, {mix_events:,} lines, a drain every 100 "
