@@ -1,0 +1,223 @@
+"""How fast the applier patches VMs, against the API server's own rate for the same patches.
+
+One run, one local kube-apiserver (KubeVirt's CRDs) and one broker, four sets of fresh VMs:
+
+* **anchor** — the very JSON patches the applier sends (the GPU rules' patch guarded by the
+  VM's ``resourceVersion``), sent straight to the API server by a plain kubernetes client
+  from ``--threads`` threads;
+* **anchor with reads** — the same, each patch after the two reads the applier makes
+  first (the namespace's labels and the live VM, for its policy): the requests it sends;
+* **applier** — the same patches as sealed ``patch_vm`` commands, all on the commands topic
+  at once, applied by ``vmstream apply`` (its own process, ``apply.concurrency`` =
+  ``--threads``);
+* **paced** — commands published one by one at half the anchor's rate (``--paced-rate``):
+  latency from a command handed to the producer to the VM seen patched.
+
+A VM counts as patched when the benchmark's own watch on the API server shows the GPU in
+its template; a rate is VMs / (last patch seen − first request or command sent).
+
+    .venv/bin/python benchmarks/apply_rate.py                 # 600 VMs per set
+    .venv/bin/python benchmarks/apply_rate.py --small         # 100 VMs per set, a quick run
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from kubernetes import client  # noqa: E402
+
+from handlers import ids  # noqa: E402
+from handlers.decisions import subject_key  # noqa: E402
+from handlers.enforcement import FIELD_MANAGER  # noqa: E402
+from handlers.gpus import desired_vm, plan_patch  # noqa: E402
+from handlers.messages import Command, GPUMutation, ObjectRef  # noqa: E402
+from intent_to_patch import NAMESPACE, PatchWatcher, percentile, vm_body  # noqa: E402
+from streams.applying import JSON_PATCH, KUBEVIRT  # noqa: E402
+from streams.codecs import encode_message  # noqa: E402
+from streams.kafka_clients import producer  # noqa: E402
+from streams.localkafka import LocalKafka  # noqa: E402
+from streams.localkube import LocalKube  # noqa: E402
+from streams.running import CONFIG, Deployment, VmstreamProcess  # noqa: E402
+from streams.scenarios import A100, PROJECT_LABEL  # noqa: E402
+
+MUTATION = GPUMutation(device_name=A100, eviction_strategy="External")
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{value:.1f}" for value in os.getloadavg())
+
+
+class ApplierProcess(VmstreamProcess):
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while "applier ready" not in (self.log.read_text(errors="replace") if self.log.exists() else ""):
+            self.check_running()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the applier was not ready in {timeout}s:\n{self.tail()}")
+            time.sleep(0.2)  # polling its log
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of process ``pid`` so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def planned(custom: client.CustomObjectsApi, names: list[str]) -> dict[str, tuple[list[dict[str, Any]], str]]:
+    """name → (the GPU rules' JSON patch for the live VM, its resourceVersion), as the worker plans it."""
+    listed = custom.list_namespaced_custom_object(*KUBEVIRT, NAMESPACE, "virtualmachines")
+    live = {vm["metadata"]["name"]: vm for vm in listed["items"]}
+    return {name: (plan_patch(live[name], desired_vm(live[name], MUTATION)), live[name]["metadata"]["resourceVersion"])
+            for name in names}
+
+
+def wait_patched(watcher: PatchWatcher, names: list[str], timeout: float = 900.0) -> float:
+    """When the last of ``names`` was seen patched."""
+    deadline = time.monotonic() + timeout
+    while any(name not in watcher.patched for name in names):
+        if time.monotonic() > deadline:
+            missing = sum(name not in watcher.patched for name in names)
+            raise TimeoutError(f"{missing} of {len(names)} VMs not patched in {timeout}s")
+        time.sleep(0.1)  # waiting for the watch thread's record
+    return max(watcher.patched[name] for name in names)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vms", type=int, default=600, help="VMs per set (four sets)")
+    parser.add_argument("--threads", type=int, default=8, help="the anchor's threads")
+    parser.add_argument("--concurrency", type=int, help="the applier's apply.concurrency (default: --threads)")
+    parser.add_argument("--paced-rate", type=float, help="commands/s of the paced run (default: half the anchor's rate)")
+    parser.add_argument("--small", action="store_true", help="100 VMs per set")
+    args = parser.parse_args()
+    count = 100 if args.small else args.vms
+    concurrency = args.concurrency or args.threads
+    with ExitStack() as stack:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vmstream-apply-rate-")))
+        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or stack.enter_context(LocalKafka()).bootstrap_servers
+        kube = stack.enter_context(LocalKube())
+        api = kube.api_client()
+        api.configuration.connection_pool_maxsize = args.threads
+        api = client.ApiClient(api.configuration)  # its pool sized for the anchor's threads
+        client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE, "labels": {PROJECT_LABEL: "bench"}}})
+        custom = client.CustomObjectsApi(api)
+        sets = {part: [f"{part}-{i:05d}" for i in range(count)] for part in ("anchor", "reads", "applier", "paced")}
+        started = time.monotonic()
+        with ThreadPoolExecutor(args.threads) as pool:
+            list(pool.map(lambda n: custom.create_namespaced_custom_object(*KUBEVIRT, NAMESPACE, "virtualmachines",
+                                                                            vm_body(n)),
+                          [name for names in sets.values() for name in names]))
+        print(f"created {4 * count} VMs in {time.monotonic() - started:.1f}s")
+        patches = planned(custom, [name for names in sets.values() for name in names])
+
+        deployment = Deployment(bootstrap, workdir)
+        deployment.create_topics()
+        stack.callback(deployment.delete_topics)
+        applier = ApplierProcess(deployment, "apply", ["apply", "--config", str(CONFIG), "--kubeconfig",
+                                                       str(kube.kubeconfig), "--probe-port", "0"],
+                                 env={"VMSTREAM_APPLY__CONCURRENCY": str(concurrency)})
+        applier.start()
+        stack.callback(applier.stop)
+
+        listed = custom.list_namespaced_custom_object(*KUBEVIRT, NAMESPACE, "virtualmachines", limit=1)
+        watcher = PatchWatcher(api, listed["metadata"]["resourceVersion"])
+        watcher.start()
+        stack.callback(watcher.stop.set)
+
+        # The anchor: the applier's own request (_json_patch_vm), straight from a plain client.
+        def send(name: str) -> None:
+            patch, rv = patches[name]
+            custom.patch_namespaced_custom_object(
+                *KUBEVIRT, NAMESPACE, "virtualmachines", name,
+                [{"op": "replace", "path": "/metadata/resourceVersion", "value": rv}, *patch],
+                _content_type=JSON_PATCH, field_manager=FIELD_MANAGER)
+
+        print(f"anchor: {count} JSON patches from {args.threads} threads, {load()}")
+        first, cpu = time.monotonic(), time.process_time()
+        with ThreadPoolExecutor(args.threads) as pool:
+            list(pool.map(send, sets["anchor"]))
+        anchor_cpu = 1000 * (time.process_time() - cpu) / count  # the watch thread's share included
+        anchor_rate = count / (wait_patched(watcher, sets["anchor"]) - first)
+
+        core = client.CoreV1Api(api)
+
+        def read_and_send(name: str) -> None:
+            core.read_namespace(NAMESPACE)
+            custom.get_namespaced_custom_object(*KUBEVIRT, NAMESPACE, "virtualmachines", name)
+            send(name)
+
+        print(f"anchor with reads: {count} × (GET namespace, GET VM, JSON patch) from {args.threads} threads, {load()}")
+        first = time.monotonic()
+        with ThreadPoolExecutor(args.threads) as pool:
+            list(pool.map(read_and_send, sets["reads"]))
+        reads_rate = count / (wait_patched(watcher, sets["reads"]) - first)
+
+        keyring = deployment.signing.keyring()
+        topic = deployment.kafka.topic("commands")
+
+        def sealed(name: str) -> tuple[str, bytes]:
+            patch, rv = patches[name]
+            target = ObjectRef(kind="VirtualMachine", namespace=NAMESPACE, name=name)
+            cause = f"bench-{deployment.ident}-{name}"
+            command = Command(command_id=ids.command_id(cause, "patch_vm", subject_key(target)), type="patch_vm",
+                              target=target, cause=cause, issued_at=datetime.now(UTC), patch=patch,
+                              base_resource_version=rv, mutation=MUTATION, requested_by="bench@example.com")
+            return subject_key(target), encode_message(command, keyring=keyring)
+
+        sender = producer(deployment.kafka, linger_ms=0)
+        stack.callback(sender.close)
+        saturating = [sealed(name) for name in sets["applier"]]
+        print(f"applier: {count} commands at once, apply.concurrency {concurrency}, {load()}")
+        assert applier.process is not None
+        first, cpu = time.monotonic(), cpu_seconds(applier.process.pid)
+        for key, value in saturating:
+            sender.send(topic, key=key.encode(), value=value)
+        sender.flush()
+        applier_rate = count / (wait_patched(watcher, sets["applier"]) - first)
+        applier_cpu = 1000 * (cpu_seconds(applier.process.pid) - cpu) / count  # until the last patch
+
+        rate = args.paced_rate or anchor_rate / 2
+        paced = [(name, *sealed(name)) for name in sets["paced"]]
+        print(f"paced: {count} commands at {rate:.0f}/s, {load()}")
+        sent: dict[str, float] = {}
+        first = time.monotonic()
+        for index, (name, key, value) in enumerate(paced):
+            due = first + index / rate
+            while (now := time.monotonic()) < due:
+                time.sleep(min(due - now, 0.005))  # pacing the producer, not synchronising
+            sent[name] = time.monotonic()
+            sender.send(topic, key=key.encode(), value=value)
+            sender.flush()
+        wait_patched(watcher, sets["paced"])
+        latencies = [1000 * (watcher.patched[name] - sent[name]) for name in sets["paced"]]
+
+        ratio = applier_rate / anchor_rate
+        print(f"\nJSON patches of GPU VMs, {count} VMs per set, anchor {args.threads} threads, "
+              f"apply.concurrency {concurrency}, {load()}")
+        print(f"  anchor (plain client → API server)   {anchor_rate:7.0f} VMs patched/s   "
+              f"client CPU {anchor_cpu:.1f} ms per patch")
+        print(f"  anchor with the applier's reads       {reads_rate:7.0f} VMs patched/s")
+        print(f"  applier (commands → API server)      {applier_rate:7.0f} VMs patched/s   "
+              f"ratio {ratio:.2f} (target ≥ 0.8), {applier_rate / reads_rate:.2f} of the anchor with reads; "
+              f"applier CPU {applier_cpu:.1f} ms per command")
+        print(f"  paced at {rate:.0f} commands/s: command → VM patched  p50 {statistics.median(latencies):.0f} ms   "
+              f"p90 {percentile(latencies, 0.9):.0f} ms   p99 {percentile(latencies, 0.99):.0f} ms   "
+              f"max {max(latencies):.0f} ms (target p99 ≤ 250 ms)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
