@@ -23,6 +23,7 @@ from streams.settings import KafkaSettings
 log = logging.getLogger(__name__)
 
 DAY_MS = 24 * 3600 * 1000
+INTENT_TIMESTAMP_BEFORE_MS = 5 * 60 * 1000  # how far in the past an intent's timestamp may lie
 ROUTED = "worker-routed"  # the worker's repartition topic: inputs under their decision key
 # On the routed topic: what a record is (intent | event | resident | tick), and for an intent
 # or a watch event, where it was first read (JSON: topic, partition, offset, key).
@@ -41,7 +42,11 @@ class TopicSpec:
 
 
 TOPICS: tuple[TopicSpec, ...] = (
-    TopicSpec("intents", "requests from upstream services", {"retention.ms": str(30 * DAY_MS)}),
+    # The worker decides an intent at its Kafka timestamp, which the producer chooses: the
+    # broker refuses one older than INTENT_TIMESTAMP_BEFORE_MS, so a credential that expired
+    # cannot be made current again by back-dating the record (docs/auth.md).
+    TopicSpec("intents", "requests from upstream services",
+              {"retention.ms": str(30 * DAY_MS), "message.timestamp.before.max.ms": str(INTENT_TIMESTAMP_BEFORE_MS)}),
     TopicSpec("k8s-events", "the watch bridge's events", {"retention.ms": str(7 * DAY_MS)}),
     TopicSpec("commands", "what the applier must do", {"retention.ms": str(30 * DAY_MS)}),
     TopicSpec("command-results", "what the applier did", {"retention.ms": str(30 * DAY_MS)}),
