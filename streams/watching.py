@@ -77,6 +77,8 @@ from handlers.messages import (
     WatchEvent,
     object_key,
 )
+from handlers.tracing import TYPE_PREFIX, ce_headers
+from streams.cloudevents import event_source, kafka_headers, trace_of
 from streams.kafka_clients import COMPRESSION, admin_client, consumer, producer
 from streams.probes import ProbeServer
 from streams.settings import KafkaSettings, load_kafka_settings, read_yaml
@@ -199,13 +201,47 @@ def watch_event(kind: Kind, type_: EventType, obj: dict[str, Any]) -> tuple[str,
     namespace = metadata.get("namespace")
     name = metadata.get("name", "")
     event = WatchEvent(
-        event_id=watch_event_id(kind.kind, namespace, name, str(metadata.get("resourceVersion", "")), type_),
+        event_id=event_id_of(kind, type_, obj),
         type=type_,
         kind=kind.kind,
         object=obj,
         observed_at=datetime.now(UTC),
     )
     return object_key(kind.kind, namespace, name), event.model_dump_json().encode()
+
+
+def changed_at(obj: dict[str, Any]) -> datetime | None:
+    """The latest time an object shows: its last write (``managedFields``), its
+    ``deletionTimestamp``, its ``creationTimestamp``; None when it shows none."""
+    metadata = obj.get("metadata") or {}
+    stamps = [metadata.get("creationTimestamp"), metadata.get("deletionTimestamp")]
+    stamps += [entry.get("time") for entry in metadata.get("managedFields") or [] if isinstance(entry, dict)]
+    times = []
+    for stamp in stamps:
+        if isinstance(stamp, str):
+            try:
+                moment = datetime.fromisoformat(stamp)
+            except ValueError:
+                continue
+            times.append(moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC))
+    return max(times, default=None)
+
+
+def event_id_of(kind: Kind, type_: EventType, obj: dict[str, Any]) -> str:
+    """The ``event_id`` of the event showing ``obj``: a republished version keeps it."""
+    metadata = obj.get("metadata") or {}
+    return watch_event_id(kind.kind, metadata.get("namespace"), metadata.get("name", ""),
+                          str(metadata.get("resourceVersion", "")), type_)
+
+
+def event_headers(kind: Kind, type_: EventType, event_id: str, *, source: str, time: datetime
+                  ) -> list[tuple[str, bytes]]:
+    """A watch event's CloudEvents headers and ``traceparent``: ``ce_id`` its ``event_id``, a
+    trace derived from that id — a republished event has the very headers it had
+    (docs/integrators.md)."""
+    headers = ce_headers(id_=event_id, type_=f"{TYPE_PREFIX}watch-event.{kind.kind.lower()}.{type_.lower()}",
+                         source=source, time=time, trace=trace_of(None, event_id))
+    return [(name, text.encode("utf-8")) for name, text in headers]
 
 
 def _key_of(kind: Kind, obj: dict[str, Any]) -> str:
@@ -239,23 +275,28 @@ class Publisher:
     def __init__(
         self, kafka_producer: KafkaProducer, topic: str, *, dlq_topic: str | None = None,
         max_bytes: int = Limits().max_input_bytes, message_bytes: int = MESSAGE_BYTES,
+        source: str = event_source("watch", "vmstream"),
     ) -> None:
         self.producer = kafka_producer
+        self.source = source  # the CloudEvents ``source`` of what it publishes
         self.topic = topic
         self.dlq_topic = dlq_topic or topic.replace(TOPIC, DLQ_TOPIC)
         self.max_bytes = max_bytes
         self.message_bytes = message_bytes
 
     def send(self, kind: Kind, type_: EventType, obj: dict[str, Any]) -> Sent:
+        # The object's time (read before watch_event drops managedFields), else now.
+        event_id, changed = event_id_of(kind, type_, obj), changed_at(obj) or datetime.now(UTC)
         key, value = watch_event(kind, type_, obj)
-        if self._fits(key, value):
-            future = self.producer.send(self.topic, key=key.encode(), value=value)
+        envelope = event_headers(kind, type_, event_id, source=self.source, time=changed)
+        if self._fits(key, value, envelope):
+            future = self.producer.send(self.topic, key=key.encode(), value=value, headers=envelope)
             return self._sent(kind, future, pydantic_core.to_json(obj), "whole")
         whole_size = len(value)
         view = rule_view(kind.kind, obj)
         _, reduced = watch_event(kind, type_, view)
-        if self._fits(key, reduced):
-            headers = [(REDUCED_HEADER, str(whole_size).encode())]
+        headers = [*envelope, (REDUCED_HEADER, str(whole_size).encode())]
+        if self._fits(key, reduced, headers):
             future = self.producer.send(self.topic, key=key.encode(), value=reduced, headers=headers)
             log.warning("watch %s %s: %d bytes, over %d; published reduced to what the rules read (%d bytes)",
                         type_, key, whole_size, self.max_bytes, len(reduced))
@@ -273,11 +314,15 @@ class Publisher:
             original_sha256=hashlib.sha256(value).hexdigest(),
         )
         log.error("watch %s %s: %d bytes, too large even reduced; dead-lettered", type_, key, whole_size)
-        future = self.producer.send(self.dlq_topic, key=key.encode(), value=letter.model_dump_json().encode())
+        trace = trace_of(None, event_id)  # the event's, as if it had been published
+        future = self.producer.send(self.dlq_topic, key=key.encode(), value=letter.model_dump_json().encode(),
+                                    headers=list(kafka_headers(letter, source=self.source, trace=trace,
+                                                               time=letter.at).items()))
         return self._sent(kind, future, pydantic_core.to_json(view), "dead_letter")
 
-    def _fits(self, key: str, value: bytes) -> bool:
-        return len(value) <= self.max_bytes and len(key) + len(value) + RECORD_OVERHEAD <= self.message_bytes
+    def _fits(self, key: str, value: bytes, headers: list[tuple[str, bytes]]) -> bool:
+        extra = sum(len(name) + len(data) + 4 for name, data in headers)  # each with its two lengths
+        return len(value) <= self.max_bytes and len(key) + len(value) + RECORD_OVERHEAD + extra <= self.message_bytes
 
     @staticmethod
     def _sent(kind: Kind, future: FutureRecordMetadata, obj: bytes, form: Form) -> Sent:
@@ -721,9 +766,11 @@ class Bridge:
         stats_seconds: float = STATS_SECONDS,
         resync_seconds: float = RESYNC_SECONDS,
         max_event_bytes: int = Limits().max_input_bytes,
+        app_id: str = "vmstream",
     ) -> None:
         self.kafka = kafka
         self.kube = kube
+        self.source = event_source("watch", app_id)  # CloudEvents ``source`` of its records
         self.stats_seconds = stats_seconds
         self.max_event_bytes = max_event_bytes
         self.watchers = {
@@ -757,7 +804,8 @@ class Bridge:
             kafka_producer.close()
             return
         publisher = Publisher(kafka_producer, self.kafka.topic(TOPIC), dlq_topic=self.kafka.topic(DLQ_TOPIC),
-                              max_bytes=self.max_event_bytes, message_bytes=self._message_bytes())
+                              max_bytes=self.max_event_bytes, message_bytes=self._message_bytes(),
+                              source=self.source)
         apis = {name: client.ApiClient(self.kube) for name in self.watchers}
         threads = [
             threading.Thread(
@@ -890,6 +938,13 @@ def load_limits(path: str | None) -> Limits:
     return Limits.model_validate(section)
 
 
+def load_app_id(path: str | None) -> str:
+    """``worker.app_id`` from the configuration file, ``VMSTREAM_WORKER__APP_ID`` first: the
+    bridge's CloudEvents ``source`` is ``/vmstream/watch/<app_id>``."""
+    app_id = os.environ.get("VMSTREAM_WORKER__APP_ID") or (read_yaml(path).get("worker") or {}).get("app_id")
+    return str(app_id) if app_id else "vmstream"
+
+
 def main(args: argparse.Namespace) -> int:
     """``vmstream watch``: run the bridge until SIGINT or SIGTERM."""
     from streams.topics import ensure_topics
@@ -898,6 +953,7 @@ def main(args: argparse.Namespace) -> int:
         kinds = select_kinds(args.kinds)
         kafka = load_kafka_settings(args.config)  # the bridge needs no policy: Kafka and limits
         limits = load_limits(args.config)
+        app_id = load_app_id(args.config)
         kube = kube_configuration(args.kubeconfig)
     except (ValueError, OSError, config.ConfigException) as error:  # a ValidationError is a ValueError
         log.error("watch: %s", error)
@@ -916,7 +972,7 @@ def main(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    bridge = Bridge(kafka, kube, kinds=kinds, max_event_bytes=limits.max_input_bytes)
+    bridge = Bridge(kafka, kube, kinds=kinds, max_event_bytes=limits.max_input_bytes, app_id=app_id)
     try:
         probes: ProbeServer | None = bridge.probes(host=args.probe_host, port=args.probe_port).start()
     except OSError as error:  # watching matters more than being probed; a kubelet would notice

@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -34,6 +35,7 @@ from handlers.capacity import capacity
 from handlers.engine import EVENTS_TOPIC, Result, Source
 from handlers.ids import watch_event_id
 from handlers.messages import ORIGINAL_PREFIX_BYTES, DeadLetter, WatchEvent, object_key
+from handlers.tracing import ce_time, derived_trace
 from streams.kafka_clients import admin_client, producer
 from streams.processes import free_ports
 from streams.running import Deployment, VmstreamProcess
@@ -113,6 +115,20 @@ class Events:
 
     def close(self) -> None:
         self.consumer.close()
+
+
+CE_HEADERS = {"ce_specversion", "ce_id", "ce_type", "ce_source", "ce_time", "content-type", "traceparent"}
+
+
+def assert_envelope(event: dict[str, Any], headers: dict[str, bytes], source: str = "/vmstream/watch/vmstream") -> None:
+    """A watch event's CloudEvents headers: named by its event_id, in a trace derived from it."""
+    assert CE_HEADERS <= set(headers), headers
+    event_id = event["event_id"]
+    assert headers["ce_specversion"] == b"1.0" and headers["content-type"] == b"application/json"
+    assert headers["ce_id"].decode() == event_id
+    assert headers["ce_type"].decode() == f"io.vmstream.watch-event.{event['kind'].lower()}.{event['type'].lower()}"
+    assert headers["ce_source"].decode() == source
+    assert headers["traceparent"].decode() == derived_trace(event_id).child(event_id)
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
@@ -256,7 +272,7 @@ def test_existing_objects_are_published_as_relisted_with_contract_keys(
         f"Namespace/{ns}": "Namespace",  # its project label says where VMs may be created
     }
 
-    bridge = Bridge(deployment.kafka, kube_configuration(kube))
+    bridge = Bridge(deployment.kafka, kube_configuration(kube), app_id="az1")
     with running(bridge):
         events.wait_for(lambda e: all(e.types(key) for key in keys), "a RELISTED event for each object")
 
@@ -274,9 +290,14 @@ def test_existing_objects_are_published_as_relisted_with_contract_keys(
     vm_event = events.of(f"VirtualMachine/{ns}/vm-a")[0]
     assert vm_event["object"]["spec"] == created_vm["spec"]
     assert vm_event["observed_at"].endswith("Z")
-    for _, value in events.seen:  # every event on the topic, others' objects included
+    for (_, value), headers in zip(events.seen, events.headers, strict=True):  # others' objects included
         WatchEvent.model_validate(value)
         assert "managedFields" not in value["object"]["metadata"]
+        assert_envelope(value, headers, source="/vmstream/watch/az1")
+    # Its time is the object's last write as the API server recorded it, not when it was seen.
+    written = max(entry["time"] for entry in created_vm["metadata"]["managedFields"])
+    [vm_headers] = events.headers_of(f"VirtualMachine/{ns}/vm-a")
+    assert vm_headers["ce_time"].decode() == ce_time(datetime.fromisoformat(written))
 
 
 # ------------------------------------------------------------------------- live changes
@@ -339,6 +360,30 @@ def test_a_bookmark_only_moves_the_resume_point(deployment: Deployment, events: 
     assert list(watcher.known) == ["VirtualMachine/ns/vm-c"]
     events.wait_for(lambda e: bool(e.seen), "the one event")
     assert [(key, value["type"]) for key, value in events.seen] == [("VirtualMachine/ns/vm-c", "MODIFIED")]
+
+
+def test_a_republished_event_has_the_very_headers_it_had(deployment: Deployment, events: Events) -> None:
+    """A watch resumed before an unacknowledged event publishes it again: same id, same headers."""
+    obj = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+           "metadata": {"name": "vm-r", "namespace": "ns", "resourceVersion": "7",
+                        "creationTimestamp": "2026-11-30T06:00:00Z",
+                        "managedFields": [{"manager": "a", "time": "2026-11-30T06:10:00Z"},
+                                          {"manager": "b", "time": "2026-11-30T06:20:05Z"}]}}
+    kafka_producer = producer(deployment.kafka)
+    try:
+        publisher = Publisher(kafka_producer, deployment.kafka.topic(TOPIC), source="/vmstream/watch/az9")
+        for _ in range(2):
+            publisher.send(select_kinds("VirtualMachine")[0], "MODIFIED", json.loads(json.dumps(obj))).future.get(30)
+    finally:
+        kafka_producer.close()
+
+    events.wait_for(lambda e: len(e.seen) == 2, "both copies")
+    first, second = events.headers_of("VirtualMachine/ns/vm-r")
+    assert first == second
+    event = events.of("VirtualMachine/ns/vm-r")[0]
+    assert_envelope(event, first, source="/vmstream/watch/az9")
+    assert first["ce_type"] == b"io.vmstream.watch-event.virtualmachine.modified"
+    assert first["ce_time"] == b"2026-11-30T06:20:05Z"  # its last write, not when it was observed
 
 
 # ------------------------------------------------------------------------- 410 Gone
@@ -628,7 +673,10 @@ def test_a_topic_that_takes_less_than_the_worker_gets_reduced_events_not_refused
         events.wait_for(lambda e: bool(e.types(small)), "the next VM")
     assert REDUCED_HEADER in events.headers_of(cloud)[0]
     assert "volumes" not in events.of(cloud)[0]["object"]["spec"]["template"]["spec"]
-    assert events.types(small) == ["ADDED"] and not events.headers_of(small)[0]
+    assert events.types(small) == ["ADDED"] and REDUCED_HEADER not in events.headers_of(small)[0]
+    for event, headers in zip(events.of(cloud) + events.of(small), events.headers_of(cloud) + events.headers_of(small),
+                              strict=True):
+        assert_envelope(event, headers)  # reduced or whole
     assert bridge.watchers["VirtualMachine"].stats.failures == 0  # nothing refused, nothing retried
 
 
@@ -667,7 +715,14 @@ def test_an_event_too_large_even_reduced_is_dead_lettered_and_the_others_keep_fl
     assert letter.original_truncated is True and letter.original_size is not None
     assert letter.original_size > 40_000 and letter.original_sha256 is not None
     assert events.types(noisy) == []
-    assert events.types(small) == ["RELISTED"] and not events.headers_of(small)[0]
+    assert events.types(small) == ["RELISTED"] and REDUCED_HEADER not in events.headers_of(small)[0]
+    # The dead letter: CloudEvents headers of its own, in the trace of the event it stands for.
+    [letter_headers] = letters.headers_of(noisy)
+    noisy_id = json.loads(letter.original.split(',"type"', 1)[0] + "}")["event_id"]
+    assert CE_HEADERS <= set(letter_headers)
+    assert letter_headers["ce_type"] == b"io.vmstream.dead-letter"
+    assert letter_headers["ce_source"] == b"/vmstream/watch/vmstream"
+    assert letter_headers["traceparent"].decode().split("-")[1] == derived_trace(noisy_id).trace_id
     assert events.types(cloud) == ["RELISTED"] and REDUCED_HEADER in events.headers_of(cloud)[0]
     assert events.types(later) == ["ADDED"]
     assert watcher.stats.oversized["dead_letter"] == 1 and watcher.stats.oversized["reduced"] >= 1
