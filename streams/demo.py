@@ -21,6 +21,7 @@ from typing import TextIO
 
 from streams import demo_kubernetes
 from streams.credentials import DevSigner
+from streams.demo_people import ApiProcess, Console, MailSink, NotifyProcess, mails_due
 from streams.localkafka import LocalKafka
 from streams.publishing import publish, scenario_records
 from streams.running import Deployment, Outputs, WorkerProcess
@@ -100,16 +101,28 @@ def _run_on_kafka(out: TextIO, stack: ExitStack, workdir: Path, bootstrap: str, 
     signer = DevSigner(workdir, operators=EXAMPLE_CONFIG["operators"])  # type: ignore[arg-type]
     worker = WorkerProcess(deployment, "worker", env=signer.worker_env()).start()
     stack.callback(worker.stop)
+    sink = stack.enter_context(MailSink(out))
+    notify = NotifyProcess(deployment, sink)
+    api = ApiProcess(deployment)
+    for process in (notify, api):
+        stack.callback(process.stop)
+        process.start()
     outputs = Outputs(deployment, on_arrival=printer)
     stack.callback(outputs.close)
     out.write(f"worker ready: http://127.0.0.1:{worker.web_port}/ready, /metrics, /capacity; "
               f"intents signed with a key made now (kid {signer.key.kid}, docs/auth.md)\n")
+    out.write(f"notify delivering to an SMTP sink on 127.0.0.1:{sink.port}; console API {api.url}/v1/…\n")
+    console = Console(api, outputs, out)
     phases = demo_phases(notice_seconds)
     for (title, script), (waiting_for, expected) in zip(phases, _expectations(notice_seconds), strict=True):
         out.write(f"\n== {title}\n")
         publish(deployment.kafka, signer.sign_records(scenario_records(script.jsonl(), shift_to_now=True)))
         wait = timeout + (notice_seconds if "deadline" in waiting_for else 0)
-        outputs.wait_for(expected, timeout=wait, what=waiting_for)
+        outputs.wait_for(lambda o, done=expected: done(o) and sink.count() >= mails_due(o), timeout=wait,
+                         what=f"{waiting_for}, and its mail delivered")
+        if script.prefix == "demo-patched":  # the template shows the GPU: what bob's console shows
+            console.show_badge("spx-proj-b", "dev-1", timeout)
+            console.show_classes()
     return outputs
 
 

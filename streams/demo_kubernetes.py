@@ -22,6 +22,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from streams.credentials import DevSigner
+from streams.demo_people import ApiProcess, Console, MailSink, NotifyProcess, mails_due
 from streams.localkube import LocalKube
 from streams.publishing import publish, scenario_records
 from streams.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess
@@ -124,10 +125,21 @@ def run(out: TextIO, stack: ExitStack, workdir: Path, bootstrap: str, printer: A
         process = VmstreamProcess(deployment, name, [*command, "--config", str(CONFIG), "--kubeconfig", kubeconfig])
         process.start()
         stack.callback(process.stop)
+    sink = stack.enter_context(MailSink(out))
+    notify = NotifyProcess(deployment, sink)
+    api = ApiProcess(deployment)
+    for part in (notify, api):
+        stack.callback(part.stop)
+        part.start()
     outputs = Outputs(deployment, on_arrival=printer)
     stack.callback(outputs.close)
+    console = Console(api, outputs, out)
     out.write(f"API server {kube.server}; worker, watch bridge and applier running "
               f"(logs in {workdir}); worker pages: http://127.0.0.1:{worker.web_port}/ready /capacity /pending\n")
+    out.write(f"notify delivering to an SMTP sink on 127.0.0.1:{sink.port}; console API {api.url}/v1/…\n")
+
+    def mailed(o: Outputs) -> bool:
+        return sink.count() >= mails_due(o)
 
     out.write("\n== the AZ: 3 nodes, the KubeVirt CR, 3 VMs of alice and bob, running\n")
     objects = cluster.create_az()
@@ -140,10 +152,12 @@ def run(out: TextIO, stack: ExitStack, workdir: Path, bootstrap: str, printer: A
     publish_signed(deployment, signer, [_intent("demo-gpu-1", "set_gpu", {"namespace": "spx-proj-b", "name": "dev-1",
                                                                "gpu_class": "nvidia-rtx-pro-6000-bse"},
                                       by=BOB, project="proj-b")])
-    outputs.wait_for(lambda o: bool(o.seen["command-results"] and o.notifications("gpu_change_pending_restart")),
-                     timeout=timeout, what="the patch applied and bob told")
+    outputs.wait_for(lambda o: bool(o.seen["command-results"] and o.notifications("gpu_change_pending_restart"))
+                     and mailed(o), timeout=timeout, what="the patch applied and bob told, by mail too")
     out.write(f"  in Kubernetes now: {cluster.gpu_fields('spx-proj-b', 'dev-1')}\n")
     out.write(f"  waiting for a restart: {[p['vm'] for p in worker.page('/pending')]}\n")
+    console.show_badge("spx-proj-b", "dev-1", timeout)
+    console.show_classes()
 
     out.write("\n== bob restarts dev-1\n")
     cluster.say("KubeVirt replaces dev-1's VMI: the new one has the GPU, on gpu-node-2")
@@ -164,7 +178,8 @@ def run(out: TextIO, stack: ExitStack, workdir: Path, bootstrap: str, printer: A
     cluster.say("KubeVirt recreates train-1 (runStrategy Always) on gpu-node-2, where a card is free; "
                 "batch-1 (Manual) stays off")
     cluster.start_vmi("spx-proj-a", "train-1", "gpu-node-2", RTX, generation=2)
-    outputs.wait_for(lambda o: bool(o.notifications("drain_completed")), timeout=timeout, what="drain_completed")
+    outputs.wait_for(lambda o: bool(o.notifications("drain_completed")) and mailed(o), timeout=timeout,
+                     what="drain_completed, and every mail delivered")
     return outputs
 
 

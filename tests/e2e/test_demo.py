@@ -23,6 +23,8 @@ def test_the_demo_with_kubernetes_in_the_loop(kafka_bootstrap: str, monkeypatch:
     assert "in Kubernetes now: gpu-node-1 spec.unschedulable=true" in text
     assert text.count("drain_will_stop_gpu_vm") == 0 and text.count("is being drained") == 2
     assert "→ ops@example.com: Node gpu-node-1 has no GPU VM left" in text
+    # gpu-node-1's two cards held by train-1 and batch-1; gpu-node-2's A100 unused.
+    _assert_mail_and_console(text, rtx="total 4, in use 2, free 2", a100="total 1, in use 0, free 1")
 
 
 def test_the_demo_on_kafka_alone(kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -32,3 +34,27 @@ def test_the_demo_on_kafka_alone(kafka_bootstrap: str, monkeypatch: pytest.Monke
     text = out.getvalue()
     assert "command restart_vm VirtualMachine spx-proj-b/dev-1" in text
     assert text.count("is being drained") == 2 and "has no GPU VM left" in text
+    # The scripted AZ (streams.scenarios.cluster) runs an A100 VM on gpu-node-2 too.
+    _assert_mail_and_console(text, rtx="total 4, in use 2, free 2", a100="total 1, in use 1, free 0")
+
+
+def _assert_mail_and_console(text: str, *, rtx: str, a100: str) -> None:
+    """Each notification reached its owner's inbox once, through vmstream notify and the sink;
+    the console's pages show bob's pending GPU and the classes' cards."""
+    mails = [line for line in text.splitlines() if line.startswith("  mail    → ")]
+    assert sorted(mails) == sorted([
+        "  mail    → bob@example.com: [vmstream info] VirtualMachine spx-proj-b/dev-1: GPU change waits for a restart",
+        "  mail    → alice@example.com: [vmstream warning] VirtualMachine spx-proj-a/train-1: "
+        "will be stopped for a node drain",
+        "  mail    → alice@example.com: [vmstream warning] VirtualMachine spx-proj-a/batch-1: "
+        "will be stopped for a node drain",
+        "  mail    → ops@example.com: [vmstream info] Node gpu-node-1: drain completed",
+    ]), mails
+    badge = ("  console GET /v1/vms/spx-proj-b/dev-1 → GPU now: none; "
+             "after restart: NVIDIA RTX PRO 6000 Blackwell Server Edition (applies after restart)")
+    assert badge in text
+    classes = text.split("  console GET /v1/gpu-classes → AZ az1:\n", 1)[1].split("\n")[:2]
+    assert sorted(classes) == [f"            NVIDIA RTX PRO 6000 Blackwell Server Edition: {rtx}",
+                               f"            nvidia-a100: {a100}"], classes
+    # Shown when bob's change is pending: after his set_gpu, before the drain.
+    assert text.index("GPU change waits for a restart") < text.index(badge) < text.index("== ops drains")
