@@ -125,7 +125,7 @@ def test_rendering_is_deterministic() -> None:
     assert render_schemas() == _rendered()
 
 
-@pytest.mark.parametrize("name", sorted(n for n in render_schemas() if n.endswith(".json")))
+@pytest.mark.parametrize("name", sorted(n for n in render_schemas() if n.endswith(".schema.json")))
 def test_json_schema_files_are_draft_2020_12(name: str) -> None:
     schema = json.loads(_committed(name))
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
@@ -288,3 +288,12 @@ def test_asyncapi_operations_match_the_topology() -> None:
 
 def test_every_message_has_a_channel() -> None:
     assert {topic.message.name for topic in TOPICS} == {doc.name for doc in MESSAGES}
+
+
+def test_openapi_document_describes_the_read_api_with_valid_schemas() -> None:
+    """docs/schemas/openapi.json is OpenAPI 3.1, whose schemas are JSON Schema 2020-12."""
+    document = json.loads(_committed("openapi.json"))
+    assert document["openapi"].startswith("3.1.")
+    assert set(document["paths"]) == {"/v1/gpu-classes", "/v1/vms/{namespace}/{name}", "/v1/projects/{project}"}
+    for schema in document.get("components", {}).get("schemas", {}).values():
+        Draft202012Validator.check_schema(schema)
