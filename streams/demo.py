@@ -21,7 +21,7 @@ from typing import TextIO
 
 from streams import demo_kubernetes
 from streams.credentials import DevSigner
-from streams.demo_people import ApiProcess, Console, MailSink, NotifyProcess, mails_due
+from streams.demo_people import ApiProcess, Console, MailSink, NotifyProcess, mails_due, start_together
 from streams.localkafka import LocalKafka
 from streams.publishing import publish, scenario_records
 from streams.running import Deployment, Outputs, WorkerProcess
@@ -104,9 +104,7 @@ def _run_on_kafka(out: TextIO, stack: ExitStack, workdir: Path, bootstrap: str, 
     sink = stack.enter_context(MailSink(out))
     notify = NotifyProcess(deployment, sink)
     api = ApiProcess(deployment)
-    for process in (notify, api):
-        stack.callback(process.stop)
-        process.start()
+    start_together(stack, [notify, api])
     outputs = Outputs(deployment, on_arrival=printer)
     stack.callback(outputs.close)
     out.write(f"worker ready: http://127.0.0.1:{worker.web_port}/ready, /metrics, /capacity; "

@@ -22,7 +22,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from streams.credentials import DevSigner
-from streams.demo_people import ApiProcess, Console, MailSink, NotifyProcess, mails_due
+from streams.demo_people import ApiProcess, Console, MailSink, NotifyProcess, mails_due, start_together
 from streams.localkube import LocalKube
 from streams.publishing import publish, scenario_records
 from streams.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess
@@ -128,9 +128,7 @@ def run(out: TextIO, stack: ExitStack, workdir: Path, bootstrap: str, printer: A
     sink = stack.enter_context(MailSink(out))
     notify = NotifyProcess(deployment, sink)
     api = ApiProcess(deployment)
-    for part in (notify, api):
-        stack.callback(part.stop)
-        part.start()
+    start_together(stack, [notify, api])
     outputs = Outputs(deployment, on_arrival=printer)
     stack.callback(outputs.close)
     console = Console(api, outputs, out)

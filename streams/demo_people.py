@@ -14,6 +14,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from typing import Any, TextIO
 
 from aiosmtpd.controller import Controller
@@ -103,6 +105,15 @@ class ApiProcess(VmstreamProcess):
         request = urllib.request.Request(f"{self.url}{path}", headers={"Authorization": f"Bearer {self.token}"})
         with urllib.request.urlopen(request, timeout=5) as answer:
             return json.loads(answer.read())
+
+
+def start_together(stack: ExitStack, parts: list[VmstreamProcess]) -> None:
+    """Start processes side by side (each stopped when ``stack`` closes); return once all are ready."""
+    for part in parts:
+        stack.callback(part.stop)
+    with ThreadPoolExecutor(len(parts)) as pool:
+        for started in [pool.submit(part.start) for part in parts]:
+            started.result()
 
 
 def _wait_ready(process: VmstreamProcess, url: str, timeout: float) -> None:
