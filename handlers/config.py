@@ -1,6 +1,6 @@
 """The policy the rules obey: the AZ, its GPU classes, who may drain, the GPU-VM policies.
 
-This is the part of the configuration file (CONTRACTS.md) that decisions depend on; the
+This is the part of the configuration file (docs/contracts.md) that decisions depend on; the
 shell's settings (``streams/settings.py``) add Kafka and runtime options around it and
 hand the handlers this frozen model.
 """

@@ -302,7 +302,7 @@ class Engine:
         return decode_json_object(raw, max_bytes=self.config.limits.max_input_bytes)
 
     def _parse_intent(self, raw: RawInput, source: Source) -> Any:
-        """An intent, keyed as CONTRACTS.md says: its state is kept under its spec's key, so a
+        """An intent, keyed as docs/contracts.md says: its state is kept under its spec's key, so a
         key that names another VM or node (or no key, on Kafka) would write it elsewhere."""
         intent = parse_intent(self.screen(raw, source))
         self._check_key(source, intent.vm_key() if isinstance(intent, VMIntent) else node_key(intent.spec.node))

@@ -1,6 +1,6 @@
 """The wire contracts: every message vmstream reads or writes, as pydantic models.
 
-These models *are* CONTRACTS.md in code; the JSON Schemas and the AsyncAPI document in
+These models *are* docs/contracts.md in code; the JSON Schemas and the AsyncAPI document in
 ``docs/`` are generated from them (``vmstream schemas``). Changes must stay additive.
 
 Flow: raw bytes → :func:`parse_intent` / :func:`parse_watch_event` → handlers →

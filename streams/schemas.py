@@ -79,7 +79,7 @@ class SchemaDoc:
 
 @dataclass(frozen=True, slots=True)
 class TopicDoc:
-    """One topic of CONTRACTS.md: its logical name (without prefix), key and message."""
+    """One topic of docs/contracts.md: its logical name (without prefix), key and message."""
 
     name: str
     title: str

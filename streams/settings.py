@@ -1,4 +1,4 @@
-"""The configuration file (CONTRACTS.md) plus the shell's own options, from YAML and env.
+"""The configuration file (docs/contracts.md) plus the shell's own options, from YAML and env.
 
 Precedence, highest first: environment variables (``VMSTREAM_<KEY>``, nested with
 ``__``: ``VMSTREAM_DRAIN__NOTICE_SECONDS=60``), then the YAML file, then defaults. The

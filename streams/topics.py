@@ -1,4 +1,4 @@
-"""The Kafka topics of CONTRACTS.md, plus the worker's own routing topic — created once.
+"""The Kafka topics of docs/contracts.md, plus the worker's own routing topic — created once.
 
 The worker decides only what it read from ``worker-routed``, a topic it partitions itself
 (murmur2 of the decision key, by its own producer): intents and watch events are re-keyed

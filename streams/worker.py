@@ -243,7 +243,7 @@ class Worker:
     def _route_one(self, event: EventT[Any]) -> list[Outgoing]:
         """The routed message of one intent or watch event, or its dead letter; never raises.
 
-        An intent's decision key is its Kafka key (CONTRACTS.md; one naming another VM or
+        An intent's decision key is its Kafka key (docs/contracts.md; one naming another VM or
         node than its spec is dead-lettered by ``decide``), so the same intent always lands
         in the same routed partition, with its ``processed`` row. A watch event's is read
         off its object. The routed record keeps the input's value and timestamp (the time it

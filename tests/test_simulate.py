@@ -1,4 +1,4 @@
-"""``vmstream simulate``: the contract of CONTRACTS.md, deterministic to the byte."""
+"""``vmstream simulate``: the contract of docs/contracts.md, deterministic to the byte."""
 
 from __future__ import annotations
 
