@@ -51,11 +51,13 @@ def run(*, vms: int, kills: int, row_crashes: int, outages: int, rate: float, se
         started = 0
         worker = WorkerProcess(deployment, "w0", env=worker_env()).start()
         restarts = 0
+        exits: dict[str, int] = {}  # exit status → how many of the workers that ended by themselves
 
         def supervise() -> None:
             nonlocal worker, restarts, started
             assert worker.process is not None
             if worker.process.poll() is not None:
+                exits[str(worker.process.returncode)] = exits.get(str(worker.process.returncode), 0) + 1
                 restarts += 1
                 started += 1
                 worker = WorkerProcess(deployment, f"w{started}", env=worker_env()).start()
@@ -110,6 +112,7 @@ def run(*, vms: int, kills: int, row_crashes: int, outages: int, rate: float, se
                 "row_crashes": row_crashes,
                 "broker_restarts": outages,
                 "worker_exits_restarted": restarts,
+                "worker_exit_statuses": exits,  # 86: a row crash fired (tests/faults/sitecustomize.py)
                 "lost": len(ledger.missing(workload.intent_ids)),
                 "ids_with_two_contents": len(ledger.two_contents()),
                 "records_read": ledger.records,
