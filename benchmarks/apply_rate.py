@@ -14,7 +14,8 @@ One run, one local kube-apiserver (KubeVirt's CRDs) and one broker, four sets of
   latency from a command handed to the producer to the VM seen patched.
 
 A VM counts as patched when the benchmark's own watch on the API server shows the GPU in
-its template; a rate is VMs / (last patch seen − first request or command sent).
+its template; a rate is VMs / (last patch seen − first request or command sent), summed over
+``--rounds`` rounds in which the three saturating runs take turns.
 
     .venv/bin/python benchmarks/apply_rate.py                 # 600 VMs per set
     .venv/bin/python benchmarks/apply_rate.py --small         # 100 VMs per set, a quick run
@@ -102,6 +103,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, help="the applier's apply.concurrency (default: --threads)")
     parser.add_argument("--paced-rate", type=float, help="commands/s of the paced run (default: half the anchor's rate)")
     parser.add_argument("--small", action="store_true", help="100 VMs per set")
+    parser.add_argument("--rounds", type=int, default=3, help="the saturating runs take turns this many times")
     args = parser.parse_args()
     count = 100 if args.small else args.vms
     concurrency = args.concurrency or args.threads
@@ -145,25 +147,12 @@ def main() -> int:
                 [{"op": "replace", "path": "/metadata/resourceVersion", "value": rv}, *patch],
                 _content_type=JSON_PATCH, field_manager=FIELD_MANAGER)
 
-        print(f"anchor: {count} JSON patches from {args.threads} threads, {load()}")
-        first, cpu = time.monotonic(), time.process_time()
-        with ThreadPoolExecutor(args.threads) as pool:
-            list(pool.map(send, sets["anchor"]))
-        anchor_cpu = 1000 * (time.process_time() - cpu) / count  # the watch thread's share included
-        anchor_rate = count / (wait_patched(watcher, sets["anchor"]) - first)
-
         core = client.CoreV1Api(api)
 
         def read_and_send(name: str) -> None:
             core.read_namespace(NAMESPACE)
             custom.get_namespaced_custom_object(*KUBEVIRT, NAMESPACE, "virtualmachines", name)
             send(name)
-
-        print(f"anchor with reads: {count} × (GET namespace, GET VM, JSON patch) from {args.threads} threads, {load()}")
-        first = time.monotonic()
-        with ThreadPoolExecutor(args.threads) as pool:
-            list(pool.map(read_and_send, sets["reads"]))
-        reads_rate = count / (wait_patched(watcher, sets["reads"]) - first)
 
         keyring = deployment.signing.keyring()
         topic = deployment.kafka.topic("commands")
@@ -179,15 +168,34 @@ def main() -> int:
 
         sender = producer(deployment.kafka, linger_ms=0)
         stack.callback(sender.close)
-        saturating = [sealed(name) for name in sets["applier"]]
-        print(f"applier: {count} commands at once, apply.concurrency {concurrency}, {load()}")
         assert applier.process is not None
-        first, cpu = time.monotonic(), cpu_seconds(applier.process.pid)
-        for key, value in saturating:
-            sender.send(topic, key=key.encode(), value=value)
-        sender.flush()
-        applier_rate = count / (wait_patched(watcher, sets["applier"]) - first)
-        applier_cpu = 1000 * (cpu_seconds(applier.process.pid) - cpu) / count  # until the last patch
+        pid = applier.process.pid
+
+        # The three in turn, a share of each set per round: a load that changes during the
+        # run weighs on all three alike.
+        spent = {"anchor": 0.0, "reads": 0.0, "applier": 0.0}
+        cpu = {"anchor": 0.0, "applier": 0.0}
+        for round_ in range(args.rounds):
+            share = {part: names[round_::args.rounds] for part, names in sets.items()}
+            print(f"round {round_ + 1}/{args.rounds}: {len(share['anchor'])} VMs each, {load()}")
+            first, before = time.monotonic(), time.process_time()
+            with ThreadPoolExecutor(args.threads) as pool:
+                list(pool.map(send, share["anchor"]))
+            cpu["anchor"] += time.process_time() - before  # the watch thread's share included
+            spent["anchor"] += wait_patched(watcher, share["anchor"]) - first
+            first = time.monotonic()
+            with ThreadPoolExecutor(args.threads) as pool:
+                list(pool.map(read_and_send, share["reads"]))
+            spent["reads"] += wait_patched(watcher, share["reads"]) - first
+            commands = [sealed(name) for name in share["applier"]]
+            first, before = time.monotonic(), cpu_seconds(pid)
+            for key, value in commands:
+                sender.send(topic, key=key.encode(), value=value)
+            sender.flush()
+            spent["applier"] += wait_patched(watcher, share["applier"]) - first
+            cpu["applier"] += cpu_seconds(pid) - before  # until the last patch
+        anchor_rate, reads_rate, applier_rate = (count / spent[part] for part in ("anchor", "reads", "applier"))
+        anchor_cpu, applier_cpu = (1000 * cpu[part] / count for part in ("anchor", "applier"))
 
         rate = args.paced_rate or anchor_rate / 2
         paced = [(name, *sealed(name)) for name in sets["paced"]]

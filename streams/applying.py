@@ -637,11 +637,14 @@ class Lanes:
         self.waiting: dict[str, deque[tuple[list[Any], Command]]] = {}  # key → its lane, the running one first
         self.partitions: dict[Any, deque[list[Any]]] = {}  # partition → [offset, Outputs or None], in offset order
         self.running = 0  # commands started and not settled
+        self.unreleased = 0  # commands read and not released: what bounds reading
         self.failure: BaseException | None = None
 
     def in_flight(self) -> int:
+        """Commands read and not released yet, settled or not: a command that takes long
+        holds back its partition's later ones, and the reading of more."""
         with self.changed:
-            return self.running
+            return self.unreleased
 
     def pending(self) -> bool:
         with self.changed:
@@ -651,6 +654,7 @@ class Lanes:
         """A command read that needs no API call: released in its turn."""
         with self.changed:
             self.partitions.setdefault(tp, deque()).append([offset, outputs])
+            self.unreleased += 1
 
     def start(self, tp: Any, offset: int, key: str, command: Command) -> None:
         """Apply ``command`` after every command of ``key`` read before it."""
@@ -658,6 +662,7 @@ class Lanes:
         with self.changed:
             self.partitions.setdefault(tp, deque()).append(slot)
             self.running += 1
+            self.unreleased += 1
             lane = self.waiting.get(key)
             if lane is not None:  # its key is busy: the lane's worker takes it in turn
                 lane.append((slot, command))
@@ -687,8 +692,10 @@ class Lanes:
                     return
 
     def wait_for_change(self, timeout: float) -> None:
+        """Until a command settles, unless one at the head of a partition has already."""
         with self.changed:
-            self.changed.wait(timeout)
+            if not any(slots and slots[0][1] is not None for slots in self.partitions.values()):
+                self.changed.wait(timeout)
 
     def wait_until_idle(self) -> None:
         with self.changed:
@@ -706,6 +713,7 @@ class Lanes:
             for tp, slots in self.partitions.items():
                 while slots and slots[0][1] is not None:
                     offset, (before, result) = slots.popleft()
+                    self.unreleased -= 1
                     first.extend(before)
                     results.extend(result)
                     offsets[tp] = offset + 1
