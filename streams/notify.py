@@ -52,7 +52,9 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 from handlers import delivery
 from handlers.delivery import Bucket, Endpoint, Target, Verdict
 from handlers.messages import DeadLetter, DeadLetterSource, Notification, clip, describe_validation_error
+from handlers.tracing import TYPE_PREFIX, ce_headers, dead_letter_id
 from streams import metrics
+from streams.cloudevents import TRACEPARENT, TRACESTATE, Trace, event_source, trace_of
 from streams.kafka_clients import consumer, producer
 from streams.logs import limit_client_logs
 from streams.probes import ProbeServer
@@ -88,7 +90,7 @@ class Failed(Exception):
 class Transport(Protocol):
     """Talks to the outside: one delivery of one notification, or :class:`Failed`."""
 
-    def send(self, target: Target, notification: Notification) -> None: ...
+    def send(self, target: Target, notification: Notification, context: dict[str, str] | None = None) -> None: ...
 
     def idle(self) -> None: ...
 
@@ -203,18 +205,21 @@ class Senders:
         self.settings = settings
         self.mail = SmtpSender(settings.smtp)
 
-    def send(self, target: Target, notification: Notification) -> None:
+    def send(self, target: Target, notification: Notification, context: dict[str, str] | None = None) -> None:
+        """``context``: the W3C trace context of this delivery, sent as HTTP headers and, in a
+        CloudEvent, as its ``traceparent``/``tracestate`` extension attributes."""
         if target.channel == "email":
             self.mail.send(target.recipient, notification)
             return
+        context = context or {}
         endpoint: Endpoint = self.settings.endpoints[target.recipient]
         if endpoint.format == "slack":
             post_json(endpoint.url, delivery.slack_payload(notification), content_type="application/json",
-                      headers=endpoint.headers, timeout=self.settings.http_timeout_seconds)
+                      headers={**endpoint.headers, **context}, timeout=self.settings.http_timeout_seconds)
         else:
-            post_json(endpoint.url, delivery.cloud_event(notification, source=self.settings.source),
-                      content_type="application/cloudevents+json; charset=utf-8", headers=endpoint.headers,
-                      timeout=self.settings.http_timeout_seconds)
+            event = {**delivery.cloud_event(notification, source=self.settings.source), **context}
+            post_json(endpoint.url, event, content_type="application/cloudevents+json; charset=utf-8",
+                      headers={**endpoint.headers, **context}, timeout=self.settings.http_timeout_seconds)
 
     def idle(self) -> None:
         self.mail.idle()
@@ -334,6 +339,7 @@ class Notifier:
         self.batch_size = batch_size
         self.ready = threading.Event()
         self.buckets: dict[Target, Bucket] = {}  # rate limits: this process's own, lost on restart
+        self.event_source = event_source("notify", settings.worker.app_id)  # CloudEvents ``source``
         self.stop = threading.Event()
 
     def run(self, stop: threading.Event) -> None:
@@ -390,6 +396,7 @@ class Notifier:
             log.warning("malformed notification at %s:%d:%d", record.topic, record.partition, record.offset)
             self._dead_letter(out, record, f"not a notification: {describe_validation_error(exc)}")
             return
+        trace = trace_of(record.headers, notification.notification_id)  # passed on (docs/integrators.md)
         members = self.directory.members(delivery.projects_to_expand(notification, self.notify.routes))
         resolution = delivery.targets(notification, directory=members, routes=self.notify.routes,
                                       endpoints=self.notify.endpoints)
@@ -397,9 +404,10 @@ class Notifier:
             key = f"{notification.notification_id}|none|{principal}"
             if key not in ledger.done:
                 self._dead_letter(out, record, f"no address for recipient {principal!r} (not an e-mail address, "
-                                  "a configured webhook:<name>, or a project:<id> with members)", recipient=principal)
+                                  "a configured webhook:<name>, or a project:<id> with members)", recipient=principal,
+                                  trace=trace)
                 self._record(out, ledger, key, notification, channel="none", recipient=principal,
-                             outcome="dead_lettered", attempts=0)
+                             outcome="dead_lettered", attempts=0, trace=trace)
         for target in resolution.targets:
             key = target.key(notification.notification_id)
             if key in ledger.done:
@@ -408,7 +416,7 @@ class Notifier:
             if self.stop.is_set():
                 return
             self._limit(target)
-            attempts, failure = self._deliver(target, notification)
+            attempts, failure = self._deliver(target, notification, _trace_context(trace, key))
             if failure is not None and failure.verdict == "transient" and self.stop.is_set():
                 return  # stopping: neither delivered nor given up; the next process tries again
             if failure is None:
@@ -417,16 +425,16 @@ class Notifier:
                 if latency is not None:
                     LATENCY.labels(target.channel).observe(latency)
                 self._record(out, ledger, key, notification, channel=target.channel, recipient=target.recipient,
-                             outcome="delivered", attempts=attempts)
+                             outcome="delivered", attempts=attempts, trace=trace)
             else:
                 DELIVERIES.labels(target.channel, "dead_lettered").inc()
                 why = "permanent failure" if failure.verdict == "permanent" else f"still failing after {attempts} attempts"
                 log.warning("notification %s to %s %s: %s (%s)", notification.notification_id, target.channel,
                             target.recipient, failure.reason, why)
                 self._dead_letter(out, record, f"{target.channel} {target.recipient}: {failure.reason} ({why})",
-                                  recipient=target.recipient, channel=target.channel, attempts=attempts)
+                                  recipient=target.recipient, channel=target.channel, attempts=attempts, trace=trace)
                 self._record(out, ledger, key, notification, channel=target.channel, recipient=target.recipient,
-                             outcome="dead_lettered", attempts=attempts)
+                             outcome="dead_lettered", attempts=attempts, trace=trace)
 
     def _limit(self, target: Target) -> None:
         """Wait for the recipient's token bucket (``notify.rate_limit``)."""
@@ -437,15 +445,17 @@ class Notifier:
             log.info("rate limit of %s %s: waiting %.1f s", target.channel, target.recipient, wait)
             self.stop.wait(wait)
 
-    def _deliver(self, target: Target, notification: Notification) -> tuple[int, Failed | None]:
-        """(attempts made, the last failure or None): transient failures retried with backoff."""
+    def _deliver(self, target: Target, notification: Notification,
+                 context: dict[str, str]) -> tuple[int, Failed | None]:
+        """(attempts made, the last failure or None): transient failures retried with backoff;
+        ``context`` the delivery's trace context, sent with each attempt."""
         attempts = 0
 
         def once() -> None:
             nonlocal attempts
             attempts += 1
             try:
-                self.transport.send(target, notification)
+                self.transport.send(target, notification, context)
             except Failed as exc:
                 ATTEMPTS.labels(target.channel, exc.verdict).inc()
                 raise
@@ -470,14 +480,20 @@ class Notifier:
         return attempts, None
 
     def _record(self, out: KafkaProducer, ledger: DeliveryLedger, key: str, notification: Notification, *,
-                channel: str, recipient: str, outcome: str, attempts: int) -> None:
-        """The ledger's record of one delivery, acknowledged before the next one starts."""
+                channel: str, recipient: str, outcome: str, attempts: int, trace: Trace) -> None:
+        """The ledger's record of one delivery, acknowledged before the next one starts: named
+        by its key, in the notification's trace."""
+        at = self.clock()
         value = {"notification_id": notification.notification_id, "channel": channel, "recipient": recipient,
-                 "outcome": outcome, "attempts": attempts, "at": self.clock().isoformat()}
-        out.send(ledger.topic, key=key.encode(), value=json.dumps(value).encode()).get(timeout=30)
+                 "outcome": outcome, "attempts": attempts, "at": at.isoformat()}
+        out.send(ledger.topic, key=key.encode(), value=json.dumps(value).encode(),
+                 headers=self._envelope(key, f"{TYPE_PREFIX}delivery", at, trace)).get(timeout=30)
         ledger.done.add(key)
 
-    def _dead_letter(self, out: KafkaProducer, record: ConsumerRecord, reason: str, **about: Any) -> None:
+    def _dead_letter(self, out: KafkaProducer, record: ConsumerRecord, reason: str, *, trace: Trace | None = None,
+                     **about: Any) -> None:
+        """A dead letter of ``record``: in ``trace`` (a malformed one: derived from where it was
+        read); named by where it was read and, one per delivery, the delivery's channel and recipient."""
         raw: bytes = record.value or b""
         try:
             original, encoding = raw.decode("utf-8"), "utf-8"
@@ -488,8 +504,26 @@ class Notifier:
         letter = DeadLetter(error=reason, source=DeadLetterSource(topic=record.topic, partition=record.partition,
                                                                   offset=record.offset),
                             original=clip(original, 16384), encoding=encoding, at=self.clock(), **about)
-        out.send(self.kafka.topic("dlq"), key=record.key, value=letter.model_dump_json(exclude_none=True).encode()
-                 ).get(timeout=30)
+        if trace is None:
+            trace = trace_of(record.headers, f"{record.topic}:{record.partition}:{record.offset}")
+        id_ = dead_letter_id(letter)
+        if "recipient" in about:
+            id_ += f"|{about.get('channel', 'none')}|{about['recipient']}"
+        out.send(self.kafka.topic("dlq"), key=record.key, value=letter.model_dump_json(exclude_none=True).encode(),
+                 headers=self._envelope(id_, f"{TYPE_PREFIX}dead-letter", letter.at, trace)).get(timeout=30)
+
+    def _envelope(self, id_: str, type_: str, at: datetime, trace: Trace) -> list[tuple[str, bytes]]:
+        """A record's CloudEvents headers and ``traceparent`` (docs/integrators.md)."""
+        return [(name, value.encode("utf-8"))
+                for name, value in ce_headers(id_=id_, type_=type_, source=self.event_source, time=at, trace=trace)]
+
+
+def _trace_context(trace: Trace, own_id: str) -> dict[str, str]:
+    """The W3C trace context of one delivery, sent to the receiver: its span derived from its id."""
+    context = {TRACEPARENT: trace.child(own_id)}
+    if trace.state:
+        context[TRACESTATE] = trace.state
+    return context
 
 
 # ---------------------------------------------------------------------------------- CLI

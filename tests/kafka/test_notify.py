@@ -36,6 +36,7 @@ from aiosmtpd.controller import Controller
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from handlers.messages import Notification, ObjectRef
+from handlers.tracing import derived_trace, span_id
 from streams.kafka_clients import admin_client
 from streams.notify import LEDGER, Notifier, ensure_ledger
 from streams.processes import free_ports
@@ -46,6 +47,8 @@ pytestmark = pytest.mark.kafka
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE = 60.0
 T = TypeVar("T")
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+CE_HEADERS = ("ce_specversion", "ce_id", "ce_type", "ce_source", "ce_time", "content-type", "traceparent")
 
 
 def eventually(probe: Callable[[], T | None], what: str, timeout: float = DEADLINE) -> T:
@@ -207,16 +210,20 @@ class Setup:
     def topic(self, logical: str) -> str:
         return self.settings.kafka.topic(logical)
 
-    def publish(self, notification: Notification, *, key: str = "vm/spx-proj-a/batch-1") -> None:
+    def publish(self, notification: Notification, *, key: str = "vm/spx-proj-a/batch-1",
+                traceparent: str | None = None) -> None:
         producer = KafkaProducer(bootstrap_servers=self.settings.kafka.bootstrap_servers, acks="all")
         try:
             producer.send(self.topic("notifications"), key=key.encode(),
-                          value=notification.model_dump_json(exclude_none=True).encode()).get(timeout=DEADLINE)
+                          value=notification.model_dump_json(exclude_none=True).encode(),
+                          headers=[("traceparent", traceparent.encode())] if traceparent else None
+                          ).get(timeout=DEADLINE)
         finally:
             producer.close()
 
-    def read(self, logical: str) -> list[dict[str, Any]]:
-        """Every record of a topic up to its current end, as (key, value)."""
+    def read(self, logical: str, *, with_headers: bool = False) -> list[dict[str, Any]]:
+        """Every record of a topic up to its current end, as (key, value); its headers under
+        ``_headers`` when asked."""
         topic = self.topic(logical)
         consumer = KafkaConsumer(bootstrap_servers=self.settings.kafka.bootstrap_servers, enable_auto_commit=False)
         try:
@@ -229,7 +236,9 @@ class Setup:
             while not all(consumer.position(tp) >= end[tp] for tp in partitions):
                 assert time.monotonic() < deadline, f"{topic} not read to its end within {DEADLINE}s"
                 for batch in consumer.poll(timeout_ms=200).values():
-                    found += [{"key": r.key.decode() if r.key else None, **json.loads(r.value)} for r in batch]
+                    found += [{"key": r.key.decode() if r.key else None, **json.loads(r.value),
+                               **({"_headers": {n: v.decode() for n, v in r.headers}} if with_headers else {})}
+                              for r in batch]
             return found
         finally:
             consumer.close()
@@ -329,7 +338,7 @@ def test_a_drain_notice_reaches_the_inbox_and_the_webhook_once(
                        directory={"proj-a": ["webhook:room"]})
     notifier_for(setup)
     notice = drain_notice("alice@example.com", "project:proj-a")
-    setup.publish(notice)
+    setup.publish(notice, traceparent=f"00-{TRACE_ID}-00f067aa0ba902b7-01")
     setup.publish(notice)  # the worker sent it again (a redelivered decision): same id, no second delivery
     eventually(setup.all_committed, "notify to commit both copies")
 
@@ -349,14 +358,26 @@ def test_a_drain_notice_reaches_the_inbox_and_the_webhook_once(
     assert (event["specversion"], event["id"], event["source"], event["type"]) == (
         "1.0", notice.notification_id, "urn:vmstream:az1", "net.superphenix.vmstream.notification.drain_will_stop_gpu_vm")
     assert Notification.model_validate(event["data"]) == notice
+    # The notification's trace goes on: as an HTTP header and the CloudEvent's extension attribute.
+    traceparent = {name.lower(): value for name, value in hook.headers.items()}["traceparent"]  # any case
+    assert traceparent == f"00-{TRACE_ID}-{span_id(f'{notice.notification_id}|webhook|hooks')}-01"
+    assert event["traceparent"] == traceparent
     [chat] = receiver.accepted("/chat/room")
     assert len(receiver.posts("/chat/room")) == 1
     assert json.loads(chat.body)["text"].startswith(":warning: Node gpu-node-1 is being drained")
+    assert {name.lower(): value for name, value in chat.headers.items()}["traceparent"].split("-")[1] == TRACE_ID
 
-    ledger = setup.read(LEDGER)
+    ledger = setup.read(LEDGER, with_headers=True)
     assert sorted((r["key"], r["outcome"]) for r in ledger) == sorted(
         (f"{notice.notification_id}|{channel}", "delivered")
         for channel in ("email|alice@example.com", "webhook|hooks", "webhook|room"))
+    for entry in ledger:  # each ledger record: CloudEvents headers, in the notification's trace
+        headers = entry["_headers"]
+        assert set(CE_HEADERS) <= set(headers)
+        assert (headers["ce_id"], headers["ce_type"]) == (entry["key"], "io.vmstream.delivery")
+        assert headers["ce_source"] == "/vmstream/notify/" + setup.settings.worker.app_id
+        assert headers["traceparent"] == f"00-{TRACE_ID}-{span_id(entry['key'])}-01"
+    assert {e["_headers"]["traceparent"] for e in ledger if e["key"].endswith("|webhook|hooks")} == {traceparent}
     assert setup.read("dlq") == []
 
 
@@ -463,8 +484,14 @@ def test_a_permanent_4xx_is_dead_lettered_with_the_reason_and_not_tried_again(
 
     assert [r.status for r in receiver.posts("/hooks")] == [400]
     assert len(mails.to("alice@example.com")) == 1  # the mail is not held back by the webhook
-    letters = {letter["recipient"]: letter for letter in setup.read("dlq")}
+    letters = {letter["recipient"]: letter for letter in setup.read("dlq", with_headers=True)}
     assert sorted(letters) == ["hooks", "nobody"]
+    derived = derived_trace(notice.notification_id).trace_id  # published without a traceparent
+    for recipient, letter in letters.items():  # CloudEvents headers, one id per dead letter
+        headers = letter["_headers"]
+        assert set(CE_HEADERS) <= set(headers) and headers["ce_type"] == "io.vmstream.dead-letter"
+        assert headers["ce_id"].endswith(f"|{recipient}") and headers["ce_id"].startswith("dlq:")
+        assert headers["traceparent"].split("-")[1] == derived
     hook = letters["hooks"]
     assert hook["error"] == (f"webhook hooks: HTTP 400 from {receiver.url}: "
                              '{"error": "bad token"} (permanent failure)')
