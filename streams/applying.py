@@ -269,13 +269,18 @@ class KubeApplier:
             raise Refused(refusal)
 
     def _namespace_labels(self, namespace: str) -> dict[str, str] | None:
+        """The namespace's labels, read on every command. As JSON, not as a ``V1Namespace``:
+        the client's model building costs more CPU than the rest of a command's checks."""
         try:
-            found = self._call(self.core.read_namespace, namespace)
+            response = self._call(self.core.read_namespace, namespace, _preload_content=False)
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        return dict(found.metadata.labels or {})
+        data = response.read()
+        response.release_conn()
+        labels = ((json.loads(data) or {}).get("metadata") or {}).get("labels") or {}
+        return {str(key): str(value) for key, value in labels.items()}
 
     def _check_patch(self, live: dict[str, Any], patch: list[dict[str, Any]]) -> None:
         refusal = policy.patch_refusal(live, patch)
