@@ -19,12 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast, get_args
 
 import yaml
 from pydantic import TypeAdapter
 
 from handlers import ids
+from handlers.delivery import Channel, Target
 from handlers.messages import (
     AuditInput,
     AuditRecord,
@@ -48,8 +49,12 @@ from handlers.tracing import (
     parse_traceparent,
 )
 from streams.api import openapi_document
+from streams.cloudevents import event_source
 from streams.settings import KafkaSettings, Settings
+from streams.topics import DELIVERIES
 from streams.topics import TOPICS as TOPIC_SPECS
+from streams.watching import KINDS as WATCHED_KINDS
+from streams.watching import EventType, event_headers
 
 __all__ = [
     "ASYNCAPI_FILE", "CONFIG", "MESSAGES", "TOPICS",
@@ -190,7 +195,9 @@ TOPICS: tuple[TopicDoc, ...] = (
     TopicDoc("command-results", "Command results", "the key of its command",
              "What the applier did with each command.", COMMAND_RESULT),
     TopicDoc("notifications", "Notifications", f"the subject's key: {_VM_OR_NODE}",
-             "What VM owners, requesters and operators must be told.", NOTIFICATION),
+             "What VM owners, requesters and operators must be told. `vmstream notify` delivers them "
+             f"and records each delivery on vmstream.{DELIVERIES} (ce_type {TYPE_PREFIX}delivery).",
+             NOTIFICATION),
     TopicDoc("audit", "Audit", "the subject's key (the key of the input it records)",
              "One record per consumed input: the record of every decision.", AUDIT_RECORD),
     TopicDoc("dlq", "Dead letters", "the original key",
@@ -210,11 +217,20 @@ OPERATIONS: tuple[OperationDoc, ...] = (
     OperationDoc("watch-bridge", "send", "k8s-events", "Publish each change of a watched object."),
 )
 
+# What names one delivery of a notification: its ledger key, ``ce_id`` and dead letter's suffix.
+_DELIVERY_SUFFIX = Target(cast(Channel, "<channel>"), "<recipient>").key("")
+_DELIVERY_KEY = "<notification_id>" + _DELIVERY_SUFFIX
+
 COMPONENTS: dict[str, str] = {
     "worker": "Consumes intents and watch events, re-keyed onto its own internal topic "
               "(vmstream.worker-routed) by decision key; runs the decision rules.",
     "applier": "The only writer to the Kubernetes API; applies commands idempotently.",
     "watch-bridge": "Watches the Kubernetes API and publishes what it sees.",
+    "notify": f"`vmstream notify`: consumes vmstream.notifications and delivers each to its recipients; "
+              f"records each delivery on vmstream.{DELIVERIES} (its compacted ledger), keyed {_DELIVERY_KEY}, "
+              f"with CloudEvents headers: ce_id that key, ce_type {TYPE_PREFIX}delivery, ce_source "
+              f"{event_source('notify', '<app_id>')}, ce_time when it was written, the notification's trace; "
+              "dead-letters what it cannot deliver on vmstream.dlq.",
 }
 
 
@@ -225,6 +241,8 @@ _KEY_RULE = (
     "FNV-1a, CRC32, explicit partitions); the key must be exactly this string whatever partition it "
     "lands on, and no consumer may infer anything from a record's partition. Order holds per key."
 )
+# The processes that write records, by the name in their CloudEvents ``source``.
+PROCESSES = ("watch", "worker", "applier", "notify")
 _TRACEPARENT = {
     "type": "string",
     "pattern": "^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-.*)?$",
@@ -235,10 +253,18 @@ _TRACEPARENT = {
 }
 _TRACESTATE = {"type": "string", "maxLength": 512,
                "description": "W3C Trace Context vendor state, passed on unchanged with its traceparent."}
+_DECIDED_AT = "When it was decided: the input's own time, so a replay writes the same headers."
 
 
-def _output_headers(ce_type: JsonObject, id_field: str) -> JsonObject:
+def _output_headers(ce_type: JsonObject, id_field: str, *, written_by: tuple[str, ...],
+                    time: str = _DECIDED_AT, trace: str | None = None,
+                    extra: JsonObject | None = None) -> JsonObject:
     """The CloudEvents Kafka protocol binding (binary mode) headers every output record carries."""
+    unknown = set(written_by) - set(PROCESSES)
+    if unknown:
+        raise ValueError(f"not a vmstream process: {sorted(unknown)}")
+    sources = ", ".join(event_source(process, "<app_id>") for process in written_by)
+    traceparent = _TRACEPARENT if trace is None else {**_TRACEPARENT, "description": trace}
     return {
         "type": "object",
         "required": ["ce_specversion", "ce_id", "ce_type", "ce_source", "ce_time", "content-type", "traceparent"],
@@ -246,15 +272,14 @@ def _output_headers(ce_type: JsonObject, id_field: str) -> JsonObject:
             "ce_specversion": {"const": SPEC_VERSION},
             "ce_id": {"type": "string", "description": f"The message's own id: {id_field}."},
             "ce_type": ce_type,
-            "ce_source": {"type": "string", "pattern": "^/vmstream/",
-                          "description": "The process that wrote it: /vmstream/worker/<app_id>, "
-                                         "/vmstream/applier/<app_id>."},
-            "ce_time": {"type": "string", "format": "date-time",
-                        "description": "When it was decided: the input's own time, so a replay "
-                                       "writes the same headers."},
+            "ce_source": {"type": "string", "pattern": f"^/vmstream/({'|'.join(written_by)})/",
+                          "description": "The process that wrote it, /vmstream/<process>/<app_id> "
+                                         f"(`worker.app_id` of its configuration): {sources}."},
+            "ce_time": {"type": "string", "format": "date-time", "description": time},
             "content-type": {"const": CONTENT_TYPE},
-            "traceparent": _TRACEPARENT,
+            "traceparent": traceparent,
             "tracestate": _TRACESTATE,
+            **(extra or {}),
         },
     }
 
@@ -268,21 +293,47 @@ def _input_headers(extra: JsonObject | None = None) -> JsonObject:
 
 
 _PREFIX = TYPE_PREFIX.replace(".", r"\.")
+_WATCH_TYPE = f"{TYPE_PREFIX}watch-event.<kind>.<type>"
+_WATCHED = "|".join(kind.kind.lower() for kind in WATCHED_KINDS)
+_WATCH_TYPES = "|".join(type_.lower() for type_ in get_args(EventType))
 HEADERS: dict[str, JsonObject] = {
     "Intent": _input_headers(),
-    "WatchEvent": _input_headers({"vmstream-reduced": {
-        "type": "string", "pattern": "^[0-9]+$",
-        "description": "The whole event's size in bytes, on an event reduced to what the rules read."}}),
+    "WatchEvent": _output_headers(
+        {"type": "string", "pattern": f"^{_PREFIX}watch-event\\.({_WATCHED})\\.({_WATCH_TYPES})$",
+         "description": f"{_WATCH_TYPE}, the event's kind and type in lower case, e.g. "
+                        f"{TYPE_PREFIX}watch-event.virtualmachine.modified."},
+        "event_id", written_by=("watch",),
+        time="The latest time its object shows: its last write (`managedFields`), else its "
+             "`deletionTimestamp` or `creationTimestamp`; else when it was published.",
+        trace="W3C Trace Context: a trace-id derived from event_id (the first 32 hex digits of SHA-256 "
+              "of `trace`, the byte 0x1F and the id) and a span id derived from it too, so an event "
+              "published again has the same traceparent and the worker's outputs of it the same trace. "
+              "The worker reads only traceparent and tracestate of these headers.",
+        extra={"vmstream-reduced": {
+            "type": "string", "pattern": "^[0-9]+$",
+            "description": "The whole event's size in bytes, on an event reduced to what the rules read."}}),
     "Command": _output_headers({"type": "string", "pattern": f"^{_PREFIX}command\\.[a-z_]+$",
-                                "description": "io.vmstream.command.<type>, e.g. io.vmstream.command.patch_vm."},
-                               "command_id"),
+                                "description": f"{TYPE_PREFIX}command.<type>, e.g. {TYPE_PREFIX}command.patch_vm."},
+                               "command_id", written_by=("worker",)),
     "CommandResult": _output_headers({"const": f"{TYPE_PREFIX}command-result"},
-                                     "the command_id of its command (one result per command)"),
+                                     "the command_id of its command (one result per command)",
+                                     written_by=("applier",)),
     "Notification": _output_headers({"type": "string", "pattern": f"^{_PREFIX}notification\\.[a-z_]+$",
-                                     "description": "io.vmstream.notification.<type>."}, "notification_id"),
-    "AuditRecord": _output_headers({"const": f"{TYPE_PREFIX}audit"}, "audit_id"),
-    "DeadLetter": _output_headers({"const": f"{TYPE_PREFIX}dead-letter"},
-                                  "dlq:<topic>:<partition>:<offset> of the record set aside"),
+                                     "description": f"{TYPE_PREFIX}notification.<type>."}, "notification_id",
+                                    written_by=("worker", "applier")),
+    "AuditRecord": _output_headers({"const": f"{TYPE_PREFIX}audit"}, "audit_id", written_by=("worker", "applier")),
+    "DeadLetter": _output_headers(
+        {"const": f"{TYPE_PREFIX}dead-letter"},
+        "dlq:<topic>:<partition>:<offset> of the record set aside; `vmstream notify`'s, one per failed "
+        f"delivery, followed by {_DELIVERY_SUFFIX} (a recipient without an address: |none|<recipient>); "
+        "the watch bridge's (an event too large even reduced), which has no offset: dlq:raw:<digest>",
+        written_by=("worker", "applier", "watch", "notify"),
+        time="Its `at`: the worker's, the input's own time, so a replay writes the same headers; the "
+             "applier's (a malformed command), the watch bridge's and `vmstream notify`'s, when they wrote it.",
+        trace="W3C Trace Context: the trace-id of the record set aside (its valid traceparent, else one "
+              "derived from where it was read); the watch bridge's, the trace of the event it stands for; "
+              "`vmstream notify`'s for a delivery, the notification's (its traceparent, else derived from "
+              "its notification_id). The span id is derived from `ce_id`."),
 }
 
 CORRELATION: dict[str, tuple[str, str]] = {
@@ -351,12 +402,15 @@ def _examples() -> dict[str, JsonObject]:
     def output(name: str, summary: str, value: Any, source: str) -> JsonObject:
         return record(name, summary, value, dict(message_headers(value, source=source, time=at, trace=traced)))
 
-    worker, applier = "/vmstream/worker/vmstream", "/vmstream/applier/vmstream"
+    worker, applier = event_source("worker", "vmstream"), event_source("applier", "vmstream")
+    vm_kind = next(kind for kind in WATCHED_KINDS if kind.kind == event.kind)
+    watched = {name: value.decode() for name, value in
+               event_headers(vm_kind, event.type, event.event_id, source=event_source("watch", "vmstream"), time=at)}
     return {
         "Intent": record("set_gpu", "A signed request for a GPU, with the caller's trace.", intent,
                          {"traceparent": upstream}),
-        "WatchEvent": record("vm_modified", "A VirtualMachine changed (no trace: one is derived from event_id).",
-                             event, {}),
+        "WatchEvent": record("vm_modified", "A VirtualMachine changed, as the watch bridge publishes it: "
+                             "its trace derived from event_id.", event, watched),
         "Command": output("patch_vm", "The GPU change the intent above leads to.", command, worker),
         "CommandResult": output("applied", "The applier's result of that command, in the intent's trace.",
                                 result, applier),
