@@ -151,7 +151,10 @@ class Console:
             badge.update(self.api.get(path))
             return badge["waits_for"] == "restart" and bool(badge["gpus_after_restart"])
 
-        self.outputs.wait_for(pending, timeout=timeout, what=f"{path} to show the GPU after the restart")
+        try:
+            self.outputs.wait_for(pending, timeout=timeout, what=f"{path} to show the GPU after the restart")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; it answers {badge}") from None
         self.out.write(f"  console GET {path} → GPU now: {_gpus(badge['gpus_now'])}; "
                        f"after restart: {_gpus(badge['gpus_after_restart'])} {badge['badge']}\n")
         self.out.flush()
