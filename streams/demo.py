@@ -4,7 +4,9 @@ It starts a broker (Kafka's own jars, no Docker) and, by default, a local kube-a
 with the watch bridge and the applier in the loop (:mod:`streams.demo_kubernetes`). With
 ``--kafka-only`` the worker alone runs and the cluster's state comes as scripted watch
 events (:func:`~streams.scenarios.demo_phases`). Every notification, command and result is
-printed as it arrives; everything the demo started is stopped at the end.
+printed as it arrives, and so is every mail ``vmstream notify`` delivers to the demo's SMTP
+sink; ``vmstream api``'s console view is printed once bob's GPU change waits for its restart
+(:mod:`streams.demo_people`). Everything the demo started is stopped at the end.
 """
 
 from __future__ import annotations

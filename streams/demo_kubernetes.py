@@ -1,8 +1,9 @@
 """The demo with Kubernetes in the loop: a real kube-apiserver, the watch bridge, the applier.
 
 It starts a Kafka broker and a local control plane (kube-apiserver + etcd with KubeVirt's
-CRDs), creates a small AZ in it, and runs ``vmstream worker``, ``vmstream watch`` and
-``vmstream apply`` as their own processes. Then it asks for a GPU on a running VM (the VM
+CRDs), creates a small AZ in it, and runs ``vmstream worker``, ``vmstream watch``,
+``vmstream apply``, ``vmstream notify`` (to the demo's SMTP sink) and ``vmstream api`` as
+their own processes. Then it asks for a GPU on a running VM (the VM
 changes in Kubernetes, the owner is told it waits for a restart) and drains a GPU node (the
 owners are told first, the node is cordoned, the GPU VMIs are deleted at the deadline).
 
