@@ -1,7 +1,8 @@
 """``vmstream schemas``: the published contracts, generated from the pydantic models.
 
-pydantic models (``handlers.messages``, ``streams.settings``) → one JSON Schema file per
-message plus the configuration file → an AsyncAPI 3.0.0 document naming every topic.
+pydantic models (``handlers.messages``, ``handlers.views``, :class:`DeliveryRecord`,
+``streams.settings``) → one JSON Schema file per message plus the configuration file → an
+AsyncAPI 3.0.0 document naming every topic.
 Consumers read these files instead of our code, so they are committed under
 ``docs/schemas/`` and a test fails when they drift from the models: rendering is pure and
 deterministic (:func:`render_schemas`), writing is separate (:func:`write_schemas`).
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
 import yaml
-from pydantic import TypeAdapter
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
 
 from handlers import ids
 from handlers.delivery import Channel, Target
@@ -44,6 +45,7 @@ from handlers.tracing import (
     CONTENT_TYPE,
     SPEC_VERSION,
     TYPE_PREFIX,
+    ce_headers,
     derived_trace,
     message_headers,
     parse_traceparent,
@@ -51,7 +53,8 @@ from handlers.tracing import (
 from streams.api import openapi_document
 from streams.cloudevents import event_source
 from streams.settings import KafkaSettings, Settings
-from streams.topics import DELIVERIES
+from handlers.views import GPUClassStatus
+from streams.topics import DELIVERIES, GPU_CLASSES
 from streams.topics import TOPICS as TOPIC_SPECS
 from streams.watching import KINDS as WATCHED_KINDS
 from streams.watching import EventType, event_headers
@@ -97,7 +100,7 @@ class TopicDoc:
 class OperationDoc:
     """One send or receive, seen from the vmstream component that does it."""
 
-    component: Literal["worker", "applier", "watch-bridge"]
+    component: Literal["worker", "applier", "watch-bridge", "api", "notify"]
     action: Literal["send", "receive"]
     topic: str
     summary: str
@@ -165,6 +168,37 @@ DEAD_LETTER = SchemaDoc(
     "is the raw value as text, or base64 when `encoding` says so.",
     _model(TypeAdapter(DeadLetter)),
 )
+class DeliveryRecord(BaseModel):
+    """The value of one record of ``vmstream notify``'s ledger, as streams/notify.py writes it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    notification_id: str = Field(min_length=1, description="The notification delivered")
+    channel: Channel | Literal["none"] = Field(
+        description="How it went out; `none` for a recipient without an address (dead-lettered, 0 attempts)")
+    recipient: str = Field(min_length=1, description="An e-mail address, or a configured webhook's name")
+    outcome: Literal["delivered", "dead_lettered"] = Field(
+        description="delivered, or given up and set aside on vmstream.dlq; either way never tried again")
+    attempts: int = Field(ge=0, description="Attempts made")
+    at: AwareDatetime = Field(description="When it was recorded")
+
+
+GPU_CLASS_STATUS = SchemaDoc(
+    "gpu-class-status.schema.json",
+    "GPUClassStatus",
+    f"One GPU class of the AZ and its cards (vmstream.{GPU_CLASSES}, compacted), as `GET /v1/gpu-classes` "
+    "of `vmstream api` lists it: one current record per class, keyed by its `name`, written only when "
+    "its figures change; a tombstone (null value) when the class is gone.",
+    _model(TypeAdapter(GPUClassStatus)),
+)
+DELIVERY = SchemaDoc(
+    "delivery.schema.json",
+    "Delivery",
+    f"One delivery of a notification to one recipient on one channel (vmstream.{DELIVERIES}, "
+    "`vmstream notify`'s compacted ledger): delivered or dead-lettered, either way done. notify reads "
+    "the ledger back when it starts and never makes a delivery whose key is on it.",
+    _model(TypeAdapter(DeliveryRecord)),
+)
 CONFIG = SchemaDoc(
     "config.schema.json",
     "Config",
@@ -175,9 +209,13 @@ CONFIG = SchemaDoc(
 
 MESSAGES: tuple[SchemaDoc, ...] = (
     INTENT, WATCH_EVENT, COMMAND, COMMAND_RESULT, NOTIFICATION, AUDIT_RECORD, DEAD_LETTER,
+    GPU_CLASS_STATUS, DELIVERY,
 )
 
 _VM_OR_NODE = "`vm/<namespace>/<name>` or `node/<name>`"
+# What names one delivery of a notification: its ledger key, ``ce_id`` and dead letter's suffix.
+_DELIVERY_SUFFIX = Target(cast(Channel, "<channel>"), "<recipient>").key("")
+_DELIVERY_KEY = "<notification_id>" + _DELIVERY_SUFFIX
 TOPICS: tuple[TopicDoc, ...] = (
     TopicDoc("intents", "Intents", _VM_OR_NODE,
              "Requests from upstream services and the CLI. Any partitioner will do (murmur2, "
@@ -202,6 +240,15 @@ TOPICS: tuple[TopicDoc, ...] = (
              "One record per consumed input: the record of every decision.", AUDIT_RECORD),
     TopicDoc("dlq", "Dead letters", "the original key",
              "Malformed input, kept whole; it never blocks its partition.", DEAD_LETTER),
+    TopicDoc(GPU_CLASSES, "GPU classes", "the class name (the record's `name`)",
+             "Compacted: the AZ's GPU classes and their cards, one current record per class, kept by "
+             "`vmstream api` (each replica reads the topic and writes a class only when its figures differ "
+             "from its latest record); a tombstone (null value) when a class is gone.", GPU_CLASS_STATUS),
+    TopicDoc(DELIVERIES, "Deliveries", f"`{_DELIVERY_KEY}` (a recipient without an address: "
+             "`<notification_id>|none|<recipient>`)",
+             "Compacted: `vmstream notify`'s ledger, one record per notification, channel and recipient "
+             "delivered or dead-lettered, written before the next delivery starts; notify reads it back "
+             "when it starts and skips every delivery on it.", DELIVERY),
 )
 
 OPERATIONS: tuple[OperationDoc, ...] = (
@@ -215,17 +262,20 @@ OPERATIONS: tuple[OperationDoc, ...] = (
     OperationDoc("applier", "send", "command-results", "Report each command's outcome."),
     OperationDoc("applier", "send", "audit", "Record each command it applied or failed."),
     OperationDoc("watch-bridge", "send", "k8s-events", "Publish each change of a watched object."),
+    OperationDoc("api", "receive", GPU_CLASSES, "Read every class's latest record, from the beginning."),
+    OperationDoc("api", "send", GPU_CLASSES, "Write a class whose figures changed; a tombstone for one gone."),
+    OperationDoc("notify", "receive", DELIVERIES, "Read the ledger to its end before delivering anything."),
+    OperationDoc("notify", "send", DELIVERIES, "Record each delivery made or given up, before the next."),
 )
-
-# What names one delivery of a notification: its ledger key, ``ce_id`` and dead letter's suffix.
-_DELIVERY_SUFFIX = Target(cast(Channel, "<channel>"), "<recipient>").key("")
-_DELIVERY_KEY = "<notification_id>" + _DELIVERY_SUFFIX
 
 COMPONENTS: dict[str, str] = {
     "worker": "Consumes intents and watch events, re-keyed onto its own internal topic "
               "(vmstream.worker-routed) by decision key; runs the decision rules.",
     "applier": "The only writer to the Kubernetes API; applies commands idempotently.",
     "watch-bridge": "Watches the Kubernetes API and publishes what it sees.",
+    "api": f"`vmstream api`: the read API for consoles (docs/schemas/{OPENAPI_FILE}); keeps "
+           f"vmstream.{GPU_CLASSES} (compacted) current, one record per GPU class keyed by its name, "
+           "a tombstone when a class is gone.",
     "notify": f"`vmstream notify`: consumes vmstream.notifications and delivers each to its recipients; "
               f"records each delivery on vmstream.{DELIVERIES} (its compacted ledger), keyed {_DELIVERY_KEY}, "
               f"with CloudEvents headers: ce_id that key, ce_type {TYPE_PREFIX}delivery, ce_source "
@@ -334,6 +384,17 @@ HEADERS: dict[str, JsonObject] = {
               "derived from where it was read); the watch bridge's, the trace of the event it stands for; "
               "`vmstream notify`'s for a delivery, the notification's (its traceparent, else derived from "
               "its notification_id). The span id is derived from `ce_id`."),
+    "GPUClassStatus": {
+        "type": "object",
+        "description": "None: `vmstream api` writes these records without headers (no CloudEvents "
+                       "envelope, no traceparent); a record is named by its key.",
+    },
+    "Delivery": _output_headers(
+        {"const": f"{TYPE_PREFIX}delivery"}, f"the record's key, {_DELIVERY_KEY}", written_by=("notify",),
+        time="When it was written: its `at`.",
+        trace="W3C Trace Context: the notification's trace (the traceparent it arrived with, else one "
+              "derived from its notification_id) with a span id derived from `ce_id` — the traceparent "
+              "the delivery itself was sent with (HTTP header of a webhook or chat POST)."),
 }
 
 CORRELATION: dict[str, tuple[str, str]] = {
@@ -351,6 +412,9 @@ CORRELATION: dict[str, tuple[str, str]] = {
                     "command_id."),
     "DeadLetter": ("$message.header#/traceparent", "The trace-id the unreadable record came with, else one "
                    "derived from where it was read."),
+    "GPUClassStatus": ("$message.payload#/name", "The class, also the record's key."),
+    "Delivery": ("$message.payload#/notification_id", "The notification delivered; the record's key (and "
+                 "`ce_id`) adds the channel and recipient."),
 }
 
 
@@ -392,6 +456,11 @@ def _examples() -> dict[str, JsonObject]:
                                "metadata": {"name": "dev-1", "namespace": "spx-proj-b", "resourceVersion": "226",
                                             "labels": {"superphenix.net/projectID": "proj-b"}},
                                "spec": {"runStrategy": "Always"}})
+    classes = GPUClassStatus(name="nvidia-rtx-pro-6000-bse", class_id="nvidia-rtx-pro-6000-bse",
+                             display_name="NVIDIA RTX PRO 6000 Blackwell Server Edition", device_name=device,
+                             undefined=False, permitted=True, total=16, schedulable=16, in_use=11, free=5)
+    delivered = DeliveryRecord(notification_id=notification.notification_id, channel="email",
+                               recipient="bob@example.com", outcome="delivered", attempts=1, at=at)
     upstream = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     traced = parse_traceparent(upstream) or derived_trace(cause)
 
@@ -419,6 +488,12 @@ def _examples() -> dict[str, JsonObject]:
                               audit, worker),
         "DeadLetter": output("not_json", "A record no rule could read, set aside with where it was read.",
                              letter, worker),
+        "GPUClassStatus": record("nvidia_rtx_pro_6000_bse", "A class's figures, keyed by its name.", classes, {}),
+        "Delivery": record("delivered", "The e-mail to the owner of the notification above, delivered at the "
+                           "first attempt, in the notification's trace.", delivered,
+                           dict(ce_headers(id_=Target("email", delivered.recipient).key(delivered.notification_id),
+                                           type_=f"{TYPE_PREFIX}delivery", source=event_source("notify", "vmstream"),
+                                           time=at, trace=traced))),
     }
 
 

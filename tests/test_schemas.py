@@ -24,6 +24,7 @@ from handlers.messages import InvalidIntent, MalformedMessage, parse_intent, par
 from streams.schemas import ASYNCAPI_FILE, CONFIG, MESSAGES, TOPICS, render_schemas
 from streams.settings import INPUT_TOPICS, OUTPUT_TOPICS, KafkaSettings, load_settings
 from streams.simulating import Simulation
+from streams.topics import DELIVERIES, GPU_CLASSES
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS_DIR = ROOT / "docs" / "schemas"
@@ -37,6 +38,8 @@ PREFIX = KAFKA.topic_prefix
 # Other "bad" inputs there (unknown GPU class, wrong project, non-operator drain, restart
 # of a halted VM) are well-formed: only the rules can refuse them.
 SCHEMA_INVALID = {("bad-input.jsonl", "it-bad-3")}  # cores 3, memory_gib 128
+# Compacted topics other processes keep: vmstream api's GPU classes, vmstream notify's ledger.
+KEPT_TOPICS = (GPU_CLASSES, DELIVERIES)
 
 
 @cache
@@ -245,7 +248,7 @@ def test_asyncapi_names_every_contract_topic() -> None:
     document = _asyncapi()
     assert document["asyncapi"] == "3.0.0"
     addresses = {channel["address"] for channel in document["channels"].values()}
-    expected = {KAFKA.topic(name) for name in (*INPUT_TOPICS, *OUTPUT_TOPICS)}
+    expected = {KAFKA.topic(name) for name in (*INPUT_TOPICS, *OUTPUT_TOPICS, *KEPT_TOPICS)}
     assert addresses == expected
     contract = _contract_topics()
     assert contract == expected, f"docs/contracts.md lists {sorted(contract)}"
@@ -283,7 +286,65 @@ def test_asyncapi_operations_match_the_topology() -> None:
         ("applier", "send", "command-results"),
         ("applier", "send", "audit"),
         ("watch-bridge", "send", "k8s-events"),
+        ("api", "receive", "gpu-classes"),
+        ("api", "send", "gpu-classes"),
+        ("notify", "receive", "deliveries"),
+        ("notify", "send", "deliveries"),
     }
+
+
+def test_the_kept_topics_accept_what_api_and_notify_write() -> None:
+    """vmstream api's class records (tombstones aside) and notify's ledger records, with their
+    headers, as those processes build them."""
+    from datetime import UTC, datetime
+
+    from handlers.messages import Notification
+    from handlers.tracing import derived_trace
+    from handlers.views import GPUClassStatus
+    from streams.api import ClassTopic
+    from streams.notify import Notifier
+
+    status = GPUClassStatus(name="nvidia-a100", class_id=None, display_name="A100", device_name="nvidia.com/A100",
+                            undefined=True, permitted=True, total=2, schedulable=1, in_use=1, free=0)
+    topic = ClassTopic()
+    [(name, value)] = topic.changes([status])
+    assert value is not None and not _errors(GPU_CLASSES, json.loads(value))
+    topic.apply(name.encode(), value)
+    assert topic.changes([]) == [(name, None)]  # a class gone: a tombstone, no value to check
+
+    sent: list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]] = []
+
+    class Producer:
+        def send(self, topic: str, *, key: bytes, value: bytes, headers: list[tuple[str, bytes]]) -> Any:
+            sent.append((topic, key, value, headers))
+            return self
+
+        def get(self, timeout: float) -> None:
+            return None
+
+    class Ledger:
+        topic = KAFKA.topic(DELIVERIES)
+        done: set[str] = set()
+
+    at = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
+    notifier = Notifier(load_settings(EXAMPLES_DIR / "config.yaml"), clock=lambda: at)
+    [example] = _asyncapi()["components"]["messages"]["Notification"]["examples"]
+    parsed = Notification.model_validate(example["payload"])
+    for channel, recipient, outcome, attempts in (("email", "bob@example.com", "delivered", 1),
+                                                   ("none", "carol", "dead_lettered", 0)):
+        key = f"{parsed.notification_id}|{channel}|{recipient}"
+        notifier._record(Producer(), Ledger(), key, parsed, channel=channel,  # type: ignore[arg-type]
+                         recipient=recipient, outcome=outcome, attempts=attempts,
+                         trace=derived_trace(parsed.notification_id))
+    assert len(sent) == 2
+    message = _asyncapi()["components"]["messages"]["Delivery"]
+    for topic_name, key_bytes, value_bytes, headers in sent:
+        assert topic_name == KAFKA.topic(DELIVERIES)
+        assert not _errors(DELIVERIES, json.loads(value_bytes))
+        named = {header: raw.decode() for header, raw in headers}
+        assert named["ce_id"] == key_bytes.decode()
+        assert not list(Draft202012Validator(message["headers"]).iter_errors(named)), named
+    assert _errors(DELIVERIES, {**json.loads(sent[0][2]), "outcome": "skipped"})
 
 
 def test_every_message_has_a_channel() -> None:
