@@ -400,6 +400,7 @@ class LocalKube(processes.Supervisor):
         self.timings: dict[str, float] = {}
         # Processes started before the state exists, so a failed start can still stop them.
         self._pending: list[tuple[int, str]] = []
+        self._apiserver_argv: list[str] = []  # how the API server was started, to start it again
 
     # The public surface -------------------------------------------------------------------
 
@@ -505,6 +506,26 @@ class LocalKube(processes.Supervisor):
             _stop(pid, name, Path(name).name)
         self._pending = []
 
+    def stop_apiserver(self) -> None:
+        """Stop only the API server; etcd, its data and the port stay (an API server outage)."""
+        state = self._require_state()
+        _stop(state.apiserver_pid, state.apiserver_binary, "kube-apiserver")
+
+    def start_apiserver(self) -> None:
+        """Start the API server again as it was first started: same port, same etcd."""
+        state = self._require_state()
+        api_log = Path(state.workdir) / "logs" / "kube-apiserver.log"
+        state.apiserver_pid = processes.spawn(self._apiserver_argv, api_log, detach=self.detach)
+        context = self._ssl_context()
+        _wait_ready(
+            "kube-apiserver",
+            lambda: _http_ok(f"{state.server}/readyz", context),
+            self.timeout,
+            watch={state.apiserver_pid: "kube-apiserver", state.etcd_pid: "etcd"},
+            logfile=api_log,
+        )
+        (Path(state.workdir) / STATE_FILE).write_text(json.dumps(asdict(state), indent=2))
+
     # Internals ----------------------------------------------------------------------------
 
     def _require_state(self) -> State:
@@ -570,29 +591,26 @@ class LocalKube(processes.Supervisor):
         api_log = logs / "kube-apiserver.log"
         cert_dir = workdir / "apiserver-certs"
         cert_dir.mkdir(exist_ok=True)
-        apiserver_pid = processes.spawn(
-            [
-                str(binaries.kube_apiserver),
-                f"--etcd-servers={etcd_url}",
-                f"--cert-dir={cert_dir}",
-                f"--tls-cert-file={serving_cert}",
-                f"--tls-private-key-file={serving_key}",
-                f"--secure-port={api_port}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                "--endpoint-reconciler-type=none",
-                "--authorization-mode=RBAC",
-                f"--client-ca-file={pki / 'ca.crt'}",
-                f"--service-account-issuer={server}/",
-                f"--service-account-key-file={sa_pub}",
-                f"--service-account-signing-key-file={sa_key}",
-                "--service-cluster-ip-range=10.0.0.0/24",
-                "--allow-privileged=true",
-                "--disable-admission-plugins=ServiceAccount",
-            ],
-            api_log,
-            detach=self.detach,
-        )
+        self._apiserver_argv = [
+            str(binaries.kube_apiserver),
+            f"--etcd-servers={etcd_url}",
+            f"--cert-dir={cert_dir}",
+            f"--tls-cert-file={serving_cert}",
+            f"--tls-private-key-file={serving_key}",
+            f"--secure-port={api_port}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            "--endpoint-reconciler-type=none",
+            "--authorization-mode=RBAC",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            f"--service-account-issuer={server}/",
+            f"--service-account-key-file={sa_pub}",
+            f"--service-account-signing-key-file={sa_key}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--allow-privileged=true",
+            "--disable-admission-plugins=ServiceAccount",
+        ]
+        apiserver_pid = processes.spawn(self._apiserver_argv, api_log, detach=self.detach)
         self._pending.append((apiserver_pid, str(binaries.kube_apiserver)))
         kubeconfig = write_kubeconfig(
             workdir / "kubeconfig", server, pki / "ca.crt", admin_cert, admin_key, "admin"
