@@ -69,6 +69,7 @@ DEFAULT_LAST = 10
 DEFAULT_TIMEOUT = 30.0  # without --follow: how long reaching the end offsets may take
 POLL_SECONDS = 0.5  # the longest one poll blocks; the deadline is checked between polls
 EXCERPT = 160
+ERROR_EXCERPT = 4096  # handlers/messages.py bounds free text to this
 
 
 # ------------------------------------------------------------------------- rendering
@@ -131,8 +132,8 @@ def render_command_result(result: CommandResult) -> str:
     if result.resource_version:
         parts.append(f"rv {result.resource_version}")
     line = " ".join(parts)
-    if result.error:
-        line += f": {_excerpt(result.error)}"
+    if result.error:  # whole (the contract bounds it): an API server's reason is the point
+        line += f": {_excerpt(result.error, ERROR_EXCERPT)}"
     return line
 
 

@@ -176,6 +176,10 @@ def test_commands_and_their_results_name_target_cause_and_id() -> None:
     assert render("command-results", value(applied)) == "applied patch_vm VirtualMachine ns/name [c-1] rv 42"
     failed = {"command_id": "c-2", "outcome": "failed", "at": "2026-11-30T10:00:01Z", "error": "forbidden\nby RBAC"}
     assert render("command-results", value(failed)) == "failed [c-2]: forbidden by RBAC"
+    reason = ('virtualmachines.kubevirt.io "name" is forbidden: ValidatingAdmissionPolicy "gpu-guard" with '
+              'binding "gpu-guard" denied request: GPUs in this namespace need an approved change ticket first')
+    long = failed | {"error": reason}
+    assert render("command-results", value(long)) == f"failed [c-2]: {reason}"  # the reason whole
     cordon = command | {"type": "cordon_node", "target": {"kind": "Node", "name": "gpu-node-1"}}
     assert render("commands", value(cordon)) == "cordon_node Node gpu-node-1 ← it-1 [c-1]"
 
