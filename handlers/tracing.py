@@ -21,6 +21,7 @@ from handlers.messages import AuditRecord, Command, CommandResult, DeadLetter, N
 SPEC_VERSION = "1.0"
 CONTENT_TYPE = "application/json"
 TYPE_PREFIX = "io.vmstream."
+GPU_CLASS_TYPE = f"{TYPE_PREFIX}gpu-class"  # `vmstream api`'s records on vmstream.gpu-classes
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 TRACESTATE_MAX = 512  # characters kept of an incoming tracestate; longer is dropped

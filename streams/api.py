@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import hmac
 import json
 import logging
 import signal
 from dataclasses import dataclass
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, Protocol
 
 import aiohttp.web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -38,6 +40,7 @@ from handlers.catalog import Catalog
 from handlers.config import Config
 from handlers.messages import vm_key
 from handlers.state import TableName
+from handlers.tracing import GPU_CLASS_TYPE, ce_headers, derived_trace
 from handlers.views import (
     GPUClassList,
     GPUClassStatus,
@@ -48,6 +51,7 @@ from handlers.views import (
     project_view,
     vm_badge,
 )
+from streams.cloudevents import event_source
 from streams.globalview import GlobalView
 from streams.kafka_clients import aiokafka_options
 from streams.settings import ApiSettings, KafkaSettings, load_settings
@@ -84,7 +88,8 @@ def caller_of(header: str, tokens: dict[str, Caller]) -> Caller | None:
 
 class ClassTopic:
     """``vmstream.gpu-classes`` as the topic holds it, and the records to publish so that it
-    holds the current figures: a class whose record differs, a tombstone for one gone."""
+    holds the current figures: a class whose record differs, a tombstone for one gone — each
+    with its CloudEvents headers (:func:`class_headers`)."""
 
     def __init__(self) -> None:
         self.latest: dict[str, bytes] = {}
@@ -106,6 +111,41 @@ class ClassTopic:
         changed += [(name, None) for name in sorted(set(self.latest) - set(wanted))]
         return changed
 
+    async def publish(self, producer: Sender, topic: str, current: list[GPUClassStatus], *,
+                      source: str, time: datetime) -> list[str]:
+        """Send :meth:`changes` with their headers (:func:`class_headers`), wait for every one, and
+        hold them as the topic will read them back; the names of the classes sent."""
+        changes = self.changes(current)
+        sent = [await producer.send(topic, key=name.encode(), value=value,
+                                    headers=class_headers(name, value, source=source, time=time))
+                for name, value in changes]
+        for (name, value), future in zip(changes, sent, strict=True):
+            await future
+            self.apply(name.encode(), value)  # as the topic will read back
+        return [name for name, _ in changes]
+
+
+class Sender(Protocol):
+    """What :meth:`ClassTopic.publish` needs of a producer (:class:`AIOKafkaProducer`)."""
+
+    async def send(self, topic: str, *, key: bytes, value: bytes | None,
+                   headers: list[tuple[str, bytes]]) -> Any: ...
+
+
+def class_record_id(name: str, value: bytes | None) -> str:
+    """A class record's CloudEvents id: ``<name>@<the first 16 hex digits of SHA-256 of its value>``,
+    ``<name>@tombstone`` for a tombstone — the same record, the same id, whichever replica sends it."""
+    return f"{name}@tombstone" if value is None else f"{name}@{hashlib.sha256(value).hexdigest()[:16]}"
+
+
+def class_headers(name: str, value: bytes | None, *, source: str, time: datetime) -> list[tuple[str, bytes]]:
+    """A class record's CloudEvents (binary mode) headers and ``traceparent``, derived from its id;
+    ``time`` when its figures were computed. A tombstone has no value, so no ``content-type``."""
+    id_ = class_record_id(name, value)
+    headers = ce_headers(id_=id_, type_=GPU_CLASS_TYPE, source=source, time=time, trace=derived_trace(id_))
+    return [(header, text.encode("utf-8")) for header, text in headers
+            if value is not None or header != "content-type"]
+
 
 class Api:
     """The views, the class topic and the HTTP pages of one ``vmstream api`` process."""
@@ -118,6 +158,7 @@ class Api:
         self.changelogs = {name: changelog_topic(app_id, f"state-{name}") for name in VIEW_TABLES}
         self.view = GlobalView(kafka.bootstrap_servers, self.changelogs, decode=False, **aiokafka_options(kafka))
         self.classes = ClassTopic()
+        self.source = event_source("api", app_id)
         self.tokens = conf.tokens()
         self.published = 0
 
@@ -173,14 +214,12 @@ class Api:
             await producer.stop()
 
     async def _publish(self, producer: AIOKafkaProducer, topic: str) -> None:
-        changes = self.classes.changes(self.gpu_classes().classes)
-        sent = [await producer.send(topic, key=name.encode(), value=value) for name, value in changes]
-        for (name, value), future in zip(changes, sent):
-            await future
-            self.classes.apply(name.encode(), value)  # as the topic will read back
+        computed = datetime.now(UTC)  # the records' ce_time
+        changes = await self.classes.publish(producer, topic, self.gpu_classes().classes,
+                                             source=self.source, time=computed)
         self.published += len(changes)
         if changes:
-            log.info("gpu classes published", extra={"classes": [name for name, _ in changes]})
+            log.info("gpu classes published", extra={"classes": changes})
 
     # -------------------------------------------------------------------- HTTP
 

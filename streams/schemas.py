@@ -43,6 +43,7 @@ from handlers.messages import (
 )
 from handlers.tracing import (
     CONTENT_TYPE,
+    GPU_CLASS_TYPE,
     SPEC_VERSION,
     TYPE_PREFIX,
     ce_headers,
@@ -50,7 +51,7 @@ from handlers.tracing import (
     message_headers,
     parse_traceparent,
 )
-from streams.api import openapi_document
+from streams.api import class_headers, openapi_document
 from streams.cloudevents import event_source
 from streams.settings import KafkaSettings, Settings
 from handlers.views import GPUClassStatus
@@ -275,7 +276,10 @@ COMPONENTS: dict[str, str] = {
     "watch-bridge": "Watches the Kubernetes API and publishes what it sees.",
     "api": f"`vmstream api`: the read API for consoles (docs/schemas/{OPENAPI_FILE}); keeps "
            f"vmstream.{GPU_CLASSES} (compacted) current, one record per GPU class keyed by its name, "
-           "a tombstone when a class is gone.",
+           "a tombstone when a class is gone, with CloudEvents headers: ce_id <name>@<the first 16 hex "
+           f"digits of SHA-256 of the value> (<name>@tombstone), ce_type {GPU_CLASS_TYPE}, ce_source "
+           f"{event_source('api', '<app_id>')}, ce_time when its figures were computed, a trace derived "
+           "from ce_id.",
     "notify": f"`vmstream notify`: consumes vmstream.notifications and delivers each to its recipients; "
               f"records each delivery on vmstream.{DELIVERIES} (its compacted ledger), keyed {_DELIVERY_KEY}, "
               f"with CloudEvents headers: ce_id that key, ce_type {TYPE_PREFIX}delivery, ce_source "
@@ -292,7 +296,7 @@ _KEY_RULE = (
     "lands on, and no consumer may infer anything from a record's partition. Order holds per key."
 )
 # The processes that write records, by the name in their CloudEvents ``source``.
-PROCESSES = ("watch", "worker", "applier", "notify")
+PROCESSES = ("watch", "worker", "applier", "notify", "api")
 _TRACEPARENT = {
     "type": "string",
     "pattern": "^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-.*)?$",
@@ -308,16 +312,22 @@ _DECIDED_AT = "When it was decided: the input's own time, so a replay writes the
 
 def _output_headers(ce_type: JsonObject, id_field: str, *, written_by: tuple[str, ...],
                     time: str = _DECIDED_AT, trace: str | None = None,
-                    extra: JsonObject | None = None) -> JsonObject:
-    """The CloudEvents Kafka protocol binding (binary mode) headers every output record carries."""
+                    extra: JsonObject | None = None, tombstones: bool = False) -> JsonObject:
+    """The CloudEvents Kafka protocol binding (binary mode) headers every output record carries;
+    with ``tombstones``, a record without a value (a compacted topic's tombstone) has no content-type."""
     unknown = set(written_by) - set(PROCESSES)
     if unknown:
         raise ValueError(f"not a vmstream process: {sorted(unknown)}")
     sources = ", ".join(event_source(process, "<app_id>") for process in written_by)
     traceparent = _TRACEPARENT if trace is None else {**_TRACEPARENT, "description": trace}
+    required = ["ce_specversion", "ce_id", "ce_type", "ce_source", "ce_time", "content-type", "traceparent"]
+    content_type: JsonObject = {"const": CONTENT_TYPE}
+    if tombstones:
+        required.remove("content-type")
+        content_type["description"] = "On every record with a value; none on a tombstone (null value)."
     return {
         "type": "object",
-        "required": ["ce_specversion", "ce_id", "ce_type", "ce_source", "ce_time", "content-type", "traceparent"],
+        "required": required,
         "properties": {
             "ce_specversion": {"const": SPEC_VERSION},
             "ce_id": {"type": "string", "description": f"The message's own id: {id_field}."},
@@ -326,7 +336,7 @@ def _output_headers(ce_type: JsonObject, id_field: str, *, written_by: tuple[str
                           "description": "The process that wrote it, /vmstream/<process>/<app_id> "
                                          f"(`worker.app_id` of its configuration): {sources}."},
             "ce_time": {"type": "string", "format": "date-time", "description": time},
-            "content-type": {"const": CONTENT_TYPE},
+            "content-type": content_type,
             "traceparent": traceparent,
             "tracestate": _TRACESTATE,
             **(extra or {}),
@@ -384,11 +394,14 @@ HEADERS: dict[str, JsonObject] = {
               "derived from where it was read); the watch bridge's, the trace of the event it stands for; "
               "`vmstream notify`'s for a delivery, the notification's (its traceparent, else derived from "
               "its notification_id). The span id is derived from `ce_id`."),
-    "GPUClassStatus": {
-        "type": "object",
-        "description": "None: `vmstream api` writes these records without headers (no CloudEvents "
-                       "envelope, no traceparent); a record is named by its key.",
-    },
+    "GPUClassStatus": _output_headers(
+        {"const": GPU_CLASS_TYPE},
+        "<name>@<the first 16 hex digits of SHA-256 of the record's value>, <name>@tombstone for a "
+        "tombstone: the same record has the same id whichever replica writes it",
+        written_by=("api",), tombstones=True,
+        time="When its figures were computed (a tombstone: when the class was found gone).",
+        trace="W3C Trace Context: a trace-id derived from `ce_id` (the first 32 hex digits of SHA-256 of "
+              "`trace`, the byte 0x1F and the id) and a span id derived from it too; no input caused it."),
     "Delivery": _output_headers(
         {"const": f"{TYPE_PREFIX}delivery"}, f"the record's key, {_DELIVERY_KEY}", written_by=("notify",),
         time="When it was written: its `at`.",
@@ -488,7 +501,10 @@ def _examples() -> dict[str, JsonObject]:
                               audit, worker),
         "DeadLetter": output("not_json", "A record no rule could read, set aside with where it was read.",
                              letter, worker),
-        "GPUClassStatus": record("nvidia_rtx_pro_6000_bse", "A class's figures, keyed by its name.", classes, {}),
+        "GPUClassStatus": record("nvidia_rtx_pro_6000_bse", "A class's figures, keyed by its name.", classes,
+                                 {name: value.decode() for name, value in
+                                  class_headers(classes.name, classes.model_dump_json().encode(),
+                                                source=event_source("api", "vmstream"), time=at)}),
         "Delivery": record("delivered", "The e-mail to the owner of the notification above, delivered at the "
                            "first attempt, in the notification's trace.", delivered,
                            dict(ce_headers(id_=Target("email", delivered.recipient).key(delivered.notification_id),

@@ -294,8 +294,10 @@ def test_asyncapi_operations_match_the_topology() -> None:
 
 
 def test_the_kept_topics_accept_what_api_and_notify_write() -> None:
-    """vmstream api's class records (tombstones aside) and notify's ledger records, with their
-    headers, as those processes build them."""
+    """vmstream api's class records (a tombstone's headers too) and notify's ledger records, with
+    their headers, as those processes build them."""
+    import asyncio
+    import hashlib
     from datetime import UTC, datetime
 
     from handlers.messages import Notification
@@ -306,11 +308,34 @@ def test_the_kept_topics_accept_what_api_and_notify_write() -> None:
 
     status = GPUClassStatus(name="nvidia-a100", class_id=None, display_name="A100", device_name="nvidia.com/A100",
                             undefined=True, permitted=True, total=2, schedulable=1, in_use=1, free=0)
+    published: list[tuple[str, bytes, bytes | None, list[tuple[str, bytes]]]] = []
+
+    class ClassProducer:
+        async def send(self, topic: str, *, key: bytes, value: bytes | None,
+                       headers: list[tuple[str, bytes]]) -> Any:
+            published.append((topic, key, value, headers))
+            return asyncio.sleep(0)  # the delivery future
+
+    computed = datetime(2026, 11, 30, 10, 0, 5, tzinfo=UTC)
     topic = ClassTopic()
-    [(name, value)] = topic.changes([status])
-    assert value is not None and not _errors(GPU_CLASSES, json.loads(value))
-    topic.apply(name.encode(), value)
-    assert topic.changes([]) == [(name, None)]  # a class gone: a tombstone, no value to check
+    for current in ([status], [status], []):  # a class, unchanged, gone
+        asyncio.run(topic.publish(ClassProducer(), KAFKA.topic(GPU_CLASSES), current,
+                                  source="/vmstream/api/vmstream", time=computed))
+    assert [(key, value is None) for _, key, value, _ in published] == [(b"nvidia-a100", False), (b"nvidia-a100", True)]
+    assert topic.changes([]) == []
+    classes = _asyncapi()["components"]["messages"]["GPUClassStatus"]
+    for topic_name, key_bytes, value, headers in published:
+        assert topic_name == KAFKA.topic(GPU_CLASSES)
+        named = {header: raw.decode() for header, raw in headers}
+        assert not list(Draft202012Validator(classes["headers"]).iter_errors(named)), named
+        assert named["ce_time"] == "2026-11-30T10:00:05Z" and named["ce_source"] == "/vmstream/api/vmstream"
+        assert named["traceparent"] == derived_trace(named["ce_id"]).child(named["ce_id"])
+        if value is None:  # a tombstone: no value to check, nor its content-type
+            assert named["ce_id"] == "nvidia-a100@tombstone" and "content-type" not in named
+        else:
+            assert not _errors(GPU_CLASSES, json.loads(value))
+            assert named["ce_id"] == f"nvidia-a100@{hashlib.sha256(value).hexdigest()[:16]}"
+            assert named["content-type"] == "application/json"
 
     sent: list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]] = []
 

@@ -8,6 +8,7 @@ current record per class — read back by the test's own consumer.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import urllib.error
@@ -20,6 +21,7 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from handlers.engine import Engine
+from handlers.tracing import derived_trace
 from handlers.views import gpu_classes, vm_badge
 from streams.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess
 from streams.scenarios import BOB, RTX, Script, cluster, vm
@@ -110,6 +112,7 @@ class ClassTopic:
         self.consumer.assign(partitions)
         self.consumer.seek_to_beginning(*partitions)
         self.latest: dict[str, Any] = {}
+        self.headers: dict[str, tuple[dict[str, str], bytes | None]] = {}  # the latest record's, and its value
 
     def wait_for(self, expected: dict[str, Any], timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -119,6 +122,7 @@ class ClassTopic:
             for records in self.consumer.poll(timeout_ms=200).values():
                 for record in records:
                     key = record.key.decode()
+                    self.headers[key] = ({name: value.decode() for name, value in record.headers}, record.value)
                     if record.value is None:
                         self.latest.pop(key, None)
                     else:
@@ -187,6 +191,15 @@ def test_two_replicas_answer_alike_tokens_are_scoped_and_the_class_topic_is_curr
 
         # The compacted topic: one current record per class, whoever published it.
         topic.wait_for({c["name"]: c for c in expected_all_classes["classes"]})
+        # Each with its CloudEvents headers: its id that of the value, its trace derived from the id.
+        for name in topic.latest:
+            headers, value = topic.headers[name]
+            assert value is not None
+            assert headers["ce_id"] == f"{name}@{hashlib.sha256(value).hexdigest()[:16]}", headers
+            assert headers["ce_type"] == "io.vmstream.gpu-class" and headers["ce_specversion"] == "1.0"
+            assert headers["ce_source"] == f"/vmstream/api/{deployment.app_id}"
+            assert headers["content-type"] == "application/json" and headers["ce_time"].endswith("Z")
+            assert headers["traceparent"] == derived_trace(headers["ce_id"]).child(headers["ce_id"])
         for process in (worker, *apis):
             process.check_running()
     finally:
