@@ -32,7 +32,6 @@ import argparse
 import http.client
 import json
 import logging
-import os
 import signal
 import sys
 import threading
@@ -66,7 +65,7 @@ from streams.codecs import encode_message
 from streams.cloudevents import TraceBook, event_source, kafka_headers, ref_of
 from streams.kafka_clients import consumer, producer
 from streams.logs import limit_client_logs
-from streams.probes import ProbeServer
+from streams.probes import ProbeServer, add_probe_arguments
 from streams.settings import Settings, load_settings
 from streams.signing import Keyring, KeyringError, open_sealed
 from streams.topics import ensure_topics
@@ -988,12 +987,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="base URL of KubeVirt's subresource API (start/stop/restart); default: the API "
         "server itself, where virt-api is aggregated",
     )
-    apply.add_argument("--probe-host", default=os.environ.get("VMSTREAM_PROBE_HOST", "127.0.0.1"),
-                       help="address of /health, /ready and /metrics (default: $VMSTREAM_PROBE_HOST, "
-                       "else loopback only)")
-    apply.add_argument("--probe-port", type=int, default=int(os.environ.get("VMSTREAM_PROBE_PORT", "6067")),
-                       help="port of /health, /ready and /metrics (default: $VMSTREAM_PROBE_PORT, else "
-                       "6067; 0: any free)")
+    add_probe_arguments(apply, 6067)
     apply.set_defaults(handler=_run)
 
 

@@ -27,7 +27,6 @@ import argparse
 import http.client
 import json
 import logging
-import os
 import signal
 import smtplib
 import ssl
@@ -57,7 +56,7 @@ from streams import metrics
 from streams.cloudevents import TRACEPARENT, TRACESTATE, Trace, event_source, trace_of
 from streams.kafka_clients import consumer, producer
 from streams.logs import limit_client_logs
-from streams.probes import ProbeServer
+from streams.probes import ProbeServer, add_probe_arguments
 from streams.settings import NotifySettings, Settings, SmtpSettings, load_settings
 from streams.topics import DELIVERIES, ensure_topics
 
@@ -566,12 +565,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "in vmstream.deliveries; what cannot be delivered goes to vmstream.dlq with the reason.",
     )
     notify.add_argument("--config", help="the configuration file (YAML), section notify:")
-    notify.add_argument("--probe-host", default=os.environ.get("VMSTREAM_PROBE_HOST", "127.0.0.1"),
-                        help="address of /health, /ready and /metrics (default: $VMSTREAM_PROBE_HOST, "
-                        "else loopback only)")
-    notify.add_argument("--probe-port", type=int, default=int(os.environ.get("VMSTREAM_PROBE_PORT", "6070")),
-                        help="port of /health, /ready and /metrics (default: $VMSTREAM_PROBE_PORT, else "
-                        "6070; 0: any free)")
+    add_probe_arguments(notify, 6070)
     notify.set_defaults(handler=_run)
 
 

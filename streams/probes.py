@@ -16,8 +16,10 @@ thread, bound to loopback unless told otherwise.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -113,3 +115,14 @@ def _handler(server: ProbeServer) -> type[BaseHTTPRequestHandler]:
             return
 
     return Handler
+
+
+def add_probe_arguments(parser: argparse.ArgumentParser, default_port: int) -> None:
+    """``--probe-host`` and ``--probe-port``, the same for every process that serves probes."""
+    parser.add_argument("--probe-host", default=os.environ.get("VMSTREAM_PROBE_HOST", "127.0.0.1"),
+                        help="address of /health, /ready and /metrics (default: $VMSTREAM_PROBE_HOST, "
+                        "else loopback only)")
+    parser.add_argument("--probe-port", type=int,
+                        default=int(os.environ.get("VMSTREAM_PROBE_PORT", str(default_port))),
+                        help=f"port of /health, /ready and /metrics (default: $VMSTREAM_PROBE_PORT, else "
+                        f"{default_port}; 0: any free)")

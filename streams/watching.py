@@ -80,7 +80,7 @@ from handlers.messages import (
 from handlers.tracing import TYPE_PREFIX, ce_headers
 from streams.cloudevents import event_source, kafka_headers, trace_of
 from streams.kafka_clients import COMPRESSION, admin_client, consumer, producer
-from streams.probes import ProbeServer
+from streams.probes import ProbeServer, add_probe_arguments
 from streams.settings import KafkaSettings, load_kafka_settings, read_yaml
 
 if TYPE_CHECKING:
@@ -1003,12 +1003,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--kinds", metavar="KIND[,KIND...]",
         help=f"watch only these (default: all of {', '.join(k.kind for k in KINDS)})",
     )
-    watch.add_argument("--probe-host", default=os.environ.get("VMSTREAM_PROBE_HOST", "127.0.0.1"),
-                       help="address of /health, /ready and /metrics (default: $VMSTREAM_PROBE_HOST, "
-                            "else loopback)")
-    watch.add_argument("--probe-port", type=int,
-                       default=int(os.environ.get("VMSTREAM_PROBE_PORT", str(PROBE_PORT))),
-                       help=f"their port (default: $VMSTREAM_PROBE_PORT, else {PROBE_PORT})")
+    add_probe_arguments(watch, PROBE_PORT)
     watch.set_defaults(handler=main)
 
 
