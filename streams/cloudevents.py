@@ -4,8 +4,9 @@
     output message + trace → :func:`kafka_headers` → the record's headers
 
 The values are computed in ``handlers/tracing.py``; this module only reads and writes Kafka
-headers (names are text, values bytes). The worker, the applier and ``vmstream notify`` send
-through it, so every output record carries the same envelope (docs/integrators.md).
+headers (names are text, values bytes). The worker, the applier, the watch bridge,
+``vmstream notify`` and ``vmstream api`` send through it, so every output record carries the
+same envelope (docs/integrators.md).
 """
 
 from __future__ import annotations
