@@ -753,6 +753,21 @@ def _quietly(future: FutureRecordMetadata) -> None:
 # ------------------------------------------------------------------------- the bridge
 
 
+def _until_stopped(stop: threading.Event, trouble: str) -> Retrying:
+    """Retry with jittered backoff until it works or ``stop`` is set, logging ``trouble``."""
+    return Retrying(
+        retry=retry_if_exception_type(Exception),
+        wait=_JITTERED,
+        stop=stop_when_event_set(stop),
+        sleep=lambda seconds: _pause(stop, seconds),
+        before_sleep=lambda state: log.warning(
+            "watch: %s attempt=%d error=%s; retrying",
+            trouble, state.attempt_number, state.outcome.exception() if state.outcome else None,
+        ),
+        reraise=True,
+    )
+
+
 class Bridge:
     """All the kinds' watchers, each on its own thread, sharing one idempotent producer."""
 
@@ -834,19 +849,8 @@ class Bridge:
 
     def _producer(self, stop: threading.Event) -> KafkaProducer | None:
         """The idempotent producer, once Kafka answers (None if stopped before it did)."""
-        retrying = Retrying(
-            retry=retry_if_exception_type(Exception),
-            wait=_JITTERED,
-            stop=stop_when_event_set(stop),
-            sleep=lambda seconds: _pause(stop, seconds),
-            before_sleep=lambda state: log.warning(
-                "watch: Kafka not reachable attempt=%d error=%s; retrying",
-                state.attempt_number, state.outcome.exception() if state.outcome else None,
-            ),
-            reraise=True,
-        )
         try:
-            for attempt in retrying:
+            for attempt in _until_stopped(stop, "Kafka not reachable"):
                 with attempt:
                     return producer(self.kafka, client_id="vmstream-watch", linger_ms=5, compression=COMPRESSION)
         except Exception:
@@ -879,19 +883,8 @@ class Bridge:
         fresh = [watcher for watcher in self.watchers.values() if not watcher.seeded]
         if not fresh:
             return True
-        retrying = Retrying(
-            retry=retry_if_exception_type(Exception),
-            wait=_JITTERED,
-            stop=stop_when_event_set(stop),
-            sleep=lambda seconds: _pause(stop, seconds),
-            before_sleep=lambda state: log.warning(
-                "watch: could not read back k8s-events attempt=%d error=%s; retrying",
-                state.attempt_number, state.outcome.exception() if state.outcome else None,
-            ),
-            reraise=True,
-        )
         try:
-            for attempt in retrying:
+            for attempt in _until_stopped(stop, "could not read back k8s-events"):
                 with attempt:
                     alive = last_published(self.kafka, self.kafka.topic(TOPIC), [w.kind for w in fresh], stop)
         except Exception:
