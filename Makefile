@@ -26,12 +26,12 @@ setup: $(BIN)/vmstream
 # the Go module proxy, and KubeVirt's CRDs and examples generated from it (minutes the
 # first time, then cached).
 parts: setup
-	$(BIN)/python -c "from streams.localkafka import resolve_jars; print(resolve_jars())"
-	$(BIN)/python -c "from streams.localkube import ensure_binaries; print(ensure_binaries())"
-	$(BIN)/python -c "from streams.locations import third_party_dir; print(third_party_dir())"
+	$(BIN)/python -c "from harness.localkafka import resolve_jars; print(resolve_jars())"
+	$(BIN)/python -c "from harness.localkube import ensure_binaries; print(ensure_binaries())"
+	$(BIN)/python -c "from harness.locations import third_party_dir; print(third_party_dir())"
 
 demo: parts
-	$(BIN)/vmstream demo
+	$(BIN)/python -m harness demo
 
 test: parts
 	$(BIN)/python -m pytest -q

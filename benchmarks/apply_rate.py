@@ -46,13 +46,13 @@ from handlers.enforcement import FIELD_MANAGER  # noqa: E402
 from handlers.gpus import desired_vm, plan_patch  # noqa: E402
 from handlers.messages import Command, GPUMutation, ObjectRef  # noqa: E402
 from intent_to_patch import NAMESPACE, PatchWatcher, percentile, vm_body  # noqa: E402
-from streams.applying import JSON_PATCH, KUBEVIRT  # noqa: E402
-from streams.codecs import encode_message  # noqa: E402
-from streams.kafka_clients import producer  # noqa: E402
-from streams.localkafka import LocalKafka  # noqa: E402
-from streams.localkube import LocalKube  # noqa: E402
-from streams.running import CONFIG, Deployment, VmstreamProcess  # noqa: E402
-from streams.scenarios import A100, PROJECT_LABEL  # noqa: E402
+from streams.kube.applying import JSON_PATCH, KUBEVIRT  # noqa: E402
+from streams.common.codecs import encode_message  # noqa: E402
+from streams.common.kafka_clients import producer  # noqa: E402
+from harness.localkafka import LocalKafka  # noqa: E402
+from harness.localkube import LocalKube  # noqa: E402
+from harness.running import CONFIG, Deployment, VmstreamProcess  # noqa: E402
+from harness.scenarios import A100, PROJECT_LABEL  # noqa: E402
 
 MUTATION = GPUMutation(device_name=A100, eviction_strategy="External")
 

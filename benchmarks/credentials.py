@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from handlers.auth import KeySet, Unauthenticated, verify_intent  # noqa: E402
 from handlers.config import AuthPolicy, Config  # noqa: E402
 from handlers.engine import INTENTS_TOPIC, Engine, Source  # noqa: E402
-from streams.credentials import SigningKey, jwks, signed  # noqa: E402
-from streams.scenarios import EXAMPLE_CONFIG, cluster  # noqa: E402
-from streams.simulating import Simulation  # noqa: E402
+from streams.common.credentials import SigningKey, jwks, signed  # noqa: E402
+from harness.scenarios import EXAMPLE_CONFIG, cluster  # noqa: E402
+from streams.cli.simulating import Simulation  # noqa: E402
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

@@ -65,9 +65,9 @@ import simulate_throughput as st  # noqa: E402  (benchmarks/ is this script's di
 
 from handlers.engine import Engine  # noqa: E402
 from handlers.state import MemoryState  # noqa: E402
-from streams.scenarios import RTX, Script, node, node_maintenance, vm, vmi  # noqa: E402
-from streams.settings import load_settings  # noqa: E402
-from streams.simulating import Simulation  # noqa: E402
+from harness.scenarios import RTX, Script, node, node_maintenance, vm, vmi  # noqa: E402
+from streams.common.settings import load_settings  # noqa: E402
+from streams.cli.simulating import Simulation  # noqa: E402
 
 HERE = Path(__file__).resolve()
 TARGET_SPREAD = 0.20

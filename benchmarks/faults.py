@@ -1,14 +1,14 @@
 """Faults while intents flow, at benchmark size: what is lost, what changed its content.
 
 A broker of its own (``LocalKafka``, kept data) and one worker. The AZ of
-``tests/faults/chaos.py`` is decided, then its set_gpu intents (with GPU VMIs arriving and
+``tests/support/chaos.py`` is decided, then its set_gpu intents (with GPU VMIs arriving and
 drains whose deadlines fire) are published at a steady rate (slow enough that the faults all
 strike while they flow) while faults strike at random moments, in a shuffled order:
 
 - ``kill``: the worker is killed with SIGKILL and started again;
 - ``row``: the worker is replaced by one that dies (``os._exit``) right after the n-th
   table row of an intent's decision has reached the broker, n random in 1..50
-  (``tests/faults/sitecustomize.py``): a decision's rows half written;
+  (``tests/support/crashpoints/sitecustomize.py``): a decision's rows half written;
 - ``broker``: the broker is stopped and started again on its data, down for 2–5 s.
 
 A worker that exits is started again (as Kubernetes would). At the end, a reader of its own
@@ -34,9 +34,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from streams.localkafka import LocalKafka, free_ports  # noqa: E402  (first: quiets kafka-python's import)
-from streams.running import Deployment, WorkerProcess  # noqa: E402
-from tests.faults.chaos import Ledger, Publisher, Workload, with_faults, worker_env  # noqa: E402
+from harness.localkafka import LocalKafka, free_ports  # noqa: E402  (first: quiets kafka-python's import)
+from harness.running import Deployment, WorkerProcess  # noqa: E402
+from tests.support.chaos import Ledger, Publisher, Workload, with_faults, worker_env  # noqa: E402
 
 
 def run(*, vms: int, kills: int, row_crashes: int, outages: int, rate: float, seed: int) -> dict[str, object]:
@@ -112,7 +112,7 @@ def run(*, vms: int, kills: int, row_crashes: int, outages: int, rate: float, se
                 "row_crashes": row_crashes,
                 "broker_restarts": outages,
                 "worker_exits_restarted": restarts,
-                "worker_exit_statuses": exits,  # 86: a row crash fired (tests/faults/sitecustomize.py)
+                "worker_exit_statuses": exits,  # 86: a row crash fired (tests/support/crashpoints/sitecustomize.py)
                 "lost": len(ledger.missing(workload.intent_ids)),
                 "ids_with_two_contents": len(ledger.two_contents()),
                 "records_read": ledger.records,

@@ -1,6 +1,6 @@
 """How long does a worker take to get through hostile input, and does it lose anything?
 
-A worker decides a small AZ; then N hostile records of every class (``streams/hostile.py``:
+A worker decides a small AZ; then N hostile records of every class (``harness/hostile.py``:
 tombstones, invalid UTF-8, JSON nested 100k deep, 5,000-digit numbers, values up to the
 broker's limit, oversized keys and fields, keys naming another object, a rule's own error)
 are published on the intents and k8s-events topics, interleaved with M valid intents.
@@ -28,10 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition  # noqa: E402
 
-from streams.hostile import Hostile, interleaved, valid_intent  # noqa: E402
-from streams.localkafka import LocalKafka  # noqa: E402
-from streams.running import Deployment, WorkerProcess  # noqa: E402
-from streams.scenarios import cluster  # noqa: E402
+from harness.hostile import Hostile, interleaved, valid_intent  # noqa: E402
+from harness.localkafka import LocalKafka  # noqa: E402
+from harness.running import Deployment, WorkerProcess  # noqa: E402
+from harness.scenarios import cluster  # noqa: E402
 
 
 class Reader:

@@ -29,11 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kubernetes import client, watch  # noqa: E402
 
-from streams.kafka_clients import producer  # noqa: E402
-from streams.localkafka import LocalKafka  # noqa: E402
-from streams.localkube import LocalKube  # noqa: E402
-from streams.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess  # noqa: E402
-from streams.scenarios import PROJECT_LABEL  # noqa: E402
+from streams.common.kafka_clients import producer  # noqa: E402
+from harness.localkafka import LocalKafka  # noqa: E402
+from harness.localkube import LocalKube  # noqa: E402
+from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess  # noqa: E402
+from harness.scenarios import PROJECT_LABEL  # noqa: E402
 
 NAMESPACE = "spx-bench"
 KUBEVIRT = ("kubevirt.io", "v1")

@@ -39,15 +39,15 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from streams.localkafka import LocalKafka, free_ports  # noqa: E402  (first: quiets kafka-python's import)
+from harness.localkafka import LocalKafka, free_ports  # noqa: E402  (first: quiets kafka-python's import)
 
 import yaml  # noqa: E402  # isort: skip
 from aiosmtpd.controller import Controller  # noqa: E402
 from kafka import KafkaProducer  # noqa: E402
 
 from handlers.messages import Notification, ObjectRef  # noqa: E402
-from streams.notify import ensure_ledger  # noqa: E402
-from streams.settings import Settings, read_yaml  # noqa: E402
+from streams.serve.notify import ensure_ledger  # noqa: E402
+from streams.common.settings import Settings, read_yaml  # noqa: E402
 
 
 class Sink:
@@ -153,7 +153,7 @@ def main() -> int:
         stack.callback(log.close)
         started = time.time()
         process = subprocess.Popen(
-            [sys.executable, "-m", "streams.notify", "notify", "--config", str(workdir / "config.yaml"),
+            [sys.executable, "-m", "streams.serve.notify", "notify", "--config", str(workdir / "config.yaml"),
              "--probe-port", str(probe_port)],
             env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
         )

@@ -5,14 +5,14 @@ Each process is killed with SIGKILL in the middle of a steady stream of inputs a
 again at once, as a kubelet restarts a crashed container (same pod, same name). The time is
 from the kill to the first output for an input published after the kill:
 
-- **worker** — a node event every 100 ms on ``k8s-events`` (the AZ of ``streams/scenarios.py``
+- **worker** — a node event every 100 ms on ``k8s-events`` (the AZ of ``harness/scenarios.py``
   decided first); the first audit record of an event published after the kill;
 - **applier** — a ``cordon_node`` / ``uncordon_node`` command every 100 ms (a local
-  kube-apiserver, ``streams/localkube.py``); the first command result of a command published
+  kube-apiserver, ``harness/localkube.py``); the first command result of a command published
   after the kill.
 
 Rows: **before** — no group instance id, Faust's 60 s session and 3 s heartbeat for the
-worker, kafka-python's 10 s and 3 s for the applier; **now** — ``streams/settings.py``'s
+worker, kafka-python's 10 s and 3 s for the applier; **now** — ``streams/common/settings.py``'s
 defaults (10 s session, 1 s heartbeat) with a ``group_instance_id`` per process, as
 ``deploy/`` sets it (the pod name). Inputs are counted by our own Kafka consumer.
 
@@ -44,12 +44,12 @@ from kafka import KafkaConsumer, TopicPartition  # noqa: E402
 
 from handlers.decisions import subject_key  # noqa: E402
 from handlers.messages import Command, ObjectRef  # noqa: E402
-from streams.codecs import encode_message  # noqa: E402
-from streams.kafka_clients import producer  # noqa: E402
-from streams.localkafka import LocalKafka  # noqa: E402
-from streams.running import CONFIG, Deployment, WorkerProcess  # noqa: E402
-from streams.scenarios import A100, cluster  # noqa: E402
-from streams.scenarios import node as node_object  # noqa: E402
+from streams.common.codecs import encode_message  # noqa: E402
+from streams.common.kafka_clients import producer  # noqa: E402
+from harness.localkafka import LocalKafka  # noqa: E402
+from harness.running import CONFIG, Deployment, WorkerProcess  # noqa: E402
+from harness.scenarios import A100, cluster  # noqa: E402
+from harness.scenarios import node as node_object  # noqa: E402
 
 PERIOD = 0.1  # one input every 100 ms
 DEADLINE = 240.0  # a recovery slower than this is reported as such
@@ -210,7 +210,7 @@ def applier_process(deployment: Deployment, kubeconfig: Path, env: dict[str, str
     log_path = deployment.workdir / f"{name}.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "streams.applying", "apply", "--config", str(CONFIG), "--kubeconfig",
+            [sys.executable, "-m", "streams.kube.applying", "apply", "--config", str(CONFIG), "--kubeconfig",
              str(kubeconfig), "--probe-port", "0"],
             env={**deployment.env(0), **env}, stdout=log, stderr=subprocess.STDOUT,
         )
@@ -287,7 +287,7 @@ def main() -> int:
         bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or stack.enter_context(LocalKafka()).bootstrap_servers
         kubeconfig: Path | None = None
         if args.only != "worker":
-            from streams.localkube import LocalKube
+            from harness.localkube import LocalKube
 
             kubeconfig = stack.enter_context(LocalKube()).kubeconfig
         for _ in range(args.runs):
@@ -314,7 +314,7 @@ def main() -> int:
           f"now {' '.join(f'{x:.2f}' for x in os.getloadavg())}; 2 cores shared")
     print("before: no group instance id, session 60 s / heartbeat 3 s (worker, Faust's defaults), "
           "10 s / 3 s (applier, kafka-python's)")
-    print("now:    group_instance_id per process, session 10 s / heartbeat 1 s (streams/settings.py)")
+    print("now:    group_instance_id per process, session 10 s / heartbeat 1 s (streams/common/settings.py)")
     return 0
 
 

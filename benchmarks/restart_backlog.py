@@ -1,5 +1,5 @@
 """Does a restarted worker decide every intent that waited for it? (It must; before
-``streams/faustfixes.py`` it sometimes did not — see ``benchmarks/README.md``.)
+``streams/worker/faustfixes.py`` it sometimes did not — see ``benchmarks/README.md``.)
 
 A worker decides a small AZ and stops; N ``set_gpu`` intents on three observed VMs are
 published while no worker runs; a second worker (same app id, its predecessor's committed
@@ -21,10 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from streams.localkafka import LocalKafka  # noqa: E402
-from streams.publishing import publish  # noqa: E402
-from streams.running import Deployment, Outputs, WorkerProcess  # noqa: E402
-from streams.scenarios import cluster  # noqa: E402
+from harness.localkafka import LocalKafka  # noqa: E402
+from harness.publishing import publish  # noqa: E402
+from harness.running import Deployment, Outputs, WorkerProcess  # noqa: E402
+from harness.scenarios import cluster  # noqa: E402
 
 VMS = ("train-1", "batch-1", "web-1")
 

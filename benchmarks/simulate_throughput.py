@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import yaml  # noqa: E402
 
 from handlers.engine import Engine  # noqa: E402
-from streams.scenarios import (  # noqa: E402
+from harness.scenarios import (  # noqa: E402
     A100,
     EVENTS,
     EXAMPLE_CONFIG,
@@ -69,8 +69,8 @@ from streams.scenarios import (  # noqa: E402
     vmi,
 )
 from streams import simulating  # noqa: E402
-from streams.settings import load_settings  # noqa: E402
-from streams.simulating import Simulation  # noqa: E402
+from streams.common.settings import load_settings  # noqa: E402
+from streams.cli.simulating import Simulation  # noqa: E402
 
 TARGET_INPUTS_PER_SECOND = 10_000.0
 TARGET_PEAK_RSS_MIB = 1024.0
@@ -925,7 +925,7 @@ def measure_in_process(config: Path, inputs_path: Path, inputs: int,
 
 def cli_command(config: Path, inputs_path: Path) -> list[str]:
     script = Path(sys.executable).with_name("vmstream")
-    base = [str(script)] if script.exists() else [sys.executable, "-m", "streams.cli"]
+    base = [str(script)] if script.exists() else [sys.executable, "-m", "streams.cli.main"]
     return [*base, "simulate", "--config", str(config), "--input", str(inputs_path)]
 
 

@@ -1,7 +1,7 @@
 """How long a starting watch bridge takes to read ``k8s-events`` back to its end.
 
 Why this exists: before its first list, a starting bridge reads everything the topic
-holds (``streams.watching.last_published``) to learn what it last published of each object,
+holds (``streams.kube.watching.last_published``) to learn what it last published of each object,
 so that deletions made while no bridge ran are published (docs/watch.md). That read grows
 with the topic — every change of the retention period, not only one event per object — and
 delays the bridge's readiness by as much.
@@ -30,11 +30,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from streams.localkafka import LocalKafka  # noqa: E402  (first: quiets kafka-python's import)
+from harness.localkafka import LocalKafka  # noqa: E402  (first: quiets kafka-python's import)
 
-from streams.kafka_clients import COMPRESSION, producer  # noqa: E402  # isort: skip
-from streams.running import Deployment  # noqa: E402
-from streams.watching import TOPIC, Publisher, last_published, select_kinds  # noqa: E402
+from streams.common.kafka_clients import COMPRESSION, producer  # noqa: E402  # isort: skip
+from harness.running import Deployment  # noqa: E402
+from streams.kube.watching import TOPIC, Publisher, last_published, select_kinds  # noqa: E402
 
 
 def vm(index: int, version: int, size: int) -> dict[str, object]:

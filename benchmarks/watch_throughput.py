@@ -11,7 +11,7 @@ What it does:
 1. starts a local kube-apiserver + etcd with KubeVirt's CRDs and a local Kafka broker
    (or uses ``--kubeconfig`` / ``KAFKA_BOOTSTRAP_SERVERS``), and an isolated topic set;
 2. runs the bridge as its own process (``vmstream watch --kinds VirtualMachine``, through
-   :func:`streams.watching.main`), so its CPU time is its own;
+   :func:`streams.kube.watching.main`), so its CPU time is its own;
 3. **create**: N VMs written as fast as ``--threads`` clients can, timed from the first
    write to the last ADDED event consumed from ``k8s-events``;
 4. **patch**: an annotation on every VM, timed the same way to the last MODIFIED;
@@ -50,22 +50,22 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from streams.localkafka import LocalKafka  # noqa: E402  (first: quiets kafka-python's import)
+from harness.localkafka import LocalKafka  # noqa: E402  (first: quiets kafka-python's import)
 
 from kafka import KafkaConsumer, TopicPartition  # noqa: E402  # isort: skip
 from kubernetes import client, config  # noqa: E402
 
-from streams.localkube import LocalKube  # noqa: E402
-from streams.running import Deployment  # noqa: E402
-from streams.settings import KafkaSettings  # noqa: E402
-from streams.watching import TOPIC  # noqa: E402
+from harness.localkube import LocalKube  # noqa: E402
+from harness.running import Deployment  # noqa: E402
+from streams.common.settings import KafkaSettings  # noqa: E402
+from streams.kube.watching import TOPIC  # noqa: E402
 
 GROUP, VERSION, PLURAL = "kubevirt.io", "v1", "virtualmachines"
 BRIDGE = """
 import argparse, logging, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
 logging.getLogger("kafka").setLevel(logging.WARNING)
-from streams import watching
+from streams.kube import watching
 sys.exit(watching.main(argparse.Namespace(config=sys.argv[2], kubeconfig=sys.argv[1], kinds="VirtualMachine",
                                           probe_host="127.0.0.1", probe_port=0)))
 """

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from streams.localkafka import LocalKafka  # noqa: E402
-from streams.running import Deployment, WorkerProcess  # noqa: E402
+from harness.localkafka import LocalKafka  # noqa: E402
+from harness.running import Deployment, WorkerProcess  # noqa: E402
 from worker_throughput import cpu_of  # noqa: E402  (this directory's: the same /proc reading)
 
 

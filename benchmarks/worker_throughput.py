@@ -11,7 +11,7 @@ driver:
 (b) **the worker end to end** — ``vmstream worker`` as its own process, from an intent's
     send to its audit record (``input.ref == intent_id``) read back with read_committed.
 
-Each side is measured three ways, each on a fresh :class:`~streams.running.Deployment`
+Each side is measured three ways, each on a fresh :class:`~harness.running.Deployment`
 (its own topics, group and changelogs):
 
 - **steady** — a paced producer at ``--rate`` (1,000/s) for ``--duration`` seconds after
@@ -73,18 +73,18 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from streams.localkafka import LocalKafka  # noqa: E402  (first: quiets kafka-python's import)
+from harness.localkafka import LocalKafka  # noqa: E402  (first: quiets kafka-python's import)
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402  # isort: skip
 from kafka import KafkaConsumer  # noqa: E402
 from kafka import TopicPartition as SyncTopicPartition  # noqa: E402
 from kafka.admin import NewTopic  # noqa: E402
 
-from streams.kafka_clients import admin_client  # noqa: E402
-from streams.running import Deployment, WorkerProcess  # noqa: E402
-from streams.scenarios import RTX, Script, iso, kubevirt_cr, node, vm, vmi  # noqa: E402
-from streams.settings import KafkaSettings  # noqa: E402
-from streams.topics import ROUTED, changelog_topic  # noqa: E402
+from streams.common.kafka_clients import admin_client  # noqa: E402
+from harness.running import Deployment, WorkerProcess  # noqa: E402
+from harness.scenarios import RTX, Script, iso, kubevirt_cr, node, vm, vmi  # noqa: E402
+from streams.common.settings import KafkaSettings  # noqa: E402
+from streams.common.topics import ROUTED, changelog_topic  # noqa: E402
 
 TARGET_RATIO = 0.5  # the worker's saturation throughput over the pass-through's
 TARGET_P99_MS = 100.0  # at the steady rate
@@ -768,8 +768,8 @@ def engine_alone(options: Options) -> Row:
     encoded as the worker encodes it; what the worker spends beyond this is its Kafka shell.
     """
     from handlers.engine import Engine, Source
-    from streams.settings import load_settings
-    from streams.simulating import Simulation
+    from streams.common.settings import load_settings
+    from streams.cli.simulating import Simulation
 
     cluster = bench_cluster(options.vms, options.nodes, prefix="engine-ev")
     simulation = Simulation(Engine(load_settings(REPO / "examples" / "config.yaml").rules()))

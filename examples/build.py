@@ -1,6 +1,6 @@
 """Writes the example scenarios (``examples/*.jsonl``) and their configuration.
 
-Run ``python examples/build.py`` after changing a scenario in ``streams/scenarios.py`` or
+Run ``python examples/build.py`` after changing a scenario in ``harness/scenarios.py`` or
 here; a test checks the committed files are what this script writes. The scenarios below
 show, each on the same small AZ, one case of what KubeVirt does and what vmstream makes of
 it (docs/kubevirt.md): run strategies after a drain, an eviction that is not a drain, a
@@ -21,7 +21,7 @@ import yaml  # noqa: E402
 
 from handlers.gpus import desired_vm  # noqa: E402
 from handlers.messages import GPUMutation  # noqa: E402
-from streams.scenarios import (  # noqa: E402
+from harness.scenarios import (  # noqa: E402
     ALICE,
     BOB,
     EXAMPLE_CONFIG,

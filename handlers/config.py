@@ -1,7 +1,7 @@
 """The policy the rules obey: the AZ, its GPU classes, who may drain, the GPU-VM policies.
 
 This is the part of the configuration file (docs/contracts.md) that decisions depend on; the
-shell's settings (``streams/settings.py``) add Kafka and runtime options around it and
+shell's settings (``streams/common/settings.py``) add Kafka and runtime options around it and
 hand the handlers this frozen model.
 """
 

@@ -2,7 +2,7 @@
 
     Notification → :func:`targets` (recipients resolved, routes added) → :func:`pending`
     (the ledger's deliveries left out) → :func:`render_email` / :func:`cloud_event` /
-    :func:`slack_payload` → the shell sends (streams/notify.py) → :func:`classify_http` /
+    :func:`slack_payload` → the shell sends (streams/serve/notify.py) → :func:`classify_http` /
     :func:`classify_smtp` → delivered, retried, or dead-lettered
 
 A recipient is a principal: an e-mail address is an address; ``project:<id>`` stands for the

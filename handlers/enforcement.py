@@ -47,7 +47,7 @@ from handlers.messages import GPUMutation, Severity
 from handlers.policy import is_system_namespace
 from handlers.state import KUBEVIRT_KEY, VMTracking, put_tracking
 
-# The field manager of every write the applier makes (streams/applying.py), so managedFields —
+# The field manager of every write the applier makes (streams/kube/applying.py), so managedFields —
 # and the GitOps tools that read them (docs/gitops.md) — show which fields vmstream set.
 FIELD_MANAGER = "vmstream"
 

@@ -6,7 +6,7 @@
 An intent or watch event that carries a valid ``traceparent`` passes its trace-id on; one
 without gets a trace-id derived from its own id, so a decision taken again after a crash has
 the very same headers. Every output of a decision then carries that trace-id with a span id
-derived from the output's own id. The shell attaches the headers (streams/cloudevents.py);
+derived from the output's own id. The shell attaches the headers (streams/common/cloudevents.py);
 nothing here reads a clock or a random source.
 """
 

@@ -1,6 +1,6 @@
 """What a console shows, computed from the worker's tables: the read API's answers.
 
-worker tables (changelogs, every partition) → ``vmstream api`` (streams/api.py) → these
+worker tables (changelogs, every partition) → ``vmstream api`` (streams/serve/api.py) → these
 functions → a response model. Pure: the state is passed in (a
 :class:`~handlers.state.StateView`), nothing is read from Kafka or the clock here, so any
 replica holding the same rows gives the same answer.

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from handlers.messages import SetGPUIntent, parse_intent
-from streams import requesting, tailing
-from streams.requesting import InvalidRequest, build_intent, encode_intent, intent_key
-from streams.settings import KafkaSettings
-from streams.settings import load_kafka_settings
-from streams.tailing import json_line, render, resolve_topic
+from streams.cli import requesting
+from streams.cli import tailing
+from streams.cli.requesting import InvalidRequest, build_intent, encode_intent, intent_key
+from streams.common.settings import KafkaSettings
+from streams.common.settings import load_kafka_settings
+from streams.cli.tailing import json_line, render, resolve_topic
 
 ROOT = Path(__file__).resolve().parent.parent
 NOW = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)

@@ -1,7 +1,7 @@
 """docker-compose.yml and the Dockerfile stay in step with the code they package.
 
 No container engine is needed: the files are parsed, not run. The compose broker must
-behave like ``streams.localkafka``'s (same Kafka version, same single-node settings); the
+behave like ``harness.localkafka``'s (same Kafka version, same single-node settings); the
 worker must reach it and run read-only as a non-root user; the image must run ``vmstream``
 on Python 3.11 or later.
 """
@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from streams.localkafka import KAFKA_VERSION, SINGLE_NODE_SETTINGS
-from streams.settings import WorkerSettings
+from harness.localkafka import KAFKA_VERSION, SINGLE_NODE_SETTINGS
+from streams.common.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"

@@ -1,4 +1,4 @@
-"""The worker's key set (streams/credentials.py): a JWKS file re-read when it changes, a
+"""The worker's key set (streams/common/credentials.py): a JWKS file re-read when it changes, a
 JWKS URL fetched and kept when a later fetch fails, rotation by kid."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from handlers.config import AuthPolicy
-from streams.credentials import KeySource, SigningKey, jwks, key_source
+from streams.common.credentials import KeySource, SigningKey, jwks, key_source
 
 
 class JWKSServer:

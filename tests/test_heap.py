@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from streams import metrics
-from streams.heap import Heap
+from streams.common import metrics
+from streams.common.heap import Heap
 
 
 class Clock:

@@ -13,8 +13,8 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from streams.locations import kubevirt_examples_dir
-from tests import kubevirt_schema as ks
+from harness.locations import kubevirt_examples_dir
+from tests.support import kubevirt_schema as ks
 
 EXAMPLES_DIR = kubevirt_examples_dir()
 #: The kinds of KubeVirt's examples checked here; the directory also holds instancetypes,
@@ -372,7 +372,7 @@ def test_validation_is_fast(vm: dict[str, Any]) -> None:
 
 def test_crds_are_generated_into_the_cache_at_the_pinned_version() -> None:
     """The CRDs stay outside the repository: KubeVirt's own, at the version go.mod pins."""
-    from streams.locations import REPO_ROOT, cache_dir, kubevirt_crd, third_party_versions
+    from harness.locations import REPO_ROOT, cache_dir, kubevirt_crd, third_party_versions
 
     kubevirt, _ = third_party_versions()
     assert kubevirt == "v1.7.0"
@@ -391,7 +391,7 @@ def test_without_the_data_or_go_the_error_says_how_to_get_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An empty cache and no Go toolchain: a clear error, not a missing file later."""
-    from streams import locations
+    from harness import locations
 
     monkeypatch.setenv("VMSTREAM_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(locations.shutil, "which", lambda name: None)

@@ -15,8 +15,8 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KafkaTopicPartition
 from kafka.admin import NewTopic
 
-from streams import localkafka
-from tests.kafka_broker import TopicFactory
+from harness import localkafka
+from tests.support.kafka_broker import TopicFactory
 
 pytestmark = pytest.mark.kafka
 

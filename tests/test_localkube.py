@@ -13,8 +13,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from streams import localkube
-from tests.kube_apiserver import Kube
+from harness import localkube
+from tests.support.kube_apiserver import Kube
 
 pytestmark = pytest.mark.kube
 

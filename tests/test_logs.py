@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from streams.localkafka import LocalKafka
-from streams.logs import JsonFormatter, RateLimit
+from harness.localkafka import LocalKafka
+from streams.common.logs import JsonFormatter, RateLimit
 
 
 def test_extra_fields_become_top_level_keys() -> None:
-    record = logging.LogRecord("streams.worker", logging.INFO, __file__, 1, "decided %s", ("now",), None)
+    record = logging.LogRecord("streams.worker.app", logging.INFO, __file__, 1, "decided %s", ("now",), None)
     record.ref = "it-1"
     record.outcome = "accepted"
     line = json.loads(JsonFormatter().format(record))
     assert line["message"] == "decided now" and line["level"] == "info"
-    assert (line["ref"], line["outcome"], line["logger"]) == ("it-1", "accepted", "streams.worker")
+    assert (line["ref"], line["outcome"], line["logger"]) == ("it-1", "accepted", "streams.worker.app")
     assert line["at"].endswith("Z")
 
 
@@ -37,7 +37,7 @@ def test_client_lines_are_held_to_a_few_per_period_and_counted() -> None:
     assert passed.count(True) == 3 and passed[:3] == [True, True, True]
     # Another kind of trouble, and our own lines, still show.
     assert limit.filter(_record("aiokafka", "Unable to update metadata from %s"))
-    assert all(limit.filter(_record("streams.applying", "command %s: %s", logging.INFO)) for _ in range(100))
+    assert all(limit.filter(_record("streams.kube.applying", "command %s: %s", logging.INFO)) for _ in range(100))
     assert limit.filter(_record("kafka.net.manager", "Connection failed: %s", logging.ERROR))
     now[0] = 10.0  # the next period: the first line says what was held back
     first = _record("aiokafka")
@@ -51,7 +51,7 @@ def test_client_lines_are_held_to_a_few_per_period_and_counted() -> None:
 
 OUTAGE_CLIENTS = """
 import asyncio, logging, logging.config, sys, threading, time
-from streams.logs import logging_config
+from streams.common.logs import logging_config
 logging.config.dictConfig(logging_config("INFO"))
 from aiokafka import AIOKafkaConsumer
 from kafka import KafkaConsumer

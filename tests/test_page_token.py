@@ -1,4 +1,4 @@
-"""The worker's page token (streams/settings.py): from the environment or a file, never
+"""The worker's page token (streams/common/settings.py): from the environment or a file, never
 served empty; the guard itself is exercised over HTTP in tests/kafka/test_authn.py."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from streams.settings import WorkerSettings, load_settings
-from streams.worker import PUBLIC_PAGES
+from streams.common.settings import WorkerSettings, load_settings
+from streams.worker.app import PUBLIC_PAGES
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -41,7 +41,7 @@ def test_a_header_that_is_not_utf8_is_refused_like_any_wrong_token() -> None:
 
     import aiohttp.web
 
-    from streams.worker import pages_guard
+    from streams.worker.app import pages_guard
 
     async def page(request: aiohttp.web.Request) -> aiohttp.web.Response:
         return aiohttp.web.json_response({"pending": []})

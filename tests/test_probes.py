@@ -8,7 +8,7 @@ import urllib.request
 
 from prometheus_client import Counter
 
-from streams.probes import ProbeServer
+from streams.common.probes import ProbeServer
 
 PROBED = Counter("vmstream_test_probed_total", "A counter only the probe test increments")
 

@@ -1,4 +1,4 @@
-"""streams.processes with small Python children: reaping, zombies, recycled pids, escalation."""
+"""harness.processes with small Python children: reaping, zombies, recycled pids, escalation."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from streams import processes
+from harness import processes
 
 
 @pytest.fixture

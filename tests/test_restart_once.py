@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from streams.applying import RESTART_ANNOTATION, Applied, KubeApplier
+from streams.kube.applying import RESTART_ANNOTATION, Applied, KubeApplier
 from handlers.messages import Command, ObjectRef
 
 ISSUED = datetime(2026, 12, 1, 10, 0, 0, 500000, tzinfo=UTC)

@@ -1,7 +1,7 @@
 """The published schemas match the models and accept what vmstream really reads and writes.
 
 The committed files under ``docs/schemas/`` are what consumers code against, so they must
-be what :func:`streams.schemas.render_schemas` produces today, and every example input and
+be what :func:`streams.cli.schemas.render_schemas` produces today, and every example input and
 every simulated output must validate against the schema of its topic — both the standalone
 JSON Schema file and the copy embedded in the AsyncAPI document.
 """
@@ -21,10 +21,10 @@ from jsonschema import Draft202012Validator
 
 from handlers.engine import Engine
 from handlers.messages import InvalidIntent, MalformedMessage, parse_intent, parse_watch_event
-from streams.schemas import ASYNCAPI_FILE, CONFIG, MESSAGES, TOPICS, render_schemas
-from streams.settings import INPUT_TOPICS, OUTPUT_TOPICS, KafkaSettings, load_settings
-from streams.simulating import Simulation
-from streams.topics import DELIVERIES, GPU_CLASSES
+from streams.cli.schemas import ASYNCAPI_FILE, CONFIG, MESSAGES, TOPICS, render_schemas
+from streams.common.settings import INPUT_TOPICS, OUTPUT_TOPICS, KafkaSettings, load_settings
+from streams.cli.simulating import Simulation
+from streams.common.topics import DELIVERIES, GPU_CLASSES
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS_DIR = ROOT / "docs" / "schemas"
@@ -303,8 +303,8 @@ def test_the_kept_topics_accept_what_api_and_notify_write() -> None:
     from handlers.messages import Notification
     from handlers.tracing import derived_trace
     from handlers.views import GPUClassStatus
-    from streams.api import ClassTopic
-    from streams.notify import Notifier
+    from streams.serve.api import ClassTopic
+    from streams.serve.notify import Notifier
 
     status = GPUClassStatus(name="nvidia-a100", class_id=None, display_name="A100", device_name="nvidia.com/A100",
                             undefined=True, permitted=True, total=2, schedulable=1, in_use=1, free=0)

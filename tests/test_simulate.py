@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from handlers.engine import Engine
-from streams.settings import load_settings
-from streams.simulating import Simulation
+from streams.common.settings import load_settings
+from streams.cli.simulating import Simulation
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -38,7 +38,7 @@ def test_examples_are_what_the_builder_writes(tmp_path: Path) -> None:
 def test_the_cli_is_deterministic_to_the_byte() -> None:
     def run() -> bytes:
         return subprocess.run(
-            [sys.executable, "-m", "streams.cli", "simulate", "--config", str(EXAMPLES / "config.yaml"),
+            [sys.executable, "-m", "streams.cli.main", "simulate", "--config", str(EXAMPLES / "config.yaml"),
              "--input", str(EXAMPLES / "drain.jsonl")],
             check=True, capture_output=True, cwd=ROOT,
         ).stdout

@@ -1,4 +1,4 @@
-"""The README's main command keeps working: ``vmstream demo`` in both of its forms."""
+"""The README's main command keeps working: ``python -m harness demo`` in both of its forms."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from streams import demo
+from harness import demo
 
 pytestmark = [pytest.mark.kafka]
 
@@ -34,7 +34,7 @@ def test_the_demo_on_kafka_alone(kafka_bootstrap: str, monkeypatch: pytest.Monke
     text = out.getvalue()
     assert "command restart_vm VirtualMachine spx-proj-b/dev-1" in text
     assert text.count("is being drained") == 2 and "has no GPU VM left" in text
-    # The scripted AZ (streams.scenarios.cluster) runs an A100 VM on gpu-node-2 too.
+    # The scripted AZ (harness.scenarios.cluster) runs an A100 VM on gpu-node-2 too.
     _assert_mail_and_console(text, rtx="total 4, in use 2, free 2", a100="total 1, in use 1, free 0")
 
 

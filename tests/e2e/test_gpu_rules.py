@@ -15,7 +15,7 @@ import pytest
 
 from handlers import ids
 from handlers.gpus import rule_gaps
-from streams.scenarios import RTX
+from harness.scenarios import RTX
 from tests.e2e.test_loop import (  # noqa: F401 (fixtures)
     ALICE,
     NAMESPACE,
@@ -24,7 +24,7 @@ from tests.e2e.test_loop import (  # noqa: F401 (fixtures)
     eventually,
     loop,
 )
-from tests.kubevirt_schema import validate_vm
+from tests.support.kubevirt_schema import validate_vm
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 

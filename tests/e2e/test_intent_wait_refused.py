@@ -18,10 +18,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from streams import requesting
-from streams.locations import REPO_ROOT
-from streams.running import CONFIG
-from streams.scenarios import RTX
+from streams.cli import requesting
+from harness.locations import REPO_ROOT
+from harness.running import CONFIG
+from harness.scenarios import RTX
 from tests.e2e.test_loop import ALICE, KUBEVIRT, NAMESPACE, Loop, control_plane, loop  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 REFUSED_VM, ALLOWED_VM = "refused-1", "allowed-1"
 POLICY = "no-gpu"
 # Short enough that the CLI's one-line result (an excerpt of 160 characters of the API
-# server's message, streams/tailing.py) holds the whole of it.
+# server's message, streams/cli/tailing.py) holds the whole of it.
 REASON = f"no GPU for {REFUSED_VM} here"
 ADMISSION = ("admissionregistration.k8s.io", "v1")
 GPU_CLASS = "nvidia-rtx-pro-6000-bse"

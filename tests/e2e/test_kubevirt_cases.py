@@ -2,14 +2,14 @@
 (following vm.go, docs/kubevirt.md) then does in the API server.
 
 Same loop as ``test_loop.py``: API server + Kafka + watch bridge + worker + applier, with
-:class:`~tests.kubevirt_sim.KubeVirtSimulator` playing virt-controller.
+:class:`~tests.support.kubevirt_sim.KubeVirtSimulator` playing virt-controller.
 """
 
 from __future__ import annotations
 
 from kubernetes import client
 
-from streams.scenarios import RTX
+from harness.scenarios import RTX
 from tests.e2e.test_loop import (  # noqa: F401 (fixtures)
     ALICE,
     KUBEVIRT,

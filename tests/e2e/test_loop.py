@@ -20,14 +20,14 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from streams.credentials import DevSigner
-from streams.localkube import LocalKube
-from streams.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess
-from streams.scenarios import PROJECT_LABEL, RTX
-from streams.scenarios import node as node_object
-from tests.kubevirt_schema import validate_vm
-from tests.kubevirt_sim import KubeVirtSimulator
-from tests.virt_api_standin import VirtApiStandIn
+from streams.common.credentials import DevSigner
+from harness.localkube import LocalKube
+from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess
+from harness.scenarios import PROJECT_LABEL, RTX
+from harness.scenarios import node as node_object
+from tests.support.kubevirt_schema import validate_vm
+from tests.support.kubevirt_sim import KubeVirtSimulator
+from tests.support.virt_api_standin import VirtApiStandIn
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 

@@ -28,14 +28,14 @@ from kubernetes import client, config
 
 from handlers.decisions import subject_key
 from handlers.messages import Command
-from streams.codecs import encode_message
-from streams.localkube import LocalKube
-from streams.processes import free_ports
-from streams.running import CONFIG, Deployment, VmstreamProcess
-from streams.scenarios import A100, PROJECT_LABEL
-from streams.watching import TOPIC
-from tests.harness import Harness, config as harness_config
-from tests.kube_apiserver import minimal_vm
+from streams.common.codecs import encode_message
+from harness.localkube import LocalKube
+from harness.processes import free_ports
+from harness.running import CONFIG, Deployment, VmstreamProcess
+from harness.scenarios import A100, PROJECT_LABEL
+from streams.kube.watching import TOPIC
+from tests.support.harness import Harness, config as harness_config
+from tests.support.kube_apiserver import minimal_vm
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 
@@ -120,7 +120,7 @@ def start_applier(deployment: Deployment, kube: LocalKube, port: int) -> subproc
     log_path = deployment.workdir / "applier.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "streams.applying", "apply", "--config", str(CONFIG),
+            [sys.executable, "-m", "streams.kube.applying", "apply", "--config", str(CONFIG),
              "--kubeconfig", str(kube.kubeconfig), "--probe-port", str(port)],
             env={**deployment.env(0), "PYTHONUNBUFFERED": "1"}, stdout=log, stderr=subprocess.STDOUT,
         )

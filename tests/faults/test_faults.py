@@ -1,6 +1,6 @@
 """Faults while intents flow: the worker killed at any point, the broker restarted.
 
-Every test counts with its own reader (``tests/faults/chaos.py``): no intent may be lost
+Every test counts with its own reader (``tests/support/chaos.py``): no intent may be lost
 (each has an audit record) and no command, notification or audit id may appear with two
 different contents.
 """
@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.chaos import Ledger, Publisher, Workload, with_faults, worker_env
-from streams.localkafka import LocalKafka, free_ports
-from streams.running import Deployment, WorkerProcess
+from tests.support.chaos import Ledger, Publisher, Workload, with_faults, worker_env
+from harness.localkafka import LocalKafka, free_ports
+from harness.running import Deployment, WorkerProcess
 
 pytestmark = pytest.mark.kafka
 
-CRASH_EXIT_CODE = 86  # tests/faults/sitecustomize.py
+CRASH_EXIT_CODE = 86  # tests/support/crashpoints/sitecustomize.py
 
 
 @pytest.fixture

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from handlers.engine import Engine, Result, Source
-from streams.codecs import encode_message
-from streams.locations import REPO_ROOT
-from streams.settings import load_settings
-from streams.simulating import Simulation
-from streams.tablestate import Journal, input_ref
+from streams.common.codecs import encode_message
+from harness.locations import REPO_ROOT
+from streams.common.settings import load_settings
+from streams.cli.simulating import Simulation
+from streams.worker.tablestate import Journal, input_ref
 
 EXAMPLES = REPO_ROOT / "examples"
 

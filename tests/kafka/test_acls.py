@@ -1,6 +1,6 @@
 """Kafka itself enforces who may write what: a broker of its own with SASL/SCRAM-SHA-512 and
-KRaft's StandardAuthorizer (streams/localkafka.py, ``Sasl``), the ACLs of
-streams/principals.py granted, and each principal trying every topic.
+KRaft's StandardAuthorizer (harness/localkafka.py, ``Sasl``), the ACLs of
+streams/common/principals.py granted, and each principal trying every topic.
 
 The produce and fetch outcomes are read from the broker's answers by this module, and the
 Strimzi ``KafkaUser`` resources of deploy/components/strimzi are checked to grant the same.
@@ -30,15 +30,15 @@ from kubernetes import client
 
 from handlers.messages import Command, ObjectRef
 from handlers.state import TABLES
-from streams.codecs import encode_message
-from streams.kafka_clients import admin_client, client_options
-from streams.localkafka import LocalKafka, Sasl
-from streams.processes import free_ports
-from streams.principals import PRINCIPALS, acls
-from streams.settings import KafkaSettings
-from streams.signing import Keyring
-from streams.topics import TOPICS as TOPIC_SPECS, changelog_topic, ensure_topics
-from tests.kube_apiserver import Kube
+from streams.common.codecs import encode_message
+from streams.common.kafka_clients import admin_client, client_options
+from harness.localkafka import LocalKafka, Sasl
+from harness.processes import free_ports
+from streams.common.principals import PRINCIPALS, acls
+from streams.common.settings import KafkaSettings
+from streams.common.signing import Keyring
+from streams.common.topics import TOPICS as TOPIC_SPECS, changelog_topic, ensure_topics
+from tests.support.kube_apiserver import Kube
 
 pytestmark = pytest.mark.kafka
 
@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[2]
 APP_ID = "vmstream"
 TOPICS = tuple(spec.name for spec in TOPIC_SPECS)  # every topic vmstream creates
 STRANGER = "stranger"  # authenticated, no ACL at all
-# The worker's Faust tables (streams/worker.py): one per rule table, and its journal.
+# The worker's Faust tables (streams/worker/app.py): one per rule table, and its journal.
 CHANGELOGS = tuple(changelog_topic(APP_ID, f"state-{name}") for name in (*TABLES, "journal"))
 SCRATCH = f"{APP_ID}-acl-scratch"  # a topic under the worker's prefix that no table reads
 
@@ -175,7 +175,7 @@ def test_only_upstream_services_write_intents(secured: SecuredBroker) -> None:
 WRONG_PASSWORD = """
 import sys
 from kafka import KafkaProducer
-from streams.localkafka import sasl_options
+from harness.localkafka import sasl_options
 try:
     producer = KafkaProducer(bootstrap_servers=sys.argv[1], max_block_ms=10000, **sasl_options(sys.argv[2], "wrong"))
     producer.send(sys.argv[3], b"forged").get(timeout=15)
@@ -292,7 +292,7 @@ def test_the_applier_does_its_job_on_its_own_acls(secured: SecuredBroker, kube: 
         log_path = tmp_path / "applier.log"
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "streams.applying", "apply", "--config", str(ROOT / "examples/config.yaml"),
+                [sys.executable, "-m", "streams.kube.applying", "apply", "--config", str(ROOT / "examples/config.yaml"),
                  "--kubeconfig", str(kube.kubeconfig), "--probe-port", "0"],
                 env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -369,7 +369,7 @@ def test_the_worker_does_its_job_on_its_own_acls(secured: SecuredBroker, tmp_pat
     log_path = tmp_path / "worker.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "streams.cli", "worker", "--config", str(ROOT / "examples/config.yaml")],
+            [sys.executable, "-m", "streams.cli.main", "worker", "--config", str(ROOT / "examples/config.yaml")],
             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
         intent_id = f"it-acl-{uuid.uuid4().hex[:8]}"
@@ -449,7 +449,7 @@ def test_notify_does_its_job_on_its_own_acls(secured: SecuredBroker, tmp_path: P
     log_path = tmp_path / "notify.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "streams.cli", "notify", "--config", str(ROOT / "examples/config.yaml"),
+            [sys.executable, "-m", "streams.cli.main", "notify", "--config", str(ROOT / "examples/config.yaml"),
              "--probe-port", str(probe_port)],
             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:

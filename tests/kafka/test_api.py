@@ -23,11 +23,11 @@ from kafka import KafkaConsumer, TopicPartition
 from handlers.engine import Engine
 from handlers.tracing import derived_trace
 from handlers.views import gpu_classes, vm_badge
-from streams.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess
-from streams.scenarios import BOB, RTX, Script, cluster, vm
-from streams.settings import load_settings
-from streams.simulating import Simulation
-from streams.topics import GPU_CLASSES
+from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess
+from harness.scenarios import BOB, RTX, Script, cluster, vm
+from streams.common.settings import load_settings
+from streams.cli.simulating import Simulation
+from streams.common.topics import GPU_CLASSES
 
 pytestmark = pytest.mark.kafka
 
@@ -213,7 +213,7 @@ def test_two_replicas_answer_alike_tokens_are_scoped_and_the_class_topic_is_curr
 def test_the_class_topic_publishes_what_differs_and_a_tombstone_for_a_class_gone() -> None:
     """No broker: what a replica would publish over a topic holding ``latest``."""
     from handlers.views import GPUClassStatus
-    from streams.api import ClassTopic
+    from streams.serve.api import ClassTopic
 
     def status(name: str, free: int) -> GPUClassStatus:
         return GPUClassStatus(name=name, class_id=name, display_name=name, device_name=f"nvidia.com/{name}",

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from streams import requesting
-from streams.credentials import SigningKey, jwks, sign_intent, signed
-from streams.running import Deployment, WorkerProcess
-from streams.scenarios import START, cluster, iso
+from streams.cli import requesting
+from streams.common.credentials import SigningKey, jwks, sign_intent, signed
+from harness.running import Deployment, WorkerProcess
+from harness.scenarios import START, cluster, iso
 
 pytestmark = pytest.mark.kafka
 

@@ -25,13 +25,13 @@ from handlers import ids
 from handlers.decisions import subject_key
 from handlers.messages import Command, ObjectRef
 from handlers.tracing import ce_time, derived_trace, parse_traceparent, span_id
-from streams.applying import Applier, KubeApplier
-from streams.codecs import encode_message
-from streams.running import CONFIG, Deployment, WorkerProcess
-from streams.scenarios import cluster
-from streams.scenarios import node as node_object
-from streams.settings import load_settings
-from tests.kube_apiserver import Kube
+from streams.kube.applying import Applier, KubeApplier
+from streams.common.codecs import encode_message
+from harness.running import CONFIG, Deployment, WorkerProcess
+from harness.scenarios import cluster
+from harness.scenarios import node as node_object
+from streams.common.settings import load_settings
+from tests.support.kube_apiserver import Kube
 
 pytestmark = pytest.mark.kafka
 

@@ -1,6 +1,6 @@
 """Hostile input on a real broker: a bad record costs only itself.
 
-Every class of hostile record (streams/hostile.py) goes to a real worker interleaved with
+Every class of hostile record (harness/hostile.py) goes to a real worker interleaved with
 valid intents; the test counts with a kafka-python consumer of its own what came out: every
 valid intent has one audit record, every hostile one has one dead letter naming its topic,
 partition and offset (or one rejection). And a message the broker refuses stops the worker
@@ -21,11 +21,11 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
 
-from streams.hostile import Hostile, hostile_events, hostile_intents, interleaved, valid_intent
-from streams.kafka_clients import admin_client
-from streams.running import Deployment, WorkerProcess
-from streams.scenarios import cluster
-from streams.worker import EXIT_UNPUBLISHED, KIND_HEADER, SOURCE_HEADER, Worker, _origin
+from harness.hostile import Hostile, hostile_events, hostile_intents, interleaved, valid_intent
+from streams.common.kafka_clients import admin_client
+from harness.running import Deployment, WorkerProcess
+from harness.scenarios import cluster
+from streams.worker.app import EXIT_UNPUBLISHED, KIND_HEADER, SOURCE_HEADER, Worker, _origin
 
 pytestmark = pytest.mark.kafka
 

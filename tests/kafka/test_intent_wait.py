@@ -2,7 +2,7 @@
 
 The worker and the applier are played by a test stand-in that answers as soon as it sees
 the intent: the audit record naming the decision's command, then that command's result,
-sealed as the applier seals it (streams/signing.py, with the key the CLI is given through
+sealed as the applier seals it (streams/common/signing.py, with the key the CLI is given through
 ``VMSTREAM_SIGNING__KEYS``). The exit code says which outcome came; ``--wait=decided`` does
 not wait for results.
 """
@@ -18,10 +18,10 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from handlers.messages import CommandResult, ObjectRef
-from streams import requesting
-from streams.codecs import encode_message
-from streams.settings import KafkaSettings
-from streams.signing import Keyring
+from streams.cli import requesting
+from streams.common.codecs import encode_message
+from streams.common.settings import KafkaSettings
+from streams.common.signing import Keyring
 from tests.kafka.test_requesting import SET_GPU, audit_for, cli, kafka, produce  # noqa: F401 (kafka: a fixture)
 
 pytestmark = pytest.mark.kafka

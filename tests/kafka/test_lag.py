@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from streams.running import Deployment, Outputs, WorkerProcess
-from streams.scenarios import cluster
-from streams.topics import ROUTED
+from harness.running import Deployment, Outputs, WorkerProcess
+from harness.scenarios import cluster
+from streams.common.topics import ROUTED
 
 pytestmark = pytest.mark.kafka
 

@@ -37,10 +37,10 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from handlers.messages import Notification, ObjectRef
 from handlers.tracing import derived_trace, span_id
-from streams.kafka_clients import admin_client
-from streams.notify import LEDGER, Notifier, ensure_ledger
-from streams.processes import free_ports
-from streams.settings import Settings, read_yaml
+from streams.common.kafka_clients import admin_client
+from streams.serve.notify import LEDGER, Notifier, ensure_ledger
+from harness.processes import free_ports
+from streams.common.settings import Settings, read_yaml
 
 pytestmark = pytest.mark.kafka
 
@@ -395,7 +395,7 @@ def test_delivered_once_across_a_kill_of_notify_mid_delivery(
         log_path = tmp_path / f"{name}.log"
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "streams.notify", "notify", "--config", str(config),
+                [sys.executable, "-m", "streams.serve.notify", "notify", "--config", str(config),
                  "--probe-port", str(probe_port)],
                 env={**os.environ, "PYTHONUNBUFFERED": "1", "VMSTREAM_WORKER__GROUP_INSTANCE_ID": "notify-0"},
                 stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
@@ -552,9 +552,9 @@ def test_mail_goes_over_starttls_with_auth_to_a_relay_that_demands_both(tmp_path
     from aiosmtpd.smtp import AuthResult, LoginPassword
     from pydantic import SecretStr
 
-    from streams.localkube import CertificateAuthority
-    from streams.notify import Failed, SmtpSender
-    from streams.settings import SmtpSettings
+    from harness.localkube import CertificateAuthority
+    from streams.serve.notify import Failed, SmtpSender
+    from streams.common.settings import SmtpSettings
 
     authority = CertificateAuthority.create(tmp_path / "ca")
     cert, key = authority.issue(tmp_path / "ca", "smtp", "127.0.0.1", server_hosts=["127.0.0.1"])
@@ -622,7 +622,7 @@ def test_the_engines_own_drain_notices_reach_each_recipient_once(
     publishes), each published twice: alice is told of both her VMs, ops of the drain's end,
     once each; the two warnings also reach the webhook, once each."""
     from handlers.engine import Engine
-    from streams.simulating import run as simulate
+    from streams.cli.simulating import run as simulate
 
     setup = make_setup(kafka_bootstrap, tmp_path, smtp_port=inbox[1], receiver=receiver)
     decided = io.StringIO()

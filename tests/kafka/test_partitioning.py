@@ -22,11 +22,11 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.partitioner.default import murmur2
 
 from handlers.engine import Engine
-from streams.kafka_clients import admin_client
-from streams.running import CONFIG, Deployment, WorkerProcess
-from streams.scenarios import cluster
-from streams.settings import load_settings
-from streams.simulating import Simulation
+from streams.common.kafka_clients import admin_client
+from harness.running import CONFIG, Deployment, WorkerProcess
+from harness.scenarios import cluster
+from streams.common.settings import load_settings
+from streams.cli.simulating import Simulation
 
 pytestmark = pytest.mark.kafka
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from streams.running import Deployment, Outputs, WorkerProcess
-from streams.scenarios import cluster
+from harness.running import Deployment, Outputs, WorkerProcess
+from harness.scenarios import cluster
 
 pytestmark = pytest.mark.kafka
 

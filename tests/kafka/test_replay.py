@@ -25,11 +25,11 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.partitioner.default import murmur2
 
-from streams.running import CONFIG, Deployment, VmstreamProcess, WorkerProcess
-from streams.scenarios import cluster
-from streams.settings import KafkaSettings
-from streams.topics import KIND_HEADER, SOURCE_HEADER
-from tests.kube_apiserver import Kube
+from harness.running import CONFIG, Deployment, VmstreamProcess, WorkerProcess
+from harness.scenarios import cluster
+from streams.common.settings import KafkaSettings
+from streams.common.topics import KIND_HEADER, SOURCE_HEADER
+from tests.support.kube_apiserver import Kube
 
 pytestmark = pytest.mark.kafka
 
@@ -76,7 +76,7 @@ def read_all(kafka: KafkaSettings) -> list[Record]:
 
 def run_replay(deployment: Deployment) -> subprocess.CompletedProcess[str]:
     env = deployment.env(0)
-    return subprocess.run([sys.executable, "-m", "streams.cli", "replay", "--config", str(CONFIG)],
+    return subprocess.run([sys.executable, "-m", "streams.cli.main", "replay", "--config", str(CONFIG)],
                           env=env, capture_output=True, text=True, timeout=300)
 
 

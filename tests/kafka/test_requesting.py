@@ -21,11 +21,12 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 
 from handlers.messages import AuditInput, AuditRecord, Notification, ObjectRef, SetGPUIntent, parse_intent
-from streams import requesting, tailing
-from streams.codecs import encode_message
-from streams.kafka_clients import admin_client
-from streams.settings import KafkaSettings
-from streams.topics import ensure_topics
+from streams.cli import requesting
+from streams.cli import tailing
+from streams.common.codecs import encode_message
+from streams.common.kafka_clients import admin_client
+from streams.common.settings import KafkaSettings
+from streams.common.topics import ensure_topics
 
 pytestmark = pytest.mark.kafka
 

@@ -1,4 +1,4 @@
-"""The watch bridge reads k8s-events back at start (streams/watching.py ``last_published``)
+"""The watch bridge reads k8s-events back at start (streams/kube/watching.py ``last_published``)
 to learn what the worker last saw alive. Whatever else the topic holds — a record nobody
 should have written, or one the worker dead-letters — is skipped there: one bad record must
 not keep the bridge from starting, and so every event of every kind from flowing."""
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from kafka import KafkaProducer
 
-from streams.settings import KafkaSettings
-from streams.watching import KINDS, Publisher, Watcher, last_published, watch_event
-from tests.kafka_broker import TopicFactory
+from streams.common.settings import KafkaSettings
+from streams.kube.watching import KINDS, Publisher, Watcher, last_published, watch_event
+from tests.support.kafka_broker import TopicFactory
 
 pytestmark = pytest.mark.kafka
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from streams.scenarios import cluster
-from streams.running import Deployment, Outputs, WorkerProcess
+from harness.scenarios import cluster
+from harness.running import Deployment, Outputs, WorkerProcess
 
 pytestmark = pytest.mark.kafka
 
@@ -159,9 +159,9 @@ def test_replay_reproduces_the_audit_stream_and_catches_an_altered_record(
     deployment: Deployment, outputs: Outputs
 ) -> None:
     from handlers.engine import Engine
-    from streams.replaying import replay
-    from streams.running import CONFIG
-    from streams.settings import load_settings
+    from streams.cli.replaying import replay
+    from harness.running import CONFIG
+    from streams.common.settings import load_settings
 
     worker = WorkerProcess(deployment, "w1").start()
     try:
@@ -200,7 +200,7 @@ def test_a_backlog_waiting_at_start_up_is_decided_in_full(deployment: Deployment
 
 
 def test_a_restarted_worker_decides_its_whole_backlog(deployment: Deployment, outputs: Outputs) -> None:
-    """A worker restarted over a backlog decides every waiting intent (streams/faustfixes.py).
+    """A worker restarted over a backlog decides every waiting intent (streams/worker/faustfixes.py).
 
     Its tables have rows to recover, and its seek to the committed offsets is slowed down
     (tests/faults/), as on a busy broker: without the fixes, the batches fetched meanwhile

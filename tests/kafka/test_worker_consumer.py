@@ -9,14 +9,14 @@ import os
 import subprocess
 import sys
 
-from streams.locations import REPO_ROOT
-from streams.running import CONFIG
+from harness.locations import REPO_ROOT
+from harness.running import CONFIG
 
 # In a process of its own: a Faust app leaves threads and loops behind that pytest should not inherit.
 PROBE = f"""
 import asyncio, json
-from streams.settings import load_settings
-from streams.worker import Worker
+from streams.common.settings import load_settings
+from streams.worker.app import Worker
 
 async def main():
     worker = Worker(load_settings({str(CONFIG)!r}))

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client
 
-from tests.kube_apiserver import Kube
+from tests.support.kube_apiserver import Kube
 
 
 @pytest.fixture

@@ -26,11 +26,11 @@ from kubernetes.client.rest import ApiException
 from handlers import policy
 from handlers.gpus import desired_vm, plan_patch
 from handlers.messages import GPUMutation
-from streams.applying import RESTART_ANNOTATION
-from streams.scenarios import A100, PROJECT_LABEL
-from streams.scenarios import node as node_object
-from streams.scenarios import vm as vm_object
-from tests.kube_apiserver import Kube
+from streams.kube.applying import RESTART_ANNOTATION
+from harness.scenarios import A100, PROJECT_LABEL
+from harness.scenarios import node as node_object
+from harness.scenarios import vm as vm_object
+from tests.support.kube_apiserver import Kube
 
 pytestmark = pytest.mark.kube
 

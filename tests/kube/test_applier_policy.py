@@ -31,11 +31,11 @@ from handlers import ids
 from handlers.decisions import subject_key
 from handlers.gpus import desired_vm, plan_patch
 from handlers.messages import Command, CommandResult, CommandType, GPUMutation, ObjectRef
-from streams.codecs import encode_message
-from streams.running import Deployment
-from streams.scenarios import A100, PROJECT_LABEL
-from streams.scenarios import vm as vm_object
-from streams.signing import Keyring
+from streams.common.codecs import encode_message
+from harness.running import Deployment
+from harness.scenarios import A100, PROJECT_LABEL
+from harness.scenarios import vm as vm_object
+from streams.common.signing import Keyring
 from tests.kube.test_applying import (  # noqa: F401  (fixtures: this module's own applier process)
     KUBEVIRT,
     Published,

@@ -2,7 +2,7 @@
 exactly one result (plus its audit record, and on failure a notification) out.
 
 One ``vmstream apply`` process serves the module, on its own topics (a
-:class:`~streams.running.Deployment`), talking to the API server and — for start, stop and
+:class:`~harness.running.Deployment`), talking to the API server and — for start, stop and
 restart — to the virt-api stand-in over HTTP (``--subresource-url``). Commands are what
 the handlers decide (the test harness drives the real engine) or built the same way.
 Tests that need VMIs to come and go run the KubeVirt lifecycle simulator.
@@ -34,19 +34,19 @@ from handlers import ids
 from handlers.cluster import OWNER_ANNOTATION
 from handlers.decisions import subject_key
 from handlers.messages import Command, CommandType, GPUMutation, ObjectRef
-from streams.applying import Applier, KubeApplier
-from streams.codecs import encode_message
-from streams.processes import free_ports
-from streams.publishing import publish as publish_records
-from streams.running import CONFIG, Deployment
-from streams.scenarios import A100, PROJECT_LABEL, RTX
-from streams.scenarios import node as node_object
-from streams.settings import load_settings
-from tests.harness import START, Harness, config
-from tests.kube_apiserver import Kube, minimal_vm
-from tests.kubevirt_schema import validate_vm
-from tests.kubevirt_sim import KubeVirtSimulator
-from tests.virt_api_standin import VirtApiStandIn
+from streams.kube.applying import Applier, KubeApplier
+from streams.common.codecs import encode_message
+from harness.processes import free_ports
+from harness.publishing import publish as publish_records
+from harness.running import CONFIG, Deployment
+from harness.scenarios import A100, PROJECT_LABEL, RTX
+from harness.scenarios import node as node_object
+from streams.common.settings import load_settings
+from tests.support.harness import START, Harness, config
+from tests.support.kube_apiserver import Kube, minimal_vm
+from tests.support.kubevirt_schema import validate_vm
+from tests.support.kubevirt_sim import KubeVirtSimulator
+from tests.support.virt_api_standin import VirtApiStandIn
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 
@@ -144,7 +144,7 @@ def applier(deployment: Deployment, kube: Kube, virt_api: VirtApiStandIn,
     log_path = deployment.workdir / "applier.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "streams.applying", "apply", "--config", str(CONFIG),
+            [sys.executable, "-m", "streams.kube.applying", "apply", "--config", str(CONFIG),
              "--kubeconfig", str(kube.kubeconfig), "--subresource-url", virt_api.url,
              "--probe-port", probe_url.rsplit(":", 1)[1]],
             env={**deployment.env(0), "PYTHONUNBUFFERED": "1"}, stdout=log, stderr=subprocess.STDOUT,
@@ -678,7 +678,7 @@ def spawn_applier(deployment: Deployment, kube: Kube, virt_api: VirtApiStandIn, 
     log_path = deployment.workdir / f"{name}.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "streams.applying", "apply", "--config", str(CONFIG),
+            [sys.executable, "-m", "streams.kube.applying", "apply", "--config", str(CONFIG),
              "--kubeconfig", str(kube.kubeconfig), "--subresource-url", virt_api.url, "--probe-port", "0"],
             env={**deployment.env(0), "PYTHONUNBUFFERED": "1", **(env or {})}, stdout=log,
             stderr=subprocess.STDOUT,

@@ -1,7 +1,7 @@
 """deploy/ renders to objects a real API server accepts, with least-privilege RBAC.
 
 The kustomization is rendered by the real kustomize where there is one (``kubectl
-kustomize``), else by tests/kustomize.py; where both exist they must agree. Then:
+kustomize``), else by tests/support/kustomize.py; where both exist they must agree. Then:
 
 * every rendered object passes a server-side dry run (``dryRun=All``) — schema, defaults
   and admission, including Pod Security "restricted", whose warnings count as failures;
@@ -29,9 +29,9 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from streams.settings import load_settings
-from tests import kustomize
-from tests.kube_apiserver import Kube, minimal_vm
+from streams.common.settings import load_settings
+from tests.support import kustomize
+from tests.support.kube_apiserver import Kube, minimal_vm
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "deploy" / "base"
@@ -113,7 +113,7 @@ def objects(rendered: list[Manifest]) -> dict[tuple[str, str], Manifest]:
 def test_the_renderer_agrees_with_the_real_kustomize() -> None:
     command = kustomize.kustomize_command()
     if command is None:
-        pytest.skip("no kustomize or kubectl here: the tests use tests/kustomize.py alone")
+        pytest.skip("no kustomize or kubectl here: the tests use tests/support/kustomize.py alone")
     real = {kustomize.key(o): o for o in kustomize.build_with(command, BASE)}
     ours = {kustomize.key(o): o for o in kustomize.render(BASE)}
     assert sorted(ours) == sorted(real)

@@ -1,7 +1,7 @@
 """A GPU VM made with kubectl, brought under the GPU rules through the real API server.
 
-The engine (tests/harness.py) observes the VM as the API server serves it; the applier's
-:class:`~streams.applying.KubeApplier` sends the command it decides. The stored VM must pass
+The engine (tests/support/harness.py) observes the VM as the API server serves it; the applier's
+:class:`~streams.kube.applying.KubeApplier` sends the command it decides. The stored VM must pass
 KubeVirt's schema, follow the rules, name ``vmstream`` as the manager of the fields it set
 (managedFields: what Argo CD and Flux read, docs/gitops.md), and — observed again — lead to
 nothing more. A set_gpu that lands first is never undone by the enforcement planned before it.
@@ -17,11 +17,11 @@ from kubernetes import client
 
 from handlers.enforcement import FIELD_MANAGER
 from handlers.gpus import gpu_devices, rule_gaps
-from streams.applying import KUBEVIRT, KubeApplier
-from streams.scenarios import A100, PROJECT_LABEL, RTX, vm
-from tests.harness import Harness
-from tests.kube_apiserver import Kube
-from tests.kubevirt_schema import validate_vm
+from streams.kube.applying import KUBEVIRT, KubeApplier
+from harness.scenarios import A100, PROJECT_LABEL, RTX, vm
+from tests.support.harness import Harness
+from tests.support.kube_apiserver import Kube
+from tests.support.kubevirt_schema import validate_vm
 
 ALICE = "alice@example.com"
 

@@ -1,7 +1,7 @@
 """The watch bridge on a real kube-apiserver and a real broker: what happens in the API
 server arrives on ``k8s-events`` — relisted, live, after a 410 and across a network cut.
 
-Each test has its own topics (a :class:`~streams.running.Deployment`) and reads them back
+Each test has its own topics (a :class:`~harness.running.Deployment`) and reads them back
 with a consumer, polling until a condition holds or a deadline passes.
 """
 
@@ -36,12 +36,12 @@ from handlers.engine import EVENTS_TOPIC, Result, Source
 from handlers.ids import watch_event_id
 from handlers.messages import ORIGINAL_PREFIX_BYTES, DeadLetter, WatchEvent, object_key
 from handlers.tracing import ce_time, derived_trace
-from streams.kafka_clients import admin_client, producer
-from streams.processes import free_ports
-from streams.running import Deployment, VmstreamProcess
-from streams.scenarios import RTX, node, vm, vmi
-from streams.settings import KafkaSettings
-from streams.watching import (
+from streams.common.kafka_clients import admin_client, producer
+from harness.processes import free_ports
+from harness.running import Deployment, VmstreamProcess
+from harness.scenarios import RTX, node, vm, vmi
+from streams.common.settings import KafkaSettings
+from streams.kube.watching import (
     DLQ_TOPIC,
     REDUCED_HEADER,
     TOPIC,
@@ -52,8 +52,8 @@ from streams.watching import (
     message_limit,
     select_kinds,
 )
-from tests.harness import Harness
-from tests.kube_apiserver import Kube, minimal_vm
+from tests.support.harness import Harness
+from tests.support.kube_apiserver import Kube, minimal_vm
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 

@@ -13,9 +13,9 @@ import pytest
 from handlers.auth import KeySet, Principal, Unauthenticated, body_digest, verify_intent
 from handlers.config import AuthPolicy
 from handlers.engine import Result
-from streams.credentials import SigningKey, jwks, sign_intent, signed
-from streams.scenarios import RTX, node, vm, vmi
-from tests.harness import KEYS, SIGNER, START, Harness, config
+from streams.common.credentials import SigningKey, jwks, sign_intent, signed
+from harness.scenarios import RTX, node, vm, vmi
+from tests.support.harness import KEYS, SIGNER, START, Harness, config
 
 ALICE, BOB, OPS = "alice@example.com", "bob@example.com", "ops@example.com"
 GPU = "nvidia-rtx-pro-6000-bse"

@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 
 from handlers.state import DrainEpisode
-from streams.scenarios import A100, RTX, node, node_maintenance, vm, vmi
-from tests.harness import START, Harness
+from harness.scenarios import A100, RTX, node, node_maintenance, vm, vmi
+from tests.support.harness import START, Harness
 
 ALICE, BOB, OPS = "alice@example.com", "bob@example.com", "ops@example.com"
 

@@ -11,8 +11,8 @@ from handlers.cluster import NodeUsage
 from handlers.drains import due_deadlines
 from handlers.engine import TIMER_TOPIC
 from handlers.state import Change, DeadlineIndex, DrainEpisode, MemoryState, Overlay
-from streams.scenarios import A100, RTX, node, node_maintenance, vm, vmi
-from tests.harness import START, Harness
+from harness.scenarios import A100, RTX, node, node_maintenance, vm, vmi
+from tests.support.harness import START, Harness
 
 OPS = "ops@example.com"
 

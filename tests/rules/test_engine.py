@@ -12,8 +12,8 @@ from handlers.capacity import capacity
 from handlers.catalog import Catalog
 from handlers.cluster import KubeVirtRecord, NodeRecord
 from handlers.messages import parse_intent
-from streams.scenarios import A100, RTX, kubevirt_cr, node, vm, vmi
-from tests.harness import Harness, config
+from harness.scenarios import A100, RTX, kubevirt_cr, node, vm, vmi
+from tests.support.harness import Harness, config
 
 ALICE = "alice@example.com"
 

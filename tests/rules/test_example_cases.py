@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from handlers.engine import Engine
-from streams.settings import load_settings
-from streams.simulating import Simulation
+from streams.common.settings import load_settings
+from streams.cli.simulating import Simulation
 
 EXAMPLES = Path(__file__).resolve().parent.parent.parent / "examples"
 

@@ -7,8 +7,8 @@ import json
 
 import jsonpatch
 
-from streams.scenarios import RTX
-from tests.kubevirt_schema import validate_vm
+from harness.scenarios import RTX
+from tests.support.kubevirt_schema import validate_vm
 from tests.rules.test_example_cases import EXAMPLES, commands, notifications, outputs
 
 

@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 
 from handlers.gpus import PRE_GPU_ANNOTATION, desired_vm, gpu_devices, plan_patch, rule_gaps, same_quantity
 from handlers.messages import Command, GPUMutation
-from streams.scenarios import A100, RTX, vm, vmi
-from streams.settings import load_settings
-from tests.harness import Harness, config
-from tests.kubevirt_schema import validate_vm
+from harness.scenarios import A100, RTX, vm, vmi
+from streams.common.settings import load_settings
+from tests.support.harness import Harness, config
+from tests.support.kubevirt_schema import validate_vm
 from tests.rules.test_example_cases import EXAMPLES
 
 ALICE = "alice@example.com"

@@ -21,9 +21,9 @@ from handlers.gpus import (
     plan_patch,
 )
 from handlers.messages import GPUMutation
-from streams.locations import kubevirt_examples_dir
-from streams.scenarios import A100, RTX, vm
-from tests.kubevirt_schema import validate_vm
+from harness.locations import kubevirt_examples_dir
+from harness.scenarios import A100, RTX, vm
+from tests.support.kubevirt_schema import validate_vm
 
 ADD_RTX = GPUMutation(device_name=RTX, eviction_strategy="External")
 ADD_A100 = GPUMutation(device_name=A100, eviction_strategy="External")

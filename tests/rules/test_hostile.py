@@ -26,8 +26,8 @@ from handlers.messages import (
     ObjectRef,
     wire_bytes,
 )
-from streams.scenarios import RTX, node, vm
-from tests.harness import START, Harness, config
+from harness.scenarios import RTX, node, vm
+from tests.support.harness import START, Harness, config
 
 ALICE = "alice@example.com"
 SPEC = {"namespace": "spx-proj-a", "name": "w-1", "gpu_class": "nvidia-a100"}

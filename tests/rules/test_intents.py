@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.scenarios import A100, RTX, node, vm, vmi
-from tests.harness import Harness
-from tests.kubevirt_schema import validate_vm
+from harness.scenarios import A100, RTX, node, vm, vmi
+from tests.support.harness import Harness
+from tests.support.kubevirt_schema import validate_vm
 
 ALICE = "alice@example.com"
 
@@ -167,7 +167,7 @@ def test_a_vm_intent_without_project_is_rejected() -> None:
 
 
 def test_an_az_without_classes_offers_no_gpu() -> None:
-    from tests.harness import config
+    from tests.support.harness import config
 
     h = Harness(config(gpu_classes={}))
     h.observe(vm("spx-proj-a", "off-1", project="proj-a", owner=ALICE))

@@ -1,5 +1,5 @@
 """The applier's policy (handlers/policy.py) and the seal on commands and results
-(streams/signing.py), as pure functions: one test per rule."""
+(streams/common/signing.py), as pure functions: one test per rule."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 from handlers import policy
 from handlers.gpus import desired_vm, plan_patch
 from handlers.messages import Command, CommandResult, GPUMutation, ObjectRef
-from streams.codecs import encode_message
-from streams.scenarios import A100, PROJECT_LABEL, vm
-from streams.signing import Keyring, KeyringError, canonical, open_sealed
+from streams.common.codecs import encode_message
+from harness.scenarios import A100, PROJECT_LABEL, vm
+from streams.common.signing import Keyring, KeyringError, canonical, open_sealed
 
 NOW = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
 KEYS = Keyring({"k1": b"k" * 32, "k2": b"q" * 32}, "k1")

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 from handlers.capacity import capacity_report
 from handlers.cluster import KubeVirtRecord
-from streams.scenarios import A100, RTX, kubevirt_cr, node, vm, vmi
-from tests.harness import Harness, config
-from tests.kubevirt_schema import validate_vm
+from harness.scenarios import A100, RTX, kubevirt_cr, node, vm, vmi
+from tests.support.harness import Harness, config
+from tests.support.kubevirt_schema import validate_vm
 
 ALICE = "alice@example.com"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from streams.scenarios import A100, RTX, node, vm, vmi
-from tests.harness import Harness
+from harness.scenarios import A100, RTX, node, vm, vmi
+from tests.support.harness import Harness
 
 ALICE = "alice@example.com"
 

@@ -1,7 +1,7 @@
 """An object reduced to what the rules read (``rule_view``) decides exactly as the whole one.
 
 The watch bridge publishes such a view when a whole object does not fit in a Kafka message
-(streams/watching.py). Every object here carries what real ones do beyond the rules' reach —
+(streams/kube/watching.py). Every object here carries what real ones do beyond the rules' reach —
 a large cloud-init, volume and interface status, a node's image list — and the same
 scenario is decided twice, once on whole objects and once on their views.
 """
@@ -27,7 +27,7 @@ from handlers.cluster import (
 )
 from handlers.gpus import desired_vm, plan_patch
 from handlers.messages import GPUMutation
-from streams.scenarios import (
+from harness.scenarios import (
     A100,
     PROJECT_LABEL,
     RTX,
@@ -37,8 +37,8 @@ from streams.scenarios import (
     vm,
     vmi,
 )
-from streams.watching import KINDS
-from tests.harness import Harness
+from streams.kube.watching import KINDS
+from tests.support.harness import Harness
 
 ALICE, OPS = "alice@example.com", "ops@example.com"
 CLOUD_INIT = "#cloud-config\nwrite_files:\n" + "  - content: " + "x" * 50_000 + "\n"

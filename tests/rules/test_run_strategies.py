@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from handlers.cluster import effective_run_strategy
 from handlers.drains import RESTARTS_AFTER_DELETION, restarts_by_itself
-from streams.scenarios import A100, RTX, node, vm, vmi
-from tests.harness import Harness
-from tests.kubevirt_sim import run_strategy_action
+from harness.scenarios import A100, RTX, node, vm, vmi
+from tests.support.harness import Harness
+from tests.support.kubevirt_sim import run_strategy_action
 
 ALICE, OPS = "alice@example.com", "ops@example.com"
 STRATEGIES = ["Always", "RerunOnFailure", "Manual", "Halted", "Once"]

@@ -157,7 +157,7 @@ def test_the_asyncapi_examples_are_what_the_headers_and_payloads_promise() -> No
     accepts, and — for an output — the CloudEvents id and the trace of the intent example."""
     from jsonschema import Draft202012Validator
 
-    from streams.schemas import asyncapi_document
+    from streams.cli.schemas import asyncapi_document
 
     document = asyncapi_document()
     messages = document["components"]["messages"]
@@ -190,7 +190,7 @@ def _model(name: str, payload: dict[str, object]) -> object:
 
 
 def test_the_shell_reads_one_valid_traceparent_and_passes_on_only_a_valid_one() -> None:
-    from streams.cloudevents import TraceBook, trace_headers, trace_of
+    from streams.common.cloudevents import TraceBook, trace_headers, trace_of
 
     assert trace_of([("traceparent", VALID.encode())], "it-1").trace_id == TRACE_ID
     assert trace_of({"traceparent": VALID.encode()}, "it-1").trace_id == TRACE_ID

@@ -1,0 +1,71 @@
+"""Publish scenario lines (the ``simulate`` input format) to Kafka, keeping their time.
+
+Each record's Kafka timestamp is the line's own time, which is the time the worker
+decides with — so a scenario decided by the worker and by ``simulate`` agree. With
+``shift_to_now`` the whole scenario is moved to start now (gaps kept): brokers refuse
+timestamps far in the future (``message.timestamp.after.max.ms``, one hour by default),
+and the worker's wall-clock timer must see drain deadlines come due.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from streams.common.kafka_clients import producer
+from streams.common.settings import KafkaSettings
+from streams.cli.simulating import EPOCH, input_time
+
+
+def scenario_records(lines: Iterable[str], *, shift_to_now: bool = False) -> list[tuple[str, str | None, bytes, int]]:
+    """(topic, key, value bytes, timestamp ms) for each line, in order."""
+    parsed = [json.loads(text) for text in lines if text.strip()]
+    times: list[datetime] = []
+    previous = EPOCH
+    for line in parsed:
+        previous = input_time(line, previous)
+        times.append(previous)
+    shift = timedelta(0)
+    if shift_to_now and times:
+        shift = datetime.now(UTC) - times[0]
+    records = []
+    for line, at in zip(parsed, times, strict=True):
+        value: Any = line.get("value")
+        if isinstance(value, dict) and shift:
+            value = _shifted(value, shift)
+        raw = value.encode() if isinstance(value, str) else json.dumps(value).encode()
+        records.append((line["topic"], line.get("key"), raw, int((at + shift).timestamp() * 1000)))
+    return records
+
+
+def _shifted(value: dict[str, Any], shift: timedelta) -> dict[str, Any]:
+    shifted = dict(value)
+    for field in ("requested_at", "observed_at"):
+        if isinstance(shifted.get(field), str):
+            at = datetime.fromisoformat(shifted[field].replace("Z", "+00:00")) + shift
+            shifted[field] = at.isoformat().replace("+00:00", "Z")
+    return shifted
+
+
+def publish(kafka: KafkaSettings, records: Iterable[tuple[str, str | None, bytes, int]]) -> int:
+    """Send records in order with an idempotent producer; returns how many were sent."""
+    client = producer(kafka)
+    try:
+        sent = [
+            client.send(_topic(kafka, topic), key=key.encode() if key else None, value=value,
+                        timestamp_ms=timestamp_ms)
+            for topic, key, value, timestamp_ms in records
+        ]
+        client.flush()
+        for future in sent:
+            future.get(timeout=30)  # raises what the broker said, e.g. a timestamp out of range
+    finally:
+        client.close()
+    return len(sent)
+
+
+def _topic(kafka: KafkaSettings, name: str) -> str:
+    """Scenario files name default topics; honour a configured prefix."""
+    return kafka.topic(name.removeprefix("vmstream.")) if name.startswith("vmstream.") else name

@@ -1,0 +1,254 @@
+"""Running vmstream as separate processes: the demo and the tests drive real workers.
+
+A :class:`Deployment` is one isolated vmstream on a broker: its own topics
+(``t<id>.intents``, …), its own Faust app id (so its consumer group and changelogs are its
+own). :class:`WorkerProcess` runs ``vmstream worker`` for it, ready when its ``/ready``
+page says so; :class:`Outputs` reads what it wrote, polling until a condition holds or a
+deadline passes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self
+
+from kafka import KafkaConsumer, TopicPartition
+from pydantic import SecretStr
+
+from streams.common.kafka_clients import admin_client
+from harness.locations import REPO_ROOT
+from harness.processes import free_ports
+from harness.publishing import publish, scenario_records
+from streams.common.settings import KafkaSettings, SigningSettings
+from streams.common.topics import ensure_topics
+
+CONFIG = REPO_ROOT / "examples" / "config.yaml"
+OUTPUTS = ("commands", "command-results", "notifications", "audit", "dlq")
+
+
+@dataclass
+class Deployment:
+    """One isolated vmstream deployment on a shared broker: topics, app id, settings."""
+
+    bootstrap: str
+    workdir: Path
+    ident: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    web_token: str = field(default_factory=lambda: uuid.uuid4().hex)  # its worker's private pages
+    # The key its worker seals commands with and its applier checks them by (docs/security.md).
+    signing_key: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
+
+    @property
+    def signing(self) -> SigningSettings:
+        return SigningSettings(key_id=f"k-{self.ident}", keys={f"k-{self.ident}": SecretStr(self.signing_key)})
+
+    @property
+    def kafka(self) -> KafkaSettings:
+        return KafkaSettings(bootstrap_servers=self.bootstrap, topic_prefix=f"t{self.ident}.")
+
+    @property
+    def app_id(self) -> str:
+        return f"vmstream-{self.ident}"
+
+    def env(self, web_port: int) -> dict[str, str]:
+        return {
+            **os.environ,
+            "VMSTREAM_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
+            "VMSTREAM_KAFKA__TOPIC_PREFIX": self.kafka.topic_prefix,
+            "VMSTREAM_WORKER__APP_ID": self.app_id,
+            "VMSTREAM_WORKER__WEB_PORT": str(web_port),
+            "VMSTREAM_WORKER__WEB_TOKEN": self.web_token,
+            "VMSTREAM_WORKER__TICK_SECONDS": "0.2",
+            "VMSTREAM_SIGNING__KEY_ID": f"k-{self.ident}",
+            "VMSTREAM_SIGNING__KEYS": json.dumps({f"k-{self.ident}": self.signing_key}),
+        }
+
+    def create_topics(self) -> None:
+        ensure_topics(self.kafka)
+
+    def delete_topics(self) -> list[str]:
+        """Delete this deployment's topics and its worker's changelogs; returns their names.
+
+        A broker shared by many deployments (a benchmark's runs) keeps all their
+        partitions otherwise.
+        """
+        admin = admin_client(self.kafka)
+        try:
+            names = [name for name in admin.list_topics()
+                     if name.startswith(self.kafka.topic_prefix) or name.startswith(f"{self.app_id}-")]
+            if names:
+                admin.delete_topics(names)
+            return names
+        finally:
+            admin.close()
+
+    def publish_lines(self, lines: Iterable[str]) -> int:
+        return publish(self.kafka, scenario_records(lines, shift_to_now=True))
+
+    def publish_raw(self, logical_topic: str, key: str, value: bytes) -> int:
+        return publish(self.kafka, [(self.kafka.topic(logical_topic), key, value, int(time.time() * 1000))])
+
+
+class VmstreamProcess:
+    """A ``vmstream <command>`` subprocess of a deployment, its output in a log file."""
+
+    def __init__(self, deployment: Deployment, name: str, command: list[str], *,
+                 env: dict[str, str] | None = None) -> None:
+        self.deployment = deployment
+        self.name = name
+        self.command = command
+        self.env = env or {}
+        self.web_port = free_ports(1)[0]
+        self.cwd = deployment.workdir / name
+        self.cwd.mkdir(parents=True, exist_ok=True)
+        self.log = self.cwd / f"{name}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 120.0) -> Self:
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "streams.cli.main", *self.command],
+                cwd=self.cwd, env={**self.deployment.env(self.web_port), **self.env},
+                stdout=log, stderr=subprocess.STDOUT,
+            )
+        try:
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop(signal.SIGKILL)  # a process that never became ready is not left behind
+            raise
+        return self
+
+    def wait_ready(self, timeout: float) -> None:
+        """Processes without a readiness page are ready once they run."""
+        self.check_running()
+
+    def check_running(self) -> None:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise AssertionError(f"{self.name} exited {self.process.returncode}:\n{self.tail()}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        if self.process is None:  # never started
+            return 0
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def tail(self, lines: int = 40) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+class WorkerProcess(VmstreamProcess):
+    """A ``vmstream worker``: ready when its ``/ready`` page says so."""
+
+    def __init__(self, deployment: Deployment, name: str, *, config: Path = CONFIG,
+                 env: dict[str, str] | None = None) -> None:
+        super().__init__(deployment, name, ["worker", "--config", str(config)], env=env)
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.check_running()
+            try:
+                if self.page("/ready").get("ready"):
+                    return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
+                pass
+            time.sleep(0.2)  # polling interval of a readiness probe, not synchronisation
+        raise AssertionError(f"worker {self.name} not ready after {timeout}s:\n{self.tail()}")
+
+    def page(self, path: str) -> Any:
+        """A page, with the deployment's bearer token (all but /health and /ready want it)."""
+        request = urllib.request.Request(f"http://127.0.0.1:{self.web_port}{path}",
+                                         headers={"Authorization": f"Bearer {self.deployment.web_token}"})
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return json.loads(answer.read())
+
+    def wait_until(self, path: str, condition: Callable[[Any], bool], timeout: float = 30.0) -> Any:
+        """Poll one of the worker's pages until ``condition`` holds on its JSON."""
+        deadline = time.monotonic() + timeout
+        while True:
+            body = self.page(path)
+            if condition(body):
+                return body
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name} {path} never satisfied the condition: {body}")
+            time.sleep(0.1)  # polling interval
+
+
+class Outputs:
+    """Everything the deployment wrote on its output topics, read as it arrives."""
+
+    def __init__(self, deployment: Deployment,
+                 on_arrival: Callable[[str, bytes], None] | None = None) -> None:
+        self.on_arrival = on_arrival
+        kafka = deployment.kafka
+        self.topics = {kafka.topic(name): name for name in OUTPUTS}
+        # Only committed output counts: under exactly-once, what a killed worker had not
+        # committed is aborted and decided again by its successor.
+        self.consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False,
+                                      isolation_level="read_committed")
+        partitions = [TopicPartition(topic, p) for topic in self.topics for p in range(kafka.partitions)]
+        self.consumer.assign(partitions)
+        self.consumer.seek_to_beginning(*partitions)
+        self.seen: dict[str, list[dict[str, Any]]] = {name: [] for name in OUTPUTS}
+        self.keys: dict[str, list[str]] = {name: [] for name in OUTPUTS}
+
+    def poll(self) -> list[tuple[str, bytes]]:
+        """Read what arrived; returns it as (logical topic, raw value) in arrival order."""
+        arrived = []
+        for records in self.consumer.poll(timeout_ms=200).values():
+            for record in records:
+                name = self.topics[record.topic]
+                self.seen[name].append(json.loads(record.value))
+                self.keys[name].append(record.key.decode() if record.key else "")
+                arrived.append((name, record.value))
+        if self.on_arrival is not None:
+            for name, value in sorted(arrived, key=lambda item: OUTPUTS.index(item[0])):
+                self.on_arrival(name, value)
+        return arrived
+
+    def wait_for(self, condition: Callable[[Outputs], bool], timeout: float = 60.0, what: str = "") -> None:
+        deadline = time.monotonic() + timeout
+        while not condition(self):
+            if time.monotonic() > deadline:
+                counts = {name: len(values) for name, values in self.seen.items()}
+                raise AssertionError(f"timed out waiting for {what or condition}; seen {counts}")
+            self.poll()
+
+    def audits(self, **match: Any) -> list[dict[str, Any]]:
+        return [a for a in self.seen["audit"] if all(_field(a, k) == v for k, v in match.items())]
+
+    def notifications(self, type_: str) -> list[dict[str, Any]]:
+        return [n for n in self.seen["notifications"] if n["type"] == type_]
+
+    def commands(self, type_: str) -> list[dict[str, Any]]:
+        return [c for c in self.seen["commands"] if c["type"] == type_]
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def _field(record: dict[str, Any], dotted: str) -> Any:
+    value: Any = record
+    for part in dotted.split("__"):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+

@@ -1,0 +1,488 @@
+"""``vmstream replay``: decide the recorded inputs again and compare with what was recorded.
+
+The worker decides only what it reads from its routed topic, one partition at a time in
+offset order (docs/worker.md): intents and watch events re-keyed by decision key, resident
+updates, deadline ticks. Replay decides the very same records in the very same order per
+partition, so a re-decision does not depend on how partitions interleaved in time — with
+one worker or ten. Partitions are merged by time, and a resident update waits for the
+decision that made it. Every routed intent or event must match its record on intents or
+k8s-events, and every record there must have been routed or refused by ``route``.
+
+What the worker recorded must be reproduced exactly: audit records, commands (the seal
+aside), notifications and dead letters, by id — the same ids with the same content, none
+missing, none more. The applier's records (docs/security.md) are checked against the
+commands: one result per command (repeats of the same result aside), sealed by an applier
+when the replay has the keys, and its audit record (and failure notice) the one
+:func:`~handlers.results.decide_result` makes of that result. They are checked when the
+applier has written anything, or always with ``--applier yes``.
+
+A difference means a decision was not a function of its inputs, or a record was altered,
+dropped or forged. With another ``--config`` the same replay answers "what if the policy
+had been different?". Decisions that read other partitions' rows (free cards in ``usage``,
+the KubeVirt CR, namespaces) see them as of the merged time, which may differ from what the
+worker's cluster-wide view held at that moment by its lag (milliseconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from kafka import TopicPartition
+from kafka.consumer.fetcher import ConsumerRecord
+from pydantic import ValidationError
+
+from handlers.decisions import Output
+from handlers.engine import Engine, Source
+from handlers.messages import AuditRecord, Command, CommandResult, MalformedMessage
+from handlers.results import decide_result
+from handlers.state import MemoryState
+from streams.common.codecs import decode_resident_update, encode_resident_update
+from streams.common.credentials import key_source
+from streams.common.kafka_clients import consumer
+from streams.common.settings import KafkaSettings, load_settings
+from streams.common.signing import MAC_FIELD, Keyring
+from streams.common.topics import KIND_HEADER, ROUTED, ROUTED_INPUTS, SOURCE_HEADER
+
+COMPARED = ("at", "outcome", "reason", "commands", "notifications", "input")
+
+
+def read_topics(kafka: KafkaSettings, topics: list[str], *, idle_seconds: float = 30.0) -> Iterator[ConsumerRecord]:
+    """Every committed record of ``topics`` up to their end offsets now (a bounded read)."""
+    client = consumer(kafka, enable_auto_commit=False, isolation_level="read_committed")
+    try:
+        partitions = [
+            TopicPartition(topic, p) for topic in topics for p in sorted(client.partitions_for_topic(topic) or ())
+        ]
+        client.assign(partitions)
+        client.seek_to_beginning(*partitions)
+        ends = {tp: end for tp, end in client.end_offsets(partitions).items() if end > 0}
+        last_progress = time.monotonic()
+        while ends:
+            for tp, records in client.poll(timeout_ms=500).items():
+                last_progress = time.monotonic()
+                yield from (record for record in records if record.offset < ends.get(tp, 0))
+            ends = {tp: end for tp, end in ends.items() if client.position(tp) < end}
+            if time.monotonic() - last_progress > idle_seconds:
+                raise TimeoutError(f"no progress reading {sorted(str(tp) for tp in ends)}")
+    finally:
+        client.close()
+
+
+@dataclass
+class Comparison:
+    matched: int = 0
+    missing: list[str] = field(default_factory=list)  # replayed, but not in the record
+    unexpected: list[str] = field(default_factory=list)  # in the record, not replayed
+    different: list[tuple[str, dict[str, tuple[Any, Any]]]] = field(default_factory=list)
+    skipped: int = 0  # audit records of the applier, checked apart (``applier_checked``)
+    problems: list[str] = field(default_factory=list)  # any other record altered, dropped or forged
+    applier_checked: int = 0  # commands whose result and its audit record were checked
+
+    @property
+    def clean(self) -> bool:
+        return not (self.missing or self.unexpected or self.different or self.problems)
+
+
+def compare(replayed: list[AuditRecord], recorded: list[dict[str, Any]], skip_topics: set[str]) -> Comparison:
+    """Match audit records by id. A redelivered decision repeats its id with the same
+    content; the same id with other content is a difference (an altered record)."""
+    result = Comparison()
+    mine = {record.audit_id: record.model_dump(mode="json") for record in replayed}
+    theirs: dict[str, list[dict[str, Any]]] = {}
+    for record in recorded:
+        if record.get("input", {}).get("topic") in skip_topics:
+            result.skipped += 1
+            continue
+        theirs.setdefault(record["audit_id"], []).append(record)
+    for audit_id, expected in mine.items():
+        if audit_id not in theirs:
+            result.missing.append(audit_id)
+            continue
+        diff = {
+            f: (expected.get(f), actual.get(f))
+            for actual in theirs[audit_id]
+            for f in COMPARED
+            if _norm(expected.get(f)) != _norm(actual.get(f))
+        }
+        if diff:
+            result.different.append((audit_id, diff))
+        else:
+            result.matched += 1
+    result.unexpected = [audit_id for audit_id in theirs if audit_id not in mine]
+    return result
+
+
+def _norm(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _norm(v) for k, v in value.items() if v is not None}
+    return value
+
+
+class Progress:
+    """A one-line progress bar on a terminal; silent otherwise."""
+
+    def __init__(self, total: int, out: TextIO) -> None:
+        self.total, self.out, self.done = max(total, 1), out, 0
+        self.live = out.isatty()
+
+    def step(self, count: int = 1) -> None:
+        self.done += count
+        if self.live and (self.done % 500 == 0 or self.done == self.total):
+            filled = int(30 * self.done / self.total)
+            self.out.write(f"\r  replaying [{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total}")
+            self.out.flush()
+
+    def close(self) -> None:
+        if self.live:
+            self.out.write("\n")
+
+
+_LATEST = 253402300799.0  # 9999-12-31T23:59:59Z, as the worker clamps a timestamp (Worker._time)
+_APPLIER_MADE = ("command_failed",)  # notifications the applier sends, not the worker
+
+
+def _key(record: ConsumerRecord) -> str | None:
+    """A record's key as the worker reads it (undecodable bytes replaced)."""
+    return record.key.decode("utf-8", "replace") if isinstance(record.key, bytes) else record.key
+
+
+def _headers(record: ConsumerRecord) -> dict[str, bytes]:
+    return {str(name): value or b"" for name, value in (record.headers or ())}
+
+
+def _ref(record: ConsumerRecord) -> str:
+    return f"{record.topic}:{record.partition}:{record.offset}"
+
+
+def _time(stamp: Any) -> datetime:
+    """A record's time as the worker decides with it: its timestamp, brought into a date's range."""
+    seconds = stamp / 1000 if isinstance(stamp, (int, float)) and stamp == stamp else 0.0
+    return datetime.fromtimestamp(min(max(seconds, 0.0), _LATEST), UTC)
+
+
+def _origin(record: ConsumerRecord) -> Source:
+    """Where a routed intent or event was first read (the worker's ``_origin``)."""
+    headers = _headers(record)
+    try:
+        if headers.get(KIND_HEADER) in (b"event", b"intent"):
+            origin = json.loads(headers[SOURCE_HEADER])
+            return Source(str(origin["topic"]), origin["key"], int(origin["partition"]), int(origin["offset"]))
+    except (KeyError, TypeError, ValueError):
+        pass
+    return Source(record.topic, _key(record), record.partition, record.offset)
+
+
+class Replay:
+    """The worker's decisions made again from its routed topic, and its records checked."""
+
+    def __init__(self, engine: Engine, kafka: KafkaSettings, *, keyring: Keyring | None = None) -> None:
+        self.engine = engine
+        self.kafka = kafka
+        self.keyring = keyring if keyring else None
+        self.state = MemoryState()
+        self.outputs: list[Output] = []
+        self.problems: list[str] = []
+        self.made: set[tuple[bytes, bytes]] = set()  # resident updates the decisions sent
+        self.forwarded: set[tuple[bytes, bytes]] = set()  # resident updates on the routed topic
+
+    # ------------------------------------------------------------------ route
+
+    def check_routing(self, inputs: dict[str, ConsumerRecord], routed: list[ConsumerRecord]) -> None:
+        """Each routed intent or event is its input's copy; each input was routed or refused."""
+        kinds = {self.kafka.topic("intents"): b"intent", self.kafka.topic("k8s-events"): b"event"}
+        copied: set[str] = set()
+        for record in routed:
+            kind = _headers(record).get(KIND_HEADER)
+            if kind not in (b"intent", b"event"):
+                continue
+            origin = _origin(record)
+            ref = f"{origin.topic}:{origin.partition}:{origin.offset}"
+            source = inputs.get(ref)
+            if source is None or kinds.get(source.topic) != kind:
+                self.problems.append(f"routed {_ref(record)} names {ref}, which is not an input of its kind")
+            elif (source.value, source.timestamp, _key(source)) != (record.value, record.timestamp, origin.key):
+                self.problems.append(f"routed {_ref(record)} is not the record {ref} it names")
+            else:
+                copied.add(ref)
+        for ref, record in inputs.items():
+            if ref in copied:
+                continue
+            source = Source(record.topic, _key(record), record.partition, record.offset)
+            now = _time(record.timestamp)
+            try:
+                self.engine.screen(record.value, source)
+            except MalformedMessage as exc:  # refused by route, as ``on_intent``/``on_event`` would
+                letter = self.engine.dead_letter(record.value, str(exc), source, now)
+                self.outputs += self.engine.fitted(letter, record.value, source, now).outputs()
+            else:
+                self.problems.append(f"input {ref} was never routed")
+
+    # ------------------------------------------------------------------ decide
+
+    def decide_all(self, routed: list[ConsumerRecord], progress: Progress) -> None:
+        """Each routed partition in offset order, partitions merged by time; a resident
+        update waits until the decision that sent it has been made."""
+        partitions: dict[int, list[ConsumerRecord]] = {}
+        for record in routed:
+            partitions.setdefault(record.partition, []).append(record)
+        for records in partitions.values():
+            records.sort(key=lambda r: r.offset)
+        position = dict.fromkeys(partitions, 0)
+        while True:
+            heads = [(records[position[p]].timestamp, p) for p, records in partitions.items()
+                     if position[p] < len(records)]
+            if not heads:
+                break
+            ready = [(stamp, p) for stamp, p in heads if not self._waits(partitions[p][position[p]])]
+            _, partition = min(ready or heads)
+            record = partitions[partition][position[partition]]
+            position[partition] += 1
+            if not ready:
+                self.problems.append(f"resident update {_ref(record)} was sent by no decision")
+            self.decide(record)
+            progress.step()
+        for key, _ in self.made - self.forwarded:
+            self.problems.append(f"a resident update for {key.decode()} was decided but is not on the routed topic")
+
+    def _waits(self, record: ConsumerRecord) -> bool:
+        return _headers(record).get(KIND_HEADER) == b"resident" and (record.key, record.value) not in self.made
+
+    def decide(self, record: ConsumerRecord) -> None:
+        """One routed record, as the worker's ``decide`` agent decides it."""
+        now, source = _time(record.timestamp), _origin(record)
+        kind = _headers(record).get(KIND_HEADER, b"").decode("utf-8", "replace")
+        if kind == "resident":
+            self.forwarded.add((record.key, record.value))
+        try:
+            if kind == "intent":
+                results = [self.engine.on_intent(self.state, record.value, source, now)]
+            elif kind == "event":
+                results = [self.engine.on_event(self.state, record.value, source, now)]
+            elif kind == "resident":
+                results = [self.engine.on_resident(self.state, decode_resident_update(record.value), now)]
+            elif kind == "tick":
+                results = self.engine.on_tick(self.state, now, only=json.loads(record.value)["node"])
+            else:
+                raise MalformedMessage(f"routed message without a known {KIND_HEADER} header: {kind!r}")
+            results = [self.engine.fitted(result, record.value, source, now) for result in results]
+        except Exception as error:
+            letter = self.engine.dead_letter(record.value, f"internal error: {error!r}", source, now)
+            results = [self.engine.fitted(letter, record.value, source, now)]
+        for result in results:
+            self.state.apply(result.decision.changes)
+            self.outputs += result.outputs()
+            self.made |= {(f"node/{update.node}".encode(), encode_resident_update(update))
+                          for update in result.decision.forwards}
+
+    # ------------------------------------------------------------------ records
+
+    def check_outputs(self, recorded: dict[str, list[dict[str, Any]]]) -> None:
+        """Commands, notifications and dead letters: the same ones, with the same content."""
+        mine: dict[str, dict[str, dict[str, Any]]] = {"commands": {}, "notifications": {}, "dlq": {}}
+        for output in self.outputs:
+            if output.topic in mine:
+                body = output.value.model_dump(mode="json", exclude_none=True)
+                mine[output.topic][_output_id(output.topic, body)] = body
+        commands_topic = self.kafka.topic("commands")
+        for name, replayed in mine.items():
+            theirs: dict[str, list[dict[str, Any]]] = {}
+            for body in recorded[name]:
+                if name == "dlq" and (body.get("source") or {}).get("topic") == commands_topic:
+                    continue  # the applier's: checked with its audit records
+                if name == "notifications" and body.get("type") in _APPLIER_MADE:
+                    continue  # the applier's: checked with its results
+                theirs.setdefault(_output_id(name, body), []).append(body)
+            for ident, expected in replayed.items():
+                if ident not in theirs:
+                    self.problems.append(f"{name} {ident}: decided again, but not recorded")
+                    continue
+                for actual in theirs[ident]:
+                    unsealed = {k: v for k, v in actual.items() if k != MAC_FIELD}
+                    if _norm(unsealed) != _norm(expected):
+                        fields = sorted(f for f in set(expected) | set(unsealed)
+                                        if _norm(expected.get(f)) != _norm(unsealed.get(f)))
+                        self.problems.append(f"{name} {ident}: recorded otherwise ({', '.join(fields)})")
+                    elif name == "commands" and self.keyring is not None:
+                        problem = self.keyring.problem("command", Command.model_validate(actual))
+                        if problem:
+                            self.problems.append(f"commands {ident}: not sealed by the worker: {problem}")
+            self.problems += [f"{name} {ident}: recorded, but decided by nobody" for ident in theirs
+                              if ident not in replayed]
+
+    def check_applier(self, recorded: dict[str, list[dict[str, Any]]]) -> int:
+        """One result per command, and the audit record (and failure notice) it makes;
+        returns how many commands were checked."""
+        commands_topic = self.kafka.topic("commands")
+        commands: dict[str, Command] = {}
+        for body in recorded["commands"]:
+            try:
+                commands.setdefault(body["command_id"], Command.model_validate(body))
+            except (KeyError, ValidationError):
+                pass  # reported with the commands
+        results: dict[str, list[dict[str, Any]]] = {}
+        for body in recorded["command-results"]:
+            distinct = results.setdefault(str(body.get("command_id")), [])
+            if body not in distinct:
+                distinct.append(body)
+        audits: dict[str, list[dict[str, Any]]] = {}  # every copy under an id: one may be altered
+        for audit in recorded["audit"]:
+            if (audit.get("input") or {}).get("topic") == commands_topic:
+                audits.setdefault(str(audit.get("audit_id")), []).append(audit)
+        notices: dict[str, list[dict[str, Any]]] = {}
+        for notice in recorded["notifications"]:
+            notices.setdefault(str(notice.get("notification_id")), []).append(notice)
+        explained: set[str] = set()
+        for command_id, command in commands.items():
+            distinct = results.pop(command_id, [])
+            if not distinct:
+                self.problems.append(f"command {command_id}: no result")
+            elif len(distinct) > 1:
+                self.problems.append(f"command {command_id}: {len(distinct)} different results")
+            for body in distinct:
+                explained |= self._check_result(command, body, audits, notices)
+        for command_id in results:
+            self.problems.append(f"command-results for {command_id}: no such command was issued")
+        letters = {f"{d['source']['topic']}:{d['source'].get('partition')}:{d['source'].get('offset')}"
+                   for d in recorded["dlq"] if (d.get("source") or {}).get("topic") == commands_topic}
+        for audit_id, copies in audits.items():
+            audit = copies[0]
+            if audit_id in explained:
+                continue
+            if audit.get("outcome") == "rejected" and audit["input"].get("ref") in letters:
+                letters.discard(audit["input"]["ref"])  # a malformed command, dead-lettered
+                continue
+            self.problems.append(f"audit {audit_id}: an applier's record of no result")
+        self.problems += [f"dlq {ref}: a malformed command without its audit record" for ref in sorted(letters)]
+        return len(commands)
+
+    def _check_result(self, command: Command, body: dict[str, Any], audits: dict[str, list[dict[str, Any]]],
+                      notices: dict[str, list[dict[str, Any]]]) -> set[str]:
+        """A result against its command; its audit record and notice as ``decide_result``
+        makes them of it. Returns the audit ids it explains."""
+        command_id = command.command_id
+        try:
+            result = CommandResult.model_validate(body)
+        except ValidationError:
+            self.problems.append(f"command-results for {command_id}: not a command result")
+            return set()
+        if self.keyring is not None and (problem := self.keyring.problem("command-result", result)):
+            self.problems.append(f"command-results for {command_id}: not sealed by an applier: {problem}")
+        claims = (result.type, result.target, result.cause, result.requested_by)
+        if claims != (command.type, command.target, command.cause, command.requested_by):
+            self.problems.append(f"command-results for {command_id}: not the command's type, target, cause, requester")
+        made = decide_result(command, outcome=result.outcome, now=result.at, error=result.error,
+                             resource_version=result.resource_version, topic=self.kafka.topic("commands"))
+        expected = made.audit.model_dump(mode="json", exclude_none=True)
+        copies = audits.get(made.audit.audit_id, [])
+        if not copies:
+            self.problems.append(f"command {command_id}: its result ({result.outcome}) has no audit record")
+        elif any(_norm(actual) != _norm(expected) for actual in copies):
+            self.problems.append(f"audit {made.audit.audit_id}: not the record of command {command_id}'s result")
+        if made.notification is not None:
+            told = notices.get(made.notification.notification_id, [])
+            wanted = made.notification.model_dump(mode="json", exclude_none=True)
+            if not told:
+                self.problems.append(f"command {command_id}: failed, and nobody was told")
+            elif any(_norm(notice.get(f)) != _norm(wanted.get(f))
+                     for notice in told for f in ("type", "subject", "details", "at")):
+                self.problems.append(f"notifications {made.notification.notification_id}: not command "
+                                     f"{command_id}'s failure")
+        return {made.audit.audit_id}
+
+
+def _output_id(topic: str, body: dict[str, Any]) -> str:
+    if topic == "commands":
+        return str(body.get("command_id"))
+    if topic == "notifications":
+        return str(body.get("notification_id"))
+    source = body.get("source") or {}
+    return f"{source.get('topic')}:{source.get('partition')}:{source.get('offset')}"
+
+
+def _json(records: Iterator[ConsumerRecord], problems: list[str]) -> list[dict[str, Any]]:
+    values = []
+    for record in records:
+        try:
+            value = json.loads(record.value)
+        except (TypeError, ValueError):
+            value = None
+        if isinstance(value, dict):
+            values.append(value)
+        else:
+            problems.append(f"{_ref(record)}: not a JSON object")
+    return values
+
+
+def replay(engine: Engine, kafka: KafkaSettings, out: TextIO, *, applier: bool | None = None,
+           keyring: Keyring | None = None) -> Comparison:
+    """Decide the routed topic again and compare with every record of the worker and, when
+    ``applier`` (``None``: when it has written anything), of the applier."""
+    inputs = {_ref(r): r for r in read_topics(kafka, [kafka.topic(name) for name in ROUTED_INPUTS])}
+    routed = list(read_topics(kafka, [kafka.topic(ROUTED)]))
+    run = Replay(engine, kafka, keyring=keyring)
+    recorded = {name: _json(read_topics(kafka, [kafka.topic(name)]), run.problems)
+                for name in ("audit", "commands", "notifications", "dlq", "command-results")}
+    progress = Progress(len(routed), out)
+    run.check_routing(inputs, routed)
+    run.decide_all(routed, progress)
+    progress.close()
+    commands_topic = kafka.topic("commands")
+    if applier is None:
+        applier = bool(recorded["command-results"]) or any(
+            (a.get("input") or {}).get("topic") == commands_topic for a in recorded["audit"])
+    if not applier:  # its records are left out, not checked
+        recorded["notifications"] = [n for n in recorded["notifications"] if n.get("type") not in _APPLIER_MADE]
+    run.check_outputs(recorded)
+    comparison = compare(_audits(run.outputs), recorded["audit"], skip_topics={commands_topic})
+    if applier:
+        comparison.applier_checked = run.check_applier(recorded)
+    comparison.problems = run.problems
+    return comparison
+
+
+def _audits(outputs: list[Output]) -> list[AuditRecord]:
+    return [o.value for o in outputs if isinstance(o.value, AuditRecord)]
+
+
+def report(comparison: Comparison, out: TextIO) -> None:
+    out.write(
+        f"{comparison.matched} decisions reproduced, {len(comparison.different)} different, "
+        f"{len(comparison.missing)} missing from the audit stream, {len(comparison.unexpected)} "
+        f"recorded but not reproduced, {len(comparison.problems)} other records altered, dropped or forged; "
+        f"{comparison.applier_checked} commands' results checked ({comparison.skipped} applier audit records)\n"
+    )
+    for audit_id, diff in comparison.different[:50]:
+        for name, (expected, actual) in diff.items():
+            out.write(f"  {audit_id} {name}: replayed {expected!r}, recorded {actual!r}\n")
+    for audit_id in comparison.missing[:50]:
+        out.write(f"  {audit_id}: replayed, but not in the audit stream\n")
+    for audit_id in comparison.unexpected[:50]:
+        out.write(f"  {audit_id}: in the audit stream, not reproduced\n")
+    for problem in comparison.problems[:50]:
+        out.write(f"  {problem}\n")
+
+
+def main(args: argparse.Namespace) -> int:
+    settings = load_settings(args.config)
+    started = time.monotonic()
+    checked = {"auto": None, "yes": True, "no": False}[args.applier]
+    comparison = replay(Engine(settings.rules(), keys=key_source(settings.auth)), settings.kafka, sys.stderr,
+                        applier=checked, keyring=settings.signing.keyring())
+    report(comparison, sys.stdout)
+    sys.stdout.write(f"replayed in {time.monotonic() - started:.1f}s\n")
+    return 0 if comparison.clean else 1
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser("replay", help="decide the recorded inputs again; diff against every record")
+    parser.add_argument("--config", help="the configuration (another one asks: what if the policy differed?)")
+    parser.add_argument("--applier", choices=("auto", "yes", "no"), default="auto",
+                        help="check the applier's records: when it has written any (auto), always, or never")
+    parser.set_defaults(handler=main)

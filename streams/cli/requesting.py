@@ -1,0 +1,598 @@
+"""``vmstream intent …``: a person's or a script's request, checked, published, answered.
+
+CLI arguments → :func:`build_intent` (the pydantic models the worker parses with, so a
+request the worker would refuse as malformed never leaves the machine) → :func:`publish_intent`
+on the intents topic under its contract key, with the idempotent producer → with ``--wait``,
+:class:`OutcomeWatch` reads the audit, notifications and command-results topics from the end
+offsets it noted *before* the publish, so however fast the worker and the applier answer,
+their records cannot be missed. ``--wait`` (``--wait=applied``) waits for the decision, then
+for the result of each command the decision's audit record names; ``--wait=decided`` for the
+decision only. Results count only when sealed by an applier, if the signing keys are at hand
+(``signing`` in the configuration, or ``VMSTREAM_SIGNING__KEYS``; docs/security.md).
+
+Exit codes (also in ``vmstream intent --help``):
+
+- 0: published; with ``--wait``, accepted and every command applied in Kubernetes (or the
+  decision had no command); with ``--wait=decided``, accepted.
+- 1: with ``--wait``, decided but not accepted (rejected, duplicate, …): the outcome says why.
+- 2: invalid arguments, intent or configuration; nothing was published.
+- 3: with ``--wait``, no decision, or not every command's result, before ``--timeout``; the
+  intent *was* published.
+- 4: Kafka could not be written or read (no broker, no topics).
+- 5: with ``--wait``, accepted, but a command failed in Kubernetes (the API server or the
+  applier's policy refused it): the result's error says why.
+- 130: interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+import uuid
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar, get_args
+
+from pydantic import TypeAdapter, ValidationError
+from pydantic_settings import SettingsConfigDict
+
+from handlers.messages import (
+    INTENT_TYPES,
+    AuditRecord,
+    CommandResult,
+    CreateVMIntent,
+    DrainNodeIntent,
+    Intent,
+    Notification,
+    Preference,
+    RestartVMIntent,
+    RunStrategy,
+    SetGPUIntent,
+    UndrainNodeIntent,
+    VMIntent,
+    node_key,
+)
+from handlers.config import AuthPolicy
+from streams.common.credentials import SigningKey, environment_key, sign_intent
+from streams.common.settings import EnvironmentFirst, KafkaSettings, SigningSettings, read_yaml
+from streams.common.settings import load_kafka_settings
+from streams.common.signing import Keyring, open_sealed
+from streams.cli.tailing import (
+    bounded,
+    positive_seconds,
+    quiet_kafka_logs,
+    render_audit,
+    render_command_result,
+    render_notification,
+)
+
+if TYPE_CHECKING:
+    from kafka import KafkaConsumer
+
+log = logging.getLogger(__name__)
+
+AnyIntent = CreateVMIntent | SetGPUIntent | RestartVMIntent | DrainNodeIntent | UndrainNodeIntent
+OPERATOR_ROLE = AuthPolicy().operator_role
+
+EXIT_ACCEPTED = 0
+EXIT_NOT_ACCEPTED = 1
+EXIT_INVALID = 2
+EXIT_TIMEOUT = 3
+EXIT_KAFKA = 4
+EXIT_FAILED = 5
+EXIT_INTERRUPTED = 130
+WAIT_STAGES = ("decided", "applied")
+SUCCEEDED = ("applied", "noop", "conflict_retried")  # a result's outcomes that mean it is in Kubernetes
+
+DEFAULT_TIMEOUT = 30.0
+POLL_SECONDS = 0.5  # the longest one poll blocks; the deadline is checked between polls
+
+_INTENT: TypeAdapter[AnyIntent] = TypeAdapter(Intent)
+_M = TypeVar("_M", AuditRecord, Notification)
+
+
+class InvalidRequest(ValueError):
+    """The arguments do not make a valid intent; ``problems`` name the fields."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+class RequestError(RuntimeError):
+    """Kafka is not as the request needs it (e.g. the topics do not exist)."""
+
+
+# ------------------------------------------------------------------ building intents
+
+
+def field_problems(error: ValidationError) -> list[str]:
+    """``spec.cores: Input should be 1, 2, 4, 8, 16 or 32``: one per problem, by field."""
+    problems = []
+    for item in error.errors(include_url=False):
+        loc = list(item["loc"])
+        if loc and loc[0] in INTENT_TYPES:  # the union's tag, not a field
+            loc = loc[1:]
+        problems.append(f"{'.'.join(str(part) for part in loc) or '(intent)'}: {item['msg']}")
+    return problems
+
+
+def _labels(pairs: list[str] | None) -> tuple[dict[str, str], list[str]]:
+    labels: dict[str, str] = {}
+    problems = []
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            problems.append(f"spec.labels: {pair!r} is not KEY=VALUE")
+        else:
+            labels[key] = value
+    return labels, problems
+
+
+def intent_data(args: argparse.Namespace, *, now: datetime | None = None) -> tuple[dict[str, Any], list[str]]:
+    """The intent as JSON data, from parsed arguments, with optional fields left out when
+    unset; and the problems the models cannot see (a label without ``=``)."""
+    kind: str = args.intent_type
+    problems: list[str] = []
+    spec: dict[str, Any]
+    if kind in ("create_vm", "set_gpu", "restart_vm"):
+        spec = {"namespace": args.namespace, "name": args.name}
+    else:
+        spec = {"node": args.node}
+    if kind == "set_gpu":
+        spec["gpu_class"] = None if args.remove else args.gpu_class  # null is the request
+    elif kind == "create_vm":
+        labels, problems = _labels(args.label)
+        spec |= {"cores": args.cores, "memory_gib": args.memory_gib, "image": args.image}
+        optional = {"run_strategy": args.run_strategy, "preference": args.preference,
+                    "gpu_class": args.gpu_class, "labels": labels or None}
+        spec |= {field: value for field, value in optional.items() if value is not None}
+    elif kind == "drain_node":
+        spec["reason"] = args.reason
+        if args.notice_seconds is not None:  # unset: the worker's configured notice
+            spec["notice_seconds"] = args.notice_seconds
+    elif kind == "undrain_node" and args.reason is not None:
+        spec["reason"] = args.reason
+    data: dict[str, Any] = {
+        "intent_id": str(uuid.uuid4()) if args.intent_id is None else args.intent_id,
+        "type": kind,
+        "requested_by": args.requested_by,
+        "requested_at": (now or datetime.now(UTC)).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
+        "spec": spec,
+    }
+    if args.project is not None:
+        data["project"] = args.project
+    return data, problems
+
+
+def validate_intent(data: dict[str, Any]) -> AnyIntent:
+    """The worker's own models: raises :class:`InvalidRequest` naming each bad field."""
+    try:
+        return _INTENT.validate_python(data)
+    except ValidationError as exc:
+        raise InvalidRequest(field_problems(exc)) from exc
+
+
+def build_intent(args: argparse.Namespace, *, now: datetime | None = None) -> AnyIntent:
+    """The intent the arguments ask for; :class:`InvalidRequest` lists every problem at once."""
+    data, problems = intent_data(args, now=now)
+    try:
+        intent = validate_intent(data)
+    except InvalidRequest as exc:
+        problems += exc.problems
+    if problems:
+        raise InvalidRequest(problems)
+    return intent
+
+
+def intent_key(intent: AnyIntent) -> str:
+    """The contract key: ``vm/<namespace>/<name>`` or ``node/<name>``."""
+    if isinstance(intent, VMIntent):
+        return intent.vm_key()
+    return node_key(intent.spec.node)
+
+
+def sign(intent: AnyIntent, key: SigningKey, *, projects: list[str] | None = None, operator: bool = False,
+         issuer: str | None = None, lifetime: float = 300.0) -> AnyIntent:
+    """``intent`` with a credential for exactly the bytes :func:`encode_intent` writes
+    (docs/auth.md): its subject the requester, its projects ``projects`` (default: the
+    intent's project), the operator role if ``operator``."""
+    body = json.loads(encode_intent(intent))
+    member_of = projects if projects is not None else ([intent.project] if intent.project else [])
+    token = sign_intent(body, key, projects=member_of, roles=[OPERATOR_ROLE] if operator else [],
+                        issuer=issuer, lifetime=timedelta(seconds=lifetime))
+    return intent.model_copy(update={"credential": token})
+
+
+def encode_intent(intent: AnyIntent) -> bytes:
+    """Only what was set: a ``null`` GPU class is kept (it means remove), defaults are not."""
+    return intent.model_dump_json(exclude_unset=True).encode()
+
+
+# --------------------------------------------------------------------------- Kafka
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    topic: str
+    key: str
+    partition: int
+    offset: int
+
+    @property
+    def source_ref(self) -> str:
+        """The audit ``ref`` the worker gives a message it could not parse (dead-lettered)."""
+        return f"{self.topic}:{self.partition}:{self.offset}"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    audit: AuditRecord
+    notifications: list[Notification]
+    missing: list[str]  # notification ids the audit lists but the deadline came first
+
+
+def publish_intent(kafka: KafkaSettings, intent: AnyIntent, *, timeout: float) -> Published:
+    """Send one intent and wait for the broker's acknowledgement (acks=all, idempotent)."""
+    from kafka import KafkaProducer
+
+    from streams.common.kafka_clients import producer
+
+    topic, key = kafka.topic("intents"), intent_key(intent)
+    client = producer(kafka, max_block_ms=max(1, int(timeout * 1000)), **bounded(KafkaProducer, timeout))
+    try:
+        metadata = client.send(topic, key=key.encode(), value=encode_intent(intent)).get(timeout=timeout)
+    finally:
+        client.close(timeout=timeout)
+    log.debug("published %s to %s[%d]@%d", intent.intent_id, topic, metadata.partition, metadata.offset)
+    return Published(topic, key, metadata.partition, metadata.offset)
+
+
+class OutcomeWatch:
+    """The audit and notifications topics, read from their end offsets as of construction.
+
+    Construct it before publishing: the worker's answer is then at or after those offsets,
+    however soon it comes. No consumer group, no commits: watching changes nothing.
+    """
+
+    def __init__(self, kafka: KafkaSettings, *, timeout: float | None = None, results: bool = False,
+                 keyring: Keyring | None = None) -> None:
+        from kafka import KafkaConsumer
+        from kafka.structs import TopicPartition
+
+        from streams.common.kafka_clients import consumer
+
+        self.audit_topic = kafka.topic("audit")
+        self.notifications_topic = kafka.topic("notifications")
+        self.results_topic = kafka.topic("command-results")
+        self.keyring = keyring
+        self._results: dict[str, CommandResult] = {}
+        # read_committed: the worker writes in transactions; an aborted decision never happened.
+        self._client: KafkaConsumer = consumer(kafka, group_id=None, enable_auto_commit=False,
+                                               isolation_level="read_committed", **bounded(KafkaConsumer, timeout))
+        try:
+            partitions = []
+            # A topic created a moment ago may not be in every broker's metadata yet: look again
+            # for a while before calling it missing.
+            settle = time.monotonic() + min(timeout if timeout is not None else 10.0, 10.0)
+            for topic in (self.audit_topic, self.notifications_topic, *([self.results_topic] if results else [])):
+                ids = self._client.partitions_for_topic(topic)
+                while not ids and time.monotonic() < settle:
+                    time.sleep(0.2)  # metadata polling interval
+                    ids = self._client.partitions_for_topic(topic)
+                if not ids:
+                    raise RequestError(f"no topic {topic!r} on {kafka.bootstrap_servers} "
+                                       "(create them with `vmstream topics create`)")
+                partitions += [TopicPartition(topic, p) for p in sorted(ids)]
+            ends = self._client.end_offsets(partitions)
+            self._client.assign(partitions)
+            for tp in partitions:
+                self._client.seek(tp, ends[tp])
+        except BaseException:
+            self._client.close()
+            raise
+        self._notifications: dict[str, Notification] = {}
+
+    def __enter__(self) -> OutcomeWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._client.close()
+
+    def wait(self, refs: Collection[str], deadline: float) -> Outcome | None:
+        """The first audit record whose ``input.ref`` is one of ``refs``, with its notifications.
+
+        ``deadline`` is a ``time.monotonic()`` value. None if no such record came by then;
+        notifications still unseen at the deadline are listed in ``missing``.
+        """
+        audit: AuditRecord | None = None
+        while True:
+            if audit is not None and all(n in self._notifications for n in audit.notifications):
+                return self._outcome(audit)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None if audit is None else self._outcome(audit)
+            for records in self._client.poll(timeout_ms=int(min(remaining, POLL_SECONDS) * 1000)).values():
+                for record in records:
+                    if record.topic == self.audit_topic:
+                        found = _read(AuditRecord, record.value)
+                        if audit is None and found is not None and found.input.ref in refs:
+                            audit = found
+                    elif record.topic == self.results_topic:
+                        self._take_result(record.value)
+                    else:
+                        notification = _read(Notification, record.value)
+                        if notification is not None:
+                            self._notifications[notification.notification_id] = notification
+
+    def wait_results(self, command_ids: Collection[str], deadline: float) -> dict[str, CommandResult]:
+        """The first result of each of ``command_ids`` seen by ``deadline`` (all of them, if
+        they came in time). Reading goes on from where :meth:`wait` stopped."""
+        while not all(c in self._results for c in command_ids):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            for records in self._client.poll(timeout_ms=int(min(remaining, POLL_SECONDS) * 1000)).values():
+                for record in records:
+                    if record.topic == self.results_topic:
+                        self._take_result(record.value)
+        return {c: self._results[c] for c in command_ids if c in self._results}
+
+    def _take_result(self, raw: bytes | None) -> None:
+        """A result counts when an applier sealed it (if the keys are at hand), and never one
+        refusing an unsealed command: anyone could publish that under a real command's id."""
+        if raw is None:
+            return
+        if self.keyring:
+            result, problem = open_sealed(CommandResult, raw, "command-result", self.keyring)
+            if result is not None and problem is not None:
+                log.warning("a result for command %s is not sealed by an applier (%s): ignored",
+                            result.command_id[:80], problem)
+                return
+        else:
+            result = _read(CommandResult, raw)
+        if result is None or (result.model_extra or {}).get("refused") == "unauthenticated":
+            return
+        self._results.setdefault(result.command_id, result)
+
+    def _outcome(self, audit: AuditRecord) -> Outcome:
+        seen = [self._notifications[n] for n in audit.notifications if n in self._notifications]
+        missing = [n for n in audit.notifications if n not in self._notifications]
+        return Outcome(audit, seen, missing)
+
+
+def _read(model: type[_M], raw: bytes | None) -> _M | None:
+    """A message of another producer's making may be anything: skip what is not ours to read."""
+    if raw is None:
+        return None
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        log.debug("skipping an unreadable %s: %s", model.__name__, exc)
+        return None
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def request(
+    kafka: KafkaSettings,
+    intent: AnyIntent,
+    *,
+    wait: str | bool | None,
+    timeout: float,
+    out: TextIO,
+    err: TextIO,
+    keyring: Keyring | None = None,
+) -> int:
+    """Publish ``intent``; with ``wait`` (``"decided"``, or ``"applied"``/True: also the
+    commands' results), print its outcome. Returns the exit code."""
+    deadline = time.monotonic() + timeout
+    stage = "applied" if wait is True else (wait or None)
+    if stage is None:
+        published = publish_intent(kafka, intent, timeout=timeout)
+        _print_published(intent, published, out)
+        return EXIT_ACCEPTED
+    # Before publishing: the answers cannot be missed.
+    with OutcomeWatch(kafka, timeout=timeout, results=stage == "applied", keyring=keyring) as watch:
+        published = publish_intent(kafka, intent, timeout=max(0.001, deadline - time.monotonic()))
+        _print_published(intent, published, out)
+        outcome = watch.wait({intent.intent_id, published.source_ref}, deadline)
+        if outcome is None:
+            print(
+                f"vmstream intent: no decision on {intent.intent_id} within {timeout:g}s. It was published "
+                f"({published.topic}[{published.partition}]@{published.offset}) and may still be decided: "
+                f"is a worker running? Watch with `vmstream tail audit --follow`.",
+                file=err,
+            )
+            return EXIT_TIMEOUT
+        _print_outcome(outcome, out, err)
+        if outcome.audit.outcome != "accepted":
+            return EXIT_NOT_ACCEPTED
+        if stage == "decided" or not outcome.audit.commands:
+            return EXIT_ACCEPTED
+        results = watch.wait_results(outcome.audit.commands, deadline)
+    for command_id in outcome.audit.commands:
+        if command_id in results:
+            print(f"  result {render_command_result(results[command_id])}", file=out)
+    out.flush()
+    missing = [c for c in outcome.audit.commands if c not in results]
+    if missing:
+        print(f"vmstream intent: {intent.intent_id} was accepted, but no result for command(s) "
+              f"{', '.join(missing)} within {timeout:g}s: is an applier running? Watch with "
+              "`vmstream tail command-results --follow`.", file=err)
+        return EXIT_TIMEOUT
+    failed = [r for r in results.values() if r.outcome not in SUCCEEDED]
+    if failed:
+        print(f"vmstream intent: {intent.intent_id} was accepted, but {len(failed)} of {len(results)} "
+              "command(s) failed in Kubernetes", file=err)
+        return EXIT_FAILED
+    return EXIT_ACCEPTED
+
+
+def _print_published(intent: AnyIntent, published: Published, out: TextIO) -> None:
+    print(f"published {intent.type} {intent.intent_id} to {published.topic} under {published.key} "
+          f"(partition {published.partition}, offset {published.offset})", file=out, flush=True)
+
+
+def _print_outcome(outcome: Outcome, out: TextIO, err: TextIO) -> None:
+    print(render_audit(outcome.audit), file=out)
+    for command_id in outcome.audit.commands:
+        print(f"  command {command_id}", file=out)
+    for notification in outcome.notifications:
+        print(f"  {render_notification(notification)}", file=out)
+    for notification_id in outcome.missing:
+        print(f"vmstream intent: notification {notification_id} not seen before the deadline", file=err)
+    out.flush()
+
+
+def _run(args: argparse.Namespace) -> int:
+    from kafka.errors import KafkaError
+
+    quiet_kafka_logs(args)
+    try:
+        intent = build_intent(args)
+    except InvalidRequest as exc:
+        print(f"vmstream intent: invalid {args.intent_type} intent, nothing published:", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        if args.key and not args.kid:
+            raise ValueError("--key needs --kid, the key's id in the worker's JWKS")
+        key = SigningKey.from_file(args.kid, args.key) if args.key else environment_key()
+    except (OSError, ValueError, TypeError) as exc:
+        print(f"vmstream intent: signing key: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    if key is not None:
+        intent = sign(intent, key, projects=args.member_of, operator=args.operator, issuer=args.issuer,
+                      lifetime=args.lifetime)
+    else:
+        print("vmstream intent: no --key: the intent goes unsigned (accepted only by a worker with "
+              "auth: none)", file=sys.stderr)
+    try:
+        kafka = load_kafka_settings(args.config)
+    except (OSError, ValueError) as exc:
+        print(f"vmstream intent: configuration: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        return request(kafka, intent, wait=args.wait, timeout=args.timeout, out=sys.stdout, err=sys.stderr,
+                       keyring=result_keyring(args.config, err=sys.stderr) if args.wait == "applied" else None)
+    except RequestError as exc:
+        print(f"vmstream intent: {exc}", file=sys.stderr)
+        return EXIT_KAFKA
+    except KafkaError as exc:
+        print(f"vmstream intent: Kafka at {kafka.bootstrap_servers}: {exc!r}", file=sys.stderr)
+        return EXIT_KAFKA
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+EXIT_CODES = (
+    "exit codes: 0 published (with --wait: accepted and every command applied, or no command; "
+    "with --wait=decided: accepted); 1 decided but not accepted (rejected, duplicate, …); 2 invalid "
+    "arguments or intent, nothing published; 3 no decision, or not every command's result, within "
+    "--timeout (the intent was published); 4 Kafka unreachable or topics missing; 5 accepted, but "
+    "a command failed in Kubernetes"
+)
+
+
+class SigningOnly(EnvironmentFirst):
+    """The file as ``intent --wait`` sees it for results: only ``signing`` matters."""
+
+    model_config = SettingsConfigDict(env_prefix="VMSTREAM_", env_nested_delimiter="__", frozen=True,
+                                      extra="ignore")
+
+    signing: SigningSettings = SigningSettings()
+
+
+def result_keyring(config: str | None, *, err: TextIO) -> Keyring | None:
+    """The keys results are sealed with (``signing`` of the configuration file and
+    ``VMSTREAM_SIGNING__*``), to count only an applier's results; None without them."""
+    try:
+        keyring = SigningOnly(**{k: v for k, v in read_yaml(config).items() if k == "signing"}).signing.keyring()
+    except (OSError, ValueError) as exc:
+        print(f"vmstream intent: the signing keys cannot be read ({exc}): results are taken as the "
+              "command-results topic holds them (only the applier may write it: docs/security.md)", file=err)
+        return None
+    return keyring or None
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``vmstream intent`` and its one subcommand per intent type."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--by", dest="requested_by", required=True, metavar="PRINCIPAL",
+                        help="who asks (e.g. alice@example.com); notifications go to them")
+    common.add_argument("--project", help="the project that owns the VM (required for VM intents)")
+    common.add_argument("--id", dest="intent_id", metavar="ID",
+                        help="the intent id (default: a new UUID); the same id twice has one effect")
+    common.add_argument("--config", help="the configuration file (YAML)")
+    signing = common.add_argument_group(
+        "credential", "sign the intent as an upstream service does (docs/auth.md); default from "
+        "VMSTREAM_INTENT_KEY and VMSTREAM_INTENT_KID")
+    signing.add_argument("--key", metavar="PEM", help="the signer's private key (Ed25519, EC P-256 or RSA)")
+    signing.add_argument("--kid", help="the key's id in the worker's JWKS (required with --key)")
+    signing.add_argument("--member-of", action="append", metavar="PROJECT",
+                         help="a project the requester belongs to (default: --project); repeatable")
+    signing.add_argument("--operator", action="store_true", help="vouch that the requester is an operator")
+    signing.add_argument("--issuer", help="the iss claim, if the worker checks issuers")
+    signing.add_argument("--lifetime", type=positive_seconds, default=300.0, metavar="SECONDS",
+                         help="how long the credential is valid (default 300)")
+    common.add_argument("--wait", nargs="?", const="applied", choices=WAIT_STAGES, metavar="applied|decided",
+                        help="wait for the decision and print it; then (applied, the default) for the "
+                        "result of each of its commands in Kubernetes")
+    common.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                        help=f"give up publishing and waiting after SECONDS (default {DEFAULT_TIMEOUT:g})")
+
+    intent = commands.add_parser(
+        "intent", help="publish a validated intent (optionally wait for its decision)",
+        description="Publish one intent to the intents topic, after checking it against the "
+        "contract's models.", epilog=EXIT_CODES,
+    )
+    kinds = intent.add_subparsers(dest="intent_command", required=True, metavar="TYPE")
+
+    def kind(name: str, intent_type: str, help_text: str) -> argparse.ArgumentParser:
+        parser = kinds.add_parser(name, parents=[common], help=help_text, description=help_text,
+                                  epilog=EXIT_CODES)
+        parser.set_defaults(handler=_run, intent_type=intent_type)
+        return parser
+
+    def vm(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--namespace", required=True, help="the VM's namespace")
+        parser.add_argument("--name", required=True, help="the VM's name")
+
+    set_gpu = kind("set-gpu", "set_gpu", "give a VM a GPU of a class, or remove its GPU")
+    vm(set_gpu)
+    gpu = set_gpu.add_mutually_exclusive_group(required=True)
+    gpu.add_argument("--gpu-class", metavar="CLASS", help="the GPU class id (see the configuration)")
+    gpu.add_argument("--remove", action="store_true", help="remove the VM's GPU")
+
+    create = kind("create-vm", "create_vm", "create a VM")
+    vm(create)
+    create.add_argument("--cores", type=int, required=True, help="1, 2, 4, 8, 16 or 32")
+    create.add_argument("--memory-gib", type=int, required=True, help="1, 2, 4, 8, 16, 32 or 64")
+    create.add_argument("--image", required=True, help="the container disk image")
+    create.add_argument("--run-strategy", help=f"{' | '.join(get_args(RunStrategy))} (default Manual)")
+    create.add_argument("--preference", help=f"{' | '.join(get_args(Preference))} (default linux)")
+    create.add_argument("--gpu-class", metavar="CLASS", help="a GPU class id (default: no GPU)")
+    create.add_argument("--label", action="append", metavar="KEY=VALUE", help="a label; repeatable")
+
+    restart = kind("restart", "restart_vm", "restart a VM (applies a pending GPU change)")
+    vm(restart)
+
+    drain = kind("drain", "drain_node", "drain a node (operators only): GPU VMs are stopped after notice")
+    drain.add_argument("--node", required=True, help="the node's name")
+    drain.add_argument("--reason", required=True, help="why, told to the VMs' owners")
+    drain.add_argument("--notice-seconds", type=int, metavar="SECONDS",
+                       help="notice before GPU VMs are stopped (default: the configured notice)")
+
+    undrain = kind("undrain", "undrain_node", "end a node's drain (operators only)")
+    undrain.add_argument("--node", required=True, help="the node's name")
+    undrain.add_argument("--reason", help="why (optional)")

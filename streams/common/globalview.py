@@ -1,0 +1,102 @@
+"""Cluster-wide tables, read by every worker instance: all partitions of a changelog.
+
+Each node's GPU usage is written by the instance that owns the node's partition, into an
+ordinary Faust table; capacity questions need every node's usage. Faust's ``GlobalTable``
+is meant for this, but with more than one instance it does not deliver the partitions
+another instance writes (faust-streaming issue #283, and seen here: an instance saw only
+its own nodes). So this view reads the changelog topics itself, with a group-less consumer
+assigned every partition, from the beginning and then as they grow.
+
+The worker's pages answer for the whole cluster the same way: ``/pending`` reads the
+``tracking``, ``vms`` and ``vmis`` changelogs through a view of their own that keeps the
+rows as bytes and decodes only those a page asks for (``decode=False``), so any replica
+behind a Service gives the same list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from handlers.state import TableName
+from streams.common.codecs import decode_state
+
+log = logging.getLogger(__name__)
+
+
+class GlobalView:
+    """The latest value of every key of some tables' changelogs, across all partitions."""
+
+    def __init__(self, bootstrap_servers: str, changelogs: dict[TableName, str], *, decode: bool = True,
+                 **client: Any) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.changelogs = changelogs
+        self.decode = decode  # else rows are kept as bytes, decoded by ``get``
+        self.client = client
+        self.tables: dict[TableName, dict[str, Any]] = {name: {} for name in changelogs}
+        self.caught_up = asyncio.Event()
+        self._names = {topic: name for name, topic in changelogs.items()}
+
+    async def run(self) -> None:
+        """Read every partition from the start, flag when the start-up backlog is read, go on."""
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, enable_auto_commit=False,
+                                    group_id=None, **self.client)
+        await consumer.start()
+        try:
+            partitions = [
+                TopicPartition(topic, partition)
+                for topic in self.changelogs.values()
+                for partition in sorted(consumer.partitions_for_topic(topic) or await _partitions(consumer, topic))
+            ]
+            consumer.assign(partitions)
+            await consumer.seek_to_beginning(*partitions)
+            backlog = {tp: end for tp, end in (await consumer.end_offsets(partitions)).items() if end > 0}
+            if not backlog:
+                self.caught_up.set()
+            while True:
+                batches = await consumer.getmany(timeout_ms=500)
+                for tp, records in batches.items():
+                    for record in records:
+                        self._apply(tp.topic, record.key, record.value)
+                if not self.caught_up.is_set():
+                    positions = {tp: await consumer.position(tp) for tp in backlog}
+                    if all(positions[tp] >= end for tp, end in backlog.items()):
+                        self.caught_up.set()
+        finally:
+            await consumer.stop()
+
+    def _apply(self, topic: str, key: bytes | None, value: bytes | None) -> None:
+        if key is None:
+            return
+        name = self._names[topic]
+        decoded_key = json.loads(key)  # Faust writes str keys as JSON
+        if value is None:
+            self.tables[name].pop(decoded_key, None)
+        else:
+            self.tables[name][decoded_key] = decode_state(name, value) if self.decode else value
+
+    def get(self, table: TableName, key: str) -> Any | None:
+        """A row, decoded (a :class:`~handlers.state.StateView` over the view alone)."""
+        value = self.tables[table].get(key)
+        return decode_state(table, value) if isinstance(value, bytes) else value
+
+    def values(self, table: TableName) -> list[Any]:
+        return [value for key in self.keys(table) if (value := self.get(table, key)) is not None]
+
+    def keys(self, table: TableName) -> list[str]:
+        return sorted(self.tables[table])
+
+
+async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
+    """Partitions of a topic the consumer has not fetched metadata for yet."""
+    for _ in range(50):
+        found = consumer.partitions_for_topic(topic)
+        if found:
+            return set(found)
+        await consumer._client.force_metadata_update()
+        await asyncio.sleep(0.1)  # metadata refresh interval
+    raise RuntimeError(f"changelog topic {topic} has no partitions")

@@ -1,0 +1,91 @@
+"""Kafka clients configured from settings: one place for bootstrap, TLS and SASL options.
+
+kafka-python serves administration and the CLI's producers and consumers; the worker's
+Faust app gets the same options through :func:`faust_credentials`.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+
+from streams.common.settings import KafkaSettings
+
+
+def client_options(kafka: KafkaSettings) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "bootstrap_servers": kafka.bootstrap_servers.split(","),
+        "security_protocol": kafka.security_protocol,
+    }
+    if kafka.sasl_mechanism:
+        options["sasl_mechanism"] = kafka.sasl_mechanism
+        options["sasl_plain_username"] = kafka.sasl_username
+        options["sasl_plain_password"] = kafka.sasl_password.get_secret_value() if kafka.sasl_password else None
+    if kafka.ssl_cafile:
+        options["ssl_cafile"] = kafka.ssl_cafile
+    return options
+
+
+def admin_client(kafka: KafkaSettings) -> KafkaAdminClient:
+    return KafkaAdminClient(client_id="vmstream-admin", **client_options(kafka))
+
+
+# Compression for producers whose messages can be large (whole Kubernetes objects): gzip is
+# the codec both kafka-python and aiokafka (Faust's ``producer_compression_type``) support
+# with the standard library alone; lz4, snappy and zstd need native packages.
+COMPRESSION = "gzip"
+
+
+def producer(
+    kafka: KafkaSettings, *, client_id: str = "vmstream-cli", compression: str | None = None, **extra: Any
+) -> KafkaProducer:
+    """An idempotent producer: a retried send never writes a message twice.
+
+    ``compression`` (e.g. :data:`COMPRESSION`) compresses each batch; the broker's size limit
+    then applies to the compressed batch.
+    """
+    return KafkaProducer(
+        client_id=client_id,
+        acks="all",
+        enable_idempotence=True,
+        compression_type=compression,
+        **client_options(kafka),
+        **extra,
+    )
+
+
+def consumer(kafka: KafkaSettings, *topics: str, **extra: Any) -> KafkaConsumer:
+    return KafkaConsumer(*topics, **client_options(kafka), **extra)
+
+
+def aiokafka_options(kafka: KafkaSettings) -> dict[str, Any]:
+    """The same options for an aiokafka client of the worker's own (not made by Faust)."""
+    options: dict[str, Any] = {"security_protocol": kafka.security_protocol}
+    if kafka.security_protocol in ("SSL", "SASL_SSL"):
+        options["ssl_context"] = ssl.create_default_context(cafile=kafka.ssl_cafile)
+    if kafka.sasl_mechanism:
+        options["sasl_mechanism"] = kafka.sasl_mechanism
+        options["sasl_plain_username"] = kafka.sasl_username
+        options["sasl_plain_password"] = kafka.sasl_password.get_secret_value() if kafka.sasl_password else None
+    return options
+
+
+def faust_credentials(kafka: KafkaSettings) -> Any:
+    """Faust's ``broker_credentials`` for the configured security protocol, or None."""
+    import faust
+
+    context = None
+    if kafka.security_protocol in ("SSL", "SASL_SSL"):
+        context = ssl.create_default_context(cafile=kafka.ssl_cafile)
+    if kafka.sasl_mechanism:
+        return faust.SASLCredentials(
+            username=kafka.sasl_username,
+            password=kafka.sasl_password.get_secret_value() if kafka.sasl_password else None,
+            mechanism=kafka.sasl_mechanism,
+            ssl_context=context,
+        )
+    if context is not None:
+        return faust.SSLCredentials(context)
+    return None

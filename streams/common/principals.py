@@ -1,0 +1,81 @@
+"""Who may do what on Kafka: one principal per process and per upstream service.
+
+    principal → the topics it reads and writes, the groups it joins → ACLs
+
+The table is the specification of docs/security.md ("Kafka ACLs"): tests/kafka/test_acls.py
+grants it on a broker with SASL/SCRAM and KRaft's StandardAuthorizer and shows each
+process can do its job and nothing more; deploy/components/strimzi ships it as Strimzi
+``KafkaUser`` resources, and the test checks they say the same. Topic names are logical
+(``commands`` → ``<topic_prefix>commands``); ``{app_id}`` is the worker's application id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from streams.common.settings import KafkaSettings
+from streams.common.topics import ROUTED
+
+if TYPE_CHECKING:
+    from kafka.admin import ACL
+
+
+@dataclass(frozen=True, slots=True)
+class Grants:
+    """What one principal may do. ``owned_prefix``: topics (and transactional ids) it owns
+    outright under that name prefix — the worker's changelogs and Faust's own topics."""
+
+    read: tuple[str, ...] = ()
+    write: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+    owned_prefix: str | None = None
+    read_prefixed: tuple[str, ...] = ()  # topics read by name prefix (another's changelogs)
+
+
+# The processes (their Kafka users are named as their ServiceAccounts) and the upstream
+# services: each service that asks for changes is a principal of its own with WRITE on
+# intents only, so a leaked credential cannot forge commands, results or audit records.
+PRINCIPALS: dict[str, Grants] = {
+    "vmstream-worker": Grants(
+        read=("intents", "k8s-events", ROUTED),
+        write=(ROUTED, "commands", "notifications", "audit", "dlq"),
+        groups=("{app_id}",),
+        owned_prefix="{app_id}-",
+    ),
+    "vmstream-watch": Grants(read=("k8s-events",), write=("k8s-events", "dlq")),
+    "vmstream-apply": Grants(
+        read=("commands", "command-results"),
+        write=("command-results", "notifications", "audit", "dlq"),
+        groups=("{app_id}-applier",),
+    ),
+    # vmstream notify: notifications in; its ledger of deliveries, and dead letters, out.
+    "vmstream-notify": Grants(read=("notifications", "deliveries"), write=("deliveries", "dlq"),
+                              groups=("vmstream-notify",)),
+    # vmstream api: the worker's tables, read-only, and its own compacted figures per class.
+    "vmstream-api": Grants(read=("gpu-classes",), write=("gpu-classes",), read_prefixed=("{app_id}-state-",)),
+    "upstream-portal": Grants(write=("intents",)),
+}
+
+
+def acls(principal: str, grants: Grants, kafka: KafkaSettings, *, app_id: str) -> list[ACL]:
+    """``grants`` as Kafka ACLs for ``User:<principal>`` (kafka-python's admin types)."""
+    from kafka.admin import ACL, ACLOperation, ACLPermissionType, ResourcePattern, ACLResourcePatternType, ResourceType
+
+    def allow(operation: ACLOperation, kind: ResourceType, name: str,
+              pattern: ACLResourcePatternType = ACLResourcePatternType.LITERAL) -> ACL:
+        return ACL(f"User:{principal}", "*", operation, ACLPermissionType.ALLOW, ResourcePattern(kind, name, pattern))
+
+    found: list[ACL] = []
+    # READ and WRITE imply DESCRIBE.
+    found += [allow(ACLOperation.READ, ResourceType.TOPIC, kafka.topic(topic)) for topic in grants.read]
+    found += [allow(ACLOperation.WRITE, ResourceType.TOPIC, kafka.topic(topic)) for topic in grants.write]
+    found += [allow(ACLOperation.READ, ResourceType.TOPIC, prefix.format(app_id=app_id),
+                    ACLResourcePatternType.PREFIXED) for prefix in grants.read_prefixed]
+    for group in grants.groups:
+        found.append(allow(ACLOperation.READ, ResourceType.GROUP, group.format(app_id=app_id)))
+    if grants.owned_prefix:
+        prefix = grants.owned_prefix.format(app_id=app_id)
+        found += [allow(ACLOperation.ALL, ResourceType.TOPIC, prefix, ACLResourcePatternType.PREFIXED),
+                  allow(ACLOperation.ALL, ResourceType.TRANSACTIONAL_ID, prefix, ACLResourcePatternType.PREFIXED)]
+    return found

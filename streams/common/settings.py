@@ -1,0 +1,301 @@
+"""The configuration file (docs/contracts.md) plus the shell's own options, from YAML and env.
+
+Precedence, highest first: environment variables (``VMSTREAM_<KEY>``, nested with
+``__``: ``VMSTREAM_DRAIN__NOTICE_SECONDS=60``), then the YAML file, then defaults. The
+rules see only :class:`~handlers.config.Config`; Kafka and worker options stay here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from handlers.config import Config
+from handlers.delivery import Endpoint, Route
+from streams.common.signing import Keyring, keyring_from
+
+OUTPUT_TOPICS = ("commands", "command-results", "notifications", "audit", "dlq")
+INPUT_TOPICS = ("intents", "k8s-events")
+
+
+class KafkaSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    topic_prefix: str = "vmstream."
+    partitions: int = Field(default=6, ge=1)
+    replication_factor: int = Field(default=1, ge=1)
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: str | None = None
+    # False where the topics are managed elsewhere (Strimzi KafkaTopics, deploy/components/strimzi):
+    # processes then only check that they exist, and need no permission to create them.
+    create_topics: bool = True
+
+    def topic(self, name: str) -> str:
+        """The full name of a logical topic (``audit`` → ``vmstream.audit``)."""
+        return f"{self.topic_prefix}{name}"
+
+
+class WorkerSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    app_id: str = "vmstream"
+    store: str = "memory://"  # or rocksdb:// (through rocksdict)
+    web_port: int = 6066
+    # Where the pages listen (Faust's web_bind): loopback unless told; deploy/ sets the Pod's IP.
+    web_host: str = "127.0.0.1"
+    # Every page but /health and /ready needs "Authorization: Bearer <token>": the token
+    # from web_token (VMSTREAM_WORKER__WEB_TOKEN) or the file web_token_file. Without
+    # either, those pages answer 401 to everyone.
+    web_token: SecretStr | None = None
+    web_token_file: str | None = None
+    tick_seconds: float = Field(default=1.0, gt=0)
+    batch_size: int = Field(default=500, ge=1)  # inputs decided per group commit, at most
+    batch_seconds: float = Field(default=0.005, gt=0)  # how long a batch waits to fill
+    # The consumer's long poll; Faust's own 1.5 s stalls busy partitions (streams/worker/faustfixes.py).
+    # A fetch returns once it holds fetch_min_bytes or fetch_max_wait_ms has passed: under load,
+    # one fetch per 10 ms instead of one per record; when idle, one per fetch_idle_wait_ms,
+    # returning at the first record (docs/worker.md, "Latency").
+    fetch_max_wait_ms: int = Field(default=10, ge=1, le=1500)
+    fetch_min_bytes: int = Field(default=16384, ge=1)
+    fetch_idle_wait_ms: int = Field(default=500, ge=1, le=1500)
+    # Survivors frozen this often, everything collected that often: streams/common/heap.py.
+    gc_freeze_seconds: float = Field(default=1.0, gt=0)
+    gc_full_seconds: float = Field(default=600.0, gt=0)
+    exactly_once: bool = False  # Faust's transactions break on rebalance: see streams/worker/app.py
+    # A message the broker refuses is sent again this many times in all, after a backoff that
+    # starts here and doubles; then the worker exits (status 75) before acknowledging its input.
+    publish_attempts: int = Field(default=5, ge=1)
+    publish_backoff_seconds: float = Field(default=0.2, gt=0)
+    # Consumer group membership of this process (the worker's group, or the applier's):
+    # docs/worker.md, "Recovery". With a group_instance_id (static membership, KIP-345) a
+    # process restarted after a crash takes its partitions back as soon as it joins, instead
+    # of waiting out its dead predecessor's session: one id per replica, stable across
+    # restarts (deploy/ uses the pod name), never shared by two live processes (the broker
+    # fences the older one). Without one, a dead member's partitions wait for its session to
+    # time out. The session also bounds how long a replica that is gone for good (a pod
+    # replaced under a new name) keeps its partitions: 10 s (Faust's default was 60 s).
+    group_instance_id: str | None = Field(default=None, min_length=1, max_length=249)
+    session_timeout_seconds: float = Field(default=10.0, ge=6, le=300)  # the broker's minimum is 6 s
+    heartbeat_interval_seconds: float = Field(default=1.0, gt=0)  # well under a third of the session
+
+    def faust_consumer_settings(self) -> dict[str, Any]:
+        """The membership settings as Faust's App takes them."""
+        return {
+            "consumer_group_instance_id": self.group_instance_id,
+            "broker_session_timeout": self.session_timeout_seconds,
+            "broker_heartbeat_interval": self.heartbeat_interval_seconds,
+        }
+
+    def client_consumer_settings(self) -> dict[str, Any]:
+        """The membership settings as kafka-python's KafkaConsumer takes them (the applier)."""
+        return {
+            "group_instance_id": self.group_instance_id,
+            "session_timeout_ms": int(self.session_timeout_seconds * 1000),
+            "heartbeat_interval_ms": int(self.heartbeat_interval_seconds * 1000),
+        }
+
+    def page_token(self) -> str | None:
+        """The bearer token the private pages want, if one is configured."""
+        if self.web_token is not None and self.web_token.get_secret_value():
+            return self.web_token.get_secret_value()
+        if self.web_token_file:
+            token = Path(self.web_token_file).read_text(encoding="utf-8").strip()
+            if not token:
+                raise ValueError(f"worker.web_token_file: {self.web_token_file} is empty")
+            return token
+        return None
+
+
+class ApplySettings(BaseModel):
+    """``vmstream apply``: commands of different keys are applied at once, those of one key
+    (one VM, one node) one after the other in offset order."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    concurrency: int = Field(default=8, ge=1, le=256)  # API calls in flight, at most (one per key)
+    max_in_flight: int = Field(default=200, ge=1)  # commands read and not yet released, at most
+
+
+class ApiSettings(BaseModel):
+    """``vmstream api``, the read API for consoles (docs/api.md).
+
+    Tokens: ``operator_token`` (or the file ``operator_token_file``) sees everything;
+    ``project_tokens`` (token → project; or the YAML map ``project_tokens_file``) sees the
+    GPU classes and that project only. Without any token every ``/v1`` page answers 401.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = "127.0.0.1"  # loopback unless told; deploy/ sets the Pod's IP
+    port: int = Field(default=6069, ge=0, le=65535)
+    operator_token: SecretStr | None = None
+    operator_token_file: str | None = None
+    project_tokens: dict[str, str] = Field(default_factory=dict)  # VMSTREAM_API__PROJECT_TOKENS as JSON
+    project_tokens_file: str | None = None
+    # How often the GPU classes' figures are compared with vmstream.gpu-classes (and the
+    # classes that changed published).
+    publish_seconds: float = Field(default=1.0, gt=0)
+
+    def tokens(self) -> dict[str, Any]:
+        """Every accepted token → its caller (``streams.serve.api.Caller``)."""
+        from streams.serve.api import Caller
+
+        projects = dict(self.project_tokens)
+        if self.project_tokens_file:
+            loaded = yaml.safe_load(Path(self.project_tokens_file).read_text(encoding="utf-8")) or {}
+            if not isinstance(loaded, dict):
+                raise ValueError(f"api.project_tokens_file: {self.project_tokens_file} is not a map of token → project")
+            projects.update({str(token): str(project) for token, project in loaded.items()})
+        tokens: dict[str, Any] = {token: Caller(operator=False, project=project)
+                                  for token, project in projects.items() if token}
+        operator = self.operator_token.get_secret_value() if self.operator_token else None
+        if not operator and self.operator_token_file:
+            operator = Path(self.operator_token_file).read_text(encoding="utf-8").strip()
+            if not operator:
+                raise ValueError(f"api.operator_token_file: {self.operator_token_file} is empty")
+        if operator:
+            tokens[operator] = Caller(operator=True, project=None)
+        return tokens
+
+
+class SigningSettings(BaseModel):
+    """The keys that seal commands (worker) and command results (applier): docs/security.md.
+
+    ``keys_file`` is a directory of one file per key, named by its id (a mounted Secret), or
+    a YAML mapping of key id → secret; ``keys`` adds keys inline (``VMSTREAM_SIGNING__KEYS``
+    as JSON). Messages are sealed with ``key_id`` (default: the only key) and verified with
+    any key held, so a new key is rolled out to every verifier before it seals.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key_id: str | None = None
+    keys: dict[str, SecretStr] = Field(default_factory=dict)
+    keys_file: str | None = None
+
+    def keyring(self) -> Keyring:
+        return keyring_from(keys={kid: secret.get_secret_value() for kid, secret in self.keys.items()},
+                            keys_file=self.keys_file, key_id=self.key_id)
+
+
+class SmtpSettings(BaseModel):
+    """The mail relay ``vmstream notify`` sends through (docs/notify.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str | None = None  # None: no e-mail; addresses then go to dead letters
+    port: int = Field(default=587, ge=1, le=65535)
+    # starttls: upgrade a plain connection (587); ssl: TLS from the first byte (465).
+    security: Literal["starttls", "ssl", "none"] = "starttls"
+    ssl_cafile: str | None = None
+    username: str | None = None
+    password: SecretStr | None = None  # VMSTREAM_NOTIFY__SMTP__PASSWORD
+    sender: str = "vmstream@localhost"
+    timeout_seconds: float = Field(default=30.0, gt=0)
+
+
+class RateLimit(BaseModel):
+    """A token bucket per recipient: ``burst`` at once, then ``per_second``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    per_second: float = Field(default=1.0, gt=0)
+    burst: int = Field(default=20, ge=1)
+
+
+class NotifySettings(BaseModel):
+    """``vmstream notify``: notifications delivered to people (docs/notify.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    smtp: SmtpSettings = SmtpSettings()
+    endpoints: dict[str, Endpoint] = Field(default_factory=dict)  # webhook:<name> → where and how
+    # project id → its members (principals); else looked up at directory_url, with {project}
+    # replaced, answering a JSON list of principals (or {"members": [...]}), kept for a while.
+    directory: dict[str, list[str]] = Field(default_factory=dict)
+    directory_url: str | None = None
+    directory_cache_seconds: float = Field(default=300.0, ge=0)
+    routes: list[Route] = Field(default_factory=list)
+    rate_limit: RateLimit = RateLimit()
+    attempts: int = Field(default=6, ge=1)  # per delivery, then a dead letter
+    backoff_seconds: float = Field(default=0.5, gt=0)  # the first wait; it doubles
+    backoff_max_seconds: float = Field(default=30.0, gt=0)
+    http_timeout_seconds: float = Field(default=10.0, gt=0)
+    source: str = "urn:vmstream"  # the CloudEvents' source
+    group_id: str = "vmstream-notify"
+
+
+class EnvironmentFirst(BaseSettings):
+    """Settings whose file values arrive as init arguments, so the environment must win."""
+
+    model_config = SettingsConfigDict(env_prefix="VMSTREAM_", env_nested_delimiter="__", frozen=True)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return env_settings, init_settings
+
+
+class Settings(EnvironmentFirst, Config):
+    """The whole configuration file: the AZ's policy plus Kafka and worker options."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="VMSTREAM_", env_nested_delimiter="__", frozen=True, extra="forbid"
+    )
+
+    kafka: KafkaSettings = KafkaSettings()
+    worker: WorkerSettings = WorkerSettings()
+    api: ApiSettings = ApiSettings()
+    apply: ApplySettings = ApplySettings()
+    signing: SigningSettings = SigningSettings()
+    notify: NotifySettings = NotifySettings()
+
+    def rules(self) -> Config:
+        """The policy the handlers obey."""
+        return Config.model_validate(self.model_dump(include=set(Config.model_fields)))
+
+
+class ClientSettings(EnvironmentFirst):
+    """The file as a client (``intent``, ``tail``) sees it: only ``kafka`` matters, so a
+    person can publish or read without the AZ's policy."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="VMSTREAM_", env_nested_delimiter="__", frozen=True, extra="ignore"
+    )
+
+    kafka: KafkaSettings = KafkaSettings()
+
+
+def read_yaml(path: str | Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not YAML: {exc}") from exc
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path}: the configuration must be a YAML mapping")
+    return loaded
+
+
+def load_settings(path: str | Path | None) -> Settings:
+    return Settings(**read_yaml(path))
+
+
+def load_kafka_settings(path: str | Path | None) -> KafkaSettings:
+    """``kafka`` from the configuration file and ``VMSTREAM_KAFKA__*``, as the worker reads it."""
+    return ClientSettings(**{k: v for k, v in read_yaml(path).items() if k == "kafka"}).kafka

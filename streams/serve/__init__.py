@@ -1,0 +1,1 @@
+"""Processes that serve people outside Kafka: owners' notifications and the consoles' read API."""

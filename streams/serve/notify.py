@@ -1,0 +1,584 @@
+"""``vmstream notify``: notifications delivered to people — e-mail, webhooks, chat rooms.
+
+    notifications topic → :class:`~handlers.messages.Notification`
+        → :func:`~handlers.delivery.targets` (addresses, ``project:`` members, routes)
+        → :func:`~handlers.delivery.pending` (what the deliveries ledger does not hold yet)
+        → per target: rate limit, send (SMTP / HTTP POST), retried while transient
+        → a ledger record per delivery (or a dead letter, and its ledger record)
+        → commit the notification's offset
+
+At least once, and once in practice: the compacted topic ``vmstream.deliveries`` is the
+ledger, one record per (notification_id, channel, recipient) delivered or dead-lettered,
+written as soon as the receiver took it. It is read to its end at start-up and caught up
+before every batch, so a notification read again after a crash (its offset not committed
+yet) is sent only where it had not arrived. What remains is the window between a
+receiver's answer and the ledger's acknowledgement: a crash there sends that one delivery
+twice; CloudEvents carry the notification's id for receivers that drop repeats.
+
+Transient failures (HTTP 408/425/429/5xx, SMTP 4xx, connection errors, timeouts) are
+retried with exponential backoff (tenacity); after the last attempt, and at once on a
+permanent one (another HTTP 4xx, SMTP 5xx), the delivery goes to ``vmstream.dlq`` with the
+reason, its original the notification. docs/notify.md describes the configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import logging
+import signal
+import smtplib
+import ssl
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.message import EmailMessage
+from email.utils import make_msgid
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Protocol
+
+from prometheus_client import Counter, Histogram
+from pydantic import ValidationError
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from handlers import delivery
+from handlers.delivery import Bucket, Endpoint, Target, Verdict
+from handlers.messages import DeadLetter, DeadLetterSource, Notification, clip, describe_validation_error
+from handlers.tracing import TYPE_PREFIX, ce_headers, dead_letter_id
+from streams.common import metrics
+from streams.common.cloudevents import TRACEPARENT, TRACESTATE, Trace, event_source, trace_of
+from streams.common.kafka_clients import consumer, producer
+from streams.common.logs import limit_client_logs
+from streams.common.probes import ProbeServer, add_probe_arguments
+from streams.common.settings import NotifySettings, Settings, SmtpSettings, load_settings
+from streams.common.topics import DELIVERIES, ensure_topics
+
+if TYPE_CHECKING:
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka.consumer.fetcher import ConsumerRecord
+
+log = logging.getLogger(__name__)
+
+LEDGER = DELIVERIES  # the logical name of the ledger topic (compacted)
+
+DELIVERIES = Counter("vmstream_notify_deliveries_total",
+                     "Deliveries of notifications, by channel and outcome (delivered, dead_lettered, skipped: "
+                     "already in the ledger)", ["channel", "outcome"])
+ATTEMPTS = Counter("vmstream_notify_attempts_total", "Attempts to deliver, by channel and what came of each",
+                   ["channel", "verdict"])
+LATENCY = Histogram("vmstream_notify_latency_seconds", "From a notification's time to its delivery",
+                    ["channel"], buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0))
+
+
+class Failed(Exception):
+    """A delivery that did not arrive: ``transient`` is worth another try, ``permanent`` not."""
+
+    def __init__(self, verdict: Verdict, reason: str) -> None:
+        super().__init__(reason)
+        self.verdict = verdict
+        self.reason = reason
+
+
+class Transport(Protocol):
+    """Talks to the outside: one delivery of one notification, or :class:`Failed`."""
+
+    def send(self, target: Target, notification: Notification, context: dict[str, str] | None = None) -> None: ...
+
+    def idle(self) -> None: ...
+
+
+# ------------------------------------------------------------------------------ senders
+
+
+class SmtpSender:
+    """E-mail through the configured relay; one connection kept while there is mail to send."""
+
+    def __init__(self, smtp: SmtpSettings) -> None:
+        self.smtp = smtp
+        self._connection: smtplib.SMTP | None = None
+
+    def _connect(self) -> smtplib.SMTP:
+        if self._connection is not None:
+            return self._connection
+        settings = self.smtp
+        if settings.host is None:
+            raise Failed("permanent", "no SMTP relay configured (notify.smtp.host)")
+        context = ssl.create_default_context(cafile=settings.ssl_cafile) if settings.security != "none" else None
+        connection: smtplib.SMTP
+        if settings.security == "ssl":
+            connection = smtplib.SMTP_SSL(settings.host, settings.port, timeout=settings.timeout_seconds,
+                                          context=context)
+        else:
+            connection = smtplib.SMTP(settings.host, settings.port, timeout=settings.timeout_seconds)
+        try:
+            connection.ehlo()
+            if settings.security == "starttls":
+                connection.starttls(context=context)
+                connection.ehlo()
+            if settings.username:
+                password = settings.password.get_secret_value() if settings.password else ""
+                connection.login(settings.username, password)
+        except BaseException:
+            _close_quietly(connection)
+            raise
+        self._connection = connection
+        return connection
+
+    def send(self, address: str, notification: Notification) -> None:
+        mail = delivery.render_email(notification)
+        message = EmailMessage()
+        message["From"] = self.smtp.sender
+        message["To"] = address
+        message["Subject"] = mail.subject
+        message["Message-ID"] = make_msgid(domain="vmstream")
+        message["X-Vmstream-Notification-Id"] = notification.notification_id
+        message.set_content(mail.body)
+        try:
+            self._connect().send_message(message, from_addr=self.smtp.sender, to_addrs=[address])
+        except smtplib.SMTPRecipientsRefused as exc:
+            self.idle()
+            code, text = next(iter(exc.recipients.values()), (550, b"refused"))
+            raise Failed(delivery.classify_smtp(code), f"SMTP {code} for {address}: {_text(text)}") from exc
+        except smtplib.SMTPResponseException as exc:
+            self.idle()
+            raise Failed(delivery.classify_smtp(exc.smtp_code),
+                         f"SMTP {exc.smtp_code}: {_text(exc.smtp_error)}") from exc
+        except smtplib.SMTPNotSupportedError as exc:
+            self.idle()
+            raise Failed("permanent", f"SMTP: {exc}") from exc
+        except (smtplib.SMTPException, OSError) as exc:  # disconnected, refused, timed out, TLS
+            self.idle()
+            raise Failed("transient", f"SMTP {self.smtp.host}:{self.smtp.port}: {type(exc).__name__}: {exc}") from exc
+
+    def idle(self) -> None:
+        """Let the connection go (nothing to send for now, or it failed)."""
+        if self._connection is not None:
+            _close_quietly(self._connection)
+            self._connection = None
+
+
+def _close_quietly(connection: smtplib.SMTP) -> None:
+    try:
+        connection.quit()
+    except (smtplib.SMTPException, OSError):
+        connection.close()
+
+
+def _text(raw: bytes | str) -> str:
+    return clip(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw), 512)
+
+
+def post_json(url: str, body: dict[str, Any], *, content_type: str, headers: dict[str, str],
+              timeout: float) -> None:
+    """POST ``body``; :class:`Failed` unless the answer is 2xx."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={**headers, "Content-Type": content_type, "User-Agent": "vmstream-notify"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 — configured endpoints only
+            response.read()
+    except urllib.error.HTTPError as exc:
+        text = exc.read(512).decode("utf-8", "replace").strip() if exc.fp is not None else ""
+        raise Failed(delivery.classify_http(exc.code), f"HTTP {exc.code} from {_site(url)}"
+                     + (f": {clip(text, 256)}" if text else "")) from exc
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
+        raise Failed("transient", f"{_site(url)}: {type(exc).__name__}: {exc}") from exc
+
+
+def _site(url: str) -> str:
+    """Where a URL points, without its path (an incoming webhook's path is its secret)."""
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+class Senders:
+    """The real transport: SMTP for addresses, HTTP POST for endpoints."""
+
+    def __init__(self, settings: NotifySettings) -> None:
+        self.settings = settings
+        self.mail = SmtpSender(settings.smtp)
+
+    def send(self, target: Target, notification: Notification, context: dict[str, str] | None = None) -> None:
+        """``context``: the W3C trace context of this delivery, sent as HTTP headers and, in a
+        CloudEvent, as its ``traceparent``/``tracestate`` extension attributes."""
+        if target.channel == "email":
+            self.mail.send(target.recipient, notification)
+            return
+        context = context or {}
+        endpoint: Endpoint = self.settings.endpoints[target.recipient]
+        if endpoint.format == "slack":
+            post_json(endpoint.url, delivery.slack_payload(notification), content_type="application/json",
+                      headers={**endpoint.headers, **context}, timeout=self.settings.http_timeout_seconds)
+        else:
+            event = {**delivery.cloud_event(notification, source=self.settings.source), **context}
+            post_json(endpoint.url, event, content_type="application/cloudevents+json; charset=utf-8",
+                      headers={**endpoint.headers, **context}, timeout=self.settings.http_timeout_seconds)
+
+    def idle(self) -> None:
+        self.mail.idle()
+
+
+# ------------------------------------------------------------------------------ directory
+
+
+@dataclass
+class Directory:
+    """Project members: the configured map first, else an HTTP lookup kept for a while."""
+
+    settings: NotifySettings
+    clock: Callable[[], float] = time.monotonic
+    _cache: dict[str, tuple[list[str], float]] = field(default_factory=dict)
+
+    def members(self, projects: Sequence[str]) -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {}
+        for project in projects:
+            if project in self.settings.directory:
+                found[project] = self.settings.directory[project]
+            elif self.settings.directory_url:
+                looked_up = self._lookup(project)
+                if looked_up is not None:
+                    found[project] = looked_up
+        return found
+
+    def _lookup(self, project: str) -> list[str] | None:
+        cached = self._cache.get(project)
+        if cached is not None and cached[1] > self.clock():
+            return cached[0]
+        assert self.settings.directory_url is not None
+        url = self.settings.directory_url.replace("{project}", urllib.parse.quote(project, safe=""))
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers={"Accept": "application/json"}),  # noqa: S310
+                                        timeout=self.settings.http_timeout_seconds) as response:
+                answer = json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:  # no such project: nobody to tell, and that is an answer
+                self._cache[project] = ([], self.clock() + self.settings.directory_cache_seconds)
+                return []
+            log.warning("directory lookup of project %s: HTTP %d", project, exc.code)
+            return cached[0] if cached else None
+        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+            log.warning("directory lookup of project %s failed: %s", project, exc)
+            return cached[0] if cached else None  # a stale answer beats none
+        members = answer.get("members") if isinstance(answer, dict) else answer
+        if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
+            log.warning("directory lookup of project %s: not a list of principals", project)
+            return cached[0] if cached else None
+        self._cache[project] = (members, self.clock() + self.settings.directory_cache_seconds)
+        return members
+
+
+# --------------------------------------------------------------------------------- ledger
+
+
+def ensure_ledger(settings: Settings) -> None:
+    """The topics notify reads and writes, the compacted ledger among them (streams/common/topics.py)."""
+    ensure_topics(settings.kafka)
+
+
+class DeliveryLedger:
+    """Which deliveries were made (or dead-lettered), read back from the ledger topic."""
+
+    def __init__(self, settings: Settings, *, timeout: float = 60.0) -> None:
+        from kafka import TopicPartition
+
+        self.topic = settings.kafka.topic(LEDGER)
+        self.consumer: KafkaConsumer = consumer(settings.kafka, enable_auto_commit=False,
+                                                client_id=f"{settings.notify.group_id}-ledger")
+        deadline = time.monotonic() + timeout
+        partitions = self.consumer.partitions_for_topic(self.topic)
+        while not partitions:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"topic {self.topic} has no partitions (does it exist?)")
+            time.sleep(0.2)  # metadata is not loaded yet
+            partitions = self.consumer.partitions_for_topic(self.topic)
+        self.partitions = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+        self.consumer.assign(self.partitions)
+        self.consumer.seek_to_beginning(*self.partitions)
+        self.done: set[str] = set()
+
+    def catch_up(self, timeout: float = 60.0) -> None:
+        ends = self.consumer.end_offsets(self.partitions)
+        deadline = time.monotonic() + timeout
+        while any(self.consumer.position(tp) < end for tp, end in ends.items()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"could not read {self.topic} to its end in {timeout}s")
+            for records in self.consumer.poll(timeout_ms=200).values():
+                for record in records:
+                    if record.key is not None and record.value is not None:
+                        self.done.add(record.key.decode("utf-8", "replace"))
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+# ---------------------------------------------------------------------------------- loop
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Notifier:
+    """The loop: consume notifications, deliver each where it must go once, commit."""
+
+    def __init__(self, settings: Settings, *, transport: Transport | None = None,
+                 clock: Callable[[], datetime] = _now, batch_size: int = 100) -> None:
+        self.settings = settings
+        self.notify = settings.notify
+        self.kafka = settings.kafka
+        self.transport: Transport = transport or Senders(settings.notify)
+        self.directory = Directory(settings.notify)
+        self.clock = clock
+        self.batch_size = batch_size
+        self.ready = threading.Event()
+        self.buckets: dict[Target, Bucket] = {}  # rate limits: this process's own, lost on restart
+        self.event_source = event_source("notify", settings.worker.app_id)  # CloudEvents ``source``
+        self.stop = threading.Event()
+
+    def run(self, stop: threading.Event) -> None:
+        """Run until ``stop`` is set; ``ready`` once the ledger has been read."""
+        self.stop = stop
+        ledger = DeliveryLedger(self.settings)
+        out = producer(self.kafka, client_id=self.notify.group_id)
+        notifications = consumer(
+            self.kafka, self.kafka.topic("notifications"), group_id=self.notify.group_id,
+            enable_auto_commit=False, auto_offset_reset="earliest", client_id=self.notify.group_id,
+            **self.settings.worker.client_consumer_settings(),
+        )
+        try:
+            ledger.catch_up()
+            log.info("notify ready: %d deliveries in the ledger", len(ledger.done))
+            self.ready.set()
+            while not stop.is_set():
+                batch = notifications.poll(timeout_ms=500, max_records=self.batch_size)
+                if batch:
+                    ledger.catch_up()
+                    for records in batch.values():
+                        for record in records:
+                            self.handle(record, ledger, out)
+                            if stop.is_set():
+                                break
+                    if stop.is_set():
+                        break  # offsets of what was not handled stay uncommitted
+                    self._commit(notifications, {tp: records[-1].offset + 1 for tp, records in batch.items()})
+                else:
+                    self.transport.idle()
+                metrics.record_client_lag(notifications)
+        finally:
+            self.transport.idle()
+            notifications.close()
+            out.close()
+            ledger.close()
+
+    @staticmethod
+    def _commit(notifications: KafkaConsumer, offsets: dict[Any, int]) -> None:
+        from kafka.errors import CommitFailedError
+        from kafka.structs import OffsetAndMetadata
+
+        try:
+            notifications.commit({tp: OffsetAndMetadata(offset, "", -1) for tp, offset in offsets.items()})
+        except CommitFailedError as exc:  # a rebalance took the partition: the ledger covers it
+            log.warning("commit failed (partition moved?): %s", exc)
+
+    def handle(self, record: ConsumerRecord, ledger: DeliveryLedger, out: KafkaProducer) -> None:
+        """One notification: every pending delivery made or dead-lettered, each recorded."""
+        raw: bytes = record.value or b""
+        try:
+            notification = Notification.model_validate_json(raw)
+        except ValidationError as exc:
+            log.warning("malformed notification at %s:%d:%d", record.topic, record.partition, record.offset)
+            self._dead_letter(out, record, f"not a notification: {describe_validation_error(exc)}")
+            return
+        trace = trace_of(record.headers, notification.notification_id)  # passed on (docs/integrators.md)
+        members = self.directory.members(delivery.projects_to_expand(notification, self.notify.routes))
+        resolution = delivery.targets(notification, directory=members, routes=self.notify.routes,
+                                      endpoints=self.notify.endpoints)
+        for principal in resolution.unresolved:
+            key = f"{notification.notification_id}|none|{principal}"
+            if key not in ledger.done:
+                self._dead_letter(out, record, f"no address for recipient {principal!r} (not an e-mail address, "
+                                  "a configured webhook:<name>, or a project:<id> with members)", recipient=principal,
+                                  trace=trace)
+                self._record(out, ledger, key, notification, channel="none", recipient=principal,
+                             outcome="dead_lettered", attempts=0, trace=trace)
+        for target in resolution.targets:
+            key = target.key(notification.notification_id)
+            if key in ledger.done:
+                DELIVERIES.labels(target.channel, "skipped").inc()
+                continue
+            if self.stop.is_set():
+                return
+            self._limit(target)
+            attempts, failure = self._deliver(target, notification, _trace_context(trace, key))
+            if failure is not None and failure.verdict == "transient" and self.stop.is_set():
+                return  # stopping: neither delivered nor given up; the next process tries again
+            if failure is None:
+                DELIVERIES.labels(target.channel, "delivered").inc()
+                latency = delivery.latency_seconds(notification, self.clock())
+                if latency is not None:
+                    LATENCY.labels(target.channel).observe(latency)
+                self._record(out, ledger, key, notification, channel=target.channel, recipient=target.recipient,
+                             outcome="delivered", attempts=attempts, trace=trace)
+            else:
+                DELIVERIES.labels(target.channel, "dead_lettered").inc()
+                why = "permanent failure" if failure.verdict == "permanent" else f"still failing after {attempts} attempts"
+                log.warning("notification %s to %s %s: %s (%s)", notification.notification_id, target.channel,
+                            target.recipient, failure.reason, why)
+                self._dead_letter(out, record, f"{target.channel} {target.recipient}: {failure.reason} ({why})",
+                                  recipient=target.recipient, channel=target.channel, attempts=attempts, trace=trace)
+                self._record(out, ledger, key, notification, channel=target.channel, recipient=target.recipient,
+                             outcome="dead_lettered", attempts=attempts, trace=trace)
+
+    def _limit(self, target: Target) -> None:
+        """Wait for the recipient's token bucket (``notify.rate_limit``)."""
+        bucket, wait = delivery.take(self.buckets.get(target), now=time.monotonic(),
+                                     rate=self.notify.rate_limit.per_second, burst=self.notify.rate_limit.burst)
+        self.buckets[target] = bucket
+        if wait > 0:
+            log.info("rate limit of %s %s: waiting %.1f s", target.channel, target.recipient, wait)
+            self.stop.wait(wait)
+
+    def _deliver(self, target: Target, notification: Notification,
+                 context: dict[str, str]) -> tuple[int, Failed | None]:
+        """(attempts made, the last failure or None): transient failures retried with backoff;
+        ``context`` the delivery's trace context, sent with each attempt."""
+        attempts = 0
+
+        def once() -> None:
+            nonlocal attempts
+            attempts += 1
+            try:
+                self.transport.send(target, notification, context)
+            except Failed as exc:
+                ATTEMPTS.labels(target.channel, exc.verdict).inc()
+                raise
+            ATTEMPTS.labels(target.channel, "delivered").inc()
+
+        retrying = Retrying(
+            retry=retry_if_exception(lambda e: isinstance(e, Failed) and e.verdict == "transient"
+                                     and not self.stop.is_set()),
+            stop=stop_after_attempt(self.notify.attempts),
+            wait=wait_exponential(multiplier=self.notify.backoff_seconds, max=self.notify.backoff_max_seconds),
+            sleep=self.stop.wait,  # a stop request ends the backoff
+            reraise=True,
+            before_sleep=lambda state: log.info(
+                "notification %s to %s %s: %s; trying again (attempt %d)", notification.notification_id,
+                target.channel, target.recipient, state.outcome.exception() if state.outcome else None,
+                state.attempt_number),
+        )
+        try:
+            retrying(once)
+        except Failed as exc:
+            return attempts, exc
+        return attempts, None
+
+    def _record(self, out: KafkaProducer, ledger: DeliveryLedger, key: str, notification: Notification, *,
+                channel: str, recipient: str, outcome: str, attempts: int, trace: Trace) -> None:
+        """The ledger's record of one delivery, acknowledged before the next one starts: named
+        by its key, in the notification's trace."""
+        at = self.clock()
+        value = {"notification_id": notification.notification_id, "channel": channel, "recipient": recipient,
+                 "outcome": outcome, "attempts": attempts, "at": at.isoformat()}
+        out.send(ledger.topic, key=key.encode(), value=json.dumps(value).encode(),
+                 headers=self._envelope(key, f"{TYPE_PREFIX}delivery", at, trace)).get(timeout=30)
+        ledger.done.add(key)
+
+    def _dead_letter(self, out: KafkaProducer, record: ConsumerRecord, reason: str, *, trace: Trace | None = None,
+                     **about: Any) -> None:
+        """A dead letter of ``record``: in ``trace`` (a malformed one: derived from where it was
+        read); named by where it was read and, one per delivery, the delivery's channel and recipient."""
+        raw: bytes = record.value or b""
+        try:
+            original, encoding = raw.decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            import base64
+
+            original, encoding = base64.b64encode(raw).decode(), "base64"
+        letter = DeadLetter(error=reason, source=DeadLetterSource(topic=record.topic, partition=record.partition,
+                                                                  offset=record.offset),
+                            original=clip(original, 16384), encoding=encoding, at=self.clock(), **about)
+        if trace is None:
+            trace = trace_of(record.headers, f"{record.topic}:{record.partition}:{record.offset}")
+        id_ = dead_letter_id(letter)
+        if "recipient" in about:
+            id_ += f"|{about.get('channel', 'none')}|{about['recipient']}"
+        out.send(self.kafka.topic("dlq"), key=record.key, value=letter.model_dump_json(exclude_none=True).encode(),
+                 headers=self._envelope(id_, f"{TYPE_PREFIX}dead-letter", letter.at, trace)).get(timeout=30)
+
+    def _envelope(self, id_: str, type_: str, at: datetime, trace: Trace) -> list[tuple[str, bytes]]:
+        """A record's CloudEvents headers and ``traceparent`` (docs/integrators.md)."""
+        return [(name, value.encode("utf-8"))
+                for name, value in ce_headers(id_=id_, type_=type_, source=self.event_source, time=at, trace=trace)]
+
+
+def _trace_context(trace: Trace, own_id: str) -> dict[str, str]:
+    """The W3C trace context of one delivery, sent to the receiver: its span derived from its id."""
+    context = {TRACEPARENT: trace.child(own_id)}
+    if trace.state:
+        context[TRACESTATE] = trace.state
+    return context
+
+
+# ---------------------------------------------------------------------------------- CLI
+
+
+def _run(args: argparse.Namespace) -> int:
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+    settings = load_settings(args.config)
+    ensure_ledger(settings)
+    stop = threading.Event()
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %d: stopping after the current delivery", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    notifier = Notifier(settings)
+    try:
+        probes: ProbeServer | None = ProbeServer(
+            ready=lambda: notifier.ready.is_set() and not stop.is_set(), host=args.probe_host,
+            port=args.probe_port).start()
+    except OSError as exc:
+        log.error("no /health, /ready, /metrics: cannot listen on %s:%d: %s", args.probe_host, args.probe_port, exc)
+        probes = None
+    try:
+        notifier.run(stop)
+    finally:
+        if probes is not None:
+            probes.close()
+    return 0
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``vmstream notify``."""
+    notify = commands.add_parser(
+        "notify", help="deliver notifications by e-mail, webhook (CloudEvents) and chat (docs/notify.md)",
+        description="Consume vmstream.notifications and deliver each to its recipients: e-mail over SMTP, "
+        "CloudEvents to webhooks, Slack-compatible messages to chat rooms; once per recipient, recorded "
+        "in vmstream.deliveries; what cannot be delivered goes to vmstream.dlq with the reason.",
+    )
+    notify.add_argument("--config", help="the configuration file (YAML), section notify:")
+    add_probe_arguments(notify, 6070)
+    notify.set_defaults(handler=_run)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m streams.serve.notify notify …``, the same as ``vmstream notify …``."""
+    parser = argparse.ArgumentParser(prog="vmstream")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    limit_client_logs()
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

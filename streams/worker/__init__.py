@@ -1,0 +1,1 @@
+"""The Faust worker and every adaptation of Faust: nothing else imports Faust."""

@@ -1,0 +1,547 @@
+"""``vmstream worker``: the decision engine as a Faust stream processor.
+
+Topology (declared once, in :func:`build`)::
+
+    vmstream.intents ────┐
+    vmstream.k8s-events ─┴─route──► vmstream.worker-routed ──decide──► commands, notifications,
+                          (re-keyed by decision key)                   audit, dlq
+    decide ──(a GPU VMI came or went)──► worker-routed, keyed by its node
+    timer ──(a drain deadline is due)──► worker-routed, keyed by its node
+
+``decide`` consumes only the routed topic, which the worker partitions itself (murmur2 of
+the decision key, ``vm/<ns>/<name>`` or ``node/<name>``, by its own producer): whatever
+partitioner wrote an intent or a watch event, one instance owns a key's inputs and table
+rows at once. Table rows are written under the partition of the message being decided,
+which is what keeps each row with its key. The rules run in
+:class:`~handlers.engine.Engine`; this module only moves bytes.
+
+Effectively once without Faust's exactly-once: intents are deduplicated by ``intent_id``
+in the ``processed`` table, every output carries an id derived from its cause, and a batch's
+state is recorded only after its messages are acknowledged (group commit,
+``streams/worker/tablestate.py``), so a redelivered input reissues the same ids and consumers drop
+repeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp.web
+from faust.types import EventT
+
+from handlers.capacity import capacity_report
+from handlers.drains import due_nodes
+from handlers.restarts import pending_detail
+from handlers.engine import Engine, Result, Source
+from handlers.messages import KEY_MAX, MalformedMessage
+from handlers.observing import decision_key
+from handlers.state import GLOBAL_TABLES, TABLES, TableName
+from streams.common import metrics
+from streams.common.credentials import key_source
+from streams.common.codecs import decode_resident_update, encode_json, encode_message, encode_resident_update
+from streams.common.cloudevents import (TRACEPARENT, TRACESTATE, Trace, event_source, kafka_headers, trace_headers,
+                                 trace_of)
+from streams.common.globalview import GlobalView
+from streams.common.heap import Heap
+from streams.worker import faustfixes
+from streams.worker.tablestate import Journal, TableState
+from streams.common.kafka_clients import aiokafka_options, faust_credentials
+from streams.common.settings import Settings
+from streams.common.topics import KIND_HEADER, ROUTED, SOURCE_HEADER, changelog_topic, missing_topics
+
+log = logging.getLogger(__name__)
+
+# The exit status when a batch's messages cannot be published: the process stops before its
+# inputs are acknowledged, and is restarted (by Kubernetes) to decide them again.
+EXIT_UNPUBLISHED = 75
+_LATEST = 253402300799.0  # 9999-12-31T23:59:59Z, the latest time a datetime holds
+
+TABLE_HELP: dict[TableName, str] = {
+    "vms": "VM key → last observed VirtualMachine (decided under the VM's key)",
+    "vmis": "VM key → last observed VMI (a VMI is named after its VM)",
+    "tracking": "VM key → what the owner was told (pending restart, GPU unavailable)",
+    "nodes": "node → last observed Node (decided under the node's key)",
+    "residents": "node → the GPU VMIs on it: the node-keyed view drains read",
+    "drains": "node → its drain episode",
+    "maintenances": "NodeMaintenance name → record (decided under its node's key)",
+    "processed": "intent_id → outcome (decided under the intent's key)",
+    "usage": "node → GPU cards offered and held: cluster-wide, read by every instance",
+    "kubevirt": "'cluster' → the KubeVirt CR's configuration: cluster-wide",
+    "namespaces": "namespace → the project its label names: cluster-wide, read by every instance",
+}
+
+
+PENDING_TABLES: tuple[TableName, ...] = ("tracking", "vms", "vmis")  # the rows /pending reads
+PUBLIC_PAGES = ("/health", "/ready")  # what probes read; everything else needs the token
+
+
+def pages_guard(token: str | None) -> Any:
+    """An aiohttp middleware: every page but :data:`PUBLIC_PAGES` (Faust's own included)
+    wants ``Authorization: Bearer <token>``; without a configured token, none is served."""
+    expected = f"Bearer {token}".encode() if token else None
+
+    @aiohttp.web.middleware
+    async def guard(request: Any, handler: Any) -> Any:
+        if request.path.rstrip("/") in PUBLIC_PAGES:
+            return await handler(request)
+        given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")  # bytes as sent
+        if expected is not None and hmac.compare_digest(given, expected):
+            return await handler(request)
+        return aiohttp.web.json_response({"error": "a bearer token is required"}, status=401,
+                                         headers={"WWW-Authenticate": 'Bearer realm="vmstream"'})
+
+    return guard
+
+
+def _headers(event: EventT[Any]) -> dict[str, bytes]:
+    headers = event.message.headers or {}
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    return {str(k): (v if isinstance(v, bytes) else str(v).encode()) for k, v in items}
+
+
+def _key(event: EventT[Any]) -> str | None:
+    key = event.key
+    return key.decode("utf-8", "replace") if isinstance(key, bytes) else key
+
+
+def _origin(event: EventT[Any]) -> Source:
+    """Where an input was first read: a routed intent or watch event names its record on
+    intents or k8s-events (KIND_HEADER, SOURCE_HEADER: streams/common/topics.py)."""
+    message = event.message
+    try:
+        headers = _headers(event) if message.topic.endswith(ROUTED) else {}
+        if headers.get(KIND_HEADER) in (b"event", b"intent"):
+            origin = json.loads(headers[SOURCE_HEADER])
+            return Source(str(origin["topic"]), origin["key"], int(origin["partition"]), int(origin["offset"]))
+    except (KeyError, TypeError, ValueError):
+        pass  # not ours: it is dead-lettered as read on the routed topic
+    return Source(message.topic, _key(event), message.partition, message.offset)
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One message to send, kept until the broker has acknowledged it."""
+
+    topic: Any  # a Faust topic
+    key: bytes
+    value: bytes
+    timestamp: float | None = None
+    headers: dict[str, bytes] | None = None
+
+
+class Worker:
+    """The Faust app with its topics, tables, agents and pages; one per process."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.kafka = settings.kafka
+        self.engine = Engine(settings.rules(), keys=key_source(settings.auth))  # docs/auth.md
+        self.keyring = settings.signing.keyring()  # seals the commands (docs/security.md)
+        conf = settings.worker
+        self.event_source = event_source("worker", conf.app_id)  # CloudEvents ``source`` of its outputs
+        self.app = faustfixes.App(  # faust.App, minus two start-up races
+            conf.app_id,
+            broker=[f"kafka://{server}" for server in self.kafka.bootstrap_servers.split(",")],
+            broker_credentials=faust_credentials(self.kafka),
+            store=conf.store,
+            topic_partitions=self.kafka.partitions,
+            topic_replication_factor=self.kafka.replication_factor,
+            # Faust's exactly-once loses its transaction producers on a rebalance ("No
+            # transaction producer found"): opt-in only. Correctness comes from _publish.
+            processing_guarantee="exactly_once" if conf.exactly_once else "at_least_once",
+            table_standby_replicas=0,
+            web_port=conf.web_port,
+            web_host=conf.web_host,
+            web_bind=conf.web_host,  # where Faust listens; web_host only names it
+            consumer_auto_offset_reset="earliest",
+            producer_acks=-1,
+            fetch_max_wait_ms=conf.fetch_max_wait_ms,
+            fetch_min_bytes=conf.fetch_min_bytes,
+            fetch_idle_wait_ms=conf.fetch_idle_wait_ms,
+            topic_allow_declare=self.kafka.create_topics,  # else the platform's KafkaTopics
+            **conf.faust_consumer_settings(),  # static membership, session: back at once after a crash
+        )
+        # Outputs on a producer (a connection) of their own: aiokafka sends one request at a
+        # time per connection, and a batch's outputs must not queue behind the changelog
+        # rows of the batch before, a request that spans up to 60 partitions.
+        self.output_producer = self.app.add_dependency(self.app.transport.create_producer(beacon=self.app.beacon))
+        self.routed = self._topic(ROUTED)
+        self.inputs = self._topic("intents", "k8s-events")  # route's: re-keyed onto the routed topic
+        self.outputs = {name: self._topic(name) for name in ("commands", "notifications", "audit", "dlq")}
+        self.tables = {
+            name: self.app.Table(f"state-{name}", key_type=str, value_type=bytes,
+                                 partitions=self.kafka.partitions, help=TABLE_HELP[name])
+            for name in TABLES
+        }
+        self.view = GlobalView(
+            self.kafka.bootstrap_servers,
+            {name: changelog_topic(conf.app_id, self.tables[name].name) for name in GLOBAL_TABLES},
+            **aiokafka_options(self.kafka),
+        )
+        journal = self.app.Table("state-journal", key_type=str, value_type=bytes, partitions=self.kafka.partitions,
+                                 help="input topic:partition:offset → its decision, until the offset is committed")
+        self.state = TableState(self.tables, self.view, Journal(journal))
+        self.app.task(self.view.run)
+        # What /pending shows, for the whole cluster from any instance (kept as bytes).
+        self.pages_view = GlobalView(
+            self.kafka.bootstrap_servers,
+            {name: changelog_topic(conf.app_id, self.tables[name].name) for name in PENDING_TABLES},
+            decode=False,
+            **aiokafka_options(self.kafka),
+        )
+        self.app.task(self.pages_view.run)
+        self.missing_topics: list[str] | None = None  # checked at start, then while any is missing
+        self.app.agent(self.inputs, name="route")(self._route)
+        self.app.agent(self.routed, name="decide")(self._decide)
+        self.app.timer(conf.tick_seconds)(self._tick)
+        self.heap = Heap(full_every=conf.gc_full_seconds)
+        self.app.timer(conf.gc_freeze_seconds)(self._tend_heap)
+        self._page("/health", self._health)
+        self._page("/ready", self._ready)
+        self._page("/metrics", self._metrics)
+        self._page("/capacity", self._capacity)
+        self._page("/pending", self._pending)
+        self.app.web.web_app.middlewares.append(pages_guard(conf.page_token()))
+
+    def _topic(self, *names: str) -> Any:
+        """Topics of bytes: the codecs are ours (streams/common/codecs.py), not Faust's."""
+        return self.app.topic(
+            *(self.kafka.topic(name) for name in names),
+            key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw",
+            partitions=self.kafka.partitions,
+        )
+
+    # ------------------------------------------------------------------ agents
+
+    async def _route(self, stream: Any) -> None:
+        """Re-key each intent and watch event by the key it is decided under, a batch at a time.
+
+        The routed topic is partitioned by the worker's own producer, so an intent a Go
+        (FNV-1a) or librdkafka (CRC32) producer put on another partition than murmur2 would
+        meets its VM's state all the same. What no rule could read (no value, too large, not
+        a JSON object, an oversized key) is dead-lettered here, with its own topic, partition
+        and offset; the rest goes on, and ``decide`` validates it in full. A batch is
+        acknowledged once the broker has all it led to (``_deliver``).
+        """
+        async for events in stream.take_events(self.settings.worker.batch_size,
+                                               within=self.settings.worker.batch_seconds):
+            outgoing: list[Outgoing] = []
+            for event in events:
+                outgoing += self._route_one(event)
+            await self._deliver(outgoing)
+
+    def _route_one(self, event: EventT[Any]) -> list[Outgoing]:
+        """The routed message of one intent or watch event, or its dead letter; never raises.
+
+        An intent's decision key is its Kafka key (docs/contracts.md; one naming another VM or
+        node than its spec is dead-lettered by ``decide``), so the same intent always lands
+        in the same routed partition, with its ``processed`` row. A watch event's is read
+        off its object. The routed record keeps the input's value and timestamp (the time it
+        is decided at), and names its origin in ``SOURCE_HEADER``; of the input's own headers
+        only its trace context goes on.
+        """
+        message = event.message
+        source = Source(message.topic, _key(event), message.partition, message.offset)
+        intent = message.topic == self.kafka.topic("intents")
+        try:
+            try:
+                value = self.engine.screen(event.value, source)
+            except MalformedMessage as exc:  # as ``on_intent`` / ``on_event`` would dead-letter it
+                return self._dead_end(event, source, str(exc))
+            if intent:
+                key = source.key or ""
+            else:
+                try:  # a light look at the event
+                    key = decision_key(str(value["kind"]), value["object"])
+                except Exception:
+                    key = ""
+            if not key or len(key) > KEY_MAX:
+                key = source.key or "malformed"  # decide dead-letters it, with its source
+            origin = encode_json({"topic": message.topic, "partition": message.partition,
+                                  "offset": message.offset, "key": source.key})
+            return [Outgoing(self.routed, key.encode(), event.value, message.timestamp,
+                             {KIND_HEADER: b"intent" if intent else b"event", SOURCE_HEADER: origin,
+                              **trace_headers(message.headers)})]  # its trace goes on (docs/integrators.md)
+        except Exception as error:  # a bug here must cost this event only
+            log.exception("routing failed", extra={"topic": message.topic, "offset": message.offset})
+            return self._dead_end(event, source, f"internal error: {type(error).__name__}: {error}")
+
+    def _dead_end(self, event: EventT[Any], source: Source, error: str) -> list[Outgoing]:
+        result = self.engine.fitted(self.engine.dead_letter(event.value, error, source, self._time(event)),
+                                    event.value, source, self._time(event), encode=self._encode)
+        self._log(result)
+        return self._outgoing(event, result)
+
+    async def _decide(self, stream: Any) -> None:
+        """Decide in batches: journal, messages, then rows (group commit, streams/worker/tablestate.py).
+
+        An input whose decision is journaled already (delivered again after a crash) is not
+        decided again: its recorded results are sent and written as they were.
+        """
+        async for events in stream.take_events(self.settings.worker.batch_size,
+                                               within=self.settings.worker.batch_seconds):
+            fresh, decided = [], []
+            for event in events:
+                results = self.state.recorded(event)
+                if results is None:
+                    results = self._decide_safely(event)
+                    fresh.append((event, results))
+                decided += [(event, result) for result in results]
+
+            async def settle() -> None:
+                await self.state.record(fresh, producer=self.output_producer)
+                await self._publish(decided)
+                self.state.write_all(decided)
+
+            # Faust acknowledges the batch however this loop is left, a cancellation too (a
+            # graceful stop, the app crashing on a failed commit), and commits on its way
+            # out: the batch is finished first, or its inputs would be committed unrecorded.
+            settling = asyncio.ensure_future(settle())
+            try:
+                await asyncio.shield(settling)
+            except asyncio.CancelledError:
+                await settling
+                raise
+            finally:
+                self.state.unstage()
+            if self.state.journal is not None:
+                self.state.journal.prune()
+
+    def _decide_safely(self, event: EventT[Any]) -> list[Result]:
+        """Decide one input, staging its changes; a bug dead-letters the input, never stops us."""
+        started = time.perf_counter()
+        kind = "unknown"
+        source, now = _origin(event), self._time(event)
+        try:
+            kind, results = self._decide_one(event)
+            # Each output encoded now, while a decision too large for the broker can still
+            # become the input's dead letter instead.
+            results = [self.engine.fitted(r, event.value, source, now, encode=self._encode) for r in results]
+        except Exception as error:
+            log.exception("decision failed", extra={"topic": source.topic, "offset": source.offset})
+            results = [self.engine.fitted(self.engine.dead_letter(event.value, f"internal error: {error!r}", source, now),
+                                          event.value, source, now, encode=self._encode)]
+        for result in results:
+            self.state.stage(result.decision.changes)
+            self._log(result)
+        metrics.DECISION_SECONDS.labels(kind).observe(time.perf_counter() - started)
+        return results
+
+    def _decide_one(self, event: EventT[Any]) -> tuple[str, list[Result]]:
+        now = self._time(event)
+        headers = _headers(event)
+        kind = headers.get(KIND_HEADER, b"").decode("utf-8", "replace")
+        if kind == "intent":
+            return "intent", [self.engine.on_intent(self.state, event.value, _origin(event), now)]
+        if kind == "event":
+            return "event", [self.engine.on_event(self.state, event.value, _origin(event), now)]
+        if kind == "resident":
+            return "resident", [self.engine.on_resident(self.state, decode_resident_update(event.value), now)]
+        if kind == "tick":
+            node = json.loads(event.value)["node"]
+            return "tick", self.engine.on_tick(self.state, now, only=node)
+        raise MalformedMessage(f"routed message without a known {KIND_HEADER} header: {kind!r}")
+
+    async def _publish(self, decided: list[tuple[EventT[Any], Result]]) -> None:
+        """Send a batch's messages and wait until the broker has them all.
+
+        Only then are the batch's state changes recorded: if the worker dies before, its
+        inputs are decided again from the old state and yield the same ids, which consumers
+        drop. Were state recorded first, a re-decision would find the intent ``processed``
+        (or the owner told) and the lost messages would never be sent.
+        """
+        await self._deliver([message for event, result in decided for message in self._outgoing(event, result)])
+
+    def _outgoing(self, event: EventT[Any], result: Result) -> list[Outgoing]:
+        """A result's messages: its outputs as ``Engine.fitted`` encoded them, and what it tells nodes."""
+        wire = result.wire
+        if wire is None:  # not fitted here: decided before, by another instance or run
+            wire = [(o.topic, o.key.encode(), self._encode(o.value)) for o in result.outputs()]
+        trace, when = self._trace(event, result)
+        outgoing = [Outgoing(self.outputs[topic], key, value, headers=self._ce_headers(output.value, trace, when))
+                    for output, (topic, key, value) in zip(result.outputs(), wire, strict=True)]
+        for topic, _, _ in wire:
+            metrics.OUTPUTS.labels(topic).inc()
+        for update in result.decision.forwards:  # the parent's timestamp keeps replays identical
+            headers = {KIND_HEADER: b"resident",
+                       TRACEPARENT: trace.child(f"{update.cause}@{update.node}/{update.vm_key}").encode()}
+            if trace.state:
+                headers[TRACESTATE] = trace.state.encode()
+            outgoing.append(Outgoing(self.routed, f"node/{update.node}".encode(), encode_resident_update(update),
+                                     event.message.timestamp, headers))
+        return outgoing
+
+    def _trace(self, event: EventT[Any], result: Result) -> tuple[Trace, datetime]:
+        """The trace a result's messages carry and the time it was decided at: the input's
+        ``traceparent``, else one derived from the input's id (its audit record's ``ref``),
+        so a decision taken again yields the same headers (handlers/tracing.py)."""
+        audit, message = result.decision.audit, event.message
+        input_id = audit.input.ref if audit is not None else f"{message.topic}:{message.partition}:{message.offset}"
+        return trace_of(message.headers, input_id), audit.at if audit is not None else self._time(event)
+
+    def _ce_headers(self, value: Any, trace: Trace, when: datetime) -> dict[str, bytes]:
+        """An output's CloudEvents headers; a bug here costs the headers, never the message."""
+        try:
+            return kafka_headers(value, source=self.event_source, trace=trace, time=when)
+        except Exception:
+            log.exception("no CloudEvents headers for a %s", type(value).__name__)
+            return {TRACEPARENT: trace.child("").encode()}
+
+    def _encode(self, value: Any) -> bytes:
+        return encode_message(value, keyring=self.keyring)
+
+    async def _deliver(self, outgoing: list[Outgoing]) -> None:
+        """Send messages and wait until the broker has every one; what failed is sent again,
+        after a backoff that doubles, up to ``worker.publish_attempts`` times.
+
+        A message the broker still refuses then stops the process (exit status 75) before
+        the inputs that led to it are acknowledged: after the restart they are decided
+        again, and their offsets were never committed past them. A stopping worker cancels
+        its agents, and Faust acknowledges the batch of a cancelled agent: the delivery is
+        finished first.
+        """
+        delivery = asyncio.ensure_future(self._deliver_now(outgoing))
+        try:
+            await asyncio.shield(delivery)
+        except asyncio.CancelledError:
+            if not delivery.done():
+                await delivery
+            raise
+
+    async def _deliver_now(self, outgoing: list[Outgoing]) -> None:
+        conf = self.settings.worker
+        pending, delay = outgoing, conf.publish_backoff_seconds
+        for attempt in range(1, conf.publish_attempts + 1):
+            futures = [await self._send_one(message) for message in pending]
+            outcomes = await asyncio.gather(*futures, return_exceptions=True)
+            failed = [(m, o) for m, o in zip(pending, outcomes) if isinstance(o, BaseException)]
+            if not failed:
+                return
+            log.warning("publishing failed", extra={
+                "attempt": attempt, "failed": len(failed), "of": len(pending),
+                "topic": failed[0][0].topic.get_topic_name(), "error": repr(failed[0][1])})
+            pending = [message for message, _ in failed]
+            if attempt < conf.publish_attempts:
+                await asyncio.sleep(delay)  # a backoff before the next attempt
+                delay *= 2
+        self._stop_unpublished(failed)
+
+    async def _send_one(self, message: Outgoing) -> Any:
+        """The send's future; a send refused at once (too large, no buffer) as a failed one."""
+        try:
+            return await self._send(message.topic, message.key, message.value,
+                                    timestamp=message.timestamp, headers=message.headers)
+        except Exception as error:
+            refused: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            refused.set_exception(error)
+            return refused
+
+    def _stop_unpublished(self, failed: list[tuple[Outgoing, BaseException]]) -> None:
+        """Stop the process at once: neither Faust's acknowledgement of the batch nor its
+        commit on a graceful stop may run, or the batch's inputs would be skipped."""
+        log.critical("messages not published after %d attempts: stopping before their inputs are acknowledged",
+                     self.settings.worker.publish_attempts, extra={
+                         "failed": len(failed),
+                         "topics": sorted({m.topic.get_topic_name() for m, _ in failed}),
+                         "sizes": sorted({len(m.key) + len(m.value) for m, _ in failed})[-3:],
+                         "error": repr(failed[0][1])})
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(EXIT_UNPUBLISHED)
+
+    async def _send(self, topic: Any, key: bytes, value: bytes, *, timestamp: float | None = None,
+                    headers: dict[str, bytes] | None = None) -> Any:
+        """Straight to the outputs' producer: the bytes are ready, and Faust's per-message
+        topic machinery (serializers, callbacks, sensors) is most of a send's cost. Under
+        exactly-once the send must join Faust's transaction, so it goes through the topic."""
+        if self.settings.worker.exactly_once:
+            return await topic.send(key=key, value=value, timestamp=timestamp, headers=headers, force=True)
+        return await self.output_producer.send(topic.get_topic_name(), key, value, None, timestamp, headers)
+
+    def _log(self, result: Result) -> None:
+        audit = result.decision.audit
+        if audit is None:
+            return
+        metrics.INPUTS.labels(audit.input.topic, audit.outcome).inc()
+        quiet = audit.outcome in ("accepted", "ignored")  # the audit stream has every decision
+        log.log(logging.DEBUG if quiet else logging.INFO, "decided", extra={
+            "ref": audit.input.ref, "topic": audit.input.topic, "key": audit.input.key,
+            "outcome": audit.outcome, "reason": audit.reason, "commands": audit.commands,
+            "notifications": audit.notifications,
+        })
+
+    async def _tick(self) -> None:
+        """Ask each node with a due deadline to fire it, through the node's partition."""
+        now = datetime.now(UTC)
+        for node in due_nodes(self.state, now):  # as simulate asks; the node's decision checks its row
+            await self.routed.send(key=f"node/{node}".encode(), value=encode_json({"node": node}),
+                                   headers={KIND_HEADER: b"tick"})
+        for name, size in self.state.sizes().items():
+            metrics.TABLE_ROWS.labels(name).set(size)
+        metrics.record_lag(self.app)
+
+    async def _tend_heap(self) -> None:
+        """Keep full garbage collections off the decision path (streams/common/heap.py)."""
+        self.heap.tend()
+
+    @staticmethod
+    def _time(event: EventT[Any]) -> datetime:
+        """Decisions take the input's own time, so replaying it decides the same; a
+        timestamp no date can show (a producer may set any) is taken as the nearest one."""
+        stamp = event.message.timestamp
+        seconds = float(stamp) if isinstance(stamp, (int, float)) and stamp == stamp else 0.0  # NaN is not a time
+        return datetime.fromtimestamp(min(max(seconds, 0.0), _LATEST), UTC)
+
+    # ------------------------------------------------------------------- pages
+
+    def _page(self, path: str, handler: Any) -> None:
+        """Faust binds a page function to its view: wrap our bound method in a plain one."""
+
+        async def view(web: Any, request: Any) -> Any:
+            return await handler(web, request)
+
+        view.__name__ = f"page{path.replace('/', '_')}"
+        self.app.page(path)(view)
+
+    async def _health(self, web: Any, request: Any) -> Any:
+        return web.json({"status": "ok"})
+
+    def changelogs(self) -> tuple[str, ...]:
+        tables = [*self.tables.values(), self.state.journal.table] if self.state.journal else self.tables.values()
+        return tuple(changelog_topic(self.settings.worker.app_id, table.name) for table in tables)
+
+    async def _ready(self, web: Any, request: Any) -> Any:
+        """Ready once the tables are recovered from their changelogs and no topic is missing."""
+        tables_recovered = self.app.tables.recovery.completed.is_set()  # type: ignore[attr-defined]
+        recovered = tables_recovered and self.view.caught_up.is_set() and self.pages_view.caught_up.is_set()
+        if self.missing_topics is None or self.missing_topics:
+            self.missing_topics = await self.app.loop.run_in_executor(None, missing_topics, self.kafka)
+        missing = self.missing_topics
+        ready = recovered and not missing
+        body = {"ready": ready, "tables_recovered": recovered, "missing_topics": missing}
+        return web.json(body, status=200 if ready else 503)
+
+    async def _capacity(self, web: Any, request: Any) -> Any:
+        """GPU capacity per class as this instance sees it (usage is a global table)."""
+        return web.json(capacity_report(self.state, self.engine.catalog))
+
+    async def _pending(self, web: Any, request: Any) -> Any:
+        """The VMs of the whole cluster whose GPU change waits for a restart: any instance
+        gives the same list (a console asks one replica behind a Service), read from the
+        changelogs of every partition (``pages_view``), not from this instance's tables."""
+        view = self.pages_view
+        return web.json([d for key in view.keys("tracking") if (d := pending_detail(view, key)) is not None])
+
+    async def _metrics(self, web: Any, request: Any) -> Any:
+        return web.bytes(metrics.exposition(), content_type=metrics.CONTENT_TYPE)
+

@@ -1,0 +1,381 @@
+"""The handlers' state, kept in Faust tables, written by group commit.
+
+A batch of inputs is decided one after the other; each decision's state changes are
+*staged* (later decisions in the batch read them), the batch's messages are sent and
+acknowledged, and only then are the changes written to the tables — each to the changelog
+partition of the input that made it. One broker round trip per batch instead of one per
+input, and still: no state is recorded whose messages might have been lost (see
+``docs/worker.md``, "Effectively once").
+
+The rows of one decision go to several changelogs (one per table), and a worker can die
+between any two of them. So before anything of a batch leaves, the :class:`Journal` records
+each input's whole decision — its messages and its state changes — as one record, keyed by
+the input's topic, partition and offset, and waits for the broker to have it. An input
+delivered again after a crash finds its record: its messages are sent again as they were
+and its rows written again, instead of a new decision over half-written state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+import weakref
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from faust.streams import _current_event
+from faust.types import TP, EventT
+from pydantic import TypeAdapter, ValidationError
+
+from handlers.decisions import Decision, ResidentUpdate
+from handlers.engine import Result
+from handlers.messages import AuditRecord, Command, DeadLetter, Notification
+from handlers.state import Change, TableName
+from streams.common.codecs import decode_state, encode_state
+from streams.common.globalview import GlobalView
+
+log = logging.getLogger(__name__)
+
+EXIT_UNJOURNALED = 75  # as a batch whose messages cannot be published: restarted, replayed or decided again
+
+_DELETED = object()
+
+
+@contextmanager
+def deciding(event: EventT[Any]) -> Iterator[None]:
+    """Make ``event`` Faust's current event while its rows are written after the batch.
+
+    Faust takes a row's changelog partition (and the RocksDB store its partition database)
+    from the event being processed; a group commit writes after the batch, so it names the
+    event itself. ``faust.streams._current_event`` is the context variable Faust's own
+    stream iteration sets.
+    """
+    token = _current_event.set(weakref.ref(event))
+    try:
+        yield
+    finally:
+        _current_event.reset(token)
+
+
+def input_ref(event: EventT[Any]) -> str:
+    """An input as the journal names it: ``topic:partition:offset`` (topic names hold no ':')."""
+    message = event.message
+    return f"{message.topic}:{message.partition}:{message.offset}"
+
+
+def _fingerprint(event: EventT[Any]) -> str:
+    """The input's key, value and time: a record is replayed only for the message it was made
+    for, never for another one at the same offset (a topic deleted and created again)."""
+    message = event.message
+    digest = hashlib.blake2b(digest_size=16)
+    for part in (message.key, message.value):
+        raw = part if isinstance(part, bytes) else (b"" if part is None else str(part).encode())
+        digest.update(b"-" if part is None else len(raw).to_bytes(8, "big"))
+        digest.update(raw)
+    digest.update(repr(message.timestamp).encode())
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class _Recorded:
+    """One :class:`~handlers.engine.Result` as the journal keeps it; state values as the
+    text their table's codec writes (``streams/common/codecs.py``)."""
+
+    commands: list[Command]
+    notifications: list[Notification]
+    audit: AuditRecord | None
+    forwards: list[ResidentUpdate]
+    changes: list[tuple[TableName, str, str | None]]
+    dead_letters: list[DeadLetter]
+    dead_letter_key: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    input: str  # the input's fingerprint
+    results: list[_Recorded]
+
+
+@dataclass(frozen=True, slots=True)
+class _Parts:
+    """The head of an entry too large for one record: its parts follow under ``<ref>#<i>``."""
+
+    input: str
+    parts: int
+    digest: str
+
+
+_ENTRY: TypeAdapter[_Entry] = TypeAdapter(_Entry)
+_PARTS: TypeAdapter[_Parts] = TypeAdapter(_Parts)
+
+
+class Journal:
+    """Write-ahead journal of decisions: one record per input, written before its outputs.
+
+    Each decided input's results — the messages ``_publish`` sends and the rows the tables
+    get — are written as one record (``state-journal`` changelog, the input's partition,
+    keyed by :func:`input_ref`) and acknowledged by the broker before anything of its batch
+    is sent. A crash before that acknowledgement left nothing behind: the input is decided
+    afresh. After it, a redelivered input is not decided again: :meth:`recorded` gives its
+    results back, its messages go out again byte for byte (the same ids, dropped by
+    consumers) and its rows are written again (the same values). Records of inputs whose
+    offsets are committed are never needed again and are deleted (:meth:`prune`).
+    """
+
+    PART_BYTES = 256 * 1024  # an entry above this is split: every record fits the broker's 1 MB
+
+    def __init__(self, table: Any, *, prune_seconds: float = 1.0) -> None:
+        self.table = table
+        self.prune_seconds = prune_seconds
+        self._pruned_at = 0.0
+        self._committed: dict[TP, int] = {}  # what the broker has acknowledged as committed
+        app = getattr(table, "app", None)
+        if app is not None:
+            self._hear_commits(app.tables)
+
+    def _hear_commits(self, manager: Any) -> None:
+        """Learn each commit the broker acknowledged: Faust calls its table manager's
+        ``on_commit`` only then. (Its consumer's ``_committed_offset`` is updated even when
+        the commit failed, and an entry pruned on its word would be missed after a crash.)"""
+        on_commit = manager.on_commit
+
+        def committed(offsets: Mapping[TP, int]) -> None:
+            self._committed.update(offsets)
+            on_commit(offsets)
+
+        manager.on_commit = committed
+
+    @property
+    def topic(self) -> str:
+        return str(self.table.changelog_topic.get_topic_name())
+
+    # ------------------------------------------------------------------ reading
+
+    def recorded(self, event: EventT[Any]) -> list[Result] | None:
+        """The results recorded for this very input, or ``None`` if it must be decided."""
+        ref = input_ref(event)
+        with deciding(event):
+            raw = self.table.get(ref)
+            if raw is None:
+                return None
+            try:
+                head = json.loads(raw)
+                if "parts" in head:
+                    raw = self._joined(ref, _PARTS.validate_python(head))
+                    if raw is None:
+                        return None
+                entry = _ENTRY.validate_json(raw)
+                if entry.input != _fingerprint(event):
+                    return None  # the record of another message once at this offset
+                return [_result(recorded) for recorded in entry.results]
+            except (ValueError, ValidationError) as error:  # written by another version of the worker
+                log.warning("journal entry not readable, deciding again", extra={"ref": ref, "error": str(error)})
+                return None
+
+    def _joined(self, ref: str, head: _Parts) -> bytes | None:
+        """An entry's parts joined, if all of them are there and are the ones the head names."""
+        parts = [self.table.get(f"{ref}#{index}") for index in range(1, head.parts + 1)]
+        if any(part is None for part in parts):
+            return None
+        joined = b"".join(parts)
+        return joined if hashlib.blake2b(joined, digest_size=16).hexdigest() == head.digest else None
+
+    # ------------------------------------------------------------------ writing
+
+    async def record(self, decided: Sequence[tuple[EventT[Any], list[Result]]], *, producer: Any,
+                     encoded: dict[int, bytes]) -> None:
+        """Write the entries of freshly decided inputs and wait until the broker has them all.
+
+        ``encoded`` receives each change's encoded value (by ``id``) so the rows written
+        afterwards are the very bytes recorded. Inputs without any effect are not recorded:
+        deciding them again can only decide what nobody has seen yet.
+        """
+        pending, refused = [], []
+        stored: list[tuple[EventT[Any], list[tuple[str, bytes]]]] = []
+        for event, results in decided:
+            if not any(r.dead_letters or r.decision.changes or r.decision.forwards or r.decision.outputs()
+                       for r in results):
+                continue
+            fingerprint = _fingerprint(event)
+            entry = _ENTRY.dump_json(_Entry(fingerprint, [_recorded(r, encoded) for r in results]))
+            records = self._records(input_ref(event), fingerprint, entry)
+            for key, value in records:
+                try:
+                    pending.append(await producer.send(self.topic, json.dumps(key).encode(), value,
+                                                       event.message.partition, None, None))
+                except Exception as error:  # refused at once (no buffer, no metadata)
+                    refused.append(error)
+            stored.append((event, records))
+        outcomes = await asyncio.gather(*pending, return_exceptions=True)
+        failed = refused + [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+        if failed:
+            # Not raised: Faust would acknowledge the batch on the way out, and its inputs
+            # would be skipped. Stopped, the process decides them again after its restart.
+            log.critical("journal not written: stopping before the batch is acknowledged",
+                         extra={"failed": len(failed), "of": len(pending), "error": repr(failed[0])})
+            _stop()
+        for event, records in stored:  # the local copy of what the changelog now holds
+            with deciding(event):
+                for key, value in records:
+                    self.table.data[key] = value
+
+    def _records(self, ref: str, fingerprint: str, entry: bytes) -> list[tuple[str, bytes]]:
+        """The entry as one record, or as parts followed by their head (same partition, in order)."""
+        if len(entry) <= self.PART_BYTES:
+            return [(ref, entry)]
+        pieces = [entry[at:at + self.PART_BYTES] for at in range(0, len(entry), self.PART_BYTES)]
+        head = _Parts(fingerprint, len(pieces), hashlib.blake2b(entry, digest_size=16).hexdigest())
+        return [(f"{ref}#{index}", piece) for index, piece in enumerate(pieces, 1)] + [(ref, _PARTS.dump_json(head))]
+
+    # ------------------------------------------------------------------ pruning
+
+    def prune(self) -> int:
+        """Delete the entries of inputs whose offsets this process committed (at most once
+        per ``prune_seconds``); returns how many records were deleted.
+
+        Faust flushes the changelog rows before it commits, so a committed input's rows are
+        all written. Entries of inputs committed by a predecessor stay until this process
+        commits their partition past them.
+        """
+        now = time.monotonic()
+        if now - self._pruned_at < self.prune_seconds:
+            return 0
+        self._pruned_at = now
+        done = []
+        for key in list(self.table.keys()):
+            topic, partition, offset = key.split("#", 1)[0].rsplit(":", 2)
+            tp = TP(topic, int(partition))
+            upto = self._committed.get(tp)
+            if upto is not None and int(offset) < upto:
+                done.append((key, tp.partition))
+        for key, partition in done:
+            self.table.send_changelog(partition, key, None, value_serializer="raw")
+            self.table.data.pop(key, None)
+        return len(done)
+
+
+def _stop() -> None:
+    """End the process before Faust acknowledges the batch: raised, the error would leave
+    the agent and Faust would acknowledge the batch on its way out, and its inputs would be
+    skipped. Restarted, the worker replays the batch from the journal or decides it again."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(EXIT_UNJOURNALED)
+
+
+def _recorded(result: Result, encoded: dict[int, bytes]) -> _Recorded:
+    decision = result.decision
+    changes: list[tuple[TableName, str, str | None]] = []
+    for change in decision.changes:
+        if change.value is None:
+            changes.append((change.table, change.key, None))
+        else:
+            raw = encoded[id(change)] = encode_state(change.table, change.value)
+            changes.append((change.table, change.key, raw.decode()))
+    return _Recorded(decision.commands, decision.notifications, decision.audit, decision.forwards, changes,
+                     result.dead_letters, result.dead_letter_key)
+
+
+def _result(recorded: _Recorded) -> Result:
+    changes = [Change(table, key, None if value is None else decode_state(table, value))
+               for table, key, value in recorded.changes]
+    decision = Decision(list(recorded.commands), list(recorded.notifications), recorded.audit, changes,
+                        list(recorded.forwards))
+    return Result(decision, list(recorded.dead_letters), recorded.dead_letter_key)
+
+
+class TableState:
+    """The handlers' :class:`~handlers.state.StateView` over Faust tables of bytes.
+
+    Reads see, in order: changes staged by the current batch, this instance's tables, and
+    — for cluster-wide tables — the :class:`GlobalView` of every partition. Decoded values
+    are cached and reused while the stored bytes are the same object.
+    """
+
+    def __init__(self, tables: Mapping[TableName, Any], view: GlobalView, journal: Journal | None = None) -> None:
+        self.tables = tables
+        self.view = view
+        self.journal = journal
+        self._decoded: dict[tuple[str, str], tuple[bytes, Any]] = {}
+        self._staged: dict[tuple[str, str], Any] = {}
+        self._encoded: dict[int, bytes] = {}  # a change's value as the journal recorded it, by id
+
+    def get(self, table: TableName, key: str) -> Any | None:
+        staged = self._staged.get((table, key), None)
+        if staged is not None:
+            return None if staged is _DELETED else staged
+        raw = self.tables[table].get(key)
+        if raw is None:
+            return self.view.tables[table].get(key) if table in self.view.tables else None
+        cached = self._decoded.get((table, key))
+        if cached is not None and cached[0] is raw:
+            return cached[1]
+        value = decode_state(table, raw)
+        self._decoded[(table, key)] = (raw, value)
+        return value
+
+    def values(self, table: TableName) -> Iterable[Any]:
+        keys = set(self.tables[table].keys())
+        if table in self.view.tables:
+            keys |= set(self.view.tables[table])
+        keys |= {key for name, key in self._staged if name == table}
+        return [value for key in sorted(keys) if (value := self.get(table, key)) is not None]
+
+    def stage(self, changes: Iterable[Change]) -> None:
+        """Make a decision's changes visible to the rest of the batch, not yet recorded."""
+        for change in changes:
+            self._staged[(change.table, change.key)] = _DELETED if change.value is None else change.value
+
+    def write(self, changes: Iterable[Change], *, event: EventT[Any]) -> None:
+        """Record changes in the tables, in the changelog partition of their input."""
+        with deciding(event):
+            for change in changes:
+                target = self.tables[change.table]
+                self._decoded.pop((change.table, change.key), None)
+                if change.value is None:
+                    if change.key in target:
+                        del target[change.key]
+                else:
+                    raw = self._encoded.pop(id(change), None) or encode_state(change.table, change.value)
+                    target[change.key] = raw
+                    self._decoded[(change.table, change.key)] = (raw, change.value)
+
+    def write_all(self, decided: Sequence[tuple[EventT[Any], Result]]) -> None:
+        """Write a batch's rows, each input's in its own partition. The batch is journaled
+        and its messages are out: if a row cannot be written, the process stops before the
+        batch is acknowledged, and its restart replays the batch from the journal."""
+        try:
+            for event, result in decided:
+                self.write(result.decision.changes, event=event)
+        except Exception:
+            log.critical("rows not written: stopping before the batch is acknowledged", exc_info=True)
+            _stop()
+
+    async def record(self, decided: Sequence[tuple[EventT[Any], list[Result]]], *, producer: Any) -> None:
+        """Journal a batch's fresh decisions before any of their messages is sent."""
+        if self.journal is not None:
+            await self.journal.record(decided, producer=producer, encoded=self._encoded)
+
+    def recorded(self, event: EventT[Any]) -> list[Result] | None:
+        """An input's journaled results, staged for the rest of the batch; ``None``: decide it."""
+        results = self.journal.recorded(event) if self.journal is not None else None
+        for result in results or ():
+            self.stage(result.decision.changes)
+        return results
+
+    def unstage(self) -> None:
+        self._staged.clear()
+        self._encoded.clear()
+
+    def sizes(self) -> dict[str, int]:
+        sizes = {name: len(table) for name, table in self.tables.items()}
+        if self.journal is not None:
+            sizes["journal"] = len(self.journal.table)
+        return sizes

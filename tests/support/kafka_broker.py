@@ -1,0 +1,139 @@
+"""pytest plugin: one real Kafka broker per test session, and unique topics per test.
+
+The broker comes from the first source that exists: ``KAFKA_BOOTSTRAP_SERVERS`` (CI or a
+developer's own broker), else a testcontainers ``apache/kafka`` container when a Docker
+engine actually answers, else ``harness.localkafka.LocalKafka`` (Kafka's jars run with
+Java, no Docker). Register with ``pytest_plugins = ["tests.support.kafka_broker"]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+# First: it imports kafka-python with that library's import-time DeprecationWarning silenced.
+from harness.localkafka import KAFKA_VERSION, SINGLE_NODE_SETTINGS, LocalKafka, free_ports, probe
+
+from kafka import KafkaAdminClient  # isort: skip
+
+log = logging.getLogger(__name__)
+
+BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
+CONTAINER_IMAGE = f"apache/kafka:{KAFKA_VERSION}"
+CONTAINER_START_TIMEOUT = 120.0
+
+TopicFactory = Callable[..., str]
+
+
+def _docker_answers(timeout: float = 2.0) -> bool:
+    """Whether a Docker engine responds to a ping (a client binary alone is not enough)."""
+    if not os.environ.get("DOCKER_HOST") and not os.path.exists("/var/run/docker.sock"):
+        return False
+    try:
+        import docker  # imported only when an engine may exist
+
+        client = docker.from_env(timeout=int(timeout))
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception as error:  # any failure means "no usable engine", never a test error
+        log.debug("no Docker engine: %s", error)
+        return False
+
+
+@contextlib.contextmanager
+def _kafka_container() -> Iterator[str]:
+    """An ``apache/kafka`` container configured like LocalKafka, on a fixed host port.
+
+    The port is fixed (not mapped at random) because the broker must advertise the address
+    clients reach it at, and that has to be known before the container starts.
+    """
+    from testcontainers.core.container import DockerContainer
+
+    port = free_ports(1)[0]
+    container = DockerContainer(CONTAINER_IMAGE).with_bind_ports(9092, port)
+    host = container.get_docker_client().host()
+    settings = {
+        "node.id": "1",
+        "process.roles": "broker,controller",
+        "listeners": "PLAINTEXT://:9092,CONTROLLER://:9093",
+        "advertised.listeners": f"PLAINTEXT://{host}:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "controller.quorum.voters": "1@localhost:9093",
+        **SINGLE_NODE_SETTINGS,
+    }
+    for key, value in settings.items():
+        container.with_env("KAFKA_" + key.upper().replace(".", "_"), value)
+    container.start()
+    try:
+        bootstrap = f"{host}:{port}"
+        deadline = time.monotonic() + CONTAINER_START_TIMEOUT
+        while not probe(bootstrap, timeout=1.0):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{CONTAINER_IMAGE} did not answer at {bootstrap}")
+            time.sleep(0.2)
+        yield bootstrap
+    finally:
+        container.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """Bootstrap servers of a real broker, shared by the whole session."""
+    external = os.environ.get(BOOTSTRAP_ENV)
+    if external:
+        log.info("Kafka from %s: %s", BOOTSTRAP_ENV, external)
+        yield external
+        return
+    if _docker_answers():
+        log.info("Kafka from testcontainers (%s)", CONTAINER_IMAGE)
+        with _kafka_container() as bootstrap:
+            yield bootstrap
+        return
+    with LocalKafka() as kafka:
+        yield kafka.bootstrap_servers
+
+
+@pytest.fixture(scope="session")
+def kafka_admin(kafka_bootstrap: str) -> Iterator[KafkaAdminClient]:
+    """A kafka-python admin client on the session's broker."""
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="vmstream-tests")
+    try:
+        yield admin
+    finally:
+        admin.close()
+
+
+@pytest.fixture
+def kafka_topic_factory(
+    kafka_admin: KafkaAdminClient, request: pytest.FixtureRequest
+) -> Iterator[TopicFactory]:
+    """``make(suffix="", *, partitions=1, configs=None) -> name``: a fresh topic per call.
+
+    Names carry the test's name and a random part, so tests (and parallel sessions on one
+    broker) never share a topic; the topics are deleted when the test ends.
+    """
+    created: list[str] = []
+    stem = re.sub(r"[^a-zA-Z0-9._-]+", "-", request.node.name)[:120]
+
+    def make(
+        suffix: str = "", *, partitions: int = 1, configs: dict[str, str] | None = None
+    ) -> str:
+        name = "-".join(part for part in (stem, suffix, uuid.uuid4().hex[:8]) if part)
+        spec = {"num_partitions": partitions, "replication_factor": 1, "configs": configs or {}}
+        kafka_admin.create_topics({name: spec}, wait_for_metadata=True)
+        created.append(name)
+        return name
+
+    yield make
+    if created:
+        kafka_admin.delete_topics(created)
