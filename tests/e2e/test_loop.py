@@ -9,9 +9,8 @@ CRD schemas. The control plane is this module's own, so the loop sees only its o
 from __future__ import annotations
 
 import json
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,14 +19,15 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from streams.common.credentials import DevSigner
 from harness.localkube import LocalKube
 from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess
 from harness.scenarios import PROJECT_LABEL, RTX
 from harness.scenarios import node as node_object
+from streams.common.credentials import DevSigner
 from tests.support.kubevirt_schema import validate_vm
 from tests.support.kubevirt_sim import KubeVirtSimulator
 from tests.support.virt_api_standin import VirtApiStandIn
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 
@@ -35,17 +35,8 @@ NAMESPACE = "spx-proj-a"
 ALICE, OPS = "alice@example.com", "ops@example.com"
 KUBEVIRT = ("kubevirt.io", "v1")
 T = TypeVar("T")
+LOOP_DEADLINE = 90.0  # a whole loop: worker, applier, API server and the stand-ins
 
-
-def eventually(probe: Callable[[], T | None], what: str, timeout: float = 90.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = probe()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)  # polling interval
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +100,7 @@ class Loop:
             if vmi is None or status.get("phase") != "Running" or status.get("nodeName") == not_on:
                 return None
             return None if vmi["metadata"]["uid"] == other_than else vmi
-        return eventually(probe, f"VMI {name} running")
+        return eventually(probe, f"VMI {name} running", timeout=LOOP_DEADLINE)
 
     def cordoned(self, node: str) -> bool:
         return bool(client.CoreV1Api(self.api).read_node(node).spec.unschedulable)
@@ -232,12 +223,12 @@ def test_a_drain_tells_owners_cordons_stops_and_reports(loop: Loop) -> None:
     assert {name: fate[0] for name, fate in fates.items()} == {
         "train-1": "returns_automatically", "batch-1": "needs_manual_start"}
     assert all(fate[1] == [ALICE] and fate[2] for fate in fates.values())
-    eventually(lambda: loop.cordoned("gpu-node-1"), "gpu-node-1 cordoned in the API server")
+    eventually(lambda: loop.cordoned("gpu-node-1"), "gpu-node-1 cordoned in the API server", timeout=LOOP_DEADLINE)
 
     # At the deadline the GPU VMIs go; the Always VM comes back on the other node.
     back = loop.running_vmi("train-1", not_on="gpu-node-1")
     assert back["status"]["nodeName"] == "gpu-node-2"
-    eventually(lambda: loop.get("virtualmachineinstances", "batch-1") is None, "batch-1's VMI gone")
+    eventually(lambda: loop.get("virtualmachineinstances", "batch-1") is None, "batch-1's VMI gone", timeout=LOOP_DEADLINE)
     loop.simulator.wait_passes()
     assert loop.get("virtualmachineinstances", "batch-1") is None  # RerunOnFailure stays off
     loop.outputs.wait_for(lambda o: o.notifications("drain_completed"), what="drain_completed")
@@ -259,7 +250,7 @@ def test_a_node_maintenance_created_directly_starts_the_same_announcements(loop:
     [told] = loop.outputs.notifications("drain_will_stop_gpu_vm")
     assert told["subject"]["name"] == "train-1" and told["details"]["drain_source"] == "maintenance"
     assert "PSU replacement" in told["message"] and told["details"]["outcome"] == "waits_for_gpu"
-    eventually(lambda: loop.cordoned("gpu-node-1"), "gpu-node-1 cordoned in the API server")
+    eventually(lambda: loop.cordoned("gpu-node-1"), "gpu-node-1 cordoned in the API server", timeout=LOOP_DEADLINE)
 
 
 def test_a_vm_changed_while_its_command_waits_is_planned_again(loop: Loop) -> None:

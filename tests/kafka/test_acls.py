@@ -30,15 +30,17 @@ from kubernetes import client
 
 from handlers.messages import Command, ObjectRef
 from handlers.state import TABLES
-from streams.common.codecs import encode_message
-from streams.common.kafka_clients import admin_client, client_options
 from harness.localkafka import LocalKafka, Sasl
 from harness.processes import free_ports
+from streams.common.codecs import encode_message
+from streams.common.kafka_clients import admin_client, client_options
 from streams.common.principals import PRINCIPALS, acls
 from streams.common.settings import KafkaSettings
 from streams.common.signing import Keyring
-from streams.common.topics import TOPICS as TOPIC_SPECS, changelog_topic, ensure_topics
+from streams.common.topics import TOPICS as TOPIC_SPECS
+from streams.common.topics import changelog_topic, ensure_topics
 from tests.support.kube_apiserver import Kube
+from tests.support.waiting import stop
 
 pytestmark = pytest.mark.kafka
 
@@ -83,8 +85,14 @@ def secured() -> Iterator[SecuredBroker]:
             admin.create_acls(wanted)
             # Granted once the broker lists them (one node: its authorizer has them then).
             deadline = time.monotonic() + 30
-            from kafka.admin import ACLFilter, ACLOperation, ACLPermissionType, ResourcePatternFilter, ResourceType
-            from kafka.admin import ACLResourcePatternType
+            from kafka.admin import (
+                ACLFilter,
+                ACLOperation,
+                ACLPermissionType,
+                ACLResourcePatternType,
+                ResourcePatternFilter,
+                ResourceType,
+            )
             everything = ACLFilter(None, None, ACLOperation.ANY, ACLPermissionType.ANY,
                                    ResourcePatternFilter(ResourceType.ANY, None, ACLResourcePatternType.ANY))
             while len(admin.describe_acls(everything)[0]) < len(wanted):
@@ -331,12 +339,7 @@ def test_the_applier_does_its_job_on_its_own_acls(secured: SecuredBroker, kube: 
             assert client.CoreV1Api(api).read_node(node).spec.unschedulable
             assert "uthoriz" not in log_path.read_text(errors="replace")  # no refusal on the way
         finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop(process)
             client.CoreV1Api(api).delete_node(node)
 
 

@@ -10,12 +10,11 @@ committed offsets — never from notify itself.
 from __future__ import annotations
 
 import email
-import io
 import email.message
 import email.policy
+import io
 import json
 import os
-import signal
 import ssl
 import subprocess
 import sys
@@ -37,10 +36,11 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from handlers.messages import Notification, ObjectRef
 from handlers.tracing import derived_trace, span_id
-from streams.common.kafka_clients import admin_client
-from streams.serve.notify import LEDGER, Notifier, ensure_ledger
 from harness.processes import free_ports
+from streams.common.kafka_clients import admin_client
 from streams.common.settings import Settings, read_yaml
+from streams.serve.notify import LEDGER, Notifier, ensure_ledger
+from tests.support.waiting import eventually, stop
 
 pytestmark = pytest.mark.kafka
 
@@ -50,17 +50,6 @@ T = TypeVar("T")
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CE_HEADERS = ("ce_specversion", "ce_id", "ce_type", "ce_source", "ce_time", "content-type", "traceparent")
 
-
-def eventually(probe: Callable[[], T | None], what: str, timeout: float = DEADLINE) -> T:
-    """Poll ``probe`` until it returns something truthy, or fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)  # polling interval
 
 
 # ------------------------------------------------------------------------ the receivers
@@ -440,13 +429,7 @@ def test_delivered_once_across_a_kill_of_notify_mid_delivery(
         assert 'vmstream_notify_deliveries_total{channel="webhook",outcome="delivered"} 1.0' in text
     finally:
         for process in processes:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            stop(process)
 
 
 def test_a_5xx_and_an_smtp_4xx_are_tried_again_then_delivered(
@@ -553,8 +536,8 @@ def test_mail_goes_over_starttls_with_auth_to_a_relay_that_demands_both(tmp_path
     from pydantic import SecretStr
 
     from harness.localkube import CertificateAuthority
-    from streams.serve.notify import Failed, SmtpSender
     from streams.common.settings import SmtpSettings
+    from streams.serve.notify import Failed, SmtpSender
 
     authority = CertificateAuthority.create(tmp_path / "ca")
     cert, key = authority.issue(tmp_path / "ca", "smtp", "127.0.0.1", server_hosts=["127.0.0.1"])

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.error
-import urllib.request
-import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -34,19 +33,20 @@ from handlers import ids
 from handlers.cluster import OWNER_ANNOTATION
 from handlers.decisions import subject_key
 from handlers.messages import Command, CommandType, GPUMutation, ObjectRef
-from streams.kube.applying import Applier, KubeApplier
-from streams.common.codecs import encode_message
 from harness.processes import free_ports
 from harness.publishing import publish as publish_records
 from harness.running import CONFIG, Deployment
 from harness.scenarios import A100, PROJECT_LABEL, RTX
 from harness.scenarios import node as node_object
+from streams.common.codecs import encode_message
 from streams.common.settings import load_settings
+from streams.kube.applying import Applier, KubeApplier
 from tests.support.harness import START, Harness, config
 from tests.support.kube_apiserver import Kube, minimal_vm
 from tests.support.kubevirt_schema import validate_vm
 from tests.support.kubevirt_sim import KubeVirtSimulator
 from tests.support.virt_api_standin import VirtApiStandIn
+from tests.support.waiting import eventually, stop
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 
@@ -58,17 +58,6 @@ IMAGE = "quay.io/containerdisks/ubuntu:24.04"
 
 T = TypeVar("T")
 
-
-def eventually(probe: Callable[[], T | None], what: str, timeout: float = DEADLINE) -> T:
-    """Poll ``probe`` until it returns something truthy, or fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)  # polling interval
 
 
 # ------------------------------------------------------------------------- fixtures
@@ -162,12 +151,7 @@ def applier(deployment: Deployment, kube: Kube, virt_api: VirtApiStandIn,
         eventually(ready, "the applier to start", timeout=120)
         yield process
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
         if os.environ.get("VMSTREAM_SHOW_APPLIER_LOG"):
             print(tail())
 
@@ -735,13 +719,7 @@ def test_a_restart_is_sent_once_across_an_applier_crash(
         assert len(results.results(restart.command_id)) == 1
     finally:
         for process in (crashing, takeover):
-            if process is not None and process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            stop(process)
         results.close()
         own.delete_topics()
 
@@ -777,12 +755,6 @@ def test_a_killed_applier_restarted_at_once_applies_again_within_its_session(
         assert not unschedulable(api, node)
     finally:
         for process in processes:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            stop(process)
         results.close()
         own.delete_topics()
