@@ -13,17 +13,10 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-cache="${VMSTREAM_CACHE_DIR:-$HOME/.cache/vmstream}"
-export GOMODCACHE="$cache/go/mod"
-export GOCACHE="$cache/go/build"
-export CGO_ENABLED=0
-export GOFLAGS="-mod=readonly -buildvcs=false"
 cd "$here"
-
-log() { echo "k8sbins: $*" >&2; }
-
-# Versions come from go.mod alone, so the script never drifts from what is committed.
-module_version() { sed -nE "s#^[[:space:]]*(require[[:space:]]+)?$1[[:space:]]+(v[^[:space:]]+).*#\2#p" go.mod | head -n1; }
+name=k8sbins
+# shellcheck source=../gomodule.sh
+source ../gomodule.sh
 
 pin() {
     local version="$1" staging gomod
@@ -51,47 +44,21 @@ out="$cache/k8sbins/$k8s_version"
 stamp="k8s.io/kubernetes $k8s_version
 go.etcd.io/etcd/server/v3 $etcd_version"
 
-case "${1:-build}" in
-    dir) echo "$out"; exit 0 ;;
-    pin) pin "${2:?usage: build.sh pin vX.Y.Z}"; exit 0 ;;
-    build) ;;
-    *) log "unknown command: $1"; exit 2 ;;
-esac
+build() {
+    minor="${k8s_version#v1.}"
+    minor="${minor%%.*}"
+    build_date="$(go list -m -f '{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}' k8s.io/kubernetes)"
+    v=k8s.io/component-base/version
+    kube_ldflags="-s -w -X $v.gitVersion=$k8s_version -X $v.gitMajor=1 -X $v.gitMinor=$minor"
+    kube_ldflags+=" -X $v.gitTreeState=clean -X $v.buildDate=$build_date"
 
-is_built() {
-    [[ -x "$out/kube-apiserver" && -x "$out/etcd" && -f "$out/versions" ]] &&
-        [[ "$(cat "$out/versions")" == "$stamp" ]]
+    log "building kube-apiserver $k8s_version into $out (first time takes many minutes)"
+    go build -trimpath -tags selinux,notest -ldflags "$kube_ldflags" \
+        -o "$out/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
+    log "kube-apiserver built; building etcd $etcd_version"
+    go build -trimpath -ldflags "-s -w" -o "$out/etcd.tmp" go.etcd.io/etcd/server/v3
+    mv -f "$out/kube-apiserver.tmp" "$out/kube-apiserver"
+    mv -f "$out/etcd.tmp" "$out/etcd"
 }
 
-if is_built; then
-    echo "$out"
-    exit 0
-fi
-
-mkdir -p "$out"
-# Two test sessions starting at once must not compile twice or race on the outputs.
-exec 9>"$out/.lock"
-if command -v flock >/dev/null; then flock 9; fi
-if is_built; then
-    echo "$out"
-    exit 0
-fi
-
-minor="${k8s_version#v1.}"
-minor="${minor%%.*}"
-build_date="$(go list -m -f '{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}' k8s.io/kubernetes)"
-v=k8s.io/component-base/version
-kube_ldflags="-s -w -X $v.gitVersion=$k8s_version -X $v.gitMajor=1 -X $v.gitMinor=$minor"
-kube_ldflags+=" -X $v.gitTreeState=clean -X $v.buildDate=$build_date"
-
-start=$SECONDS
-log "building kube-apiserver $k8s_version into $out (first time takes many minutes)"
-go build -trimpath -tags selinux,notest -ldflags "$kube_ldflags" \
-    -o "$out/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
-log "kube-apiserver built after $((SECONDS - start))s; building etcd $etcd_version"
-go build -trimpath -ldflags "-s -w" -o "$out/etcd.tmp" go.etcd.io/etcd/server/v3
-mv -f "$out/kube-apiserver.tmp" "$out/kube-apiserver"
-mv -f "$out/etcd.tmp" "$out/etcd"
-printf '%s' "$stamp" >"$out/versions"
-log "done in $((SECONDS - start))s"
-echo "$out"
+build_once "$out" "$stamp" build "$@"

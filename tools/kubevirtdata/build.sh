@@ -22,22 +22,16 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-cache="${VMSTREAM_CACHE_DIR:-$HOME/.cache/vmstream}"
-export GOMODCACHE="$cache/go/mod"
-export GOCACHE="$cache/go/build"
-export CGO_ENABLED=0
-export GOFLAGS="-mod=readonly -buildvcs=false"
 cd "$here"
+name=kubevirtdata
+# shellcheck source=../gomodule.sh
+source ../gomodule.sh
 
 nmo=github.com/medik8s/node-maintenance-operator
 nmo_crd=config/crd/bases/nodemaintenance.medik8s.io_nodemaintenances.yaml
 # The proxy serves the module; the checksum database lacks it, so go.sum is the only check.
 export GONOSUMDB="$nmo"
 
-log() { echo "kubevirtdata: $*" >&2; }
-
-# Versions come from go.mod and go.sum alone, so the script never drifts from what is pinned.
-module_version() { sed -nE "s#^[[:space:]]*(require[[:space:]]+)?$1[[:space:]]+(v[^[:space:]]+).*#\2#p" go.mod | head -n1; }
 # The medik8s module is only downloaded, never imported, so go.sum alone pins it.
 sum_version() { sed -nE "s#^$1 (v[^[:space:]/]+) h1:.*#\1#p" go.sum | head -n1; }
 
@@ -78,46 +72,23 @@ out="$cache/kubevirtdata/kubevirt-$kubevirt_version-nmo-$nmo_version"
 stamp="kubevirt.io/kubevirt $kubevirt_version
 $nmo $nmo_version"
 
-case "${1:-build}" in
-    dir) echo "$out"; exit 0 ;;
-    pin) pin "${2:?usage: build.sh pin vX.Y.Z [vA.B.C]}" "${3:-}"; exit 0 ;;
-    build) ;;
-    *) log "unknown command: $1"; exit 2 ;;
-esac
+build() {
+    log "generating KubeVirt $kubevirt_version CRDs into $out (the first build takes minutes)"
+    rm -rf "$out/kubevirt" "$out/medik8s" "$out/versions"
+    go build -trimpath -ldflags "-s -w" -o "$out/kubevirtdata" .
+    "$out/kubevirtdata" "$out/kubevirt/crds"
+    rm -f "$out/kubevirtdata"
 
-is_built() { [[ -f "$out/versions" && "$(cat "$out/versions")" == "$stamp" ]]; }
+    kubevirt_dir="$(module_dir "kubevirt.io/kubevirt@$kubevirt_version")"
+    mkdir -p "$out/kubevirt/examples"
+    cp "$kubevirt_dir"/examples/*.yaml "$out/kubevirt/examples/"
 
-if is_built; then
-    echo "$out"
-    exit 0
-fi
+    # go.sum holds this module's checksum; go mod download verifies the zip against it.
+    nmo_dir="$(module_dir "$nmo@$nmo_version")"
+    mkdir -p "$out/medik8s"
+    cp "$nmo_dir/$nmo_crd" "$out/medik8s/nodemaintenances.nodemaintenance.medik8s.io.yaml"
 
-mkdir -p "$out"
-# Two test sessions starting at once must not build twice or race on the outputs.
-exec 9>"$out/.lock"
-if command -v flock >/dev/null; then flock 9; fi
-if is_built; then
-    echo "$out"
-    exit 0
-fi
+    chmod -R u+w "$out/kubevirt" "$out/medik8s"
+}
 
-start=$SECONDS
-log "generating KubeVirt $kubevirt_version CRDs into $out (the first build takes minutes)"
-rm -rf "$out/kubevirt" "$out/medik8s" "$out/versions"
-go build -trimpath -ldflags "-s -w" -o "$out/kubevirtdata" .
-"$out/kubevirtdata" "$out/kubevirt/crds"
-rm -f "$out/kubevirtdata"
-
-kubevirt_dir="$(module_dir "kubevirt.io/kubevirt@$kubevirt_version")"
-mkdir -p "$out/kubevirt/examples"
-cp "$kubevirt_dir"/examples/*.yaml "$out/kubevirt/examples/"
-
-# go.sum holds this module's checksum; go mod download verifies the zip against it.
-nmo_dir="$(module_dir "$nmo@$nmo_version")"
-mkdir -p "$out/medik8s"
-cp "$nmo_dir/$nmo_crd" "$out/medik8s/nodemaintenances.nodemaintenance.medik8s.io.yaml"
-
-chmod -R u+w "$out/kubevirt" "$out/medik8s"
-printf '%s' "$stamp" >"$out/versions"
-log "done in $((SECONDS - start))s"
-echo "$out"
+build_once "$out" "$stamp" build "$@"
