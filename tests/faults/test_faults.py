@@ -25,13 +25,6 @@ pytestmark = pytest.mark.kafka
 CRASH_EXIT_CODE = 86  # tests/support/crashpoints/sitecustomize.py
 
 
-@pytest.fixture
-def deployment(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Deployment]:
-    deployment = Deployment(kafka_bootstrap, tmp_path)
-    deployment.create_topics()
-    yield deployment
-    deployment.delete_topics()
-
 
 @pytest.fixture
 def ledger(deployment: Deployment) -> Iterator[Ledger]:

@@ -13,8 +13,7 @@ import json
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -131,13 +130,6 @@ class ClassTopic:
     def close(self) -> None:
         self.consumer.close()
 
-
-@pytest.fixture
-def deployment(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Deployment]:
-    deployment = Deployment(kafka_bootstrap, tmp_path)
-    deployment.create_topics()
-    yield deployment
-    deployment.delete_topics()
 
 
 def test_two_replicas_answer_alike_tokens_are_scoped_and_the_class_topic_is_current(deployment: Deployment) -> None:

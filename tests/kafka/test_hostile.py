@@ -14,7 +14,6 @@ import time
 from types import SimpleNamespace
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -64,13 +63,6 @@ class Reader:
     def close(self) -> None:
         self.consumer.close()
 
-
-@pytest.fixture
-def deployment(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Deployment]:
-    deployment = Deployment(kafka_bootstrap, tmp_path)
-    deployment.create_topics()
-    yield deployment
-    deployment.delete_topics()
 
 
 @pytest.fixture

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import time
 import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -21,13 +19,6 @@ pytestmark = pytest.mark.kafka
 
 CLUSTER = list(cluster().jsonl())
 
-
-@pytest.fixture
-def deployment(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Deployment]:
-    deployment = Deployment(kafka_bootstrap, tmp_path)
-    deployment.create_topics()
-    yield deployment
-    deployment.delete_topics()
 
 
 def lag(worker: WorkerProcess) -> dict[tuple[str, str], float]:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -30,13 +28,6 @@ STATIC = {
     "VMSTREAM_WORKER__SESSION_TIMEOUT_SECONDS": "60",
 }
 
-
-@pytest.fixture
-def deployment(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Deployment]:
-    deployment = Deployment(kafka_bootstrap, tmp_path)
-    deployment.create_topics()
-    yield deployment
-    deployment.delete_topics()
 
 
 def node_event(event_id: str) -> str:

@@ -15,11 +15,13 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 # First: it imports kafka-python with that library's import-time DeprecationWarning silenced.
 from harness.localkafka import KAFKA_VERSION, SINGLE_NODE_SETTINGS, LocalKafka, free_ports, probe
+from harness.running import Deployment
 
 from kafka import KafkaAdminClient  # isort: skip
 
@@ -137,3 +139,12 @@ def kafka_topic_factory(
     yield make
     if created:
         kafka_admin.delete_topics(created)
+
+
+@pytest.fixture
+def deployment(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Deployment]:
+    """One isolated vmstream on the session's broker: its own topics and app id, removed after."""
+    deployed = Deployment(kafka_bootstrap, tmp_path)
+    deployed.create_topics()
+    yield deployed
+    deployed.delete_topics()
