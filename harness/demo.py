@@ -118,8 +118,11 @@ def _run_on_kafka(out: TextIO, stack: ExitStack, workdir: Path, bootstrap: str, 
         out.write(f"\n== {title}\n")
         publish(deployment.kafka, signer.sign_records(scenario_records(script.jsonl(), shift_to_now=True)))
         wait = timeout + (notice_seconds if "deadline" in waiting_for else 0)
-        outputs.wait_for(lambda o, done=expected: done(o) and sink.count() >= mails_due(o), timeout=wait,
-                         what=f"{waiting_for}, and its mail delivered")
+
+        def arrived(o: Outputs, done: Expectation = expected) -> bool:
+            return done(o) and sink.count() >= mails_due(o)
+
+        outputs.wait_for(arrived, timeout=wait, what=f"{waiting_for}, and its mail delivered")
         if script.prefix == "demo-patched":  # the template shows the GPU: what bob's console shows
             console.show_badge("spx-proj-b", "dev-1", timeout)
             console.show_classes()

@@ -92,7 +92,7 @@ DEFAULT_TIMEOUT = 30.0
 POLL_SECONDS = 0.5  # the longest one poll blocks; the deadline is checked between polls
 
 _INTENT: TypeAdapter[AnyIntent] = TypeAdapter(Intent)
-_M = TypeVar("_M", AuditRecord, Notification)
+_M = TypeVar("_M", AuditRecord, CommandResult, Notification)
 
 
 class InvalidRequest(ValueError):

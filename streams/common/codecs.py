@@ -30,7 +30,7 @@ def encode_state(table: TableName, value: Any) -> bytes:
     return _adapter(table).dump_json(value)
 
 
-def decode_state(table: TableName, raw: bytes) -> Any:
+def decode_state(table: TableName, raw: bytes | str) -> Any:
     return _adapter(table).validate_json(raw)
 
 

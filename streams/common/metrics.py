@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE_LATEST  # re-exported: the full exposition type
+from prometheus_client import Counter, Gauge, Histogram, generate_latest
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST.split(";")[0]
 

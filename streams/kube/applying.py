@@ -724,7 +724,7 @@ class Lanes:
         return first, results, offsets
 
 
-class _SettleOnRevoke(ConsumerRebalanceListener):
+class _SettleOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]  # kafka-python has no types
     """Before a partition is taken away: everything read is finished and committed."""
 
     def __init__(self, settle: Callable[[], None]) -> None:

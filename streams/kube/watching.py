@@ -301,6 +301,7 @@ class Publisher:
             log.warning("watch %s %s: %d bytes, over %d; published reduced to what the rules read (%d bytes)",
                         type_, key, whole_size, self.max_bytes, len(reduced))
             return self._sent(kind, future, pydantic_core.to_json(view), "reduced")
+        at = datetime.now(UTC)
         letter = DeadLetter(
             error=f"watch event {type_} {key} (resourceVersion "
                   f"{(obj.get('metadata') or {}).get('resourceVersion')}) is too large: "
@@ -308,7 +309,7 @@ class Publisher:
                   f"{self.max_bytes}",
             source=DeadLetterSource(topic=self.topic),
             original=value[:ORIGINAL_PREFIX_BYTES].decode("utf-8", "ignore"),  # a cut character left out
-            at=datetime.now(UTC),
+            at=at,
             original_truncated=True,
             original_size=whole_size,
             original_sha256=hashlib.sha256(value).hexdigest(),
@@ -317,7 +318,7 @@ class Publisher:
         trace = trace_of(None, event_id)  # the event's, as if it had been published
         future = self.producer.send(self.dlq_topic, key=key.encode(), value=letter.model_dump_json().encode(),
                                     headers=list(kafka_headers(letter, source=self.source, trace=trace,
-                                                               time=letter.at).items()))
+                                                               time=at).items()))
         return self._sent(kind, future, pydantic_core.to_json(view), "dead_letter")
 
     def _fits(self, key: str, value: bytes, headers: list[tuple[str, bytes]]) -> bool:

@@ -58,15 +58,14 @@ from streams.common.kafka_clients import consumer, producer
 from streams.common.logs import limit_client_logs
 from streams.common.probes import ProbeServer, add_probe_arguments
 from streams.common.settings import NotifySettings, Settings, SmtpSettings, load_settings
-from streams.common.topics import DELIVERIES, ensure_topics
+from streams.common.topics import DELIVERIES as LEDGER  # the logical name of the ledger topic (compacted)
+from streams.common.topics import ensure_topics
 
 if TYPE_CHECKING:
     from kafka import KafkaConsumer, KafkaProducer
     from kafka.consumer.fetcher import ConsumerRecord
 
 log = logging.getLogger(__name__)
-
-LEDGER = DELIVERIES  # the logical name of the ledger topic (compacted)
 
 DELIVERIES = Counter("vmstream_notify_deliveries_total",
                      "Deliveries of notifications, by channel and outcome (delivered, dead_lettered, skipped: "
@@ -460,12 +459,15 @@ class Notifier:
                 raise
             ATTEMPTS.labels(target.channel, "delivered").inc()
 
+        def pause(seconds: float) -> None:
+            self.stop.wait(seconds)  # a stop request ends the backoff
+
         retrying = Retrying(
             retry=retry_if_exception(lambda e: isinstance(e, Failed) and e.verdict == "transient"
                                      and not self.stop.is_set()),
             stop=stop_after_attempt(self.notify.attempts),
             wait=wait_exponential(multiplier=self.notify.backoff_seconds, max=self.notify.backoff_max_seconds),
-            sleep=self.stop.wait,  # a stop request ends the backoff
+            sleep=pause,
             reraise=True,
             before_sleep=lambda state: log.info(
                 "notification %s to %s %s: %s; trying again (attempt %d)", notification.notification_id,
@@ -500,16 +502,17 @@ class Notifier:
             import base64
 
             original, encoding = base64.b64encode(raw).decode(), "base64"
+        at = self.clock()
         letter = DeadLetter(error=reason, source=DeadLetterSource(topic=record.topic, partition=record.partition,
                                                                   offset=record.offset),
-                            original=clip(original, 16384), encoding=encoding, at=self.clock(), **about)
+                            original=clip(original, 16384), encoding=encoding, at=at, **about)
         if trace is None:
             trace = trace_of(record.headers, f"{record.topic}:{record.partition}:{record.offset}")
         id_ = dead_letter_id(letter)
         if "recipient" in about:
             id_ += f"|{about.get('channel', 'none')}|{about['recipient']}"
         out.send(self.kafka.topic("dlq"), key=record.key, value=letter.model_dump_json(exclude_none=True).encode(),
-                 headers=self._envelope(id_, f"{TYPE_PREFIX}dead-letter", letter.at, trace)).get(timeout=30)
+                 headers=self._envelope(id_, f"{TYPE_PREFIX}dead-letter", at, trace)).get(timeout=30)
 
     def _envelope(self, id_: str, type_: str, at: datetime, trace: Trace) -> list[tuple[str, bytes]]:
         """A record's CloudEvents headers and ``traceparent`` (docs/integrators.md)."""
