@@ -1,7 +1,7 @@
 """Kafka clients configured from settings: one place for bootstrap, TLS and SASL options.
 
 kafka-python serves administration and the CLI's producers and consumers; the worker's
-Faust app gets the same options through :func:`faust_credentials`.
+Faust app gets the same options through streams/worker/broker_credentials.py.
 """
 
 from __future__ import annotations
@@ -70,22 +70,3 @@ def aiokafka_options(kafka: KafkaSettings) -> dict[str, Any]:
         options["sasl_plain_username"] = kafka.sasl_username
         options["sasl_plain_password"] = kafka.sasl_password.get_secret_value() if kafka.sasl_password else None
     return options
-
-
-def faust_credentials(kafka: KafkaSettings) -> Any:
-    """Faust's ``broker_credentials`` for the configured security protocol, or None."""
-    import faust
-
-    context = None
-    if kafka.security_protocol in ("SSL", "SASL_SSL"):
-        context = ssl.create_default_context(cafile=kafka.ssl_cafile)
-    if kafka.sasl_mechanism:
-        return faust.SASLCredentials(
-            username=kafka.sasl_username,
-            password=kafka.sasl_password.get_secret_value() if kafka.sasl_password else None,
-            mechanism=kafka.sasl_mechanism,
-            ssl_context=context,
-        )
-    if context is not None:
-        return faust.SSLCredentials(context)
-    return None

@@ -55,7 +55,8 @@ from streams.common.globalview import GlobalView
 from streams.common.heap import Heap
 from streams.worker import faustfixes
 from streams.worker.tablestate import Journal, TableState
-from streams.common.kafka_clients import aiokafka_options, faust_credentials
+from streams.common.kafka_clients import aiokafka_options
+from streams.worker.broker_credentials import faust_credentials
 from streams.common.settings import Settings
 from streams.common.topics import KIND_HEADER, ROUTED, SOURCE_HEADER, changelog_topic, missing_topics
 
