@@ -6,11 +6,12 @@ BIN := $(VENV)/bin
 CACHE ?= $(or $(VMSTREAM_CACHE_DIR),$(HOME)/.cache/vmstream)
 export VMSTREAM_CACHE_DIR := $(CACHE)
 
-.PHONY: help setup parts demo test test-fast simulate bench schemas examples clean
+.PHONY: help setup parts demo check test test-fast simulate bench schemas examples clean
 
 help:
 	@echo "make demo      the worker on a local Kafka with a realistic scenario"
-	@echo "make test      every test, against a real Kafka broker and kube-apiserver"
+	@echo "make check     mypy --strict and the import contracts (pyproject.toml)"
+	@echo "make test      make check, then every test, against a real Kafka broker and kube-apiserver"
 	@echo "make test-fast the pure rules and simulate only (no broker, no API server)"
 	@echo "make bench     the benchmarks (they print figures)"
 
@@ -33,7 +34,16 @@ parts: setup
 demo: parts
 	$(BIN)/python -m harness demo
 
-test: parts
+# Static checks, seconds: the types (mypy --strict) and the architecture (lint-imports: the
+# rules import no I/O library, Faust only in the worker, the kubernetes client only at the
+# Kubernetes edge and in the harness, the product never the harness). Both configured in
+# pyproject.toml.
+check: setup
+	$(BIN)/mypy handlers streams harness
+	$(BIN)/lint-imports
+
+# check first: it fails in seconds, before the parts are fetched or any broker started.
+test: check parts
 	$(BIN)/python -m pytest -q
 
 test-fast: setup
