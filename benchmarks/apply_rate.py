@@ -24,8 +24,6 @@ its template; a rate is VMs / (last patch seen − first request or command sent
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
 import sys
 import tempfile
 import time
@@ -35,8 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
 
 from kubernetes import client  # noqa: E402
 
@@ -45,20 +42,15 @@ from handlers.decisions import subject_key  # noqa: E402
 from handlers.enforcement import FIELD_MANAGER  # noqa: E402
 from handlers.gpus import desired_vm, plan_patch  # noqa: E402
 from handlers.messages import Command, GPUMutation, ObjectRef  # noqa: E402
-from intent_to_patch import NAMESPACE, PatchWatcher, percentile, vm_body  # noqa: E402
+from intent_to_patch import NAMESPACE, PatchWatcher, vm_body  # noqa: E402
 from streams.kube.applying import JSON_PATCH, KUBEVIRT  # noqa: E402
 from streams.common.codecs import encode_message  # noqa: E402
 from streams.common.kafka_clients import producer  # noqa: E402
-from harness.localkafka import LocalKafka  # noqa: E402
 from harness.localkube import LocalKube  # noqa: E402
 from harness.running import CONFIG, Deployment, VmstreamProcess  # noqa: E402
 from harness.scenarios import A100, PROJECT_LABEL  # noqa: E402
 
 MUTATION = GPUMutation(device_name=A100, eviction_strategy="External")
-
-
-def load() -> str:
-    return "load average " + " ".join(f"{value:.1f}" for value in os.getloadavg())
 
 
 class ApplierProcess(VmstreamProcess):
@@ -69,12 +61,6 @@ class ApplierProcess(VmstreamProcess):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the applier was not ready in {timeout}s:\n{self.tail()}")
             time.sleep(0.2)  # polling its log
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of process ``pid`` so far (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def planned(custom: client.CustomObjectsApi, names: list[str]) -> dict[str, tuple[list[dict[str, Any]], str]]:
@@ -109,7 +95,7 @@ def main() -> int:
     concurrency = args.concurrency or args.threads
     with ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vmstream-apply-rate-")))
-        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or stack.enter_context(LocalKafka()).bootstrap_servers
+        bootstrap = stack.enter_context(kit.broker()).bootstrap
         kube = stack.enter_context(LocalKube())
         api = kube.api_client()
         api.configuration.connection_pool_maxsize = args.threads
@@ -177,7 +163,7 @@ def main() -> int:
         cpu = {"anchor": 0.0, "applier": 0.0}
         for round_ in range(args.rounds):
             share = {part: names[round_::args.rounds] for part, names in sets.items()}
-            print(f"round {round_ + 1}/{args.rounds}: {len(share['anchor'])} VMs each, {load()}")
+            print(f"round {round_ + 1}/{args.rounds}: {len(share['anchor'])} VMs each, {kit.load_average()}")
             first, before = time.monotonic(), time.process_time()
             with ThreadPoolExecutor(args.threads) as pool:
                 list(pool.map(send, share["anchor"]))
@@ -188,18 +174,18 @@ def main() -> int:
                 list(pool.map(read_and_send, share["reads"]))
             spent["reads"] += wait_patched(watcher, share["reads"]) - first
             commands = [sealed(name) for name in share["applier"]]
-            first, before = time.monotonic(), cpu_seconds(pid)
+            first, before = time.monotonic(), kit.cpu_of(pid).total
             for key, value in commands:
                 sender.send(topic, key=key.encode(), value=value)
             sender.flush()
             spent["applier"] += wait_patched(watcher, share["applier"]) - first
-            cpu["applier"] += cpu_seconds(pid) - before  # until the last patch
+            cpu["applier"] += kit.cpu_of(pid).total - before  # until the last patch
         anchor_rate, reads_rate, applier_rate = (count / spent[part] for part in ("anchor", "reads", "applier"))
         anchor_cpu, applier_cpu = (1000 * cpu[part] / count for part in ("anchor", "applier"))
 
         rate = args.paced_rate or anchor_rate / 2
         paced = [(name, *sealed(name)) for name in sets["paced"]]
-        print(f"paced: {count} commands at {rate:.0f}/s, {load()}")
+        print(f"paced: {count} commands at {rate:.0f}/s, {kit.load_average()}")
         sent: dict[str, float] = {}
         first = time.monotonic()
         for index, (name, key, value) in enumerate(paced):
@@ -214,15 +200,15 @@ def main() -> int:
 
         ratio = applier_rate / anchor_rate
         print(f"\nJSON patches of GPU VMs, {count} VMs per set, anchor {args.threads} threads, "
-              f"apply.concurrency {concurrency}, {load()}")
+              f"apply.concurrency {concurrency}, {kit.load_average()}")
         print(f"  anchor (plain client → API server)   {anchor_rate:7.0f} VMs patched/s   "
               f"client CPU {anchor_cpu:.1f} ms per patch")
         print(f"  anchor with the applier's reads       {reads_rate:7.0f} VMs patched/s")
         print(f"  applier (commands → API server)      {applier_rate:7.0f} VMs patched/s   "
               f"ratio {ratio:.2f} (target ≥ 0.8), {applier_rate / reads_rate:.2f} of the anchor with reads; "
               f"applier CPU {applier_cpu:.1f} ms per command")
-        print(f"  paced at {rate:.0f} commands/s: command → VM patched  p50 {statistics.median(latencies):.0f} ms   "
-              f"p90 {percentile(latencies, 0.9):.0f} ms   p99 {percentile(latencies, 0.99):.0f} ms   "
+        print(f"  paced at {rate:.0f} commands/s: command → VM patched  p50 {kit.percentile(latencies, 0.5):.0f} ms   "
+              f"p90 {kit.percentile(latencies, 0.9):.0f} ms   p99 {kit.percentile(latencies, 0.99):.0f} ms   "
               f"max {max(latencies):.0f} ms (target p99 ≤ 250 ms)")
     return 0
 

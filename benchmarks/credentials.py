@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
 
 from handlers.auth import KeySet, Unauthenticated, verify_intent  # noqa: E402
 from handlers.config import AuthPolicy, Config  # noqa: E402
@@ -66,15 +63,18 @@ def engine_rate(mode: str, count: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--intents", type=int, default=2000)
+    kit.add_json_option(parser)
     args = parser.parse_args()
-    print(f"load average before: {os.getloadavg()[0]:.1f}")
+    kit.print_load("before")
+    figures: dict[str, float] = {}
     for algorithm in ("EdDSA", "ES256", "RS256"):
-        rate = verify_rate(algorithm, args.intents)
+        rate = figures[f"verify_{algorithm}_per_s"] = verify_rate(algorithm, args.intents)
         print(f"verify_intent {algorithm}: {rate:,.0f}/s ({1e6 / rate:.0f} µs each)")
     for mode in ("none", "jwt"):
-        rate = engine_rate(mode, args.intents)
+        rate = figures[f"engine_auth_{mode}_per_s"] = engine_rate(mode, args.intents)
         print(f"engine on_intent, auth: {mode}: {rate:,.0f} intents/s ({1e6 / rate:.0f} µs each)")
-    print(f"load average after: {os.getloadavg()[0]:.1f}")
+    kit.print_load("after")
+    kit.write_json(args.json, figures)
 
 
 if __name__ == "__main__":

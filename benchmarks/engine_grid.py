@@ -59,7 +59,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
 
 import simulate_throughput as st  # noqa: E402  (benchmarks/ is this script's directory)
 
@@ -74,11 +74,6 @@ TARGET_SPREAD = 0.20
 TARGET_MIX_RATE = 20_000.0
 TARGET_RSS_MIB = 1024.0
 DRAIN_NOTICE = 86_400  # a day: no deadline passes while a cell is timed
-
-
-def load() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"load average {one:.2f} {five:.2f} {fifteen:.2f}"
 
 
 def peak_rss_mib() -> float:
@@ -210,7 +205,7 @@ def run_grid_row(vms: int, drains: list[int], inputs: int, config: Path, seed: i
         profiler = cProfile.Profile(time.process_time) if profile and opened == max(drains) else None
         cell = {"vms": vms, "nodes": nodes, "drains": opened, **timed(sim, lines, profiler)}
         cell["episodes"], cell["to_fire"] = episodes(sim.state)
-        cell["load"] = load()
+        cell["load"] = kit.load_average()
         cells.append(cell)
         fed += len(lines)
         if profiler is not None:
@@ -237,7 +232,7 @@ def run_mix(events: int, config: Path, seed: int, every: int, profile: int) -> d
         pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(profile)
     result["episodes"], result["to_fire"] = episodes(sim.state)
     result["drain_lines"] = drains
-    result["load"] = load()
+    result["load"] = kit.load_average()
     return result
 
 
@@ -298,7 +293,7 @@ def run_scale(vms: int, config: Path, seed: int) -> dict[str, Any]:
         "told": sum(p[1] for p in per_node), "told_min_per_node": min(p[1] for p in per_node),
         "decisions": sum(p[2] for p in per_node),
     }
-    result["load"] = load()
+    result["load"] = kit.load_average()
     return result
 
 
@@ -336,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="cProfile the largest-drain cell of each row and the mix; top N by tottime "
                              "(timed in CPU seconds: on a loaded machine wall-clock profiles blame whatever ran "
                              "when the process was descheduled)")
+    kit.add_json_option(parser)
     parser.add_argument("--part", help=argparse.SUPPRESS)  # a child: which part
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
@@ -359,11 +355,11 @@ def main(argv: list[str] | None = None) -> int:
     trees = [("now", HERE.parent.parent)]
     if args.baseline:
         base = args.baseline.resolve()
-        for name in (HERE.name, "simulate_throughput.py"):
+        for name in (HERE.name, "simulate_throughput.py", "kit.py"):
             shutil.copy(HERE.parent / name, base / "benchmarks" / name)
         trees.append(("baseline", base))
-    print(f"trees: " + ", ".join(f"{label} = {tree}" for label, tree in trees))
-    print(f"start: {load()}")
+    print("trees: " + ", ".join(f"{label} = {tree}" for label, tree in trees))
+    print(f"start: {kit.load_average()}")
     with tempfile.TemporaryDirectory(prefix="vmstream-grid-") as tmp:
         config = Path(tmp) / "config.yaml"
         st.write_config(config)
@@ -376,10 +372,11 @@ def main(argv: list[str] | None = None) -> int:
         parts += [p for p in ("mix", "scale") if p in args.parts]
         for part in parts:
             for label, tree in trees:
-                print(f"{part} in {label} … ({load()})", flush=True)
+                print(f"{part} in {label} … ({kit.load_average()})", flush=True)
                 results[label][part] = child(tree, ["--part", part, *common])
         report(results, grid_vms, inputs, mix_events)
-    print(f"end: {load()}")
+    print(f"end: {kit.load_average()}")
+    kit.write_json(args.json, {"inputs": inputs, "mix_events": mix_events, "results": results})
     return 0
 
 
@@ -388,18 +385,19 @@ def report(results: dict[str, dict[str, Any]], grid_vms: list[int], inputs: int,
     if any(p.startswith("grid") for p in results[labels[0]]):
         print(f"\n== grid: {inputs:,} timed inputs a cell (background traffic after the drains opened)")
         print("   inputs/s wall | per CPU-second; episodes = drain rows (of them, deadlines still to fire)")
-        header = f"{'VMs':>8} {'nodes':>6} {'drains':>6} {'episodes':>13}"
+        header = ["VMs", "nodes", "drains", "episodes (to fire)"]
         for label in labels:
-            header += f" | {label + ' wall/s':>14} {label + ' cpu/s':>13}"
-        print(header)
+            header += [f"{label} wall/s", f"{label} cpu/s"]
+        body = []
         for vms in grid_vms:
             rows = [results[label][f"grid:{vms}"] for label in labels]
             for i, cell in enumerate(rows[0]["cells"]):
-                line = f"{vms:>8,} {cell['nodes']:>6,} {cell['drains']:>6,} {cell['episodes']:>6,} ({cell['to_fire']:>4,})"
+                line = [f"{vms:,}", f"{cell['nodes']:,}", f"{cell['drains']:,}", f"{cell['episodes']:,} ({cell['to_fire']:,})"]
                 for row in rows:
                     c = row["cells"][i]
-                    line += f" | {c['rate']:>14,.0f} {c['cpu_rate']:>13,.0f}"
-                print(line + f"   [{rows[0]['cells'][i]['load']}]")
+                    line += [f"{c['rate']:,.0f}", f"{c['cpu_rate']:,.0f}"]
+                body.append([*line, f"[{cell['load']}]"])
+        print(kit.table([*header, "load"], body))
         for label in labels:
             cells = [c for vms in grid_vms for c in results[label][f"grid:{vms}"]["cells"]]
             rss = {vms: results[label][f"grid:{vms}"]["peak_rss_mib"] for vms in grid_vms}

@@ -32,9 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from harness.localkafka import LocalKafka, free_ports  # noqa: E402  (first: quiets kafka-python's import)
+import kit  # noqa: E402  (this directory's; first: quiets kafka-python's import)
+from harness.localkafka import LocalKafka, free_ports  # noqa: E402  (a broker of its own, restarted on purpose)
 from harness.running import Deployment, WorkerProcess  # noqa: E402
 from tests.support.chaos import Ledger, Publisher, Workload, with_faults, worker_env  # noqa: E402
 
@@ -136,13 +135,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--small", action="store_true", help="300 intents, 2 kills, 1 row crash, 1 broker restart")
     parser.add_argument("--seed", type=int, default=None)
+    kit.add_json_option(parser)
     args = parser.parse_args()
+    kit.print_load("at the start")
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     if args.small:
         figures = run(vms=100, kills=2, row_crashes=1, outages=1, rate=10, seed=seed)
     else:
         figures = run(vms=1000, kills=8, row_crashes=4, outages=2, rate=20, seed=seed)
     print(json.dumps(figures, indent=2))
+    kit.print_load("at the end")
+    kit.write_json(args.json, figures)
 
 
 if __name__ == "__main__":

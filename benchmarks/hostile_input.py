@@ -24,12 +24,11 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition  # noqa: E402
 
 from harness.hostile import Hostile, interleaved, valid_intent  # noqa: E402
-from harness.localkafka import LocalKafka  # noqa: E402
 from harness.running import Deployment, WorkerProcess  # noqa: E402
 from harness.scenarios import cluster  # noqa: E402
 
@@ -132,10 +131,11 @@ def main() -> int:
     parser.add_argument("--big-every", type=int, default=20,
                         help="the classes over 100 kB in one round of every N (default 20)")
     parser.add_argument("--window", type=float, default=600.0, help="seconds to wait for every output")
+    kit.add_json_option(parser)
     args = parser.parse_args()
     valid = args.valid if args.valid is not None else args.hostile * 22 // 100
     with ExitStack() as stack:
-        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or stack.enter_context(LocalKafka()).bootstrap_servers
+        bootstrap = stack.enter_context(kit.broker()).bootstrap
         figures = run(bootstrap, args.hostile, valid, args.big_every, args.window)
     through = figures["through_s"]
     print(f"{figures['hostile']:,} hostile records ({figures['big_records']:,} over 100 kB) among "
@@ -148,7 +148,8 @@ def main() -> int:
           f"{figures['rejections_seen']:,} of {figures['rejections_expected']:,}")
     print(f"largest output: {figures['largest_output']:,} bytes; agent crashes: {figures['agent_crashes']}; "
           f"worker still running: {figures['worker_running']}")
-    print("load average (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in figures["load_average"]))
+    kit.print_load("at the end")
+    kit.write_json(args.json, figures)
     ok = (through is not None and figures["valid_lost"] == 0 and figures["dead_lettered_twice"] == 0
           and figures["dead_letters_seen"] == figures["dead_letters_expected"])
     return 0 if ok else 1

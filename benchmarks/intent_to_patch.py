@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
 import sys
 import tempfile
 import threading
@@ -25,12 +23,12 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
+from kit import percentile  # noqa: E402
 
 from kubernetes import client, watch  # noqa: E402
 
 from streams.common.kafka_clients import producer  # noqa: E402
-from harness.localkafka import LocalKafka  # noqa: E402
 from harness.localkube import LocalKube  # noqa: E402
 from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess  # noqa: E402
 from harness.scenarios import PROJECT_LABEL  # noqa: E402
@@ -74,11 +72,6 @@ class PatchWatcher(threading.Thread):
                     self.patched[obj["metadata"]["name"]] = time.monotonic()
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vms", type=int, default=1000)
@@ -86,7 +79,7 @@ def main() -> int:
     args = parser.parse_args()
     with ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vmstream-bench-")))
-        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or stack.enter_context(LocalKafka()).bootstrap_servers
+        bootstrap = stack.enter_context(kit.broker()).bootstrap
         kube = stack.enter_context(LocalKube())
         api = kube.api_client()
         # A project namespace: the applier writes nowhere else (docs/security.md).
@@ -141,16 +134,16 @@ def main() -> int:
         latencies = [1000 * (watcher.patched[n] - sent[n]) for n in names if n in watcher.patched]
         last = max(watcher.patched.values()) if watcher.patched else first
         print(f"\nset_gpu → VM patched in the API server, {len(latencies)}/{args.vms} VMs, "
-              f"offered {args.rate:.0f} intents/s, load average {os.getloadavg()[0]:.1f}")
+              f"offered {args.rate:.0f} intents/s, {kit.load_average()}")
         if latencies:
-            print(f"  p50 {statistics.median(latencies):.0f} ms   p90 {percentile(latencies, 0.9):.0f} ms   "
+            print(f"  p50 {percentile(latencies, 0.5):.0f} ms   p90 {percentile(latencies, 0.9):.0f} ms   "
                   f"p99 {percentile(latencies, 0.99):.0f} ms   max {max(latencies):.0f} ms")
             print(f"  throughput {len(latencies) / (last - first):.0f} VMs patched/s "
                   f"(first intent → last patch {last - first:.1f}s)")
             stages = stage_latencies(deployment, sent_wall, watcher.patched, first_wall - first)
             for stage, values in stages.items():
                 if values:
-                    print(f"  {stage:<34} p50 {statistics.median(values):6.0f} ms   "
+                    print(f"  {stage:<34} p50 {percentile(values, 0.5):6.0f} ms   "
                           f"p99 {percentile(values, 0.99):6.0f} ms")
         sender.close()
     return 0 if len(latencies) == args.vms else 1

@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,10 +35,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from harness.localkafka import LocalKafka, free_ports  # noqa: E402  (first: quiets kafka-python's import)
+import kit  # noqa: E402  (this directory's; first: quiets kafka-python's import)
+from kit import REPO  # noqa: E402
+from harness.localkafka import free_ports  # noqa: E402
 
 import yaml  # noqa: E402  # isort: skip
 from aiosmtpd.controller import Controller  # noqa: E402
@@ -114,7 +113,7 @@ def main() -> int:
 
     with contextlib.ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or stack.enter_context(LocalKafka()).bootstrap_servers
+        bootstrap = stack.enter_context(kit.broker()).bootstrap
         sink = Sink()
         [smtp_port, probe_port] = free_ports(2)
         controller = Controller(sink, hostname="127.0.0.1", port=smtp_port)
@@ -191,10 +190,9 @@ def main() -> int:
             out.flush()
         wait_for(lambda: all(nid in sink.hooks for nid in sent), "the steady run's webhook calls", timeout=300)
         latencies = sorted((sink.hooks[nid] - at) * 1000 for nid, at in sent.items())
-        q = statistics.quantiles(latencies, n=100)
         print(f"steady {args.rate:g}/s, {args.count} notifications: notification time → webhook received: "
-              f"p50 {q[49]:.0f} ms, p90 {q[89]:.0f} ms, p99 {q[98]:.0f} ms, max {latencies[-1]:.0f} ms")
-        print(f"load average: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+              + kit.summary_ms([ms / 1000 for ms in latencies]).replace(".0 ms", " ms"))
+        kit.print_load("at the end")
     return 0
 
 

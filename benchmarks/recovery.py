@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
 
 from kafka import KafkaConsumer, TopicPartition  # noqa: E402
 
@@ -46,7 +46,6 @@ from handlers.decisions import subject_key  # noqa: E402
 from handlers.messages import Command, ObjectRef  # noqa: E402
 from streams.common.codecs import encode_message  # noqa: E402
 from streams.common.kafka_clients import producer  # noqa: E402
-from harness.localkafka import LocalKafka  # noqa: E402
 from harness.running import CONFIG, Deployment, WorkerProcess  # noqa: E402
 from harness.scenarios import A100, cluster  # noqa: E402
 from harness.scenarios import node as node_object  # noqa: E402
@@ -284,7 +283,7 @@ def main() -> int:
     rows: dict[tuple[str, str], list[float]] = {}
     loads: list[float] = []
     with ExitStack() as stack:
-        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or stack.enter_context(LocalKafka()).bootstrap_servers
+        bootstrap = stack.enter_context(kit.broker()).bootstrap
         kubeconfig: Path | None = None
         if args.only != "worker":
             from harness.localkube import LocalKube
@@ -296,12 +295,12 @@ def main() -> int:
                     continue
                 if args.only != "applier":
                     rows.setdefault(("worker", label), []).append(worker_run(bootstrap, label, settings["worker"]))
-                    loads.append(os.getloadavg()[0])
+                    loads.append(kit.load1())
                     print(f"worker  {label:6}: {rows['worker', label][-1]:6.1f} s  (load {loads[-1]:.2f})", flush=True)
                 if kubeconfig is not None:
                     rows.setdefault(("applier", label), []).append(
                         applier_run(bootstrap, kubeconfig, label, settings["applier"]))
-                    loads.append(os.getloadavg()[0])
+                    loads.append(kit.load1())
                     print(f"applier {label:6}: {rows['applier', label][-1]:6.1f} s  (load {loads[-1]:.2f})", flush=True)
     print()
     print(f"{'from kill -9 to':34} {'before':>8} {'now':>8}")
@@ -311,7 +310,7 @@ def main() -> int:
         if any(cell is not None for cell in cells):
             print(f"{what:34} " + " ".join(f"{cell:7.1f}s" if cell is not None else f"{'-':>8}" for cell in cells))
     print(f"runs per cell {args.runs}; load average during the runs {min(loads):.2f}-{max(loads):.2f}, "
-          f"now {' '.join(f'{x:.2f}' for x in os.getloadavg())}; 2 cores shared")
+          f"now: {kit.load_average()}; {os.cpu_count()} cores shared")
     print("before: no group instance id, session 60 s / heartbeat 3 s (worker, Faust's defaults), "
           "10 s / 3 s (applier, kafka-python's)")
     print("now:    group_instance_id per process, session 10 s / heartbeat 1 s (streams/common/settings.py)")

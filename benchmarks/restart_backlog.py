@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
 
-from harness.localkafka import LocalKafka  # noqa: E402
 from harness.publishing import publish  # noqa: E402
 from harness.running import Deployment, Outputs, WorkerProcess  # noqa: E402
 from harness.scenarios import cluster  # noqa: E402
@@ -70,13 +68,17 @@ def main() -> int:
     parser.add_argument("--intents", type=int, default=5000)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--window", type=float, default=90.0, help="seconds a run waits for the audits")
+    kit.add_json_option(parser)
     args = parser.parse_args()
+    kit.print_load("at the start")
     with ExitStack() as stack:
-        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or stack.enter_context(LocalKafka()).bootstrap_servers
+        bootstrap = stack.enter_context(kit.broker()).bootstrap
         results = [one_run(bootstrap, args.intents, args.window) for _ in range(args.runs)]
     for number, got in enumerate(results, start=1):
         print(f"run {number}: {got} of {args.intents} waiting intents decided"
               + ("" if got == args.intents else f"  ({args.intents - got} MISSING)"))
+    kit.print_load("at the end")
+    kit.write_json(args.json, {"intents": args.intents, "decided": results})
     return 0 if all(got == args.intents for got in results) else 1
 
 

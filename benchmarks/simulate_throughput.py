@@ -50,7 +50,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
 
 import yaml  # noqa: E402
 
@@ -68,7 +68,7 @@ from harness.scenarios import (  # noqa: E402
     vm,
     vmi,
 )
-from streams import simulating  # noqa: E402
+from streams.cli import simulating  # noqa: E402
 from streams.common.settings import load_settings  # noqa: E402
 from streams.cli.simulating import Simulation  # noqa: E402
 
@@ -931,7 +931,7 @@ def cli_command(config: Path, inputs_path: Path) -> list[str]:
 
 def code_root() -> Path:
     """The tree ``handlers``/``streams`` were imported from (a checkout, or a snapshot)."""
-    return Path(simulating.__file__).resolve().parent.parent
+    return Path(simulating.__file__).resolve().parents[2]  # streams/cli/simulating.py
 
 
 def cli_environment() -> dict[str, str]:
@@ -965,10 +965,6 @@ def measure_cli(command: list[str], inputs: int) -> Measurement:
 # ------------------------------------------------------------------------- reporting
 
 
-def _yes(flag: bool | None) -> str:
-    return "n/a" if flag is None else ("yes" if flag else "NO")
-
-
 def table(rows: list[Measurement], outputs_hint: int | None) -> str:
     header = ("run", "inputs", "outputs", "seconds", "cpu s", "inputs/s", "peak RSS MiB", "≥10k/s", "<1GiB")
     body = []
@@ -976,13 +972,8 @@ def table(rows: list[Measurement], outputs_hint: int | None) -> str:
         outputs = f"{m.outputs:,}" if m.outputs is not None else (f"{outputs_hint:,}*" if outputs_hint else "?")
         rss = f"{m.peak_rss_mib:,.0f}" if m.peak_rss_mib is not None else "?"
         body.append((m.run, f"{m.inputs:,}", outputs, f"{m.seconds:.2f}", f"{m.cpu_seconds:.2f}", f"{m.rate:,.0f}", rss,
-                     _yes(m.fast_enough), _yes(m.small_enough)))
-    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
-
-    def fmt(row: tuple[str, ...]) -> str:
-        return "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-
-    lines = [fmt(header), "  ".join("-" * w for w in widths), *map(fmt, body)]
+                     kit.yes(m.fast_enough), kit.yes(m.small_enough)))
+    lines = kit.render(header, body)
     lines.append("seconds and inputs/s are wall clock (best run); cpu s is user + system time of that run")
     if any(m.outputs is None for m in rows):
         lines.append("* the CLI writes to /dev/null; its output count is the in-process one "
@@ -1012,11 +1003,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="profile the in-process run with cProfile and print the top N functions")
     parser.add_argument("--profile-out", type=Path, help="also dump the cProfile stats there (pstats format)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    kit.add_json_option(parser)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    kit.print_load("at the start")
     with tempfile.TemporaryDirectory(prefix="vmstream-bench-") as tmp:
         inputs_path = args.out or Path(tmp) / "simulate-input.jsonl"
         inputs_path.parent.mkdir(parents=True, exist_ok=True)
@@ -1063,6 +1056,10 @@ def main(argv: list[str] | None = None) -> int:
                 for order in ("tottime", "cumulative"):
                     print(f"\ncProfile of the in-process run, top {args.profile} by {order}:")
                     pstats.Stats(profiler, stream=sys.stdout).sort_stats(order).print_stats(args.profile)
+        kit.print_load("at the end")
+        kit.write_json(args.json, {"rows": [{"run": m.run, "inputs": m.inputs, "seconds": m.seconds,
+                                             "cpu_seconds": m.cpu_seconds, "rate": m.rate, "peak_rss_mib": m.peak_rss_mib}
+                                            for m in rows]})
         missed = [m for m in rows if not m.fast_enough or m.small_enough is False]
         return 1 if args.check and missed else 0
 

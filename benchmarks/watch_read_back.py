@@ -27,10 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from harness.localkafka import LocalKafka  # noqa: E402  (first: quiets kafka-python's import)
+import kit  # noqa: E402  (this directory's; first: quiets kafka-python's import)
 
 from streams.common.kafka_clients import COMPRESSION, producer  # noqa: E402  # isort: skip
 from harness.running import Deployment  # noqa: E402
@@ -56,7 +54,7 @@ def main() -> int:
 
     kind = select_kinds("VirtualMachine")[0]
     with contextlib.ExitStack() as stack:
-        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or stack.enter_context(LocalKafka()).bootstrap_servers
+        bootstrap = stack.enter_context(kit.broker()).bootstrap
         deployment = Deployment(bootstrap, Path(stack.enter_context(tempfile.TemporaryDirectory())))
         deployment.create_topics()
         stack.callback(deployment.delete_topics)
@@ -82,7 +80,7 @@ def main() -> int:
         assert found == expected, f"{found} alive, expected {expected}"
 
     print(f"watch read-back: {events} events of ~{args.object_bytes} bytes ({args.objects} VMs x "
-          f"{args.events_per_object}), {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+          f"{args.events_per_object}), {os.cpu_count()} CPUs, {kit.load_average()}")
     print(f"  published in            {published:8.1f} s")
     print(f"  read back in            {read_back:8.1f} s  ({events / read_back:,.0f} events/s), "
           f"CPU {cpu:.1f} s ({1e6 * cpu / events:.0f} us per event)")

@@ -36,7 +36,6 @@ import json
 import os
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,10 +46,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from harness.localkafka import LocalKafka  # noqa: E402  (first: quiets kafka-python's import)
+import kit  # noqa: E402  (this directory's; first: quiets kafka-python's import)
+from kit import REPO  # noqa: E402
 
 from kafka import KafkaConsumer, TopicPartition  # noqa: E402  # isort: skip
 from kubernetes import client, config  # noqa: E402
@@ -194,8 +192,8 @@ def burst(
         "events_per_s": len(names) / (last - started),
         "total_s": last - started,
         "lag_after_last_write_s": last - written,
-        "latency_p50_ms": 1000 * statistics.median(latencies),
-        "latency_p99_ms": 1000 * latencies[int(0.99 * (len(latencies) - 1))],
+        "latency_p50_ms": 1000 * kit.percentile(latencies, 0.5),
+        "latency_p99_ms": 1000 * kit.percentile(latencies, 0.99),
     }
 
 
@@ -207,7 +205,7 @@ def parts(kubeconfig: str | None) -> Iterator[tuple[Path, str]]:
             kube_path = Path(kubeconfig)
         else:
             kube_path = stack.enter_context(LocalKube()).kubeconfig
-        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or stack.enter_context(LocalKafka()).bootstrap_servers
+        bootstrap = stack.enter_context(kit.broker()).bootstrap
         yield kube_path, bootstrap
 
 

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
 
-from harness.localkafka import LocalKafka  # noqa: E402
 from harness.running import Deployment, WorkerProcess  # noqa: E402
-from worker_throughput import cpu_of  # noqa: E402  (this directory's: the same /proc reading)
+from kit import cpu_of  # noqa: E402
 
 
 def idle_share(bootstrap: str, seconds: float, settle: float) -> float:
@@ -51,11 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     pacing = os.environ.get("VMSTREAM_WORKER__FETCH_IDLE_WAIT_MS", "default")
     with ExitStack() as stack:
-        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or stack.enter_context(LocalKafka()).bootstrap_servers
+        bootstrap = stack.enter_context(kit.broker()).bootstrap
         for run in range(1, args.runs + 1):
             share = idle_share(bootstrap, args.seconds, args.settle)
             print(f"run {run}: idle worker used {100 * share:.1f} % of a core over {args.seconds:.0f} s "
-                  f"(fetch_idle_wait_ms {pacing}; load average {os.getloadavg()[0]:.2f})", flush=True)
+                  f"(fetch_idle_wait_ms {pacing}; {kit.load_average()})", flush=True)
     return 0
 
 

@@ -49,10 +49,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -64,31 +62,28 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+import kit  # noqa: E402  (this directory's: percentile, tables, load, broker and reader helpers)
+from kit import (  # noqa: E402
+    PARTITIONS, REPO, Arrivals, Cpu, audit_ref_of, cpu_of, create_topics, new_deployment, new_producer,
+    percentile, render, rss_mib, wait_until_caught_up, yes,
+)
 
-from harness.localkafka import LocalKafka  # noqa: E402  (first: quiets kafka-python's import)
-
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402  # isort: skip
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402  # isort: skip
 from kafka import KafkaConsumer  # noqa: E402
 from kafka import TopicPartition as SyncTopicPartition  # noqa: E402
-from kafka.admin import NewTopic  # noqa: E402
 
-from streams.common.kafka_clients import admin_client  # noqa: E402
 from harness.running import Deployment, WorkerProcess  # noqa: E402
 from harness.scenarios import RTX, Script, iso, kubevirt_cr, node, vm, vmi  # noqa: E402
-from streams.common.settings import KafkaSettings  # noqa: E402
-from streams.common.topics import ROUTED, changelog_topic  # noqa: E402
+from streams.common.topics import changelog_topic  # noqa: E402
 
 TARGET_RATIO = 0.5  # the worker's saturation throughput over the pass-through's
 TARGET_P99_MS = 100.0  # at the steady rate
-PARTITIONS = KafkaSettings().partitions
 CARDS_PER_NODE = 8
 GPU_CLASS = "nvidia-rtx-pro-6000-bse"  # RTX in examples/config.yaml
 PROJECTS = 10
@@ -184,122 +179,6 @@ def intent_id_of(value: bytes) -> str | None:
     return ident
 
 
-def audit_ref_of(value: bytes) -> str | None:
-    ref: str | None = json.loads(value)["input"]["ref"]
-    return ref
-
-
-class Arrivals:
-    """The driver's reader of an output topic: when each id first came back (perf_counter),
-    and the Kafka timestamp its writer gave it (epoch seconds)."""
-
-    def __init__(self, bootstrap: str, topic: str, ident: Callable[[bytes], str | None]) -> None:
-        self.bootstrap = bootstrap
-        self.topic = topic
-        self.ident = ident
-        self.first: dict[str, float] = {}
-        self.stamped: dict[str, float] = {}
-        self.on_first: Callable[[], None] | None = None  # called once, at the first arrival
-        self._consumer: AIOKafkaConsumer | None = None
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> Arrivals:
-        """Read from the topic's current end: only what is sent from now on counts."""
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
-                                    isolation_level="read_committed", fetch_max_wait_ms=50)
-        await consumer.start()
-        partitions = [TopicPartition(self.topic, p) for p in range(PARTITIONS)]
-        consumer.assign(partitions)
-        await consumer.seek_to_end(*partitions)
-        for tp in partitions:
-            await consumer.position(tp)  # resolve the lazy seek before anything is sent
-        self._consumer = consumer
-        self._task = asyncio.create_task(self._run())
-        return self
-
-    async def _run(self) -> None:
-        assert self._consumer is not None
-        while True:
-            batches = await self._consumer.getmany(timeout_ms=200)
-            now = time.perf_counter()
-            for records in batches.values():
-                for record in records:
-                    ident = self.ident(record.value) if record.value is not None else None
-                    if ident is not None and ident not in self.first:
-                        if not self.first and self.on_first is not None:
-                            self.on_first()
-                        self.first[ident] = now
-                        self.stamped[ident] = record.timestamp / 1000
-
-    async def wait_for(self, ids: Sequence[str], timeout: float, idle: float | None = None) -> list[str]:
-        """Wait until every id arrived; returns those that did not in time.
-
-        With ``idle``, also give up once something arrived and then nothing more for that
-        long: a process that skipped inputs would otherwise be waited for until ``timeout``.
-        """
-        deadline = time.monotonic() + timeout
-        missing = [i for i in ids if i not in self.first]
-        progress = time.monotonic()
-        while missing and time.monotonic() < deadline:
-            if self._task is not None and self._task.done():
-                self._task.result()  # the reader died: say why
-            await asyncio.sleep(0.05)  # polling interval of a dict the reader fills
-            still = [i for i in missing if i not in self.first]
-            if len(still) < len(missing):
-                progress = time.monotonic()
-            elif idle is not None and len(still) < len(ids) and time.monotonic() - progress > idle:
-                return still
-            missing = still
-        return missing
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._consumer is not None:
-            await self._consumer.stop()
-
-
-async def new_producer(bootstrap: str) -> AIOKafkaProducer:
-    """The driver's producer, as an upstream service would configure one."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=0)
-    await producer.start()
-    return producer
-
-
-@dataclass(frozen=True)
-class Cpu:
-    """User and system time of a process (all its threads): system time is the sockets' share."""
-
-    user: float = 0.0
-    system: float = 0.0
-
-    def __sub__(self, other: Cpu) -> Cpu:
-        return Cpu(self.user - other.user, self.system - other.system)
-
-    @property
-    def total(self) -> float:
-        return self.user + self.system
-
-
-def cpu_of(pid: int) -> Cpu:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return Cpu(int(fields[11]) / tick, int(fields[12]) / tick)
-
-
-def rss_mib(pid: int) -> tuple[float, float]:
-    """(current, peak) resident set of a process."""
-    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
-    return int(status["VmRSS"].split()[0]) / 1024, int(status["VmHWM"].split()[0]) / 1024
-
-
-def percentile(ordered: Sequence[float], q: float) -> float:
-    """Nearest rank: the smallest value with at least q of the values at or below it."""
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-
 @dataclass
 class Row:
     """One measurement: a process under one load."""
@@ -310,7 +189,7 @@ class Row:
     latencies: list[float] = field(default_factory=list)  # seconds, sorted
     cpu: Cpu | None = None  # the measured process's CPU time in the window
     missing: int = 0
-    load1: float = field(default_factory=lambda: os.getloadavg()[0])
+    load1: float = field(default_factory=kit.load1)
     note: str = ""
 
     @property
@@ -472,38 +351,6 @@ async def pass_through(bootstrap: str, source: str, target: str, group: str) -> 
         await consumer.stop()
 
 
-def create_topics(bootstrap: str, names: Sequence[str]) -> None:
-    client = admin_client(KafkaSettings(bootstrap_servers=bootstrap))
-    try:
-        client.create_topics([NewTopic(name=name, num_partitions=PARTITIONS, replication_factor=1) for name in names])
-    finally:
-        client.close()
-    wait_for_leaders(bootstrap, names)
-
-
-def wait_for_leaders(bootstrap: str, names: Sequence[str], timeout: float = 30.0) -> None:
-    """A topic just created has no partition leaders for a moment: producing then only retries."""
-    client = admin_client(KafkaSettings(bootstrap_servers=bootstrap))
-    try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            described = client.describe_topics(list(names))
-            if all(len(t.get("partitions") or []) == PARTITIONS
-                   and all(p.get("leader_id", p.get("leader", -1)) >= 0 for p in t["partitions"]) for t in described):
-                return
-            time.sleep(0.1)  # polling interval of the metadata
-    finally:
-        client.close()
-
-
-def new_deployment(bootstrap: str, workdir: Path) -> Deployment:
-    deployment = Deployment(bootstrap, workdir)
-    deployment.create_topics()
-    kafka = deployment.kafka
-    wait_for_leaders(bootstrap, [kafka.topic(name) for name in ("intents", "k8s-events", "audit")])
-    return deployment
-
-
 # ---------------------------------------------------------------------- the runs
 
 
@@ -557,33 +404,6 @@ async def publish_cluster(deployment: Deployment, cluster: Cluster, timeout: flo
         return len(ids), max(arrivals.first.values()) - started
     finally:
         await arrivals.stop()
-
-
-def behind(deployment: Deployment) -> int:
-    """Messages the worker's group has not committed yet, over every topic it reads."""
-    kafka = deployment.kafka
-    partitions = [SyncTopicPartition(kafka.topic(name), p) for name in ("intents", "k8s-events", ROUTED)
-                  for p in range(kafka.partitions)]
-    admin = admin_client(kafka)
-    consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers)
-    try:
-        committed = admin.list_group_offsets({deployment.app_id: None}).get(deployment.app_id, {})
-        ends = consumer.end_offsets(partitions)
-    finally:
-        consumer.close()
-        admin.close()
-    return sum(end - (committed[tp].offset if tp in committed else 0) for tp, end in ends.items())
-
-
-async def wait_until_caught_up(deployment: Deployment, timeout: float) -> None:
-    """Until the worker has committed all it was given: a cluster's events are audited
-    before the worker has decided what they set off (the GPU VMIs' resident updates, routed
-    to their nodes), and that tail would otherwise run into the next measurement."""
-    deadline = time.monotonic() + timeout
-    while (left := await asyncio.to_thread(behind, deployment)) > 0:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the worker is still {left} messages behind after {timeout:.0f}s")
-        await asyncio.sleep(0.5)
 
 
 async def new_setup(kind: str, options: Options, run: str, count: int, *, started: bool) -> Setup:
@@ -650,8 +470,8 @@ async def steady(kind: str, options: Options, rate: float) -> Row:
         cpu: Cpu | None = cpu_of(setup.process.pid) - cpu0
         arrived = [i for i in measured if i in arrivals.first]
         latencies = sorted(arrivals.first[i] - sent_at[i] for i in arrived)
-        warming = sorted(arrivals.first[i] - sent_at[i] for intent in setup.intents[:warm]
-                         if (i := intent.intent_id) in arrivals.first)
+        warming = sorted(arrivals.first[ident] - sent_at[ident] for intent in setup.intents[:warm]
+                         if (ident := intent.intent_id) in arrivals.first)
         written = sorted(arrivals.stamped[i] - sent_epoch[i] for i in arrived)
         window = max(arrivals.first[i] for i in arrived) - sent_at[measured[0]] if arrived else 0.0
         return Row(f"{setup.process.name} steady {rate:,.0f}/s", len(arrived), window, latencies, cpu,
@@ -667,10 +487,7 @@ async def steady(kind: str, options: Options, rate: float) -> Row:
 
 
 def spread(latencies: Sequence[float]) -> str:
-    if not latencies:
-        return "none arrived"
-    return (f"p50 {1000 * percentile(latencies, 0.5):,.1f} ms, p99 {1000 * percentile(latencies, 0.99):,.1f} ms, "
-            f"max {1000 * latencies[-1]:,.1f} ms")
+    return kit.summary_ms(latencies, (0.5, 0.99))
 
 
 def from_idle(latencies: Sequence[float]) -> str:
@@ -949,19 +766,6 @@ def summarize_profile(path: Path, top: int = 25) -> str:
 # ---------------------------------------------------------------------- reporting
 
 
-def _yes(flag: bool | None) -> str:
-    return "n/a" if flag is None else ("yes" if flag else "NO")
-
-
-def render(header: tuple[str, ...], body: Sequence[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
-
-    def fmt(row: tuple[str, ...]) -> str:
-        return "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-
-    return [fmt(header), "  ".join("-" * w for w in widths), *map(fmt, body)]
-
-
 def throughput_table(rows: list[Row]) -> str:
     header = ("run", "msgs", "seconds", "msgs/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "cpu ms/msg",
               "of it sys", "missing", "load1")
@@ -999,7 +803,7 @@ def verdict(rows: dict[str, Row]) -> tuple[list[str], bool]:
         ratio = b.rate / a.rate
         ok &= ratio >= TARGET_RATIO
         lines.append(f"(b)/(a) at saturation (preloaded): {b.rate:,.0f} / {a.rate:,.0f} msgs/s = {ratio:.2f}  "
-                     f"(target ≥ {TARGET_RATIO:.2f}: {_yes(ratio >= TARGET_RATIO)})")
+                     f"(target ≥ {TARGET_RATIO:.2f}: {yes(ratio >= TARGET_RATIO)})")
     a, b = rows.get("pt-burst"), rows.get("wk-burst")
     if a and b:
         lines.append(f"(b)/(a) at saturation (burst):     {b.rate:,.0f} / {a.rate:,.0f} msgs/s = "
@@ -1015,7 +819,7 @@ def verdict(rows: dict[str, Row]) -> tuple[list[str], bool]:
         p99 = 1000 * percentile(steady_row.latencies, 0.99)
         met = p99 <= TARGET_P99_MS and not steady_row.missing
         ok &= met
-        lines.append(f"worker p99 at the steady rate: {p99:,.1f} ms  (target ≤ {TARGET_P99_MS:.0f} ms: {_yes(met)})")
+        lines.append(f"worker p99 at the steady rate: {p99:,.1f} ms  (target ≤ {TARGET_P99_MS:.0f} ms: {yes(met)})")
     for key, row in rows.items():
         if key.startswith("wk-steady-") and row.latencies:
             lines.append(f"worker p99 at {row.run.rsplit(' ', 1)[-1]}: {1000 * percentile(row.latencies, 0.99):,.1f} ms "
@@ -1049,6 +853,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile-out", type=Path, help="keep py-spy's collapsed stacks there")
     parser.add_argument("--keep", type=Path, metavar="DIR", help="keep the workers' logs in DIR (default: removed)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    kit.add_json_option(parser)
     parser.add_argument("--pass-through-child", nargs=4, metavar=("BOOTSTRAP", "SOURCE", "TARGET", "GROUP"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -1058,22 +863,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-@contextlib.contextmanager
-def broker() -> Iterator[str]:
-    """KAFKA_BOOTSTRAP_SERVERS if set, else a local broker for this run."""
-    given = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    if given:
-        yield given
-        return
-    with LocalKafka() as kafka:
-        yield kafka.bootstrap_servers
-
-
 async def measure(args: argparse.Namespace, bootstrap: str, workdir: Path) -> int:
     options = Options(bootstrap, workdir, args.vms, args.nodes, args.rate, args.duration, args.warmup,
                       args.saturation, args.profile, args.profile_out, args.profile_run)
-    print(f"worker throughput: {os.cpu_count()} CPUs, load average at start "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, broker {bootstrap}")
+    print(f"worker throughput, broker {bootstrap}")
+    kit.print_load("at the start")
     low = f" and {args.low_rate:,.0f}/s" if args.low_rate else ""
     print(f"  intents on {args.vms:,} VMs over {args.nodes} nodes; steady {args.rate:,.0f}/s{low} for {args.duration:.0f} s "
           f"(+{args.warmup:.0f} s warm-up); burst/preloaded {args.saturation:,} messages")
@@ -1107,7 +901,15 @@ async def measure(args: argparse.Namespace, bootstrap: str, workdir: Path) -> in
         if path.exists():
             print(f"\nprofile of the {what}:")
             print(summarize_profile(path))
-    print(f"\nload average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print()
+    kit.print_load("at the end")
+    kit.write_json(args.json, {
+        "rows": {key: {"run": r.run, "messages": r.messages, "seconds": r.seconds, "rate": r.rate,
+                       "p50_ms": r.ms(0.5), "p99_ms": r.ms(0.99), "missing": r.missing, "load1": r.load1,
+                       "cpu_ms_per_msg": 1000 * r.cpu.total / r.messages if r.cpu and r.messages else None}
+                 for key, r in rows.items()},
+        "targets_met": ok,
+    })
     # Not between runs: the broker deletes the files a minute later, in the middle of another run.
     deleted = sum(len(deployment.delete_topics()) for deployment in options.deployments)
     print(f"deleted the runs' {deleted} topics")
@@ -1123,10 +925,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.pass_through_child:
         asyncio.run(pass_through(*args.pass_through_child))
         return 0
-    with broker() as bootstrap, tempfile.TemporaryDirectory(prefix="vmstream-bench-") as tmp:
+    with kit.broker() as running, tempfile.TemporaryDirectory(prefix="vmstream-bench-") as tmp:
         workdir = args.keep or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        return asyncio.run(measure(args, bootstrap, workdir))
+        return asyncio.run(measure(args, running.bootstrap, workdir))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,398 @@
+"""What every benchmark here shares: one percentile, one table, one way to read the load.
+
+Benchmarks measure on a machine shared with other work, so each prints the load average
+beside its figures, and reports latencies with the same percentile definition so that a
+p99 in one script means what it means in another. The broker, deployment and reader
+helpers are those several scripts used to repeat; they measure from the outside (their
+own Kafka clients, ``/proc``), never through the code under test.
+
+Import it as ``import kit`` (a benchmark's own directory is first on ``sys.path``); importing
+it puts the repository root on ``sys.path`` as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the tree this file sits in is the one measured
+
+from harness.localkafka import LocalKafka  # noqa: E402  (first: quiets kafka-python's import)
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402  # isort: skip
+from kafka import KafkaConsumer  # noqa: E402
+from kafka import TopicPartition as SyncTopicPartition  # noqa: E402
+from kafka.admin import NewTopic  # noqa: E402
+
+from harness.running import Deployment, WorkerProcess  # noqa: E402
+from streams.common.kafka_clients import admin_client  # noqa: E402
+from streams.common.settings import KafkaSettings  # noqa: E402
+from streams.common.topics import ROUTED  # noqa: E402
+
+PARTITIONS = KafkaSettings().partitions
+
+
+# ----------------------------------------------------------------------- statistics
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest rank: the smallest value with at least a share ``q`` of the values at or below it.
+
+    No interpolation: the figure is always one that was measured. p99 of 100 values is the
+    99th smallest, of 1,000 the 990th; of fewer than 100 values it is the largest but one
+    only from 100 on, so a p99 of a short run is close to its maximum. ``values`` need not be
+    sorted (sorting a sorted list is linear).
+    """
+    if not values:
+        raise ValueError("percentile of no values")
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"q must be within [0, 1], not {q}")
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def summary_ms(seconds: Sequence[float], quantiles: Sequence[float] = (0.5, 0.9, 0.99)) -> str:
+    """``p50 12.0 ms, p90 …, p99 …, max …`` of latencies given in seconds."""
+    if not seconds:
+        return "none arrived"
+    parts = [f"p{100 * q:g} {1000 * percentile(seconds, q):,.1f} ms" for q in quantiles]
+    return ", ".join([*parts, f"max {1000 * max(seconds):,.1f} ms"])
+
+
+# ----------------------------------------------------------------------------- load
+
+
+def load_average() -> str:
+    """``load average 1.20 0.80 0.50`` (1, 5, 15 minutes), for a report's first and last line."""
+    return "load average " + " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def print_load(when: str) -> None:
+    print(f"{load_average()} ({when}; {os.cpu_count()} CPUs)", flush=True)
+
+
+def load1() -> float:
+    return os.getloadavg()[0]
+
+
+# ------------------------------------------------------------------------ processes
+
+
+@dataclass(frozen=True)
+class Cpu:
+    """User and system time of a process (all its threads): system time is the sockets' share."""
+
+    user: float = 0.0
+    system: float = 0.0
+
+    def __sub__(self, other: Cpu) -> Cpu:
+        return Cpu(self.user - other.user, self.system - other.system)
+
+    def __add__(self, other: Cpu) -> Cpu:
+        return Cpu(self.user + other.user, self.system + other.system)
+
+    @property
+    def total(self) -> float:
+        return self.user + self.system
+
+
+def cpu_of(pid: int) -> Cpu:
+    """A process's CPU time so far, from ``/proc/<pid>/stat``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return Cpu(int(fields[11]) / tick, int(fields[12]) / tick)
+
+
+def own_cpu() -> Cpu:
+    times = os.times()
+    return Cpu(times.user, times.system)
+
+
+def rss_mib(pid: int) -> tuple[float, float]:
+    """(current, peak) resident set of a process."""
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(status["VmRSS"].split()[0]) / 1024, int(status["VmHWM"].split()[0]) / 1024
+
+
+def pin(pid: int, cpus: str) -> None:
+    """Every thread of a process on ``cpus`` (``taskset -a -p -c``); threads it starts later inherit it."""
+    subprocess.run(["taskset", "-a", "-p", "-c", cpus, str(pid)], check=True, stdout=subprocess.DEVNULL)
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def render(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
+    """Columns side by side: the first left-aligned, the others right-aligned."""
+    widths = [max(len(row[i]) for row in (header, *body)) for i in range(len(header))]
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row))
+
+    return [line(header), "  ".join("-" * width for width in widths), *(line(row) for row in body)]
+
+
+def table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    return "\n".join(render(header, body))
+
+
+def yes(flag: bool | None) -> str:
+    return "n/a" if flag is None else ("met" if flag else "MISSED")
+
+
+# ----------------------------------------------------------------------------- JSON
+
+
+def add_json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures as JSON to FILE")
+
+
+def write_json(path: Path | None, figures: dict[str, Any]) -> None:
+    """The figures with when and under what load they were taken; nothing when ``path`` is None."""
+    if path is None:
+        return
+    record = {"script": Path(sys.argv[0]).name, "argv": sys.argv[1:], "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "cpus": os.cpu_count(), "load_average_end": os.getloadavg(), **figures}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    print(f"figures written to {path}")
+
+
+# ---------------------------------------------------------------------------- Kafka
+
+
+@dataclass(frozen=True)
+class Broker:
+    bootstrap: str
+    pid: int | None  # None: a broker given by KAFKA_BOOTSTRAP_SERVERS, not this run's
+
+
+@contextlib.contextmanager
+def broker() -> Iterator[Broker]:
+    """KAFKA_BOOTSTRAP_SERVERS if set, else a local broker for this run (stopped at the end)."""
+    given = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if given:
+        yield Broker(given, None)
+        return
+    with LocalKafka() as kafka:
+        yield Broker(kafka.bootstrap_servers, kafka.pid)
+
+
+def create_topics(bootstrap: str, names: Sequence[str]) -> None:
+    client = admin_client(KafkaSettings(bootstrap_servers=bootstrap))
+    try:
+        client.create_topics([NewTopic(name=name, num_partitions=PARTITIONS, replication_factor=1) for name in names])
+    finally:
+        client.close()
+    wait_for_leaders(bootstrap, names)
+
+
+def wait_for_leaders(bootstrap: str, names: Sequence[str], timeout: float = 30.0) -> None:
+    """A topic just created has no partition leaders for a moment: producing then only retries."""
+    client = admin_client(KafkaSettings(bootstrap_servers=bootstrap))
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            described = client.describe_topics(list(names))
+            if all(len(t.get("partitions") or []) == PARTITIONS
+                   and all(p.get("leader_id", p.get("leader", -1)) >= 0 for p in t["partitions"]) for t in described):
+                return
+            time.sleep(0.1)  # polling interval of the metadata
+    finally:
+        client.close()
+
+
+def new_deployment(bootstrap: str, workdir: Path) -> Deployment:
+    """A deployment whose topics exist and have leaders."""
+    deployment = Deployment(bootstrap, workdir)
+    deployment.create_topics()
+    wait_for_leaders(bootstrap, [deployment.kafka.topic(name) for name in ("intents", "k8s-events", "audit")])
+    return deployment
+
+
+def behind(deployment: Deployment) -> int:
+    """Messages the deployment's worker group has not committed yet, over every topic it reads."""
+    kafka = deployment.kafka
+    partitions = [SyncTopicPartition(kafka.topic(name), p) for name in ("intents", "k8s-events", ROUTED)
+                  for p in range(kafka.partitions)]
+    admin = admin_client(kafka)
+    consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers)
+    try:
+        committed = admin.list_group_offsets({deployment.app_id: None}).get(deployment.app_id, {})
+        ends = consumer.end_offsets(partitions)
+    finally:
+        consumer.close()
+        admin.close()
+    return sum(end - (committed[tp].offset if tp in committed else 0) for tp, end in ends.items())
+
+
+async def wait_until_caught_up(deployment: Deployment, timeout: float) -> None:
+    """Until the worker group has committed all it was given, so a tail of work set off by
+    one phase (a GPU VMI's resident update, routed to its node) does not run into the next."""
+    deadline = time.monotonic() + timeout
+    while (left := await asyncio.to_thread(behind, deployment)) > 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the worker is still {left} messages behind after {timeout:.0f}s")
+        await asyncio.sleep(0.5)
+
+
+async def new_producer(bootstrap: str) -> AIOKafkaProducer:
+    """A driver's producer, as an upstream service would configure one."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=0)
+    await producer.start()
+    return producer
+
+
+def audit_ref_of(value: bytes) -> str | None:
+    """What an audit record decided: its input's ref (an intent id, a watch event id)."""
+    ref: str | None = json.loads(value)["input"]["ref"]
+    return ref
+
+
+class Arrivals:
+    """A driver's own reader of an output topic: when each id first came back (perf_counter),
+    and the Kafka timestamp its writer gave it (epoch seconds). Reads ``read_committed``."""
+
+    def __init__(self, bootstrap: str, topic: str, ident: Callable[[bytes], str | None]) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.ident = ident
+        self.first: dict[str, float] = {}
+        self.stamped: dict[str, float] = {}
+        self.on_first: Callable[[], None] | None = None  # called once, at the first arrival
+        self._consumer: AIOKafkaConsumer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> Arrivals:
+        """Read from the topic's current end: only what is sent from now on counts."""
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
+                                    isolation_level="read_committed", fetch_max_wait_ms=50)
+        await consumer.start()
+        partitions = [TopicPartition(self.topic, p) for p in range(PARTITIONS)]
+        consumer.assign(partitions)
+        await consumer.seek_to_end(*partitions)
+        for tp in partitions:
+            await consumer.position(tp)  # resolve the lazy seek before anything is sent
+        self._consumer = consumer
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def _run(self) -> None:
+        assert self._consumer is not None
+        while True:
+            batches = await self._consumer.getmany(timeout_ms=200)
+            now = time.perf_counter()
+            for records in batches.values():
+                for record in records:
+                    ident = self.ident(record.value) if record.value is not None else None
+                    if ident is not None and ident not in self.first:
+                        if not self.first and self.on_first is not None:
+                            self.on_first()
+                        self.first[ident] = now
+                        self.stamped[ident] = record.timestamp / 1000
+
+    async def wait_for(self, ids: Sequence[str], timeout: float, idle: float | None = None) -> list[str]:
+        """Wait until every id arrived; returns those that did not in time.
+
+        With ``idle``, also give up once something arrived and then nothing more for that
+        long: a process that skipped inputs would otherwise be waited for until ``timeout``.
+        """
+        deadline = time.monotonic() + timeout
+        missing = [i for i in ids if i not in self.first]
+        progress = time.monotonic()
+        while missing and time.monotonic() < deadline:
+            if self._task is not None and self._task.done():
+                self._task.result()  # the reader died: say why
+            await asyncio.sleep(0.05)  # polling interval of a dict the reader fills
+            still = [i for i in missing if i not in self.first]
+            if len(still) < len(missing):
+                progress = time.monotonic()
+            elif idle is not None and len(still) < len(ids) and time.monotonic() - progress > idle:
+                return still
+            missing = still
+        return missing
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._consumer is not None:
+            await self._consumer.stop()
+
+
+@dataclass(frozen=True)
+class TopicBytes:
+    """What a topic holds, read back by a plain consumer: records, bytes, distinct keys."""
+
+    topic: str
+    records: int
+    key_bytes: int
+    value_bytes: int
+    keys: int
+    latest_bytes: int  # key + value of the last record per key: the topic once compacted
+
+    @property
+    def bytes(self) -> int:
+        return self.key_bytes + self.value_bytes
+
+
+def topic_bytes(bootstrap: str, topics: Sequence[str], timeout: float = 60.0) -> list[TopicBytes]:
+    """Read each topic from its start to its current end (``read_uncommitted``: what is on disk)."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    results = []
+    try:
+        for topic in topics:
+            partitions = [SyncTopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+            if not partitions:
+                results.append(TopicBytes(topic, 0, 0, 0, 0, 0))
+                continue
+            consumer.assign(partitions)
+            consumer.seek_to_beginning(*partitions)
+            ends = consumer.end_offsets(partitions)
+            records = key_bytes = value_bytes = 0
+            latest: dict[bytes, int] = {}
+            deadline = time.monotonic() + timeout
+            while any(consumer.position(tp) < ends[tp] for tp in partitions) and time.monotonic() < deadline:
+                for batch in consumer.poll(timeout_ms=500).values():
+                    for record in batch:
+                        key, value = record.key or b"", record.value or b""
+                        records += 1
+                        key_bytes += len(key)
+                        value_bytes += len(value)
+                        latest[key] = len(key) + len(value)
+            results.append(TopicBytes(topic, records, key_bytes, value_bytes, len(latest), sum(latest.values())))
+    finally:
+        consumer.close()
+    return results
+
+
+class PinnedWorker(WorkerProcess):
+    """A ``vmstream worker`` on the given CPUs from its first instruction on (``taskset``)."""
+
+    def __init__(self, deployment: Deployment, name: str, cpus: str | None, env: dict[str, str] | None = None) -> None:
+        super().__init__(deployment, name, env={"PYTHONPATH": str(REPO), **(env or {})})
+        self.cpus = cpus
+
+    def wait_ready(self, timeout: float) -> None:
+        # Called right after the process is spawned: pin it before it has done anything.
+        if self.cpus is not None and self.process is not None:
+            pin(self.process.pid, self.cpus)
+        super().wait_ready(timeout)
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
