@@ -64,7 +64,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--intents", type=int, default=2000)
     kit.add_json_option(parser)
-    args = parser.parse_args()
+    kit.add_small_option(parser, intents=200)
+    args = kit.parse(parser)
     kit.print_load("before")
     figures: dict[str, float] = {}
     for algorithm in ("EdDSA", "ES256", "RS256"):

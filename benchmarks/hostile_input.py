@@ -132,7 +132,8 @@ def main() -> int:
                         help="the classes over 100 kB in one round of every N (default 20)")
     parser.add_argument("--window", type=float, default=600.0, help="seconds to wait for every output")
     kit.add_json_option(parser)
-    args = parser.parse_args()
+    kit.add_small_option(parser, hostile=300, big_every=3)
+    args = kit.parse(parser)
     valid = args.valid if args.valid is not None else args.hostile * 22 // 100
     with ExitStack() as stack:
         bootstrap = stack.enter_context(kit.broker()).bootstrap

@@ -76,7 +76,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vms", type=int, default=1000)
     parser.add_argument("--rate", type=float, default=100.0, help="intents per second")
-    args = parser.parse_args()
+    kit.add_small_option(parser, vms=100, rate=20.0)
+    args = kit.parse(parser)
     with ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vmstream-bench-")))
         bootstrap = stack.enter_context(kit.broker()).bootstrap

@@ -170,6 +170,21 @@ def write_json(path: Path | None, figures: dict[str, Any]) -> None:
     print(f"figures written to {path}")
 
 
+def add_small_option(parser: argparse.ArgumentParser, **sizes: Any) -> None:
+    """``--small``: a smoke run of the script, its sizes overridden by ``sizes`` (see :func:`parse`)."""
+    shown = ", ".join(f"--{name.replace('_', '-')} {value}" for name, value in sizes.items())
+    parser.add_argument("--small", action="store_const", const=sizes, default=None,
+                        help=f"a quick smoke run: {shown}")
+
+
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse, then apply ``--small``'s sizes (over any given on the command line)."""
+    args = parser.parse_args(argv)
+    for name, value in (getattr(args, "small", None) or {}).items():
+        setattr(args, name, value)
+    return args
+
+
 # ---------------------------------------------------------------------------- Kafka
 
 

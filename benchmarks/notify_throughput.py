@@ -109,7 +109,8 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=200)
     parser.add_argument("--rate", type=float, default=20.0)
     parser.add_argument("--owners", type=int, default=50)
-    args = parser.parse_args()
+    kit.add_small_option(parser, backlog=30, count=20, rate=10.0, owners=5)
+    args = kit.parse(parser)
 
     with contextlib.ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory()))

@@ -277,7 +277,8 @@ def main() -> int:
     parser.add_argument("--only", choices=("worker", "applier"), default=None)
     parser.add_argument("--rows", default="before,now", help="which settings to run (default: both)")
     parser.add_argument("--verbose", action="store_true", help="print when each kill happened (to read the logs by)")
-    args = parser.parse_args()
+    kit.add_small_option(parser, runs=1, rows="now")
+    args = kit.parse(parser)
     global VERBOSE
     VERBOSE = args.verbose
     rows: dict[tuple[str, str], list[float]] = {}

@@ -69,7 +69,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--window", type=float, default=90.0, help="seconds a run waits for the audits")
     kit.add_json_option(parser)
-    args = parser.parse_args()
+    kit.add_small_option(parser, intents=500, runs=1)
+    args = kit.parse(parser)
     kit.print_load("at the start")
     with ExitStack() as stack:
         bootstrap = stack.enter_context(kit.broker()).bootstrap

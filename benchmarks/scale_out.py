@@ -53,13 +53,13 @@ from kit import Arrivals, Cpu, PinnedWorker, audit_ref_of, cpu_of, new_producer,
 from worker_throughput import Intent, bench_cluster, publish_cluster  # noqa: E402
 
 from harness.running import Deployment  # noqa: E402
-from streams.common.topics import changelog_topic  # noqa: E402
+from streams.common.kafka_clients import admin_client  # noqa: E402
+from streams.common.topics import ROUTED  # noqa: E402
 
 # A stopped worker keeps its partitions: the group waits this long for its heartbeat.
 SESSION_ENV = {"VMSTREAM_WORKER__SESSION_TIMEOUT_SECONDS": "60", "VMSTREAM_WORKER__HEARTBEAT_INTERVAL_SECONDS": "3",
                "VMSTREAM_WORKER__TICK_SECONDS": "1.0"}  # the tick at its production default
 STALL_SECONDS = 20.0  # a preloaded drain with no output for this long is over
-TABLES = ("vms", "vmis", "tracking", "nodes", "residents", "drains", "maintenances", "processed", "usage", "kubevirt")
 
 
 @dataclass
@@ -77,6 +77,10 @@ class Case:
     steady_count: int = 0
     load: list[float] = field(default_factory=list)
     sizes: list[kit.TopicBytes] = field(default_factory=list)
+    events: int = 0
+    events_sizes: list[kit.TopicBytes] = field(default_factory=list)  # what the cluster's events wrote
+    events_cpu: list[Cpu] = field(default_factory=list)  # per worker, deciding the cluster's watch events
+    rss: list[tuple[float, float]] = field(default_factory=list)  # per worker at the end: (current, peak) MiB
 
     def cpu_ms_per_intent(self, cpus: list[Cpu], count: int) -> float:
         return 1000 * sum(c.total for c in cpus) / count if count else float("nan")
@@ -169,10 +173,16 @@ async def steady(case: Case, deployment: Deployment, workers: list[PinnedWorker]
 
 
 def deployment_topics(deployment: Deployment) -> list[str]:
+    """The deployment's topics and every changelog its workers created (whatever tables there are)."""
     kafka = deployment.kafka
-    names = [kafka.topic(n) for n in ("intents", "k8s-events", "worker-routed", "commands", "notifications", "audit",
-                                       "dlq")]
-    return names + [changelog_topic(deployment.app_id, f"state-{t}") for t in TABLES]
+    names = [kafka.topic(n) for n in ("intents", "k8s-events", ROUTED, "commands", "notifications", "audit", "dlq")]
+    admin = admin_client(kafka)
+    try:
+        changelogs = sorted(t for t in admin.list_topics()
+                            if t.startswith(f"{deployment.app_id}-") and t.endswith("-changelog"))
+    finally:
+        admin.close()
+    return names + changelogs
 
 
 async def run_case(case: Case, args: argparse.Namespace, workdir: Path, broker_pid: int | None,
@@ -183,15 +193,19 @@ async def run_case(case: Case, args: argparse.Namespace, workdir: Path, broker_p
     workers = await start_group(deployment, case.cpus)
     try:
         cluster = bench_cluster(args.vms, args.nodes, prefix=f"{deployment.ident}-ev")
+        cpu0 = cpu_all(workers)
         events, seconds = await publish_cluster(deployment, cluster, timeout=600)
         await kit.wait_until_caught_up(deployment, timeout=300)
+        case.events, case.events_cpu = events, [a - b for a, b in zip(cpu_all(workers), cpu0)]
         print(f"  {case.name}: {len(workers)} ready, {events:,} cluster events decided in {seconds:.1f} s", flush=True)
-        before = await asyncio.to_thread(kit.topic_bytes, args.bootstrap, deployment_topics(deployment))
+        topics = deployment_topics(deployment)
+        before = await asyncio.to_thread(kit.topic_bytes, args.bootstrap, topics)
+        case.events_sizes = before
         await preloaded(case, deployment, workers, cluster.intents(args.intents, f"{deployment.ident}-pre"), broker_pid)
         case.load.append(kit.load1())
         print(f"  {case.name}: preloaded {case.preloaded_rate:,.0f} intents/s (load {case.load[-1]:.2f})", flush=True)
         await kit.wait_until_caught_up(deployment, timeout=300)
-        after = await asyncio.to_thread(kit.topic_bytes, args.bootstrap, deployment_topics(deployment))
+        after = await asyncio.to_thread(kit.topic_bytes, args.bootstrap, topics)
         case.sizes = [kit.TopicBytes(a.topic, a.records - b.records, a.key_bytes - b.key_bytes,
                                      a.value_bytes - b.value_bytes, a.keys, a.latest_bytes)
                       for a, b in zip(after, before)]
@@ -203,6 +217,7 @@ async def run_case(case: Case, args: argparse.Namespace, workdir: Path, broker_p
         case.load.append(kit.load1())
         p99 = f"{1000 * percentile(case.steady_latencies, 0.99):,.1f}" if case.steady_latencies else "-"
         print(f"  {case.name}: steady {args.rate:,.0f}/s p99 {p99} ms (load {case.load[-1]:.2f})", flush=True)
+        case.rss = [kit.rss_mib(w.pid) for w in workers]
     finally:
         for worker in workers:
             await asyncio.to_thread(worker.stop)
@@ -227,6 +242,10 @@ def report(cases: list[Case], args: argparse.Namespace, broker_pinned: str) -> d
     one, two = cases[0], cases[-1]
     ratio = two.preloaded_rate / one.preloaded_rate if len(cases) == 2 and one.preloaded_rate else float("nan")
     print(f"\nratio two / one (preloaded intents/s): {ratio:.2f}")
+    for c in cases:
+        print(f"{c.name}: the cluster's {c.events:,} watch events (and the resident updates they set off) cost "
+              f"{1000 * sum(x.total for x in c.events_cpu) / max(1, c.events):.2f} ms of worker CPU each; "
+              "RSS at the end (current / peak MiB): " + ", ".join(f"{now:,.0f} / {peak:,.0f}" for now, peak in c.rss))
     print(f"workers pinned: {', '.join(f'{c.name} on CPU {chr(44).join(c.cpus)}' for c in cases)}; "
           f"broker {broker_pinned}; this driver unpinned")
     sizes = two.sizes
@@ -235,6 +254,11 @@ def report(cases: list[Case], args: argparse.Namespace, broker_pinned: str) -> d
                   f"{s.records:,}", f"{s.records / args.intents:.2f}", f"{s.bytes:,}", f"{s.bytes / args.intents:,.0f}",
                   f"{s.bytes / s.records:,.0f}" if s.records else "-") for s in sizes]
     print(kit.table(("topic", "records", "per intent", "bytes", "bytes per intent", "bytes per record"), size_rows))
+    print(f"\nwhat the cluster's {two.events:,} watch events wrote ({args.vms:,} VMs with their VMIs, {args.nodes} nodes):")
+    print(kit.table(("topic", "records", "per event", "bytes", "bytes per event"),
+                    [(s.topic.split(".", 1)[-1] if not s.topic.endswith("-changelog") else s.topic.split("-", 2)[-1],
+                      f"{s.records:,}", f"{s.records / max(1, two.events):.2f}", f"{s.bytes:,}",
+                      f"{s.bytes / max(1, two.events):,.0f}") for s in two.events_sizes]))
     tables = {s.topic.split("-", 2)[-1].removeprefix("state-").removesuffix("-changelog"): s
               for s in two.sizes if s.topic.endswith("-changelog")}
     print(f"\ntables once compacted (last record per key), {args.vms:,} VMs over {args.nodes} nodes, after the runs:")
@@ -251,9 +275,13 @@ def report(cases: list[Case], args: argparse.Namespace, broker_pinned: str) -> d
                    "steady_p50_ms": 1000 * percentile(c.steady_latencies, 0.5) if c.steady_latencies else None,
                    "steady_p99_ms": 1000 * percentile(c.steady_latencies, 0.99) if c.steady_latencies else None,
                    "steady_worker_cpu_ms_per_intent": c.cpu_ms_per_intent(c.steady_cpu, c.steady_count) if c.steady_cpu else None,
-                   "load1": c.load} for c in cases],
+                   "load1": c.load, "events": c.events,
+                   "worker_cpu_ms_per_event": 1000 * sum(x.total for x in c.events_cpu) / max(1, c.events),
+                   "rss_mib": c.rss} for c in cases],
         "ratio": ratio,
         "intents": args.intents,
+        "events_written_per_topic": [{"topic": s.topic, "records": s.records, "bytes": s.bytes}
+                                     for s in two.events_sizes],
         "written_per_topic": [{"topic": s.topic, "records": s.records, "bytes": s.bytes} for s in sizes],
         "tables": {name: {"keys": t.keys, "latest_bytes": t.latest_bytes} for name, t in tables.items()},
         "vms": args.vms, "nodes": args.nodes,

@@ -1004,7 +1004,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile-out", type=Path, help="also dump the cProfile stats there (pstats format)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     kit.add_json_option(parser)
-    return parser.parse_args(argv)
+    kit.add_small_option(parser, vms=1_000, nodes=110, events=5_000)
+    return kit.parse(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> int:

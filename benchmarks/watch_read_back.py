@@ -50,7 +50,8 @@ def main() -> int:
     parser.add_argument("--objects", type=int, default=2000)
     parser.add_argument("--events-per-object", type=int, default=10)
     parser.add_argument("--object-bytes", type=int, default=2000)
-    args = parser.parse_args()
+    kit.add_small_option(parser, objects=200, events_per_object=2)
+    args = kit.parse(parser)
 
     kind = select_kinds("VirtualMachine")[0]
     with contextlib.ExitStack() as stack:

@@ -214,7 +214,8 @@ def main() -> int:
     parser.add_argument("--vms", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=8, help="concurrent API clients writing")
     parser.add_argument("--kubeconfig", help="an API server to use (default: a local one)")
-    args = parser.parse_args()
+    kit.add_small_option(parser, vms=100)
+    args = kit.parse(parser)
 
     with parts(args.kubeconfig) as (kubeconfig, bootstrap), tempfile.TemporaryDirectory() as tmp:
         deployment = Deployment(bootstrap, Path(tmp))

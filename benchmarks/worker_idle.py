@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="idle seconds measured")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds waited after /ready")
     parser.add_argument("--runs", type=int, default=2)
-    args = parser.parse_args(argv)
+    kit.add_small_option(parser, seconds=3.0, settle=1.0, runs=1)
+    args = kit.parse(parser, argv)
     pacing = os.environ.get("VMSTREAM_WORKER__FETCH_IDLE_WAIT_MS", "default")
     with ExitStack() as stack:
         bootstrap = stack.enter_context(kit.broker()).bootstrap
