@@ -61,7 +61,8 @@ from typing import Any
 
 import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
 
-import simulate_throughput as st  # noqa: E402  (benchmarks/ is this script's directory)
+import az_stream as az  # noqa: E402  (benchmarks/ is this script's directory)
+import simulate_throughput as st  # noqa: E402
 
 from handlers.engine import Engine  # noqa: E402
 from handlers.state import MemoryState  # noqa: E402
@@ -139,7 +140,7 @@ def episodes(state: MemoryState) -> tuple[int, int]:
 # ------------------------------------------------------------------------------ grid
 
 
-def drain_hosts(gen: st.Generator, count: int) -> list[st.NodeState]:
+def drain_hosts(gen: az.Generator, count: int) -> list[az.NodeState]:
     """Nodes to drain, not drained yet: GPU nodes with GPU VMs first, then any other."""
     free = [n for n in gen.all_nodes if not n.busy and n.schedulable]
     crowded = [n for n in free if any(gen.vmis[k].gpu for k in n.vmis)]
@@ -148,20 +149,20 @@ def drain_hosts(gen: st.Generator, count: int) -> list[st.NodeState]:
     return (crowded + rest)[:count]
 
 
-def open_drains(gen: st.Generator, count: int) -> int:
+def open_drains(gen: az.Generator, count: int) -> int:
     """``count`` drain intents with a day's notice, each node cordoned as kubectl would show."""
     hosts = drain_hosts(gen, count)
     gen.limit = 10**12  # background() cut the stream at its end
     for host in hosts:
         host.busy = True
         gen._intent("drain_node", {"node": host.name, "reason": "rack firmware upgrade",
-                                   "notice_seconds": DRAIN_NOTICE}, by=st.OPS, project=None)
+                                   "notice_seconds": DRAIN_NOTICE}, by=az.OPS, project=None)
         gen._cordon(host, True)
         gen.flush()
     return len(hosts)
 
 
-def background(gen: st.Generator, count: int) -> None:
+def background(gen: az.Generator, count: int) -> None:
     gen.limit = gen.written + count
     while gen.written < gen.limit:
         gen.step()
@@ -171,7 +172,7 @@ def run_grid_row(vms: int, drains: list[int], inputs: int, config: Path, seed: i
                  profile: int) -> dict[str, Any]:
     nodes = max(vms // 10, 1_100)
     out = Lines()
-    gen = st.Generator(random.Random(seed), vms=vms, nodes=nodes, limit=10**12, out=out)
+    gen = az.Generator(random.Random(seed), vms=vms, nodes=nodes, limit=10**12, out=out)
     tmp = tempfile.TemporaryDirectory(prefix="vmstream-grid-")
     phases: list[tuple[str, Path, int]] = []
 
@@ -221,7 +222,7 @@ def run_grid_row(vms: int, drains: list[int], inputs: int, config: Path, seed: i
 def run_mix(events: int, config: Path, seed: int, every: int, profile: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="vmstream-grid-") as tmp:
         path = Path(tmp) / "mix.jsonl"
-        mix = st.generate(path, vms=10_000, nodes=1_000, events=events, seed=seed, events_per_drain=every)
+        mix = az.generate(path, vms=10_000, nodes=1_000, events=events, seed=seed, events_per_drain=every)
         lines = path.read_text(encoding="utf-8").splitlines()
     drains = sum(n for kind, n in mix.items() if any(w in kind for w in ("drain", "cordon", "maintenance", "evict")))
     sim = simulation(config)
@@ -264,7 +265,7 @@ def decided(sim: Simulation, line: dict[str, Any], number: int) -> tuple[float, 
 
 def run_scale(vms: int, config: Path, seed: int) -> dict[str, Any]:
     out = Lines()
-    gen = st.Generator(random.Random(seed), vms=vms, nodes=max(vms // 10, 5), limit=10**12, out=out)
+    gen = az.Generator(random.Random(seed), vms=vms, nodes=max(vms // 10, 5), limit=10**12, out=out)
     gen.relist()
     gen.flush()
     s = Script(gen.now, prefix="scale")
@@ -280,7 +281,7 @@ def run_scale(vms: int, config: Path, seed: int) -> dict[str, Any]:
     number = len(setup)
     s.lines.clear()
     s.wait(5).intent("it-scale-drain", "drain_node", {"node": "big-node", "reason": "firmware upgrade",
-                                                      "notice_seconds": 900}, by=st.OPS)
+                                                      "notice_seconds": 900}, by=az.OPS)
     seconds, told, audits = decided(sim, s.lines[0], number + 1)
     result: dict[str, Any] = {"big_node": {"seconds": seconds, "told": told, "decisions": audits}}
     per_node = []
@@ -355,14 +356,14 @@ def main(argv: list[str] | None = None) -> int:
     trees = [("now", HERE.parent.parent)]
     if args.baseline:
         base = args.baseline.resolve()
-        for name in (HERE.name, "simulate_throughput.py", "kit.py"):
+        for name in (HERE.name, "simulate_throughput.py", "az_stream.py", "kit.py"):
             shutil.copy(HERE.parent / name, base / "benchmarks" / name)
         trees.append(("baseline", base))
     print("trees: " + ", ".join(f"{label} = {tree}" for label, tree in trees))
     print(f"start: {kit.load_average()}")
     with tempfile.TemporaryDirectory(prefix="vmstream-grid-") as tmp:
         config = Path(tmp) / "config.yaml"
-        st.write_config(config)
+        az.write_config(config)
         common = ["--seed", str(args.seed), "--inputs", str(inputs), "--mix-events", str(mix_events),
                   "--drains", *map(str, args.drains), "--config", str(config), "--profile", str(args.profile)]
         if args.quick:
