@@ -47,7 +47,7 @@ from streams.kube.applying import JSON_PATCH, KUBEVIRT  # noqa: E402
 from streams.common.codecs import encode_message  # noqa: E402
 from streams.common.kafka_clients import producer  # noqa: E402
 from harness.localkube import LocalKube  # noqa: E402
-from harness.running import CONFIG, Deployment, VmstreamProcess  # noqa: E402
+from harness.running import CONFIG, VmstreamProcess  # noqa: E402
 from harness.scenarios import A100, PROJECT_LABEL  # noqa: E402
 
 MUTATION = GPUMutation(device_name=A100, eviction_strategy="External")
@@ -111,8 +111,7 @@ def main() -> int:
         print(f"created {4 * count} VMs in {time.monotonic() - started:.1f}s")
         patches = planned(custom, [name for names in sets.values() for name in names])
 
-        deployment = Deployment(bootstrap, workdir)
-        deployment.create_topics()
+        deployment = kit.new_deployment(bootstrap, workdir)
         stack.callback(deployment.delete_topics)
         applier = ApplierProcess(deployment, "apply", ["apply", "--config", str(CONFIG), "--kubeconfig",
                                                        str(kube.kubeconfig), "--probe-port", "0"],

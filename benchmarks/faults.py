@@ -34,7 +34,7 @@ from pathlib import Path
 
 import kit  # noqa: E402  (this directory's; first: quiets kafka-python's import)
 from harness.localkafka import LocalKafka, free_ports  # noqa: E402  (a broker of its own, restarted on purpose)
-from harness.running import Deployment, WorkerProcess  # noqa: E402
+from harness.running import WorkerProcess  # noqa: E402
 from tests.support.chaos import Ledger, Publisher, Workload, with_faults, worker_env  # noqa: E402
 
 
@@ -43,8 +43,7 @@ def run(*, vms: int, kills: int, row_crashes: int, outages: int, rate: float, se
     with tempfile.TemporaryDirectory(prefix="vmstream-faults-") as tmp:
         kafka = LocalKafka(data_dir=Path(tmp) / "broker", keep_data=True, port=free_ports(1)[0])
         kafka.start()
-        deployment = Deployment(kafka.bootstrap_servers, Path(tmp))
-        deployment.create_topics()
+        deployment = kit.new_deployment(kafka.bootstrap_servers, Path(tmp))
         ledger, publisher = Ledger(deployment), Publisher(deployment)
         workload = Workload(vms=vms, drains=2)
         started = 0

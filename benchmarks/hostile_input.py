@@ -63,8 +63,7 @@ class Reader:
 
 
 def run(bootstrap: str, hostile: int, valid: int, big_every: int, window: float) -> dict[str, Any]:
-    deployment = Deployment(bootstrap, Path(tempfile.mkdtemp(prefix="vmstream-hostile-")))
-    deployment.create_topics()
+    deployment = kit.new_deployment(bootstrap, Path(tempfile.mkdtemp(prefix="vmstream-hostile-")))
     reader = Reader(deployment)
     worker = WorkerProcess(deployment, "w1").start()
     try:

@@ -93,8 +93,7 @@ def main() -> int:
                                                                             vm_body(n)), names))
         print(f"created {args.vms} VMs in {time.monotonic() - started:.1f}s")
 
-        deployment = Deployment(bootstrap, workdir)
-        deployment.create_topics()
+        deployment = kit.new_deployment(bootstrap, workdir)
         kubeconfig = str(kube.kubeconfig)
         worker = WorkerProcess(deployment, "worker").start()
         stack.callback(worker.stop)

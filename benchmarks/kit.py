@@ -39,7 +39,7 @@ from kafka.admin import NewTopic  # noqa: E402
 from harness.running import Deployment, WorkerProcess  # noqa: E402
 from streams.common.kafka_clients import admin_client  # noqa: E402
 from streams.common.settings import KafkaSettings  # noqa: E402
-from streams.common.topics import ROUTED  # noqa: E402
+from streams.common.topics import ROUTED, TOPICS  # noqa: E402
 
 PARTITIONS = KafkaSettings().partitions
 
@@ -230,10 +230,15 @@ def wait_for_leaders(bootstrap: str, names: Sequence[str], timeout: float = 30.0
 
 
 def new_deployment(bootstrap: str, workdir: Path) -> Deployment:
-    """A deployment whose topics exist and have leaders."""
+    """A deployment whose topics exist and have leaders.
+
+    A process that subscribes to a topic the broker does not list yet (kafka-python's
+    applier: "No partition metadata") is assigned nothing until its next metadata refresh,
+    five minutes later: every topic is waited for before anything is started.
+    """
     deployment = Deployment(bootstrap, workdir)
     deployment.create_topics()
-    wait_for_leaders(bootstrap, [deployment.kafka.topic(name) for name in ("intents", "k8s-events", "audit")])
+    wait_for_leaders(bootstrap, [deployment.kafka.topic(spec.name) for spec in TOPICS])
     return deployment
 
 

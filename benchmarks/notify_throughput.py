@@ -192,7 +192,7 @@ def main() -> int:
         wait_for(lambda: all(nid in sink.hooks for nid in sent), "the steady run's webhook calls", timeout=300)
         latencies = sorted((sink.hooks[nid] - at) * 1000 for nid, at in sent.items())
         print(f"steady {args.rate:g}/s, {args.count} notifications: notification time → webhook received: "
-              + kit.summary_ms([ms / 1000 for ms in latencies]).replace(".0 ms", " ms"))
+              + kit.summary_ms([ms / 1000 for ms in latencies]))
         kit.print_load("at the end")
     return 0
 

@@ -169,10 +169,9 @@ def node_event(n: int, label: str) -> tuple[str, str, bytes, str]:
 
 
 def worker_run(bootstrap: str, label: str, env: dict[str, str]) -> float:
-    deployment = Deployment(bootstrap, Path(tempfile.mkdtemp(prefix="vmstream-recovery-")))
+    deployment = kit.new_deployment(bootstrap, Path(tempfile.mkdtemp(prefix="vmstream-recovery-")))
     if VERBOSE:
         print(f"  worker logs in {deployment.workdir}", flush=True)
-    deployment.create_topics()
     workers: list[WorkerProcess] = [WorkerProcess(deployment, "w1", env=env).start()]
     arrivals = Arrivals(deployment, "audit", lambda audit: (audit.get("input") or {}).get("ref"))
     feeder = None
@@ -232,8 +231,7 @@ def seal(deployment: Deployment, command: Command) -> bytes:
 def applier_run(bootstrap: str, kubeconfig: Path, label: str, env: dict[str, str]) -> float:
     from kubernetes import client, config
 
-    deployment = Deployment(bootstrap, Path(tempfile.mkdtemp(prefix="vmstream-recovery-")))
-    deployment.create_topics()
+    deployment = kit.new_deployment(bootstrap, Path(tempfile.mkdtemp(prefix="vmstream-recovery-")))
     name = f"rec-{label}-{uuid.uuid4().hex[:6]}"
     obj = node_object(name, gpus={A100: 1})
     for field in ("uid", "resourceVersion"):

@@ -21,7 +21,7 @@ from pathlib import Path
 import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
 
 from harness.publishing import publish  # noqa: E402
-from harness.running import Deployment, Outputs, WorkerProcess  # noqa: E402
+from harness.running import Outputs, WorkerProcess  # noqa: E402
 from harness.scenarios import cluster  # noqa: E402
 
 VMS = ("train-1", "batch-1", "web-1")
@@ -29,8 +29,7 @@ VMS = ("train-1", "batch-1", "web-1")
 
 def one_run(bootstrap: str, count: int, window: float) -> int:
     """How many of ``count`` waiting intents a restarted worker decided within ``window``."""
-    deployment = Deployment(bootstrap, Path(tempfile.mkdtemp(prefix="vmstream-backlog-")))
-    deployment.create_topics()
+    deployment = kit.new_deployment(bootstrap, Path(tempfile.mkdtemp(prefix="vmstream-backlog-")))
     outputs = Outputs(deployment)
     first = WorkerProcess(deployment, "w1").start()
     lines = list(cluster().jsonl())

@@ -31,7 +31,6 @@ from pathlib import Path
 import kit  # noqa: E402  (this directory's; first: quiets kafka-python's import)
 
 from streams.common.kafka_clients import COMPRESSION, producer  # noqa: E402  # isort: skip
-from harness.running import Deployment  # noqa: E402
 from streams.kube.watching import TOPIC, Publisher, last_published, select_kinds  # noqa: E402
 
 
@@ -56,8 +55,7 @@ def main() -> int:
     kind = select_kinds("VirtualMachine")[0]
     with contextlib.ExitStack() as stack:
         bootstrap = stack.enter_context(kit.broker()).bootstrap
-        deployment = Deployment(bootstrap, Path(stack.enter_context(tempfile.TemporaryDirectory())))
-        deployment.create_topics()
+        deployment = kit.new_deployment(bootstrap, Path(stack.enter_context(tempfile.TemporaryDirectory())))
         stack.callback(deployment.delete_topics)
         kafka = deployment.kafka
         sending = producer(kafka, linger_ms=20, compression=COMPRESSION)

@@ -54,7 +54,6 @@ from kafka import KafkaConsumer, TopicPartition  # noqa: E402  # isort: skip
 from kubernetes import client, config  # noqa: E402
 
 from harness.localkube import LocalKube  # noqa: E402
-from harness.running import Deployment  # noqa: E402
 from streams.common.settings import KafkaSettings  # noqa: E402
 from streams.kube.watching import TOPIC  # noqa: E402
 
@@ -218,8 +217,7 @@ def main() -> int:
     args = kit.parse(parser)
 
     with parts(args.kubeconfig) as (kubeconfig, bootstrap), tempfile.TemporaryDirectory() as tmp:
-        deployment = Deployment(bootstrap, Path(tmp))
-        deployment.create_topics()
+        deployment = kit.new_deployment(bootstrap, Path(tmp))
         kafka = deployment.kafka
         configuration = client.Configuration()
         config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)

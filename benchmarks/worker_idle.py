@@ -18,15 +18,14 @@ from pathlib import Path
 
 import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
 
-from harness.running import Deployment, WorkerProcess  # noqa: E402
+from harness.running import WorkerProcess  # noqa: E402
 from kit import cpu_of  # noqa: E402
 
 
 def idle_share(bootstrap: str, seconds: float, settle: float) -> float:
     """Share of one core the idle worker used over ``seconds``."""
     with tempfile.TemporaryDirectory() as tmp:
-        deployment = Deployment(bootstrap, Path(tmp))
-        deployment.create_topics()
+        deployment = kit.new_deployment(bootstrap, Path(tmp))
         worker = WorkerProcess(deployment, "idle").start()
         try:
             worker.wait_ready(120)
