@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol
 
 import kit  # noqa: F401  (this directory's: puts the repository on sys.path)  # isort: skip
 
@@ -79,6 +79,12 @@ MIX: dict[str, float] = {
     "node_flap": 0.002,
 }
 MIX_KINDS, MIX_WEIGHTS = list(MIX), list(MIX.values())
+
+
+class Writer(Protocol):
+    """Where the lines go: a text file, or a list of one phase's lines (engine_grid.py)."""
+
+    def write(self, text: str, /) -> object: ...
 
 
 # ------------------------------------------------------------------ the cluster model
@@ -194,7 +200,7 @@ class Generator:
     deadline) are queued on the cluster clock and interleaved with the background traffic.
     """
 
-    def __init__(self, rng: random.Random, *, vms: int, nodes: int, limit: int, out: TextIO,
+    def __init__(self, rng: random.Random, *, vms: int, nodes: int, limit: int, out: Writer,
                  events_per_drain: int = EVENTS_PER_DRAIN) -> None:
         self.rng = rng
         self.limit = limit

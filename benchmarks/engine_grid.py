@@ -204,7 +204,7 @@ def run_grid_row(vms: int, drains: list[int], inputs: int, config: Path, seed: i
             continue
         lines = path.read_text(encoding="utf-8").splitlines()
         profiler = cProfile.Profile(time.process_time) if profile and opened == max(drains) else None
-        cell = {"vms": vms, "nodes": nodes, "drains": opened, **timed(sim, lines, profiler)}
+        cell: dict[str, Any] = {"vms": vms, "nodes": nodes, "drains": opened, **timed(sim, lines, profiler)}
         cell["episodes"], cell["to_fire"] = episodes(sim.state)
         cell["load"] = kit.load_average()
         cells.append(cell)
@@ -227,7 +227,7 @@ def run_mix(events: int, config: Path, seed: int, every: int, profile: int) -> d
     drains = sum(n for kind, n in mix.items() if any(w in kind for w in ("drain", "cordon", "maintenance", "evict")))
     sim = simulation(config)
     profiler = cProfile.Profile(time.process_time) if profile else None
-    result = timed(sim, lines, profiler)
+    result: dict[str, Any] = {**timed(sim, lines, profiler)}
     if profiler is not None:
         print(f"cProfile of the 1 % drain mix, top {profile} by tottime:", file=sys.stderr)
         pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(profile)
@@ -310,7 +310,8 @@ def child(tree: Path, args: list[str]) -> dict[str, Any]:
         completed = subprocess.run(command, env=env, cwd=tree)
         if completed.returncode != 0:
             raise SystemExit(f"{' '.join(command)} exited with {completed.returncode}")
-        return json.loads(Path(result.name).read_text())
+        parsed: dict[str, Any] = json.loads(Path(result.name).read_text())
+        return parsed
 
 
 def spread(rates: list[float]) -> float:

@@ -93,7 +93,7 @@ def run(bootstrap: str, hostile: int, valid: int, big_every: int, window: float)
         out.close()
         letters = {(deployment.kafka.topic(h.topic), m.partition, m.offset) for h, m in placed
                    if h.fate == "dead_letter"}
-        rejections = {h.ref for h, _ in placed if h.fate == "rejected"}
+        rejections = {h.ref for h, _ in placed if h.fate == "rejected" and h.ref is not None}
 
         def through() -> bool:
             return (all(reader.refs[i] for i in valid_ids) and all(reader.refs[r] for r in rejections)

@@ -224,7 +224,7 @@ def seal(deployment: Deployment, command: Command) -> bytes:
     """As the deployment's worker publishes it: sealed with its key where commands are sealed."""
     signing = getattr(deployment, "signing", None)
     if signing is not None:
-        return encode_message(command, keyring=signing.keyring())  # type: ignore[call-arg]
+        return encode_message(command, keyring=signing.keyring())
     return encode_message(command)
 
 
@@ -238,7 +238,7 @@ def applier_run(bootstrap: str, kubeconfig: Path, label: str, env: dict[str, str
         del obj["metadata"][field]
     with config.new_client_from_config(config_file=str(kubeconfig)) as api:
         client.CoreV1Api(api).create_node(obj)
-    target = ObjectRef(kind="Node", name=name)
+    target = ObjectRef(kind="Node", namespace=None, name=name)
 
     def make(n: int) -> tuple[str, str, bytes, str]:
         ref = f"{name}-{n}"

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Literal
 
 
 import kit  # noqa: E402  (this directory's; first: quiets kafka-python's import)
@@ -64,7 +65,7 @@ def main() -> int:
         for version in range(args.events_per_object):
             for index in range(args.objects):
                 last = version == args.events_per_object - 1
-                type_ = "DELETED" if last and index % 10 == 0 else ("RELISTED" if version == 0 else "MODIFIED")
+                type_: Literal["DELETED", "RELISTED", "MODIFIED"] = "DELETED" if last and index % 10 == 0 else ("RELISTED" if version == 0 else "MODIFIED")
                 publisher.send(kind, type_, vm(index, version * args.objects + index + 1, args.object_bytes))
         sending.flush()
         sending.close()
