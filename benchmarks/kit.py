@@ -54,6 +54,11 @@ def percentile(values: Sequence[float], q: float) -> float:
     99th smallest, of 1,000 the 990th; of fewer than 100 values it is the largest but one
     only from 100 on, so a p99 of a short run is close to its maximum. ``values`` need not be
     sorted (sorting a sorted list is linear).
+
+    >>> percentile(range(1, 101), 0.99), percentile(range(1, 1001), 0.99), percentile(range(1, 51), 0.99)
+    (99, 990, 50)
+    >>> percentile([3.0, 1.0, 2.0], 0.5), percentile([5.0], 0.99), percentile([1, 2, 3, 4], 0.0)
+    (2.0, 5.0, 1)
     """
     if not values:
         raise ValueError("percentile of no values")
@@ -64,7 +69,11 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def summary_ms(seconds: Sequence[float], quantiles: Sequence[float] = (0.5, 0.9, 0.99)) -> str:
-    """``p50 12.0 ms, p90 …, p99 …, max …`` of latencies given in seconds."""
+    """``p50 12.0 ms, p90 …, p99 …, max …`` of latencies given in seconds.
+
+    >>> summary_ms([0.001 * i for i in range(1, 101)])
+    'p50 50.0 ms, p90 90.0 ms, p99 99.0 ms, max 100.0 ms'
+    """
     if not seconds:
         return "none arrived"
     parts = [f"p{100 * q:g} {1000 * percentile(seconds, q):,.1f} ms" for q in quantiles]
@@ -135,7 +144,14 @@ def pin(pid: int, cpus: str) -> None:
 
 
 def render(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
-    """Columns side by side: the first left-aligned, the others right-aligned."""
+    """Columns side by side: the first left-aligned, the others right-aligned.
+
+    >>> print("\\n".join(render(("run", "msgs/s"), [("one", "213"), ("two workers", "1,239")])))
+    run          msgs/s
+    -----------  ------
+    one             213
+    two workers   1,239
+    """
     widths = [max(len(row[i]) for row in (header, *body)) for i in range(len(header))]
 
     def line(row: Sequence[str]) -> str:
@@ -416,3 +432,9 @@ class PinnedWorker(WorkerProcess):
     def pid(self) -> int:
         assert self.process is not None
         return self.process.pid
+
+
+if __name__ == "__main__":  # the examples above: python benchmarks/kit.py
+    import doctest
+
+    sys.exit(doctest.testmod().failed)
