@@ -339,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     logging.getLogger("kafka").setLevel(logging.ERROR)
+    logging.getLogger("kafka.cluster").setLevel(logging.CRITICAL)  # a refresh cancelled by a reader's close
     with kit.broker() as broker, tempfile.TemporaryDirectory(prefix="vmstream-scale-") as tmp:
         workdir = args.keep or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
