@@ -19,7 +19,8 @@ import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
 
 from handlers.auth import KeySet, Unauthenticated, verify_intent  # noqa: E402
 from handlers.config import AuthPolicy, Config  # noqa: E402
-from handlers.engine import INTENTS_TOPIC, Engine, Source  # noqa: E402
+from handlers.engine import Engine, Source  # noqa: E402
+from tests.support.harness import INTENTS_TOPIC  # noqa: E402
 from streams.common.credentials import SigningKey, jwks, signed  # noqa: E402
 from harness.scenarios import EXAMPLE_CONFIG, cluster  # noqa: E402
 from streams.cli.simulating import Simulation  # noqa: E402

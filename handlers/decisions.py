@@ -30,7 +30,7 @@ from handlers.messages import (
 )
 from handlers.state import Change, ObservedFate, Overlay, StateView
 
-OutputTopic = Literal["commands", "notifications", "audit", "dlq"]
+OutputTopic = str  # the logical name of a topic the worker writes (handlers/topics.py)
 
 
 def subject_key(subject: ObjectRef) -> str:
@@ -100,10 +100,13 @@ class Decision:
 
     def outputs(self) -> list[Output]:
         """Commands, then notifications, then the audit record that names them."""
-        out = [Output("commands", subject_key(c.target), c) for c in self.commands]
-        out += [Output("notifications", subject_key(n.subject), n) for n in self.notifications]
+        # Here, not at the top: the topics' value models (handlers/views.py) import this module.
+        from handlers.topics import AUDIT, COMMANDS, NOTIFICATIONS
+
+        out = [Output(COMMANDS.name, subject_key(c.target), c) for c in self.commands]
+        out += [Output(NOTIFICATIONS.name, subject_key(n.subject), n) for n in self.notifications]
         if self.audit is not None:
-            out.append(Output("audit", self.audit.input.key or "", self.audit))
+            out.append(Output(AUDIT.name, self.audit.input.key or "", self.audit))
         return out
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from handlers.messages import Notification, NotificationType, Severity
 
@@ -35,6 +35,22 @@ WEBHOOK_PREFIX = "webhook:"
 EMAIL = re.compile(r"^[^@\s<>\"]+@[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)+$")
 EVENT_TYPE_PREFIX = "net.superphenix.vmstream.notification."
 SEVERITY_MARK = {"info": ":information_source:", "warning": ":warning:", "critical": ":rotating_light:"}
+
+
+class DeliveryRecord(BaseModel):
+    """The value of one record of ``vmstream notify``'s ledger (handlers/topics.py ``DELIVERIES``),
+    as streams/serve/notify.py writes it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    notification_id: str = Field(min_length=1, description="The notification delivered")
+    channel: Channel | Literal["none"] = Field(
+        description="How it went out; `none` for a recipient without an address (dead-lettered, 0 attempts)")
+    recipient: str = Field(min_length=1, description="An e-mail address, or a configured webhook's name")
+    outcome: Literal["delivered", "dead_lettered"] = Field(
+        description="delivered, or given up and set aside on the dead-letter topic; either way never tried again")
+    attempts: int = Field(ge=0, description="Attempts made")
+    at: AwareDatetime = Field(description="When it was recorded")
 
 
 class Endpoint(BaseModel):

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from handlers import ids
+from handlers import ids, topics
 from handlers.auth import (
     CREDENTIAL_FIELD,
     KeySet,
@@ -60,11 +60,9 @@ from handlers.messages import (
 from handlers.observing import observe, settle_resident
 from handlers.state import DrainEpisode, StateView
 
-INTENTS_TOPIC = "vmstream.intents"
-EVENTS_TOPIC = "vmstream.k8s-events"
 # Not Kafka topics: they name, in audit records, decisions that no external input caused.
-TIMER_TOPIC = "vmstream.timer"  # a drain deadline firing
-RESIDENTS_TOPIC = "vmstream.residents"  # a node learning that a GPU VMI came or went
+TIMER_TOPIC = topics.TIMER
+RESIDENTS_TOPIC = topics.RESIDENTS
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +100,7 @@ class Result:
     wire: list[tuple[str, bytes, bytes]] | None = None
 
     def outputs(self) -> list[Output]:
-        letters = [Output("dlq", self.dead_letter_key or "", d) for d in self.dead_letters]
+        letters = [Output(topics.DLQ.name, self.dead_letter_key or "", d) for d in self.dead_letters]
         return letters + self.decision.outputs()
 
 

@@ -10,7 +10,8 @@ Flow: raw bytes → :func:`parse_intent` / :func:`parse_watch_event` → handler
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Union
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Union, get_args
 
 import pydantic_core
 from pydantic import (
@@ -255,11 +256,16 @@ class UndrainNodeIntent(IntentBase):
     spec: UndrainNodeSpec
 
 
+# The intent types are declared here, once: each by its model's ``type`` literal, the set by
+# this union. INTENT_TYPES derives from it; the engine's rules and the CLI's sub-commands are
+# checked against it (tests/test_facts.py).
 Intent = Annotated[
     Union[CreateVMIntent, SetGPUIntent, RestartVMIntent, DrainNodeIntent, UndrainNodeIntent],
     Field(discriminator="type"),
 ]
-INTENT_TYPES = ("create_vm", "set_gpu", "restart_vm", "drain_node", "undrain_node")
+INTENT_MODELS: tuple[type[IntentBase], ...] = get_args(get_args(Intent)[0])
+INTENT_TYPES: tuple[str, ...] = tuple(
+    tag for model in INTENT_MODELS for tag in get_args(model.model_fields["type"].annotation))
 
 
 class IntentEnvelope(Message):
@@ -280,7 +286,33 @@ class IntentEnvelope(Message):
 
 # ------------------------------------------------------------------------ watch events
 
-WATCHED_KINDS = ("VirtualMachine", "VirtualMachineInstance", "Node", "NodeMaintenance", "KubeVirt", "Namespace")
+
+@dataclass(frozen=True, slots=True)
+class WatchedKind:
+    """A kind the watch bridge watches: its name (as in ``WatchEvent.kind`` and the key) and where
+    the API server serves it. The one list of them is :data:`WATCHED_KINDS`; the watch bridge's
+    RBAC (deploy/base/rbac-watch.yaml) and the folds of handlers/observing.py follow it, and
+    tests/test_facts.py checks that they do."""
+
+    kind: str
+    group: str  # "" for the core API
+    version: str
+    plural: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+WATCHED_KINDS: tuple[WatchedKind, ...] = (
+    WatchedKind("VirtualMachine", "kubevirt.io", "v1", "virtualmachines"),
+    WatchedKind("VirtualMachineInstance", "kubevirt.io", "v1", "virtualmachineinstances"),
+    WatchedKind("Node", "", "v1", "nodes"),
+    WatchedKind("NodeMaintenance", "nodemaintenance.medik8s.io", "v1beta1", "nodemaintenances"),
+    WatchedKind("KubeVirt", "kubevirt.io", "v1", "kubevirts"),
+    # Their project label says where a project's VMs may be created (docs/auth.md).
+    WatchedKind("Namespace", "", "v1", "namespaces"),
+)
 
 
 class WatchEvent(Message):
@@ -334,6 +366,8 @@ CommandType = Literal[
     "cordon_node",
     "uncordon_node",
 ]
+
+COMMAND_TYPES: tuple[CommandType, ...] = get_args(CommandType)  # the applier dispatches on each
 
 
 class Command(Message):

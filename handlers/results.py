@@ -15,9 +15,10 @@ from typing import Literal
 from handlers import ids
 from handlers.decisions import subject_key
 from handlers.messages import AuditInput, AuditRecord, Command, CommandResult, Notification
+from handlers.topics import COMMANDS
 
 Outcome = Literal["applied", "noop", "conflict_retried", "failed"]
-COMMANDS_TOPIC = "vmstream.commands"
+COMMANDS_TOPIC = COMMANDS.name  # what a result records as its input, without the shell's prefix
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,10 @@ from jsonschema import Draft202012Validator
 from handlers.engine import Engine
 from handlers.messages import InvalidIntent, MalformedMessage, parse_intent, parse_watch_event
 from streams.cli.schemas import ASYNCAPI_FILE, CONFIG, MESSAGES, TOPICS, render_schemas
-from streams.common.settings import INPUT_TOPICS, OUTPUT_TOPICS, KafkaSettings, load_settings
+from handlers.topics import TOPICS as TOPICS_DECLARED
+from handlers.topics import ROUTED_INPUTS, outputs
+from streams.common.principals import PRINCIPAL_OF, PRINCIPALS
+from streams.common.settings import KafkaSettings, load_settings
 from streams.cli.simulating import Simulation
 from streams.common.topics import DELIVERIES, GPU_CLASSES
 
@@ -32,6 +35,8 @@ EXAMPLES_DIR = ROOT / "examples"
 CONTRACTS = ROOT / "docs" / "contracts.md"
 SCENARIOS = sorted(path.name for path in EXAMPLES_DIR.glob("*.jsonl"))
 KAFKA = KafkaSettings()
+INPUT_TOPICS = tuple(topic.name for topic in ROUTED_INPUTS)
+OUTPUT_TOPICS = tuple(topic.name for topic in outputs("worker", "applier"))
 PREFIX = KAFKA.topic_prefix
 
 # Example values that are deliberately wrong in a way the schema can see, by file and id.
@@ -272,25 +277,19 @@ def test_asyncapi_references_resolve() -> None:
     assert "$defs" not in yaml.safe_dump(document["components"]["schemas"])
 
 
-def test_asyncapi_operations_match_the_topology() -> None:
+def test_asyncapi_operations_are_what_the_acls_allow() -> None:
+    """The document's operations are the sends and receives handlers/topics.py declares; the ACL
+    table derives from the same declaration and tests/kafka/test_acls.py shows, on a secured
+    broker, that each process needs exactly those grants. So the document says what the code does."""
     operations = _asyncapi()["operations"].values()
     seen = {(op["tags"][0]["name"], op["action"], op["channel"]["$ref"].rsplit("/", 1)[1]) for op in operations}
-    assert seen == {
-        ("worker", "receive", "intents"),
-        ("worker", "receive", "k8s-events"),
-        ("worker", "send", "commands"),
-        ("worker", "send", "notifications"),
-        ("worker", "send", "audit"),
-        ("worker", "send", "dlq"),
-        ("applier", "receive", "commands"),
-        ("applier", "send", "command-results"),
-        ("applier", "send", "audit"),
-        ("watch-bridge", "send", "k8s-events"),
-        ("api", "receive", "gpu-classes"),
-        ("api", "send", "gpu-classes"),
-        ("notify", "receive", "deliveries"),
-        ("notify", "send", "deliveries"),
-    }
+    public = {topic.name for topic in TOPICS_DECLARED if not topic.internal}
+    granted = {(process, action, name)
+               for process, principal in PRINCIPAL_OF.items()
+               for action, names in (("receive", PRINCIPALS[principal].read), ("send", PRINCIPALS[principal].write))
+               for name in names if name in public}
+    assert seen == granted
+    assert ("notify", "receive", "notifications") in seen  # once missing from a hand-written list
 
 
 def test_the_kept_topics_accept_what_api_and_notify_write() -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from handlers.topics import RESIDENTS, TIMER
 from handlers.engine import Engine
 from streams.common.settings import load_settings
 from streams.cli.simulating import Simulation
@@ -47,7 +48,7 @@ def test_the_cli_is_deterministic_to_the_byte() -> None:
     assert first and first == run()
 
 
-INTERNAL = {"vmstream.timer", "vmstream.residents"}
+INTERNAL = {TIMER, RESIDENTS}  # audit sources that are not topics
 
 
 @pytest.mark.parametrize("name", SCENARIOS)

@@ -1,8 +1,10 @@
 """``vmstream schemas``: the published contracts, generated from the pydantic models.
 
-pydantic models (``handlers.messages``, ``handlers.views``, :class:`DeliveryRecord`,
-``streams.common.settings``) → one JSON Schema file per message plus the configuration file → an
-AsyncAPI 3.0.0 document naming every topic.
+pydantic models (``handlers.messages``, ``handlers.views``, ``handlers.delivery``,
+``streams.common.settings``) → one JSON Schema file per message plus the configuration file;
+the topics' declaration (``handlers.topics``: name, key, value, configs, who sends and who
+receives) → an AsyncAPI 3.0.0 document, its channels and operations, so it says what the
+code is declared to do and nothing else.
 Consumers read these files instead of our code, so they are committed under
 ``docs/schemas/`` and a test fails when they drift from the models: rendering is pure and
 deterministic (:func:`render_schemas`), writing is separate (:func:`write_schemas`).
@@ -23,10 +25,10 @@ from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
 import yaml
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import TypeAdapter
 
-from handlers import ids
-from handlers.delivery import Channel, Target
+from handlers import ids, topics
+from handlers.delivery import Channel, DeliveryRecord, Target
 from handlers.messages import (
     AuditInput,
     AuditRecord,
@@ -35,6 +37,7 @@ from handlers.messages import (
     DeadLetter,
     DeadLetterSource,
     GPUMutation,
+    WATCHED_KINDS,
     Intent,
     Notification,
     ObjectRef,
@@ -55,9 +58,20 @@ from streams.serve.api import class_headers, openapi_document
 from streams.common.cloudevents import event_source
 from streams.common.settings import KafkaSettings, Settings
 from handlers.views import GPUClassStatus
-from streams.common.topics import DELIVERIES, GPU_CLASSES
-from streams.common.topics import TOPICS as TOPIC_SPECS
-from streams.kube.watching import KINDS as WATCHED_KINDS
+from handlers.topics import (
+    AUDIT,
+    COMMAND_RESULTS,
+    COMMANDS,
+    DELIVERIES,
+    DLQ,
+    GPU_CLASSES,
+    INTENTS,
+    K8S_EVENTS,
+    NOTIFICATIONS,
+    WORKER_ROUTED,
+    Process,
+    Topic,
+)
 from streams.kube.watching import EventType, event_headers
 
 __all__ = [
@@ -84,24 +98,26 @@ class SchemaDoc:
     name: str
     description: str
     generate: Callable[[], JsonObject]
+    value: Any = None  # the type a topic declares as its value (handlers/topics.py)
 
 
 @dataclass(frozen=True, slots=True)
 class TopicDoc:
-    """One topic of docs/contracts.md: its logical name (without prefix), key and message."""
+    """One public topic of handlers/topics.py and the schema of its message."""
 
-    name: str
-    title: str
-    key: str
-    description: str
+    topic: Topic
     message: SchemaDoc
+
+    @property
+    def name(self) -> str:
+        return self.topic.name
 
 
 @dataclass(frozen=True, slots=True)
 class OperationDoc:
     """One send or receive, seen from the vmstream component that does it."""
 
-    component: Literal["worker", "applier", "watch-bridge", "api", "notify"]
+    component: Process
     action: Literal["send", "receive"]
     topic: str
     summary: str
@@ -116,89 +132,91 @@ def _model(adapter: TypeAdapter[Any]) -> Callable[[], JsonObject]:
     return lambda: adapter.json_schema(mode="validation")
 
 
+_DEFAULTS = KafkaSettings()  # the published names are the default ones
+
+
+def _named(topic: Topic) -> str:
+    """A topic's default full name (``vmstream.intents``)."""
+    return _DEFAULTS.topic(topic)
+
+
 INTENT = SchemaDoc(
     "intent.schema.json",
     "Intent",
-    "A request to vmstream (vmstream.intents), discriminated by `type`. The same "
+    f"A request to vmstream ({_named(INTENTS)}), discriminated by `type`. The same "
     "`intent_id` twice has one effect. A message without `intent_id`, `type` or "
     "`requested_by` is malformed and dead-lettered; one that has them but fails the rest "
     "of this schema is rejected and its requester told why.",
     _model(TypeAdapter(Intent)),
+    Intent,
 )
 WATCH_EVENT = SchemaDoc(
     "watch-event.schema.json",
     "WatchEvent",
-    "A change the watch bridge saw on a watched Kubernetes object (vmstream.k8s-events); "
+    f"A change the watch bridge saw on a watched Kubernetes object ({_named(K8S_EVENTS)}); "
     "`object` is the whole object as the API served it and must carry `metadata.name`.",
     _model(TypeAdapter(WatchEvent)),
+    WatchEvent,
 )
 COMMAND = SchemaDoc(
     "command.schema.json",
     "Command",
-    "A change for the applier to make (vmstream.commands). `command_id` is deterministic "
+    f"A change for the applier to make ({_named(COMMANDS)}). `command_id` is deterministic "
     "from its cause, so a replay reissues the same id. A VM change carries an RFC 6902 "
     "`patch` from the object at `base_resource_version`; `create_vm` carries `manifest`.",
     _model(TypeAdapter(Command)),
+    Command,
 )
 COMMAND_RESULT = SchemaDoc(
     "command-result.schema.json",
     "CommandResult",
-    "What the applier did with a command (vmstream.command-results); `error` is set when "
+    f"What the applier did with a command ({_named(COMMAND_RESULTS)}); `error` is set when "
     "`outcome` is `failed`.",
     _model(TypeAdapter(CommandResult)),
+    CommandResult,
 )
 NOTIFICATION = SchemaDoc(
     "notification.schema.json",
     "Notification",
-    "A fact a person must be told (vmstream.notifications). `notification_id` is "
+    f"A fact a person must be told ({_named(NOTIFICATIONS)}). `notification_id` is "
     "deterministic: the same fact never notifies twice. `message` is one plain sentence.",
     _model(TypeAdapter(Notification)),
+    Notification,
 )
 AUDIT_RECORD = SchemaDoc(
     "audit-record.schema.json",
     "AuditRecord",
-    "The record of one consumed input and what was decided (vmstream.audit): exactly one "
+    f"The record of one consumed input and what was decided ({_named(AUDIT)}): exactly one "
     "per consumed intent and per command result. `input.ref` is the intent_id, event_id "
     "or command_id.",
     _model(TypeAdapter(AuditRecord)),
+    AuditRecord,
 )
 DEAD_LETTER = SchemaDoc(
     "dead-letter.schema.json",
     "DeadLetter",
-    "A message that could not be read (vmstream.dlq), kept so it is never lost: `original` "
+    f"A message that could not be read ({_named(DLQ)}), kept so it is never lost: `original` "
     "is the raw value as text, or base64 when `encoding` says so.",
     _model(TypeAdapter(DeadLetter)),
+    DeadLetter,
 )
-class DeliveryRecord(BaseModel):
-    """The value of one record of ``vmstream notify``'s ledger, as streams/serve/notify.py writes it."""
-
-    model_config = ConfigDict(frozen=True)
-
-    notification_id: str = Field(min_length=1, description="The notification delivered")
-    channel: Channel | Literal["none"] = Field(
-        description="How it went out; `none` for a recipient without an address (dead-lettered, 0 attempts)")
-    recipient: str = Field(min_length=1, description="An e-mail address, or a configured webhook's name")
-    outcome: Literal["delivered", "dead_lettered"] = Field(
-        description="delivered, or given up and set aside on vmstream.dlq; either way never tried again")
-    attempts: int = Field(ge=0, description="Attempts made")
-    at: AwareDatetime = Field(description="When it was recorded")
-
-
 GPU_CLASS_STATUS = SchemaDoc(
     "gpu-class-status.schema.json",
     "GPUClassStatus",
-    f"One GPU class of the AZ and its cards (vmstream.{GPU_CLASSES}, compacted), as `GET /v1/gpu-classes` "
+    f"One GPU class of the AZ and its cards ({_named(GPU_CLASSES)}, compacted), as `GET /v1/gpu-classes` "
     "of `vmstream api` lists it: one current record per class, keyed by its `name`, written only when "
     "its figures change; a tombstone (null value) when the class is gone.",
     _model(TypeAdapter(GPUClassStatus)),
+    GPUClassStatus,
 )
 DELIVERY = SchemaDoc(
     "delivery.schema.json",
     "Delivery",
-    f"One delivery of a notification to one recipient on one channel (vmstream.{DELIVERIES}, "
+    f"One delivery of a notification to one recipient on one channel ({_named(DELIVERIES)}, "
     "`vmstream notify`'s compacted ledger): delivered or dead-lettered, either way done. notify reads "
     "the ledger back when it starts and never makes a delivery whose key is on it.",
     _model(TypeAdapter(DeliveryRecord)),
+    DeliveryRecord,
 )
 CONFIG = SchemaDoc(
     "config.schema.json",
@@ -213,78 +231,55 @@ MESSAGES: tuple[SchemaDoc, ...] = (
     GPU_CLASS_STATUS, DELIVERY,
 )
 
-_VM_OR_NODE = "`vm/<namespace>/<name>` or `node/<name>`"
 # What names one delivery of a notification: its ledger key, ``ce_id`` and dead letter's suffix.
 _DELIVERY_SUFFIX = Target(cast(Channel, "<channel>"), "<recipient>").key("")
 _DELIVERY_KEY = "<notification_id>" + _DELIVERY_SUFFIX
-TOPICS: tuple[TopicDoc, ...] = (
-    TopicDoc("intents", "Intents", _VM_OR_NODE,
-             "Requests from upstream services and the CLI. Any partitioner will do (murmur2, "
-             "FNV-1a, CRC32, explicit partitions): the worker re-keys each intent by its key onto "
-             "a topic it partitions itself (vmstream.worker-routed, internal) and decides it "
-             "there, with its VM's or node's state.", INTENT),
-    TopicDoc("k8s-events", "Kubernetes events",
-             "`<Kind>/<namespace>/<name>` (cluster-scoped: `<Kind>/<name>`)",
-             "Watched objects (VirtualMachine, VirtualMachineInstance, Node, NodeMaintenance, "
-             "KubeVirt) as the watch bridge sees them. Any partitioner will do: the worker "
-             "re-keys each event by the key it is decided under (`vm/<namespace>/<name>`, "
-             "`node/<name>`) onto vmstream.worker-routed.", WATCH_EVENT),
-    TopicDoc("commands", "Commands", f"the target's key: {_VM_OR_NODE}",
-             "Changes the worker decided, for the applier to make.", COMMAND),
-    TopicDoc("command-results", "Command results", "the key of its command",
-             "What the applier did with each command.", COMMAND_RESULT),
-    TopicDoc("notifications", "Notifications", f"the subject's key: {_VM_OR_NODE}",
-             "What VM owners, requesters and operators must be told. `vmstream notify` delivers them "
-             f"and records each delivery on vmstream.{DELIVERIES} (ce_type {TYPE_PREFIX}delivery).",
-             NOTIFICATION),
-    TopicDoc("audit", "Audit", "the subject's key (the key of the input it records)",
-             "One record per consumed input: the record of every decision.", AUDIT_RECORD),
-    TopicDoc("dlq", "Dead letters", "the original key",
-             "Malformed input, kept whole; it never blocks its partition.", DEAD_LETTER),
-    TopicDoc(GPU_CLASSES, "GPU classes", "the class name (the record's `name`)",
-             "Compacted: the AZ's GPU classes and their cards, one current record per class, kept by "
-             "`vmstream api` (each replica reads the topic and writes a class only when its figures differ "
-             "from its latest record); a tombstone (null value) when a class is gone.", GPU_CLASS_STATUS),
-    TopicDoc(DELIVERIES, "Deliveries", f"`{_DELIVERY_KEY}` (a recipient without an address: "
-             "`<notification_id>|none|<recipient>`)",
-             "Compacted: `vmstream notify`'s ledger, one record per notification, channel and recipient "
-             "delivered or dead-lettered, written before the next delivery starts; notify reads it back "
-             "when it starts and skips every delivery on it.", DELIVERY),
+
+
+def _doc_of(topic: Topic) -> SchemaDoc:
+    """The message a topic holds: the schema generated from its declared value type."""
+    found = [doc for doc in MESSAGES if doc.value is topic.value]
+    if len(found) != 1:
+        raise ValueError(f"{topic.name}: {len(found)} published messages are its value")
+    return found[0]
+
+
+# The public topics (handlers/topics.py), in their declared order, each with its message.
+TOPICS: tuple[TopicDoc, ...] = tuple(TopicDoc(topic, _doc_of(topic)) for topic in topics.TOPICS if not topic.internal)
+
+# Every declared send and receive of a public topic, by process: what the AsyncAPI operations say.
+OPERATIONS: tuple[OperationDoc, ...] = tuple(
+    OperationDoc(process, action, doc.name, summary)
+    for process in topics.PROCESSES
+    for action in ("receive", "send")
+    for doc in TOPICS
+    for name, summary in (doc.topic.receives if action == "receive" else doc.topic.sends).items()
+    if name == process
 )
 
-OPERATIONS: tuple[OperationDoc, ...] = (
-    OperationDoc("worker", "receive", "intents", "Route each intent by its key to the instance that decides it."),
-    OperationDoc("worker", "receive", "k8s-events", "Route each event by its decision key; keep the observed state."),
-    OperationDoc("worker", "send", "commands", "Ask the applier for a change."),
-    OperationDoc("worker", "send", "notifications", "Tell people what will happen or happened."),
-    OperationDoc("worker", "send", "audit", "Record each decision."),
-    OperationDoc("worker", "send", "dlq", "Set aside what cannot be read."),
-    OperationDoc("applier", "receive", "commands", "Apply each command to the Kubernetes API."),
-    OperationDoc("applier", "send", "command-results", "Report each command's outcome."),
-    OperationDoc("applier", "send", "audit", "Record each command it applied or failed."),
-    OperationDoc("watch-bridge", "send", "k8s-events", "Publish each change of a watched object."),
-    OperationDoc("api", "receive", GPU_CLASSES, "Read every class's latest record, from the beginning."),
-    OperationDoc("api", "send", GPU_CLASSES, "Write a class whose figures changed; a tombstone for one gone."),
-    OperationDoc("notify", "receive", DELIVERIES, "Read the ledger to its end before delivering anything."),
-    OperationDoc("notify", "send", DELIVERIES, "Record each delivery made or given up, before the next."),
-)
+
+def describe(topic: Topic, kafka: KafkaSettings) -> str:
+    """A topic's purpose with the topics it names given their full names."""
+    names = {other.name: kafka.topic(other) for other in topics.TOPICS}
+    return topic.purpose.format(**names, watched_kinds=", ".join(kind.kind for kind in WATCHED_KINDS))
+
 
 COMPONENTS: dict[str, str] = {
     "worker": "Consumes intents and watch events, re-keyed onto its own internal topic "
-              "(vmstream.worker-routed) by decision key; runs the decision rules.",
+              f"({_named(WORKER_ROUTED)}) by decision key; runs the decision rules.",
     "applier": "The only writer to the Kubernetes API; applies commands idempotently.",
     "watch-bridge": "Watches the Kubernetes API and publishes what it sees.",
     "api": f"`vmstream api`: the read API for consoles (docs/schemas/{OPENAPI_FILE}); keeps "
-           f"vmstream.{GPU_CLASSES} (compacted) current, one record per GPU class keyed by its name, "
+           f"{_named(GPU_CLASSES)} (compacted) current, one record per GPU class keyed by its name, "
            "a tombstone when a class is gone, with CloudEvents headers: ce_id <name>@<the first 16 hex "
            f"digits of SHA-256 of the value> (<name>@tombstone), ce_type {GPU_CLASS_TYPE}, ce_source "
            f"{event_source('api', '<app_id>')}, ce_time when its figures were computed, a trace derived "
            "from ce_id.",
-    "notify": f"`vmstream notify`: consumes vmstream.notifications and delivers each to its recipients; "
-              f"records each delivery on vmstream.{DELIVERIES} (its compacted ledger), keyed {_DELIVERY_KEY}, "
+    "notify": f"`vmstream notify`: consumes {_named(NOTIFICATIONS)} and delivers each to its recipients; "
+              f"records each delivery on {_named(DELIVERIES)} (its compacted ledger), keyed {_DELIVERY_KEY}, "
               f"with CloudEvents headers: ce_id that key, ce_type {TYPE_PREFIX}delivery, ce_source "
               f"{event_source('notify', '<app_id>')}, ce_time when it was written, the notification's trace; "
-              "dead-letters what it cannot deliver on vmstream.dlq.",
+              f"dead-letters what it cannot deliver on {_named(DLQ)}.",
 }
 
 
@@ -308,6 +303,11 @@ _TRACEPARENT = {
 _TRACESTATE = {"type": "string", "maxLength": 512,
                "description": "W3C Trace Context vendor state, passed on unchanged with its traceparent."}
 _DECIDED_AT = "When it was decided: the input's own time, so a replay writes the same headers."
+
+
+def _writers(topic: Topic) -> tuple[str, ...]:
+    """The processes that write a topic (handlers/topics.py), by their name in CloudEvents ``source``."""
+    return tuple("watch" if process == "watch-bridge" else process for process in topic.sends)
 
 
 def _output_headers(ce_type: JsonObject, id_field: str, *, written_by: tuple[str, ...],
@@ -362,7 +362,7 @@ HEADERS: dict[str, JsonObject] = {
         {"type": "string", "pattern": f"^{_PREFIX}watch-event\\.({_WATCHED})\\.({_WATCH_TYPES})$",
          "description": f"{_WATCH_TYPE}, the event's kind and type in lower case, e.g. "
                         f"{TYPE_PREFIX}watch-event.virtualmachine.modified."},
-        "event_id", written_by=("watch",),
+        "event_id", written_by=_writers(K8S_EVENTS),
         time="The latest time its object shows: its last write (`managedFields`), else its "
              "`deletionTimestamp` or `creationTimestamp`; else when it was published.",
         trace="W3C Trace Context: a trace-id derived from event_id (the first 32 hex digits of SHA-256 "
@@ -374,20 +374,20 @@ HEADERS: dict[str, JsonObject] = {
             "description": "The whole event's size in bytes, on an event reduced to what the rules read."}}),
     "Command": _output_headers({"type": "string", "pattern": f"^{_PREFIX}command\\.[a-z_]+$",
                                 "description": f"{TYPE_PREFIX}command.<type>, e.g. {TYPE_PREFIX}command.patch_vm."},
-                               "command_id", written_by=("worker",)),
+                               "command_id", written_by=_writers(COMMANDS)),
     "CommandResult": _output_headers({"const": f"{TYPE_PREFIX}command-result"},
                                      "the command_id of its command (one result per command)",
-                                     written_by=("applier",)),
+                                     written_by=_writers(COMMAND_RESULTS)),
     "Notification": _output_headers({"type": "string", "pattern": f"^{_PREFIX}notification\\.[a-z_]+$",
                                      "description": f"{TYPE_PREFIX}notification.<type>."}, "notification_id",
-                                    written_by=("worker", "applier")),
-    "AuditRecord": _output_headers({"const": f"{TYPE_PREFIX}audit"}, "audit_id", written_by=("worker", "applier")),
+                                    written_by=_writers(NOTIFICATIONS)),
+    "AuditRecord": _output_headers({"const": f"{TYPE_PREFIX}audit"}, "audit_id", written_by=_writers(AUDIT)),
     "DeadLetter": _output_headers(
         {"const": f"{TYPE_PREFIX}dead-letter"},
         "dlq:<topic>:<partition>:<offset> of the record set aside; `vmstream notify`'s, one per failed "
         f"delivery, followed by {_DELIVERY_SUFFIX} (a recipient without an address: |none|<recipient>); "
         "the watch bridge's (an event too large even reduced), which has no offset: dlq:raw:<digest>",
-        written_by=("worker", "applier", "watch", "notify"),
+        written_by=_writers(DLQ),
         time="Its `at`: the worker's, the input's own time, so a replay writes the same headers; the "
              "applier's (a malformed command), the watch bridge's and `vmstream notify`'s, when they wrote it.",
         trace="W3C Trace Context: the trace-id of the record set aside (its valid traceparent, else one "
@@ -398,12 +398,12 @@ HEADERS: dict[str, JsonObject] = {
         {"const": GPU_CLASS_TYPE},
         "<name>@<the first 16 hex digits of SHA-256 of the record's value>, <name>@tombstone for a "
         "tombstone: the same record has the same id whichever replica writes it",
-        written_by=("api",), tombstones=True,
+        written_by=_writers(GPU_CLASSES), tombstones=True,
         time="When its figures were computed (a tombstone: when the class was found gone).",
         trace="W3C Trace Context: a trace-id derived from `ce_id` (the first 32 hex digits of SHA-256 of "
               "`trace`, the byte 0x1F and the id) and a span id derived from it too; no input caused it."),
     "Delivery": _output_headers(
-        {"const": f"{TYPE_PREFIX}delivery"}, f"the record's key, {_DELIVERY_KEY}", written_by=("notify",),
+        {"const": f"{TYPE_PREFIX}delivery"}, f"the record's key, {_DELIVERY_KEY}", written_by=_writers(DELIVERIES),
         time="When it was written: its `at`.",
         trace="W3C Trace Context: the notification's trace (the traceparent it arrived with, else one "
               "derived from its notification_id) with a span id derived from `ce_id` — the traceparent "
@@ -454,14 +454,14 @@ def _examples() -> dict[str, JsonObject]:
         severity="info", at=at,
         message="VM spx-proj-b/dev-1 will have GPU NVIDIA RTX PRO 6000 Blackwell Server Edition after its "
                 "next restart; until then it keeps running as it is.")
-    audit = AuditRecord(audit_id=ids.audit_id("vmstream.intents", cause, "accepted"), at=at,
-                        input=AuditInput(topic="vmstream.intents", key="vm/spx-proj-b/dev-1", ref=cause),
+    audit = AuditRecord(audit_id=ids.audit_id(_named(INTENTS), cause, "accepted"), at=at,
+                        input=AuditInput(topic=_named(INTENTS), key="vm/spx-proj-b/dev-1", ref=cause),
                         outcome="accepted", commands=[command.command_id],
                         notifications=[notification.notification_id])
     result = CommandResult(command_id=command.command_id, outcome="applied", at=at, type="patch_vm", target=vm,
                            resource_version="227", cause=cause, requested_by="bob@example.com")
     letter = DeadLetter(error="not JSON: Expecting property name enclosed in double quotes",
-                        source=DeadLetterSource(topic="vmstream.intents", partition=3, offset=41),
+                        source=DeadLetterSource(topic=_named(INTENTS), partition=3, offset=41),
                         original="{not json", at=at)
     event = WatchEvent(event_id=ids.watch_event_id("VirtualMachine", "spx-proj-b", "dev-1", "226", "MODIFIED"),
                        type="MODIFIED", kind="VirtualMachine", observed_at=at,
@@ -513,14 +513,13 @@ def _examples() -> dict[str, JsonObject]:
     }
 
 
-def _channel_binding(name: str, kafka: KafkaSettings) -> JsonObject:
+def _channel_binding(topic: Topic, kafka: KafkaSettings) -> JsonObject:
     """The Kafka channel binding of a topic: partitions, replicas and the configs it is created with."""
-    spec = next(spec for spec in TOPIC_SPECS if spec.name == name)
-    configs: JsonObject = {"cleanup.policy": [spec.configs.get("cleanup.policy", "delete")]}
+    configs: JsonObject = {"cleanup.policy": [topic.configs.get("cleanup.policy", "delete")]}
     for key in ("retention.ms", "retention.bytes"):
-        if key in spec.configs:
-            configs[key] = int(spec.configs[key])
-    return {"kafka": {"topic": kafka.topic(name), "partitions": kafka.partitions,
+        if key in topic.configs:
+            configs[key] = int(topic.configs[key])
+    return {"kafka": {"topic": kafka.topic(topic), "partitions": kafka.partitions,
                       "replicas": kafka.replication_factor, "topicConfiguration": configs,
                       "bindingVersion": KAFKA_BINDING_VERSION}}
 
@@ -620,14 +619,14 @@ def asyncapi_document(kafka: KafkaSettings | None = None) -> JsonObject:
     kafka = kafka or KafkaSettings()
     by_name = {topic.name: topic for topic in TOPICS}
     channels: JsonObject = {}
-    for topic in TOPICS:
-        message = topic.message.name
+    for doc in TOPICS:
+        topic, message = doc.topic, doc.message.name
         channels[topic.name] = {
-            "address": kafka.topic(topic.name),
+            "address": kafka.topic(topic),
             "title": topic.title,
-            "description": f"{topic.description} Key: {topic.key}. Value: {message}.",
+            "description": f"{describe(topic, kafka)} Key: {topic.key}. Value: {message}.",
             "messages": {message: {"$ref": f"#/components/messages/{message}"}},
-            "bindings": _channel_binding(topic.name, kafka),
+            "bindings": _channel_binding(topic, kafka),
         }
     operations: JsonObject = {}
     for op in OPERATIONS:
@@ -641,8 +640,8 @@ def asyncapi_document(kafka: KafkaSettings | None = None) -> JsonObject:
         }
     messages: JsonObject = {}
     examples = _examples()
-    for topic in TOPICS:
-        doc = topic.message
+    for topic_doc in TOPICS:
+        doc, key = topic_doc.message, topic_doc.topic.key
         location, meaning = CORRELATION[doc.name]
         messages[doc.name] = {
             "name": doc.name,
@@ -655,7 +654,7 @@ def asyncapi_document(kafka: KafkaSettings | None = None) -> JsonObject:
             "bindings": {
                 "kafka": {
                     "key": {"type": "string", "minLength": 1, "maxLength": 512,
-                            "description": f"Key: {topic.key}. {_KEY_RULE}"},
+                            "description": f"Key: {key}. {_KEY_RULE}"},
                     "bindingVersion": KAFKA_BINDING_VERSION,
                 },
             },

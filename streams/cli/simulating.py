@@ -14,8 +14,9 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from handlers.decisions import Output
-from handlers.engine import EVENTS_TOPIC, INTENTS_TOPIC, Engine, Result, Source
+from handlers.engine import Engine, Result, Source
 from handlers.state import MemoryState
+from handlers.topics import INTENTS, ROUTED_INPUTS
 from streams.common.settings import KafkaSettings
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -53,7 +54,7 @@ class Simulation:
         self.kafka = kafka or KafkaSettings()
         self.state = MemoryState()
         self.now = EPOCH
-        self._inputs = {self.kafka.topic("intents"): INTENTS_TOPIC, self.kafka.topic("k8s-events"): EVENTS_TOPIC}
+        self._inputs = {self.kafka.topic(topic): topic for topic in ROUTED_INPUTS}  # full name → topic
 
     def feed(self, lines: Iterable[str]) -> Iterator[str]:
         for number, text in enumerate(lines, start=1):
@@ -79,7 +80,7 @@ class Simulation:
         """Decide one input at ``now``: due deadlines first, then the input itself."""
         self.now = max(self.now, now)
         outputs = self.tick(self.now)
-        if self._inputs[source.topic] == INTENTS_TOPIC:
+        if self._inputs[source.topic] is INTENTS:
             result = self.engine.on_intent(self.state, value, source, self.now)
         else:
             result = self.engine.on_event(self.state, value, source, self.now)

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from handlers.topics import INTENTS, Process, read_by, written_by
 from streams.common.settings import KafkaSettings
-from streams.common.topics import ROUTED
 
 if TYPE_CHECKING:
     from kafka.admin import ACL
@@ -36,26 +36,28 @@ class Grants:
 # The processes (their Kafka users are named as their ServiceAccounts) and the upstream
 # services: each service that asks for changes is a principal of its own with WRITE on
 # intents only, so a leaked credential cannot forge commands, results or audit records.
+def _grants(process: Process, *, groups: tuple[str, ...] = (), owned_prefix: str | None = None,
+            read_prefixed: tuple[str, ...] = ()) -> Grants:
+    """A process's topics as handlers/topics.py declares them: it reads what it receives, writes
+    what it sends."""
+    return Grants(read=tuple(topic.name for topic in read_by(process)),
+                  write=tuple(topic.name for topic in written_by(process)),
+                  groups=groups, owned_prefix=owned_prefix, read_prefixed=read_prefixed)
+
+
 PRINCIPALS: dict[str, Grants] = {
-    "vmstream-worker": Grants(
-        read=("intents", "k8s-events", ROUTED),
-        write=(ROUTED, "commands", "notifications", "audit", "dlq"),
-        groups=("{app_id}",),
-        owned_prefix="{app_id}-",
-    ),
-    "vmstream-watch": Grants(read=("k8s-events",), write=("k8s-events", "dlq")),
-    "vmstream-apply": Grants(
-        read=("commands", "command-results"),
-        write=("command-results", "notifications", "audit", "dlq"),
-        groups=("{app_id}-applier",),
-    ),
+    "vmstream-worker": _grants("worker", groups=("{app_id}",), owned_prefix="{app_id}-"),
+    "vmstream-watch": _grants("watch-bridge"),
+    "vmstream-apply": _grants("applier", groups=("{app_id}-applier",)),
     # vmstream notify: notifications in; its ledger of deliveries, and dead letters, out.
-    "vmstream-notify": Grants(read=("notifications", "deliveries"), write=("deliveries", "dlq"),
-                              groups=("vmstream-notify",)),
+    "vmstream-notify": _grants("notify", groups=("vmstream-notify",)),
     # vmstream api: the worker's tables, read-only, and its own compacted figures per class.
-    "vmstream-api": Grants(read=("gpu-classes",), write=("gpu-classes",), read_prefixed=("{app_id}-state-",)),
-    "upstream-portal": Grants(write=("intents",)),
+    "vmstream-api": _grants("api", read_prefixed=("{app_id}-state-",)),
+    "upstream-portal": Grants(write=(INTENTS.name,)),
 }
+# Each process's principal (its ServiceAccount's name).
+PRINCIPAL_OF: dict[Process, str] = {"worker": "vmstream-worker", "watch-bridge": "vmstream-watch",
+                                    "applier": "vmstream-apply", "notify": "vmstream-notify", "api": "vmstream-api"}
 
 
 def acls(principal: str, grants: Grants, kafka: KafkaSettings, *, app_id: str) -> list[ACL]:

@@ -16,10 +16,9 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from handlers.config import Config
 from handlers.delivery import Endpoint, Route
+from handlers.topics import Topic
 from streams.common.signing import Keyring, keyring_from
 
-OUTPUT_TOPICS = ("commands", "command-results", "notifications", "audit", "dlq")
-INPUT_TOPICS = ("intents", "k8s-events")
 
 
 class KafkaSettings(BaseModel):
@@ -38,9 +37,10 @@ class KafkaSettings(BaseModel):
     # processes then only check that they exist, and need no permission to create them.
     create_topics: bool = True
 
-    def topic(self, name: str) -> str:
-        """The full name of a logical topic (``audit`` → ``vmstream.audit``)."""
-        return f"{self.topic_prefix}{name}"
+    def topic(self, topic: Topic | str) -> str:
+        """The full name of a topic of handlers/topics.py, or of a logical name
+        (``AUDIT`` → ``vmstream.audit``)."""
+        return f"{self.topic_prefix}{topic.name if isinstance(topic, Topic) else topic}"
 
 
 class WorkerSettings(BaseModel):

@@ -1,65 +1,38 @@
-"""The Kafka topics of docs/contracts.md, plus the worker's own routing topic — created once.
+"""Creating the Kafka topics of handlers/topics.py (names, configs), plus the worker's changelogs.
 
 The worker decides only what it read from ``worker-routed``, a topic it partitions itself
 (murmur2 of the decision key, by its own producer): intents and watch events are re-keyed
 onto it whatever partitioner their producer used (docs/worker.md, "Decision keys").
 
 Creation is idempotent (an existing topic is left as it is) and part of the worker's
-start-up and of ``vmstream topics create``. Retention follows what each topic is for: the
-audit stream is the record and never expires; dead letters wait weeks for a person.
+start-up and of ``vmstream topics create``. Each topic's retention is declared with it
+(handlers/topics.py): the audit stream is the record and never expires; dead letters wait
+weeks for a person.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
+from handlers import topics
+from handlers.topics import TOPICS
 from streams.common.kafka_clients import admin_client
 from streams.common.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
-DAY_MS = 24 * 3600 * 1000
-INTENT_TIMESTAMP_BEFORE_MS = 5 * 60 * 1000  # how far in the past an intent's timestamp may lie
-ROUTED = "worker-routed"  # the worker's repartition topic: inputs under their decision key
 # On the routed topic: what a record is (intent | event | resident | tick), and for an intent
 # or a watch event, where it was first read (JSON: topic, partition, offset, key).
 KIND_HEADER = "vmstream-kind"
 SOURCE_HEADER = "vmstream-source"
-ROUTED_INPUTS = ("intents", "k8s-events")  # what ``route`` re-keys onto the routed topic
-DELIVERIES = "deliveries"  # ``vmstream notify``'s ledger, compacted (docs/notify.md)
-GPU_CLASSES = "gpu-classes"  # ``vmstream api``'s figures per GPU class, compacted (docs/api.md)
-
-
-@dataclass(frozen=True, slots=True)
-class TopicSpec:
-    name: str  # logical name; the prefix is added from settings
-    purpose: str
-    configs: dict[str, str]
-
-
-TOPICS: tuple[TopicSpec, ...] = (
-    # The worker decides an intent at its Kafka timestamp, which the producer chooses: the
-    # broker refuses one older than INTENT_TIMESTAMP_BEFORE_MS, so a credential that expired
-    # cannot be made current again by back-dating the record (docs/auth.md).
-    TopicSpec("intents", "requests from upstream services",
-              {"retention.ms": str(30 * DAY_MS), "message.timestamp.before.max.ms": str(INTENT_TIMESTAMP_BEFORE_MS)}),
-    TopicSpec("k8s-events", "the watch bridge's events", {"retention.ms": str(7 * DAY_MS)}),
-    TopicSpec("commands", "what the applier must do", {"retention.ms": str(30 * DAY_MS)}),
-    TopicSpec("command-results", "what the applier did", {"retention.ms": str(30 * DAY_MS)}),
-    TopicSpec("notifications", "what people are told", {"retention.ms": str(30 * DAY_MS)}),
-    TopicSpec("audit", "the record of every decision", {"retention.ms": "-1", "retention.bytes": "-1"}),
-    TopicSpec("dlq", "malformed input, kept for a person", {"retention.ms": str(90 * DAY_MS)}),
-    TopicSpec(ROUTED, "intents and watch events re-keyed by decision key (internal)",
-              {"retention.ms": str(7 * DAY_MS)}),
-    TopicSpec(GPU_CLASSES, "each GPU class's cards, one current record per class (key: the class name)",
-              {"cleanup.policy": "compact"}),
-    TopicSpec(DELIVERIES, "vmstream notify's ledger: one record per notification, channel and recipient "
-              "delivered or dead-lettered (docs/notify.md)", {"cleanup.policy": "compact"}),
-)
+# Logical names (strings) of handlers/topics.py's declarations, for the shell's callers.
+ROUTED = topics.WORKER_ROUTED.name
+ROUTED_INPUTS = tuple(topic.name for topic in topics.ROUTED_INPUTS)
+DELIVERIES = topics.DELIVERIES.name
+GPU_CLASSES = topics.GPU_CLASSES.name
 
 
 def changelog_topic(app_id: str, table: str) -> str:
@@ -77,7 +50,7 @@ def ensure_topics(kafka: KafkaSettings, *, changelogs: tuple[str, ...] = ()) -> 
     client = admin_client(kafka)
     try:
         existing = set(client.list_topics())
-        specs = [(kafka.topic(spec.name), spec.configs) for spec in TOPICS]
+        specs = [(kafka.topic(spec), dict(spec.configs)) for spec in TOPICS]
         specs += [(name, {"cleanup.policy": "compact"}) for name in changelogs]
         if not kafka.create_topics:  # the topics are the platform's (Strimzi KafkaTopics): only look
             absent = sorted(name for name, _ in specs if name not in existing)
@@ -114,4 +87,4 @@ def missing_topics(kafka: KafkaSettings) -> list[str]:
         existing = set(client.list_topics())
     finally:
         client.close()
-    return [kafka.topic(spec.name) for spec in TOPICS if kafka.topic(spec.name) not in existing]
+    return [kafka.topic(spec) for spec in TOPICS if kafka.topic(spec) not in existing]

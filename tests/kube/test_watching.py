@@ -32,7 +32,8 @@ from kubernetes import client, config
 from prometheus_client import REGISTRY
 
 from handlers.capacity import capacity
-from handlers.engine import EVENTS_TOPIC, Result, Source
+from handlers.engine import Result, Source
+from tests.support.harness import EVENTS_TOPIC
 from handlers.ids import watch_event_id
 from handlers.messages import ORIGINAL_PREFIX_BYTES, DeadLetter, WatchEvent, object_key
 from handlers.tracing import ce_time, derived_trace

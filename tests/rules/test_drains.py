@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 
+from handlers.topics import TIMER
 from handlers.state import DrainEpisode
 from harness.scenarios import A100, RTX, node, node_maintenance, vm, vmi
 from tests.support.harness import START, Harness
@@ -125,7 +126,7 @@ def test_at_the_deadline_the_gpu_vms_left_are_stopped() -> None:
     assert stopped == ["always-1", "always-2", "rerun-1"]
     assert all(c.type == "delete_vmi" and c.issued_at == START + timedelta(seconds=600)
                for c in fired.decision.commands)
-    assert fired.decision.audit is not None and fired.decision.audit.input.topic == "vmstream.timer"
+    assert fired.decision.audit is not None and fired.decision.audit.input.topic == TIMER
     h.wait(60)
     assert h.tick() == []  # fires once
 

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from handlers.topics import TIMER
 from handlers.capacity import capacity
 from handlers.catalog import Catalog
 from handlers.cluster import KubeVirtRecord, NodeRecord
@@ -45,7 +46,8 @@ def test_malformed_intents_go_to_dead_letters_with_their_offset(raw: bytes, erro
 
 def test_malformed_watch_events_are_dead_lettered_and_the_next_one_is_decided() -> None:
     h = Harness()
-    from handlers.engine import EVENTS_TOPIC, Source
+    from handlers.engine import Source
+    from tests.support.harness import EVENTS_TOPIC
 
     bad = h.engine.on_event(h.state, b'{"event_id": "e", "type": "ADDED", "kind": "Node"}',
                             Source(EVENTS_TOPIC, "Node/x", 2, 7), h.now)
@@ -68,7 +70,7 @@ def test_every_input_yields_exactly_one_audit_record() -> None:
     h.intent("set_gpu", {"namespace": "p", "name": "v", "gpu_class": "nvidia-a100"})
     h.intent("set_gpu", {"namespace": "p", "name": "v", "gpu_class": "bogus"})
     h.raw_intent(b"{", offset=1)
-    inputs = [r for r in h.results if r.decision.audit and r.decision.audit.input.topic != "vmstream.timer"]
+    inputs = [r for r in h.results if r.decision.audit and r.decision.audit.input.topic != TIMER]
     assert len(inputs) == len(h.results) == 6
     assert all(r.decision.audit is not None for r in h.results)
 

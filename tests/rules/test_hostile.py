@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from handlers.decisions import Decision
-from handlers.engine import EVENTS_TOPIC, INTENTS_TOPIC, Result, Source
+from handlers.engine import Result, Source
 from handlers.messages import (
     ORIGINAL_MAX,
     ORIGINAL_PREFIX_BYTES,
@@ -27,7 +27,7 @@ from handlers.messages import (
     wire_bytes,
 )
 from harness.scenarios import RTX, node, vm
-from tests.support.harness import START, Harness, config
+from tests.support.harness import EVENTS_TOPIC, INTENTS_TOPIC, START, Harness, config
 
 ALICE = "alice@example.com"
 SPEC = {"namespace": "spx-proj-a", "name": "w-1", "gpu_class": "nvidia-a100"}

@@ -14,11 +14,17 @@ from typing import Any
 
 from handlers.auth import KeySet
 from handlers.config import Config
-from handlers.engine import EVENTS_TOPIC, INTENTS_TOPIC, Engine, Result, Source
+from handlers.engine import Engine, Result, Source
 from handlers.messages import AuditRecord, Command, Notification
 from handlers.state import MemoryState
+from handlers.topics import INTENTS, K8S_EVENTS
 from streams.common.credentials import SigningKey, jwks, signed
 from harness.scenarios import EXAMPLE_CONFIG
+from streams.common.settings import KafkaSettings
+
+# The full names the worker passes as an input's source (the default prefix).
+INTENTS_TOPIC = KafkaSettings().topic(INTENTS)
+EVENTS_TOPIC = KafkaSettings().topic(K8S_EVENTS)
 
 START = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
 SIGNER = SigningKey.generate("tests-1")  # the upstream service's key in these tests
