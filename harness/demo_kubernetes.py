@@ -27,7 +27,7 @@ from harness.demo_people import ApiProcess, Console, MailSink, NotifyProcess, ma
 from harness.localkube import LocalKube
 from harness.publishing import publish, scenario_records
 from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess
-from harness.scenarios import A100, PROJECT_LABEL, RTX, kubevirt_cr, node, vm, vmi
+from harness.scenarios import A100, INTENTS, PROJECT_LABEL, RTX, kubevirt_cr, node, vm, vmi
 
 KUBEVIRT = ("kubevirt.io", "v1")
 ALICE, BOB, OPS = "alice@example.com", "bob@example.com", "ops@example.com"
@@ -188,7 +188,7 @@ def _intent(intent_id: str, type_: str, spec: dict[str, Any], *, by: str, projec
     value: dict[str, Any] = {"intent_id": intent_id, "type": type_, "requested_by": by, "spec": spec}
     if project:
         value["project"] = project
-    return json.dumps({"topic": "vmstream.intents", "key": key, "value": value})
+    return json.dumps({"topic": INTENTS, "key": key, "value": value})
 
 
 def publish_signed(deployment: Deployment, signer: DevSigner, lines: list[str]) -> None:

@@ -68,4 +68,5 @@ def publish(kafka: KafkaSettings, records: Iterable[tuple[str, str | None, bytes
 
 def _topic(kafka: KafkaSettings, name: str) -> str:
     """Scenario files name default topics; honour a configured prefix."""
-    return kafka.topic(name.removeprefix("vmstream.")) if name.startswith("vmstream.") else name
+    default = KafkaSettings().topic_prefix
+    return kafka.topic(name.removeprefix(default)) if name.startswith(default) else name

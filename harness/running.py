@@ -27,6 +27,7 @@ from typing import Any, Self
 from kafka import KafkaConsumer, TopicPartition
 from pydantic import SecretStr
 
+from handlers.topics import outputs
 from streams.common.kafka_clients import admin_client
 from harness.locations import REPO_ROOT
 from harness.processes import free_ports
@@ -35,7 +36,8 @@ from streams.common.settings import KafkaSettings, SigningSettings
 from streams.common.topics import ensure_topics
 
 CONFIG = REPO_ROOT / "examples" / "config.yaml"
-OUTPUTS = ("commands", "command-results", "notifications", "audit", "dlq")
+# What the worker and the applier write, by logical name (handlers/topics.py).
+OUTPUTS = tuple(topic.name for topic in outputs("worker", "applier"))
 
 
 @dataclass

@@ -13,11 +13,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from handlers import topics
+from streams.common.settings import KafkaSettings
+
 RTX = "nvidia.com/GB202GL_RTX_PRO_6000_BLACKWELL_SERVER_EDITION"
 A100 = "nvidia.com/GA100_A100_PCIE_40GB"
 PROJECT_LABEL = "superphenix.net/projectID"
-INTENTS = "vmstream.intents"
-EVENTS = "vmstream.k8s-events"
+# Scenario files name the topics by their default full names.
+INTENTS = KafkaSettings().topic(topics.INTENTS)
+EVENTS = KafkaSettings().topic(topics.K8S_EVENTS)
 
 EXAMPLE_CONFIG = {
     "az": "az1",

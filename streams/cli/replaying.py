@@ -48,6 +48,7 @@ from streams.common.credentials import key_source
 from streams.common.kafka_clients import consumer
 from streams.common.settings import KafkaSettings, load_settings
 from streams.common.signing import MAC_FIELD, Keyring
+from handlers.topics import AUDIT, COMMAND_RESULTS, COMMANDS, DLQ, INTENTS, K8S_EVENTS, NOTIFICATIONS
 from streams.common.topics import KIND_HEADER, ROUTED, ROUTED_INPUTS, SOURCE_HEADER
 
 COMPARED = ("at", "outcome", "reason", "commands", "notifications", "input")
@@ -196,7 +197,7 @@ class Replay:
 
     def check_routing(self, inputs: dict[str, ConsumerRecord], routed: list[ConsumerRecord]) -> None:
         """Each routed intent or event is its input's copy; each input was routed or refused."""
-        kinds = {self.kafka.topic("intents"): b"intent", self.kafka.topic("k8s-events"): b"event"}
+        kinds = {self.kafka.topic(INTENTS): b"intent", self.kafka.topic(K8S_EVENTS): b"event"}
         copied: set[str] = set()
         for record in routed:
             kind = _headers(record).get(KIND_HEADER)
@@ -285,18 +286,18 @@ class Replay:
 
     def check_outputs(self, recorded: dict[str, list[dict[str, Any]]]) -> None:
         """Commands, notifications and dead letters: the same ones, with the same content."""
-        mine: dict[str, dict[str, dict[str, Any]]] = {"commands": {}, "notifications": {}, "dlq": {}}
+        mine: dict[str, dict[str, dict[str, Any]]] = {COMMANDS.name: {}, NOTIFICATIONS.name: {}, DLQ.name: {}}
         for output in self.outputs:
             if output.topic in mine:
                 body = output.value.model_dump(mode="json", exclude_none=True)
                 mine[output.topic][_output_id(output.topic, body)] = body
-        commands_topic = self.kafka.topic("commands")
+        commands_topic = self.kafka.topic(COMMANDS)
         for name, replayed in mine.items():
             theirs: dict[str, list[dict[str, Any]]] = {}
             for body in recorded[name]:
-                if name == "dlq" and (body.get("source") or {}).get("topic") == commands_topic:
+                if name == DLQ.name and (body.get("source") or {}).get("topic") == commands_topic:
                     continue  # the applier's: checked with its audit records
-                if name == "notifications" and body.get("type") in _APPLIER_MADE:
+                if name == NOTIFICATIONS.name and body.get("type") in _APPLIER_MADE:
                     continue  # the applier's: checked with its results
                 theirs.setdefault(_output_id(name, body), []).append(body)
             for ident, expected in replayed.items():
@@ -309,7 +310,7 @@ class Replay:
                         fields = sorted(f for f in set(expected) | set(unsealed)
                                         if _norm(expected.get(f)) != _norm(unsealed.get(f)))
                         self.problems.append(f"{name} {ident}: recorded otherwise ({', '.join(fields)})")
-                    elif name == "commands" and self.keyring is not None:
+                    elif name == COMMANDS.name and self.keyring is not None:
                         problem = self.keyring.problem("command", Command.model_validate(actual))
                         if problem:
                             self.problems.append(f"commands {ident}: not sealed by the worker: {problem}")
@@ -319,24 +320,24 @@ class Replay:
     def check_applier(self, recorded: dict[str, list[dict[str, Any]]]) -> int:
         """One result per command, and the audit record (and failure notice) it makes;
         returns how many commands were checked."""
-        commands_topic = self.kafka.topic("commands")
+        commands_topic = self.kafka.topic(COMMANDS)
         commands: dict[str, Command] = {}
-        for body in recorded["commands"]:
+        for body in recorded[COMMANDS.name]:
             try:
                 commands.setdefault(body["command_id"], Command.model_validate(body))
             except (KeyError, ValidationError):
                 pass  # reported with the commands
         results: dict[str, list[dict[str, Any]]] = {}
-        for body in recorded["command-results"]:
+        for body in recorded[COMMAND_RESULTS.name]:
             distinct = results.setdefault(str(body.get("command_id")), [])
             if body not in distinct:
                 distinct.append(body)
         audits: dict[str, list[dict[str, Any]]] = {}  # every copy under an id: one may be altered
-        for audit in recorded["audit"]:
+        for audit in recorded[AUDIT.name]:
             if (audit.get("input") or {}).get("topic") == commands_topic:
                 audits.setdefault(str(audit.get("audit_id")), []).append(audit)
         notices: dict[str, list[dict[str, Any]]] = {}
-        for notice in recorded["notifications"]:
+        for notice in recorded[NOTIFICATIONS.name]:
             notices.setdefault(str(notice.get("notification_id")), []).append(notice)
         explained: set[str] = set()
         for command_id, command in commands.items():
@@ -350,7 +351,7 @@ class Replay:
         for command_id in results:
             self.problems.append(f"command-results for {command_id}: no such command was issued")
         letters = {f"{d['source']['topic']}:{d['source'].get('partition')}:{d['source'].get('offset')}"
-                   for d in recorded["dlq"] if (d.get("source") or {}).get("topic") == commands_topic}
+                   for d in recorded[DLQ.name] if (d.get("source") or {}).get("topic") == commands_topic}
         for audit_id, copies in audits.items():
             audit = copies[0]
             if audit_id in explained:
@@ -378,7 +379,7 @@ class Replay:
         if claims != (command.type, command.target, command.cause, command.requested_by):
             self.problems.append(f"command-results for {command_id}: not the command's type, target, cause, requester")
         made = decide_result(command, outcome=result.outcome, now=result.at, error=result.error,
-                             resource_version=result.resource_version, topic=self.kafka.topic("commands"))
+                             resource_version=result.resource_version, topic=self.kafka.topic(COMMANDS))
         expected = made.audit.model_dump(mode="json", exclude_none=True)
         copies = audits.get(made.audit.audit_id, [])
         if not copies:
@@ -398,9 +399,9 @@ class Replay:
 
 
 def _output_id(topic: str, body: dict[str, Any]) -> str:
-    if topic == "commands":
+    if topic == COMMANDS.name:
         return str(body.get("command_id"))
-    if topic == "notifications":
+    if topic == NOTIFICATIONS.name:
         return str(body.get("notification_id"))
     source = body.get("source") or {}
     return f"{source.get('topic')}:{source.get('partition')}:{source.get('offset')}"
@@ -428,19 +429,19 @@ def replay(engine: Engine, kafka: KafkaSettings, out: TextIO, *, applier: bool |
     routed = list(read_topics(kafka, [kafka.topic(ROUTED)]))
     run = Replay(engine, kafka, keyring=keyring)
     recorded = {name: _json(read_topics(kafka, [kafka.topic(name)]), run.problems)
-                for name in ("audit", "commands", "notifications", "dlq", "command-results")}
+                for name in (AUDIT.name, COMMANDS.name, NOTIFICATIONS.name, DLQ.name, COMMAND_RESULTS.name)}
     progress = Progress(len(routed), out)
     run.check_routing(inputs, routed)
     run.decide_all(routed, progress)
     progress.close()
-    commands_topic = kafka.topic("commands")
+    commands_topic = kafka.topic(COMMANDS)
     if applier is None:
-        applier = bool(recorded["command-results"]) or any(
-            (a.get("input") or {}).get("topic") == commands_topic for a in recorded["audit"])
+        applier = bool(recorded[COMMAND_RESULTS.name]) or any(
+            (a.get("input") or {}).get("topic") == commands_topic for a in recorded[AUDIT.name])
     if not applier:  # its records are left out, not checked
-        recorded["notifications"] = [n for n in recorded["notifications"] if n.get("type") not in _APPLIER_MADE]
+        recorded[NOTIFICATIONS.name] = [n for n in recorded[NOTIFICATIONS.name] if n.get("type") not in _APPLIER_MADE]
     run.check_outputs(recorded)
-    comparison = compare(_audits(run.outputs), recorded["audit"], skip_topics={commands_topic})
+    comparison = compare(_audits(run.outputs), recorded[AUDIT.name], skip_topics={commands_topic})
     if applier:
         comparison.applier_checked = run.check_applier(recorded)
     comparison.problems = run.problems

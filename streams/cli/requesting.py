@@ -57,6 +57,7 @@ from handlers.messages import (
     node_key,
 )
 from handlers.config import AuthPolicy
+from handlers.topics import AUDIT, COMMAND_RESULTS, INTENTS, NOTIFICATIONS
 from streams.common.credentials import SigningKey, environment_key, sign_intent
 from streams.common.settings import EnvironmentFirst, KafkaSettings, SigningSettings, read_yaml
 from streams.common.settings import load_kafka_settings
@@ -242,7 +243,7 @@ def publish_intent(kafka: KafkaSettings, intent: AnyIntent, *, timeout: float) -
 
     from streams.common.kafka_clients import producer
 
-    topic, key = kafka.topic("intents"), intent_key(intent)
+    topic, key = kafka.topic(INTENTS), intent_key(intent)
     client = producer(kafka, max_block_ms=max(1, int(timeout * 1000)), **bounded(KafkaProducer, timeout))
     try:
         metadata = client.send(topic, key=key.encode(), value=encode_intent(intent)).get(timeout=timeout)
@@ -266,9 +267,9 @@ class OutcomeWatch:
 
         from streams.common.kafka_clients import consumer
 
-        self.audit_topic = kafka.topic("audit")
-        self.notifications_topic = kafka.topic("notifications")
-        self.results_topic = kafka.topic("command-results")
+        self.audit_topic = kafka.topic(AUDIT)
+        self.notifications_topic = kafka.topic(NOTIFICATIONS)
+        self.results_topic = kafka.topic(COMMAND_RESULTS)
         self.keyring = keyring
         self._results: dict[str, CommandResult] = {}
         # read_committed: the worker writes in transactions; an aborted decision never happened.

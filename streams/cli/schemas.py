@@ -619,8 +619,8 @@ def asyncapi_document(kafka: KafkaSettings | None = None) -> JsonObject:
     kafka = kafka or KafkaSettings()
     by_name = {topic.name: topic for topic in TOPICS}
     channels: JsonObject = {}
-    for doc in TOPICS:
-        topic, message = doc.topic, doc.message.name
+    for entry in TOPICS:
+        topic, message = entry.topic, entry.message.name
         channels[topic.name] = {
             "address": kafka.topic(topic),
             "title": topic.title,
@@ -630,18 +630,18 @@ def asyncapi_document(kafka: KafkaSettings | None = None) -> JsonObject:
         }
     operations: JsonObject = {}
     for op in OPERATIONS:
-        topic = by_name[op.topic]
+        channel = by_name[op.topic]
         operations[op.id] = {
             "action": op.action,
-            "channel": {"$ref": f"#/channels/{topic.name}"},
+            "channel": {"$ref": f"#/channels/{channel.name}"},
             "summary": op.summary,
             "tags": [{"name": op.component}],
-            "messages": [{"$ref": f"#/channels/{topic.name}/messages/{topic.message.name}"}],
+            "messages": [{"$ref": f"#/channels/{channel.name}/messages/{channel.message.name}"}],
         }
     messages: JsonObject = {}
     examples = _examples()
-    for topic_doc in TOPICS:
-        doc, key = topic_doc.message, topic_doc.topic.key
+    for channel in TOPICS:
+        doc, key = channel.message, channel.topic.key
         location, meaning = CORRELATION[doc.name]
         messages[doc.name] = {
             "name": doc.name,

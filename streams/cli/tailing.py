@@ -48,6 +48,7 @@ from handlers.messages import (
     node_key,
     parse_intent,
 )
+from handlers.topics import AUDIT, COMMAND_RESULTS, COMMANDS, DLQ, INTENTS, K8S_EVENTS, NOTIFICATIONS, TOPICS
 from streams.common.settings import KafkaSettings, load_kafka_settings
 
 if TYPE_CHECKING:
@@ -57,7 +58,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LOGICAL_TOPICS = ("intents", "k8s-events", "commands", "command-results", "notifications", "audit", "dlq")
+# The public topics of handlers/topics.py, by the logical name ``vmstream tail`` accepts.
+LOGICAL_TOPICS = tuple(topic.name for topic in TOPICS if not topic.internal)
 
 EXIT_OK = 0
 EXIT_CONFIG = 2
@@ -215,13 +217,13 @@ def _model_renderer(model: type[Any], show: Callable[[Any], str]) -> Callable[[b
 
 
 _RENDERERS: dict[str, Callable[[bytes], str]] = {
-    "notifications": _model_renderer(Notification, render_notification),
-    "audit": _model_renderer(AuditRecord, render_audit),
-    "commands": _model_renderer(Command, render_command),
-    "command-results": _model_renderer(CommandResult, render_command_result),
-    "dlq": _model_renderer(DeadLetter, render_dead_letter),
-    "k8s-events": _model_renderer(WatchEvent, render_watch_event),
-    "intents": render_intent,
+    NOTIFICATIONS.name: _model_renderer(NOTIFICATIONS.value, render_notification),
+    AUDIT.name: _model_renderer(AUDIT.value, render_audit),
+    COMMANDS.name: _model_renderer(COMMANDS.value, render_command),
+    COMMAND_RESULTS.name: _model_renderer(COMMAND_RESULTS.value, render_command_result),
+    DLQ.name: _model_renderer(DLQ.value, render_dead_letter),
+    K8S_EVENTS.name: _model_renderer(K8S_EVENTS.value, render_watch_event),
+    INTENTS.name: render_intent,  # its own: a rejected intent is shown with why
 }
 
 

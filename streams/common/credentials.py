@@ -32,6 +32,8 @@ from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 
 from handlers.auth import CREDENTIAL_FIELD, DIGEST_CLAIM, INTENT_ID_CLAIM, KeySet, body_digest
 from handlers.config import AuthPolicy
+from handlers.topics import INTENTS
+from streams.common.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -270,8 +272,11 @@ class DevSigner:
                       roles=[AuthPolicy().operator_role] if body.get("requested_by") in self.operators else [],
                       now=now)
 
-    def sign_records(self, records: Sequence[Record], intents_topic: str = "vmstream.intents") -> list[Record]:
-        """Each intent of ``records`` signed as of its own timestamp (after any time shift)."""
+    def sign_records(self, records: Sequence[Record], intents_topic: str | None = None) -> list[Record]:
+        """Each intent of ``records`` (on ``intents_topic``, by default the default name of the intents
+        topic, as scenario files name it) signed as of its own timestamp (after any time shift)."""
+        if intents_topic is None:
+            intents_topic = KafkaSettings().topic(INTENTS)
         out = []
         for topic, key, value, timestamp_ms in records:
             if topic == intents_topic:

@@ -42,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import FrameType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, assert_never
 
 import urllib3
 from kafka import ConsumerRebalanceListener
@@ -60,6 +60,7 @@ from handlers.engine import Engine, Source
 from handlers.gpus import GPURuleViolation, desired_vm, plan_patch
 from handlers.messages import Command, CommandResult, describe_validation_error
 from handlers.results import Outcome, ResultDecision, decide_result
+from handlers.topics import AUDIT, COMMAND_RESULTS, COMMANDS, NOTIFICATIONS
 from streams.common import metrics
 from streams.common.codecs import encode_message
 from streams.common.cloudevents import TraceBook, event_source, kafka_headers, ref_of
@@ -215,23 +216,13 @@ class KubeApplier:
         self.core = client.CoreV1Api(api)
         self.subresource_url = subresource_url.rstrip("/") if subresource_url else None
         self.retry = retry or RetryPolicy()
-        self._handlers: dict[str, Callable[[Command], Applied]] = {
-            "patch_vm": self._patch_vm,
-            "create_vm": self._create_vm,
-            "restart_vm": lambda command: self._subresource(command, "restart"),
-            "start_vm": lambda command: self._subresource(command, "start"),
-            "stop_vm": lambda command: self._subresource(command, "stop"),
-            "delete_vmi": self._delete_vmi,
-            "cordon_node": lambda command: self._set_unschedulable(command, True),
-            "uncordon_node": lambda command: self._set_unschedulable(command, False),
-        }
 
     def apply(self, command: Command) -> Applied:
         """Apply ``command`` if the applier's policy allows it; never raises for what the API
         server answers."""
         try:
             self._check(command)
-            return self._handlers[command.type](command)
+            return self._dispatch(command)
         except Refused as exc:
             return Applied("failed", error=f"refused by the applier's policy: {exc}", owner=exc.owner, refused=True)
         except ApplyError as exc:
@@ -241,6 +232,29 @@ class KubeApplier:
         except TRANSIENT_ERRORS as exc:
             return Applied("failed", error=f"the API server did not answer: {exc}",
                            owner=self._owner_of_target(command))
+
+    def _dispatch(self, command: Command) -> Applied:
+        """The change each command type makes: one case per type of ``CommandType``
+        (handlers/messages.py); mypy fails here when a type has none (``assert_never``)."""
+        match command.type:
+            case "patch_vm":
+                return self._patch_vm(command)
+            case "create_vm":
+                return self._create_vm(command)
+            case "restart_vm":
+                return self._subresource(command, "restart")
+            case "start_vm":
+                return self._subresource(command, "start")
+            case "stop_vm":
+                return self._subresource(command, "stop")
+            case "delete_vmi":
+                return self._delete_vmi(command)
+            case "cordon_node":
+                return self._set_unschedulable(command, True)
+            case "uncordon_node":
+                return self._set_unschedulable(command, False)
+            case _:
+                assert_never(command.type)
 
     # --- policy --------------------------------------------------------------------------
 
@@ -568,7 +582,7 @@ class ResultLedger:
 
         self.keyring = keyring
         self.ignored = 0  # results that did not count: unsealed, forged, refusing a forgery
-        self.topic = settings.kafka.topic("command-results")
+        self.topic = settings.kafka.topic(COMMAND_RESULTS)
         self.consumer: KafkaConsumer = consumer(
             settings.kafka, enable_auto_commit=False, isolation_level="read_committed",
             client_id=f"{settings.worker.app_id}-applier-ledger",
@@ -757,7 +771,7 @@ class Applier:
         self.kube = kube
         self.group_id = group_id or f"{settings.worker.app_id}-applier"
         self.clock = clock
-        self.commands_topic = self.kafka.topic("commands")
+        self.commands_topic = self.kafka.topic(COMMANDS)
         self.engine = Engine(settings.rules())  # only for its dead letters
         self.event_source = event_source("applier", settings.worker.app_id)  # CloudEvents ``source``
         self.traces = TraceBook()  # each command's trace, carried by what comes of it (docs/integrators.md)
@@ -844,10 +858,10 @@ class Applier:
         """What to publish of a decision: notification and audit record first, then the result."""
         first: list[tuple[str, str, BaseModel]] = []
         if decision.notification is not None:
-            first.append((self.kafka.topic("notifications"), subject_key(decision.notification.subject),
+            first.append((self.kafka.topic(NOTIFICATIONS), subject_key(decision.notification.subject),
                           decision.notification))
-        first.append((self.kafka.topic("audit"), decision.audit.input.key or "", decision.audit))
-        return first, [(self.kafka.topic("command-results"), subject_key(command.target), decision.result)]
+        first.append((self.kafka.topic(AUDIT), decision.audit.input.key or "", decision.audit))
+        return first, [(self.kafka.topic(COMMAND_RESULTS), subject_key(command.target), decision.result)]
 
     def _release(self, lanes: Lanes, commands: KafkaConsumer, out: KafkaProducer, *, wait: bool = False) -> None:
         """Publish what the commands at the head of each partition came to, and commit past them.

@@ -72,11 +72,14 @@ from handlers.config import Limits
 from handlers.ids import watch_event_id
 from handlers.messages import (
     ORIGINAL_PREFIX_BYTES,
+    WATCHED_KINDS,
     DeadLetter,
     DeadLetterSource,
+    WatchedKind,
     WatchEvent,
     object_key,
 )
+from handlers.topics import DLQ, K8S_EVENTS
 from handlers.tracing import TYPE_PREFIX, ce_headers
 from streams.common.cloudevents import event_source, kafka_headers, trace_of
 from streams.common.kafka_clients import COMPRESSION, admin_client, consumer, producer
@@ -92,8 +95,8 @@ log = logging.getLogger(__name__)
 
 EventType = Literal["ADDED", "MODIFIED", "DELETED", "RELISTED"]
 
-TOPIC = "k8s-events"
-DLQ_TOPIC = "dlq"
+TOPIC = K8S_EVENTS.name
+DLQ_TOPIC = DLQ.name
 LIST_PAGE = 500  # objects per list page: a 10,000-VM AZ is listed in 20 requests
 WATCH_SECONDS = 300  # one watch request's lifetime, server side (jittered up to 2x)
 CONNECT_SECONDS = 10.0
@@ -126,29 +129,9 @@ OVERSIZED = Metric("vmstream_watch_oversized_total",
 LISTED = Gauge("vmstream_watch_listed", "1 once the kind's first list is on Kafka", ["kind"])
 
 
-@dataclass(frozen=True, slots=True)
-class Kind:
-    """A watched resource: its kind (as in WatchEvent.kind and the key), where it is served."""
-
-    kind: str
-    group: str  # "" for the core API
-    version: str
-    plural: str
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-
-KINDS: tuple[Kind, ...] = (
-    Kind("VirtualMachine", "kubevirt.io", "v1", "virtualmachines"),
-    Kind("VirtualMachineInstance", "kubevirt.io", "v1", "virtualmachineinstances"),
-    Kind("Node", "", "v1", "nodes"),
-    Kind("NodeMaintenance", "nodemaintenance.medik8s.io", "v1beta1", "nodemaintenances"),
-    Kind("KubeVirt", "kubevirt.io", "v1", "kubevirts"),
-    # Their project label says where a project's VMs may be created (docs/auth.md).
-    Kind("Namespace", "", "v1", "namespaces"),
-)
+# A watched resource and the watched ones: declared once, with the messages (handlers/messages.py).
+Kind = WatchedKind
+KINDS: tuple[Kind, ...] = WATCHED_KINDS
 
 # Core kinds are listed through CoreV1Api (their path is /api/v1, not /apis/<group>/...).
 _CORE_LISTERS = {"nodes": "list_node", "namespaces": "list_namespace"}

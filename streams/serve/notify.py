@@ -58,6 +58,7 @@ from streams.common.kafka_clients import consumer, producer
 from streams.common.logs import limit_client_logs
 from streams.common.probes import ProbeServer, add_probe_arguments
 from streams.common.settings import NotifySettings, Settings, SmtpSettings, load_settings
+from handlers.topics import DLQ, NOTIFICATIONS
 from streams.common.topics import DELIVERIES as LEDGER  # the logical name of the ledger topic (compacted)
 from streams.common.topics import ensure_topics
 
@@ -346,7 +347,7 @@ class Notifier:
         ledger = DeliveryLedger(self.settings)
         out = producer(self.kafka, client_id=self.notify.group_id)
         notifications = consumer(
-            self.kafka, self.kafka.topic("notifications"), group_id=self.notify.group_id,
+            self.kafka, self.kafka.topic(NOTIFICATIONS), group_id=self.notify.group_id,
             enable_auto_commit=False, auto_offset_reset="earliest", client_id=self.notify.group_id,
             **self.settings.worker.client_consumer_settings(),
         )
@@ -511,7 +512,7 @@ class Notifier:
         id_ = dead_letter_id(letter)
         if "recipient" in about:
             id_ += f"|{about.get('channel', 'none')}|{about['recipient']}"
-        out.send(self.kafka.topic("dlq"), key=record.key, value=letter.model_dump_json(exclude_none=True).encode(),
+        out.send(self.kafka.topic(DLQ), key=record.key, value=letter.model_dump_json(exclude_none=True).encode(),
                  headers=self._envelope(id_, f"{TYPE_PREFIX}dead-letter", at, trace)).get(timeout=30)
 
     def _envelope(self, id_: str, type_: str, at: datetime, trace: Trace) -> list[tuple[str, bytes]]:

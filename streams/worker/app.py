@@ -46,6 +46,7 @@ from handlers.engine import Engine, Result, Source
 from handlers.messages import KEY_MAX, MalformedMessage
 from handlers.observing import decision_key
 from handlers.state import GLOBAL_TABLES, TABLES, TableName
+from handlers.topics import INTENTS, ROUTED_INPUTS, WORKER_ROUTED, written_by
 from streams.common import metrics
 from streams.common.credentials import key_source
 from streams.common.codecs import decode_resident_update, encode_json, encode_message, encode_resident_update
@@ -177,8 +178,8 @@ class Worker:
         # rows of the batch before, a request that spans up to 60 partitions.
         self.output_producer = self.app.add_dependency(self.app.transport.create_producer(beacon=self.app.beacon))
         self.routed = self._topic(ROUTED)
-        self.inputs = self._topic("intents", "k8s-events")  # route's: re-keyed onto the routed topic
-        self.outputs = {name: self._topic(name) for name in ("commands", "notifications", "audit", "dlq")}
+        self.inputs = self._topic(*(topic.name for topic in ROUTED_INPUTS))  # route's: re-keyed onto the routed topic
+        self.outputs = {topic.name: self._topic(topic.name) for topic in written_by("worker") if topic is not WORKER_ROUTED}
         self.tables = {
             name: self.app.Table(f"state-{name}", key_type=str, value_type=bytes,
                                  partitions=self.kafka.partitions, help=TABLE_HELP[name])
@@ -253,7 +254,7 @@ class Worker:
         """
         message = event.message
         source = Source(message.topic, _key(event), message.partition, message.offset)
-        intent = message.topic == self.kafka.topic("intents")
+        intent = message.topic == self.kafka.topic(INTENTS)
         try:
             try:
                 value = self.engine.screen(event.value, source)

@@ -1,0 +1,209 @@
+"""One declaration per fact: topics, watched kinds, intent types and command types.
+
+Each is declared once — topics in handlers/topics.py, watched kinds, intent and command
+types in handlers/messages.py — and everything else derives from the declaration or is
+checked against it here: no source file in handlers/ or streams/ spells a topic's name, the
+folds and the watch bridge's RBAC cover exactly the watched kinds, the engine has a rule for
+exactly the intent types and the applier a handler for exactly the command types.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, get_args
+
+import pytest
+import yaml
+
+from handlers import engine, observing, policy, topics
+from handlers.cluster import RULE_PATHS
+from handlers.messages import COMMAND_TYPES, INTENT_MODELS, INTENT_TYPES, WATCHED_KINDS, Command, ObjectRef
+from streams.cli import requesting
+from streams.kube import applying, watching
+
+ROOT = Path(__file__).resolve().parent.parent
+DECLARATION = ROOT / "handlers" / "topics.py"
+WATCH_RBAC = ROOT / "deploy" / "base" / "rbac-watch.yaml"
+PREFIX = "vmstream."  # the default prefix: the core never spells it before a topic's name
+
+# Topic names that are ordinary words too (an audit record's ``commands`` field, a table of
+# ``notifications``): as a bare string they are a topic only where a topic is expected.
+TOPIC_NAMES = {topic.name for topic in topics.TOPICS} | {topics.TIMER, topics.RESIDENTS}
+DISTINCT = {name for name in TOPIC_NAMES if "-" in name}
+
+
+def _sources() -> Iterator[Path]:
+    for folder in ("handlers", "streams"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path != DECLARATION:
+                yield path
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of docstring nodes: prose about a topic is not a copy of its name."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def _is_topic_name(text: str) -> bool:
+    return text in DISTINCT or (text.startswith(PREFIX) and text.removeprefix(PREFIX) in TOPIC_NAMES)
+
+
+def _topic_call(node: ast.Call) -> bool:
+    """A call that takes a topic's name: ``kafka.topic(...)``, ``self._topic(...)``,
+    ``Output(...)``, ``Source(...)``, ``AuditInput(topic=...)``."""
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    return "topic" in name.lower() or name in ("Output", "Source")
+
+
+def topic_literals(path: Path, root: Path = ROOT) -> list[str]:
+    """Where a file spells a topic's name as a string, outside its docstrings."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skip = _docstrings(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            if _is_topic_name(node.value):
+                found.append(f"{path.relative_to(root)}:{node.lineno}: {node.value!r}")
+        elif isinstance(node, ast.Call):
+            args = [*(node.args if _topic_call(node) else ()), *(k.value for k in node.keywords if k.arg == "topic")]
+            for arg in args:
+                if isinstance(arg, ast.Constant) and arg.value in TOPIC_NAMES:
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: {arg.value!r} passed as a topic")
+    return found
+
+
+def test_no_topic_name_is_spelled_outside_its_declaration() -> None:
+    found = [hit for path in _sources() for hit in topic_literals(path)]
+    assert not found, "use handlers/topics.py's declarations:\n" + "\n".join(found)
+
+
+def test_the_check_sees_a_copied_topic_name(tmp_path: Path) -> None:
+    """The test above would fail on the copies it exists to prevent."""
+    copy = tmp_path / "copy.py"
+    copy.write_text('"""Reads vmstream.commands."""\n'
+                    'RESULTS = "command-results"\n'
+                    'FULL = "vmstream.intents"\n'
+                    'def f(kafka, ctx):\n'
+                    '    return kafka.topic("audit"), Output("dlq", "k", None), ctx.decide(topic="timer")\n',
+                    encoding="utf-8")
+    hits = sorted(topic_literals(copy, tmp_path), key=lambda hit: int(hit.split(":")[1]))
+    assert [hit.split(": ", 1)[1] for hit in hits] == [
+        "'command-results'", "'vmstream.intents'", "'audit' passed as a topic", "'dlq' passed as a topic",
+        "'timer' passed as a topic"]
+
+
+def test_every_topic_name_is_declared_once() -> None:
+    names = [topic.name for topic in topics.TOPICS]
+    assert len(names) == len(set(names)) and set(topics.BY_NAME) == set(names)
+    assert not {topics.TIMER, topics.RESIDENTS} & set(names)  # audit sources, not topics
+    assert all(topic.sends or topic is topics.INTENTS for topic in topics.TOPICS)  # intents: written upstream
+
+
+# ------------------------------------------------------------------------ watched kinds
+
+
+def test_the_watch_bridge_watches_the_declared_kinds() -> None:
+    assert watching.KINDS is WATCHED_KINDS
+
+
+def test_every_watched_kind_is_folded_and_viewed() -> None:
+    names = {kind.kind for kind in WATCHED_KINDS}
+    assert len(names) == len(WATCHED_KINDS)
+    assert set(observing._FOLDS) == names  # every event of a watched kind changes the state
+    assert set(RULE_PATHS) == names  # and an oversized one keeps what the rules read
+
+
+def _rules(path: Path, role: str) -> list[dict[str, Any]]:
+    for document in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+        if document and document.get("kind") == "ClusterRole" and document["metadata"]["name"] == role:
+            rules: list[dict[str, Any]] = document["rules"]
+            return rules
+    raise AssertionError(f"no ClusterRole {role} in {path}")
+
+
+def test_the_watch_bridge_may_list_and_watch_exactly_the_watched_kinds() -> None:
+    granted = set()
+    for rule in _rules(WATCH_RBAC, "vmstream-watch"):
+        assert sorted(rule["verbs"]) == ["list", "watch"], rule
+        granted |= {(group, resource) for group in rule["apiGroups"] for resource in rule["resources"]}
+    assert granted == {(kind.group, kind.plural) for kind in WATCHED_KINDS}
+
+
+# --------------------------------------------------------------------------- intent types
+
+
+def test_intent_types_derive_from_the_union() -> None:
+    assert INTENT_TYPES == ("create_vm", "set_gpu", "restart_vm", "drain_node", "undrain_node")
+    assert [get_args(model.model_fields["type"].annotation) for model in INTENT_MODELS] == [
+        (name,) for name in INTENT_TYPES]
+
+
+def test_the_engine_has_a_rule_for_exactly_the_intent_types() -> None:
+    assert set(engine._RULES) == set(INTENT_TYPES)
+
+
+def test_the_cli_asks_for_exactly_the_intent_types() -> None:
+    parser = argparse.ArgumentParser()
+    requesting.add_parser(parser.add_subparsers())
+    offered = {sub.get_default("intent_type") for action in parser._subparsers._group_actions  # type: ignore[union-attr]
+               for command in action.choices.values() for group in command._subparsers._group_actions  # type: ignore[union-attr]
+               for sub in group.choices.values()}
+    assert offered == set(INTENT_TYPES)
+
+
+# -------------------------------------------------------------------------- command types
+
+
+def test_command_types_derive_from_the_literal() -> None:
+    assert set(COMMAND_TYPES) == {"patch_vm", "create_vm", "restart_vm", "start_vm", "stop_vm", "delete_vmi",
+                                  "cordon_node", "uncordon_node"}
+
+
+def test_the_applier_policy_knows_the_target_kind_of_every_command_type() -> None:
+    assert set(policy.KINDS) == set(COMMAND_TYPES)
+
+
+class _Recording(applying.KubeApplier):
+    """The applier with each change recorded instead of made."""
+
+    def __init__(self) -> None:  # no API client: nothing is sent
+        self.made: list[str] = []
+
+    def _made(self, what: str) -> applying.Applied:
+        self.made.append(what)
+        return applying.Applied("applied")
+
+    def _patch_vm(self, command: Command) -> applying.Applied:
+        return self._made("patch")
+
+    def _create_vm(self, command: Command) -> applying.Applied:
+        return self._made("create")
+
+    def _subresource(self, command: Command, action: str) -> applying.Applied:
+        return self._made(action)
+
+    def _delete_vmi(self, command: Command) -> applying.Applied:
+        return self._made("delete VMI")
+
+    def _set_unschedulable(self, command: Command, unschedulable: bool) -> applying.Applied:
+        return self._made("cordon" if unschedulable else "uncordon")
+
+
+def test_the_applier_makes_one_distinct_change_per_command_type() -> None:
+    """``KubeApplier._dispatch`` has a case for each command type (mypy checks it too, by
+    ``assert_never``), and no two types make the same change."""
+    applier = _Recording()
+    for command_type in COMMAND_TYPES:
+        command = Command.model_construct(type=command_type, target=ObjectRef(kind="Node", namespace=None, name="n"))
+        assert applier._dispatch(command) == applying.Applied("applied")
+    assert applier.made == ["patch", "create", "restart", "start", "stop", "delete VMI", "cordon", "uncordon"]
