@@ -266,6 +266,9 @@ Intent = Annotated[
 INTENT_MODELS: tuple[type[IntentBase], ...] = get_args(get_args(Intent)[0])
 INTENT_TYPES: tuple[str, ...] = tuple(
     tag for model in INTENT_MODELS for tag in get_args(model.model_fields["type"].annotation))
+VM_INTENT_TYPES: tuple[str, ...] = tuple(  # those about a VM; the others are about a node
+    tag for model in INTENT_MODELS if issubclass(model, VMIntent)
+    for tag in get_args(model.model_fields["type"].annotation))
 
 
 class IntentEnvelope(Message):

@@ -20,7 +20,15 @@ import yaml
 
 from handlers import engine, observing, policy, topics
 from handlers.cluster import RULE_PATHS
-from handlers.messages import COMMAND_TYPES, INTENT_MODELS, INTENT_TYPES, WATCHED_KINDS, Command, ObjectRef
+from handlers.messages import (
+    COMMAND_TYPES,
+    INTENT_MODELS,
+    INTENT_TYPES,
+    VM_INTENT_TYPES,
+    WATCHED_KINDS,
+    Command,
+    ObjectRef,
+)
 from streams.cli import requesting
 from streams.kube import applying, watching
 
@@ -146,6 +154,10 @@ def test_intent_types_derive_from_the_union() -> None:
     assert INTENT_TYPES == ("create_vm", "set_gpu", "restart_vm", "drain_node", "undrain_node")
     assert [get_args(model.model_fields["type"].annotation) for model in INTENT_MODELS] == [
         (name,) for name in INTENT_TYPES]
+
+
+def test_vm_intents_are_those_of_vm_intent_models() -> None:
+    assert VM_INTENT_TYPES == ("create_vm", "set_gpu", "restart_vm")
 
 
 def test_the_engine_has_a_rule_for_exactly_the_intent_types() -> None:

@@ -42,6 +42,7 @@ from pydantic_settings import SettingsConfigDict
 
 from handlers.messages import (
     INTENT_TYPES,
+    VM_INTENT_TYPES,
     AuditRecord,
     CommandResult,
     CreateVMIntent,
@@ -140,7 +141,7 @@ def intent_data(args: argparse.Namespace, *, now: datetime | None = None) -> tup
     kind: str = args.intent_type
     problems: list[str] = []
     spec: dict[str, Any]
-    if kind in ("create_vm", "set_gpu", "restart_vm"):
+    if kind in VM_INTENT_TYPES:
         spec = {"namespace": args.namespace, "name": args.name}
     else:
         spec = {"node": args.node}
