@@ -16,16 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from handlers.delivery import DeliveryRecord
-from handlers.tracing import TYPE_PREFIX
 from handlers.messages import AuditRecord, Command, CommandResult, DeadLetter, Intent, Notification, WatchEvent
+from handlers.tracing import TYPE_PREFIX
 from handlers.views import GPUClassStatus
 
 # The long-running vmstream processes, as the AsyncAPI document tags them.
 Process = Literal["worker", "applier", "watch-bridge", "api", "notify"]
-PROCESSES: tuple[Process, ...] = ("worker", "applier", "watch-bridge", "api", "notify")
+PROCESSES: tuple[Process, ...] = get_args(Process)
 
 DAY_MS = 24 * 3600 * 1000
 INTENT_TIMESTAMP_BEFORE_MS = 5 * 60 * 1000  # how far in the past an intent's timestamp may lie
@@ -33,7 +33,7 @@ INTENT_TIMESTAMP_BEFORE_MS = 5 * 60 * 1000  # how far in the past an intent's ti
 _VM_OR_NODE = "`vm/<namespace>/<name>` or `node/<name>`"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)  # each is one object, compared by identity
 class Topic:
     """One topic. ``value`` is the pydantic type of a record's value (``None``: several kinds
     of record, internal); ``internal`` topics are vmstream's own, not a contract."""
