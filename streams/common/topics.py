@@ -18,7 +18,7 @@ from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
 from handlers import topics
-from handlers.topics import TOPICS
+from handlers.topics import TOPICS as TOPICS  # re-exported: the topics created
 from streams.common.kafka_clients import admin_client
 from streams.common.settings import KafkaSettings
 
