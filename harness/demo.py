@@ -21,14 +21,15 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TextIO
 
+from handlers.topics import AUDIT, COMMAND_RESULTS, COMMANDS, DLQ, NOTIFICATIONS
 from harness import demo_kubernetes
-from streams.common.credentials import DevSigner
 from harness.demo_people import ApiProcess, Console, MailSink, NotifyProcess, mails_due, start_together
 from harness.localkafka import LocalKafka
 from harness.publishing import publish, scenario_records
 from harness.running import Deployment, Outputs, WorkerProcess
 from harness.scenarios import EXAMPLE_CONFIG, demo_phases
 from streams.cli.tailing import render
+from streams.common.credentials import DevSigner
 
 Expectation = Callable[[Outputs], bool]
 
@@ -37,7 +38,7 @@ def _expectations(notice_seconds: int) -> list[tuple[str, Expectation]]:
     """What must have come out after each phase before the next one is played."""
 
     def audited(count: int) -> Expectation:
-        return lambda o: len(o.seen["audit"]) >= count
+        return lambda o: len(o.seen[AUDIT.name]) >= count
 
     def told(type_: str, count: int = 1) -> Expectation:
         return lambda o: len(o.notifications(type_)) >= count
@@ -59,8 +60,8 @@ def _expectations(notice_seconds: int) -> list[tuple[str, Expectation]]:
 class Printer:
     """Prints each output as one readable line, the way ``vmstream tail`` does."""
 
-    LABELS = {"notifications": "notify ", "commands": "command", "command-results": "result ",
-              "audit": "audit  ", "dlq": "dead   "}
+    LABELS = {NOTIFICATIONS.name: "notify ", COMMANDS.name: "command", COMMAND_RESULTS.name: "result ",
+              AUDIT.name: "audit  ", DLQ.name: "dead   "}
 
     def __init__(self, out: TextIO, *, show_audit: bool) -> None:
         self.out = out

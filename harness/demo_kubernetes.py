@@ -22,12 +22,13 @@ from typing import Any, TextIO
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from streams.common.credentials import DevSigner
+from handlers.topics import COMMAND_RESULTS, K8S_EVENTS
 from harness.demo_people import ApiProcess, Console, MailSink, NotifyProcess, mails_due, start_together
 from harness.localkube import LocalKube
 from harness.publishing import publish, scenario_records
 from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess
 from harness.scenarios import A100, INTENTS, PROJECT_LABEL, RTX, kubevirt_cr, node, vm, vmi
+from streams.common.credentials import DevSigner
 
 KUBEVIRT = ("kubevirt.io", "v1")
 ALICE, BOB, OPS = "alice@example.com", "bob@example.com", "ops@example.com"
@@ -142,7 +143,7 @@ def run(out: TextIO, stack: ExitStack, workdir: Path, bootstrap: str, printer: A
 
     out.write("\n== the AZ: 3 nodes, the KubeVirt CR, 3 VMs of alice and bob, running\n")
     objects = cluster.create_az()
-    events = deployment.kafka.topic("k8s-events")
+    events = deployment.kafka.topic(K8S_EVENTS.name)
     outputs.wait_for(lambda o: len(o.audits(input__topic=events)) >= objects, timeout=timeout,
                      what="the watch bridge's events decided")
     out.write(f"  the worker has observed {objects} objects through the watch bridge\n")
@@ -151,7 +152,7 @@ def run(out: TextIO, stack: ExitStack, workdir: Path, bootstrap: str, printer: A
     publish_signed(deployment, signer, [_intent("demo-gpu-1", "set_gpu", {"namespace": "spx-proj-b", "name": "dev-1",
                                                                "gpu_class": "nvidia-rtx-pro-6000-bse"},
                                       by=BOB, project="proj-b")])
-    outputs.wait_for(lambda o: bool(o.seen["command-results"] and o.notifications("gpu_change_pending_restart"))
+    outputs.wait_for(lambda o: bool(o.seen[COMMAND_RESULTS.name] and o.notifications("gpu_change_pending_restart"))
                      and mailed(o), timeout=timeout, what="the patch applied and bob told, by mail too")
     out.write(f"  in Kubernetes now: {cluster.gpu_fields('spx-proj-b', 'dev-1')}\n")
     out.write(f"  waiting for a restart: {[p['vm'] for p in worker.page('/pending')]}\n")

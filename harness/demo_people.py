@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 from aiosmtpd.controller import Controller
 
+from handlers.topics import NOTIFICATIONS
 from harness.processes import free_ports
 from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess
 
@@ -63,7 +64,7 @@ class MailSink:
 def mails_due(outputs: Outputs) -> int:
     """How many mails the notifications seen so far make: one per notification and address."""
     due = set()
-    for notification in outputs.seen["notifications"]:
+    for notification in outputs.seen[NOTIFICATIONS.name]:
         for principal in notification["recipients"]:
             members = DIRECTORY.get(principal.removeprefix("project:"), []) if principal.startswith("project:") \
                 else [principal]

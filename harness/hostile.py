@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from handlers.topics import INTENTS, K8S_EVENTS
 from harness.scenarios import vm
 
 Fate = Literal["dead_letter", "rejected"]
@@ -25,7 +26,7 @@ NEAR_LIMIT = 1_000_000  # bytes: as large as the broker takes
 @dataclass(frozen=True, slots=True)
 class Hostile:
     kind: str  # its class
-    topic: Literal["intents", "k8s-events"]  # logical topic
+    topic: str  # the logical name: INTENTS or K8S_EVENTS
     key: bytes | None
     value: bytes | None
     fate: Fate = "dead_letter"
@@ -65,7 +66,7 @@ def hostile_intents(round_: int) -> list[Hostile]:
     def intent(kind: str, value: bytes | None, *, key: bytes | None = key, fate: Fate = "dead_letter",
                ref: str | None = None) -> Hostile:
         size = len(value or b"") + len(key or b"")
-        return Hostile(kind, "intents", key, value, fate, ref, size > 100_000)
+        return Hostile(kind, INTENTS.name, key, value, fate, ref, size > 100_000)
 
     return [
         intent("tombstone", None),
@@ -104,7 +105,7 @@ def hostile_events(round_: int) -> list[Hostile]:
 
     def event(kind: str, value: bytes | None, *, key: bytes | None = key) -> Hostile:
         size = len(value or b"") + len(key or b"")
-        return Hostile(kind, "k8s-events", key, value, "dead_letter", None, size > 100_000)
+        return Hostile(kind, K8S_EVENTS.name, key, value, "dead_letter", None, size > 100_000)
 
     return [
         event("tombstone", None),

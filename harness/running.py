@@ -27,11 +27,11 @@ from typing import Any, Self
 from kafka import KafkaConsumer, TopicPartition
 from pydantic import SecretStr
 
-from handlers.topics import outputs
-from streams.common.kafka_clients import admin_client
+from handlers.topics import AUDIT, COMMANDS, NOTIFICATIONS, outputs
 from harness.locations import REPO_ROOT
 from harness.processes import free_ports
 from harness.publishing import publish, scenario_records
+from streams.common.kafka_clients import admin_client
 from streams.common.settings import KafkaSettings, SigningSettings
 from streams.common.topics import ensure_topics
 
@@ -236,13 +236,13 @@ class Outputs:
             self.poll()
 
     def audits(self, **match: Any) -> list[dict[str, Any]]:
-        return [a for a in self.seen["audit"] if all(_field(a, k) == v for k, v in match.items())]
+        return [a for a in self.seen[AUDIT.name] if all(_field(a, k) == v for k, v in match.items())]
 
     def notifications(self, type_: str) -> list[dict[str, Any]]:
-        return [n for n in self.seen["notifications"] if n["type"] == type_]
+        return [n for n in self.seen[NOTIFICATIONS.name] if n["type"] == type_]
 
     def commands(self, type_: str) -> list[dict[str, Any]]:
-        return [c for c in self.seen["commands"] if c["type"] == type_]
+        return [c for c in self.seen[COMMANDS.name] if c["type"] == type_]
 
     def close(self) -> None:
         self.consumer.close()
