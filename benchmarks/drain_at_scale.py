@@ -227,6 +227,29 @@ def send_stamped(bootstrap: str, records: list[tuple[str, str, dict[str, Any]]])
         producer.close()
 
 
+@dataclass(frozen=True)
+class Sched:
+    """A process's time on a CPU and waiting for one (all its threads, ``/proc/<pid>/task/*/schedstat``):
+    a notification late while the worker waited for a CPU is the machine's, not the worker's."""
+
+    running: float = 0.0
+    waiting: float = 0.0
+
+    def __sub__(self, other: Sched) -> Sched:
+        return Sched(self.running - other.running, self.waiting - other.waiting)
+
+
+def sched_of(pid: int) -> Sched:
+    running = waiting = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            ran, waited, _ = (int(x) for x in (task / "schedstat").read_text().split())
+        except (OSError, ValueError):
+            continue  # a thread that ended meanwhile
+        running, waiting = running + ran, waiting + waited
+    return Sched(running / 1e9, waiting / 1e9)
+
+
 @dataclass
 class WorkerFigures:
     drain_stamp: float = 0.0
@@ -237,6 +260,8 @@ class WorkerFigures:
     events_seconds: float = 0.0
     timestamp_types: set[int] = field(default_factory=set)
     load: list[float] = field(default_factory=list)
+    drain_sched: Sched = Sched()  # the worker, from before the send to the last notification read
+    maintenance_sched: Sched = Sched()
 
 
 async def publish_cluster(deployment: Deployment, script: Script, timeout: float) -> tuple[int, float]:
@@ -270,10 +295,12 @@ async def on_the_worker(args: argparse.Namespace, deployment: Deployment) -> Wor
         figures.load.append(kit.load1())
         reader = await asyncio.to_thread(NoticeReader, args.bootstrap, notifications)
         try:
+            before = sched_of(worker.pid)
             [figures.drain_stamp] = await asyncio.to_thread(
                 send_stamped, args.bootstrap,
                 [(kafka.topic("intents"), f"node/{BIG_NODE}", drain_intent(f"{deployment.ident}-drain"))])
             await asyncio.to_thread(reader.read_until, lambda told: len(told) >= args.vms, 120.0)
+            figures.drain_sched = sched_of(worker.pid) - before
             figures.drain_told = list(reader.told)
             figures.timestamp_types |= reader.timestamp_types
         finally:
@@ -289,9 +316,11 @@ async def on_the_worker(args: argparse.Namespace, deployment: Deployment) -> Wor
         try:
             events = [(kafka.topic("k8s-events"), *maintenance_event(f"{deployment.ident}-nm-{i:03d}", name))
                       for i, name in enumerate(names)]
+            before = sched_of(worker.pid)
             stamps = await asyncio.to_thread(send_stamped, args.bootstrap, events)
             figures.maintenance_stamps = dict(zip(names, stamps))
             await asyncio.to_thread(reader.read_until, lambda told: len(told) >= expected, 300.0)
+            figures.maintenance_sched = sched_of(worker.pid) - before
             figures.maintenance_told = list(reader.told)
             figures.timestamp_types |= reader.timestamp_types
         finally:
@@ -368,6 +397,9 @@ def report(args: argparse.Namespace, engine: EngineFigures, worker: WorkerFigure
           f"(max {ms(max(engine.maintenance_cpu, default=0.0))} ms)")
     print(f"the cluster: {worker.events:,} watch events decided in {worker.events_seconds:.1f} s before the cases; "
           f"load1 at start / (a) / (b) / end: {' / '.join(f'{x:.2f}' for x in worker.load)}")
+    print(f"the worker from the send to the last notification read: (a) {ms(worker.drain_sched.running)} ms on a CPU, "
+          f"{ms(worker.drain_sched.waiting)} ms ready but waiting for one; (b) {ms(worker.maintenance_sched.running)} ms "
+          f"on a CPU, {ms(worker.maintenance_sched.waiting)} ms waiting (summed over its threads)")
     print(f"within {TARGET_SECONDS:.0f} s: (a) {kit.yes(drain_met)}, (b) {kit.yes(nm_met)}")
     return {
         "vms": args.vms, "nodes": args.nodes, "per_node": args.per_node, "owners": args.owners,
@@ -379,6 +411,8 @@ def report(args: argparse.Namespace, engine: EngineFigures, worker: WorkerFigure
                         "total_ms": 1000 * total, "readable_total_ms": 1000 * readable_total, "met": nm_met,
                         "engine_wall_ms": [1000 * x for x in engine.maintenance_wall]},
         "load1": worker.load,
+        "worker_sched_s": {"drain": [worker.drain_sched.running, worker.drain_sched.waiting],
+                           "maintenance": [worker.maintenance_sched.running, worker.maintenance_sched.waiting]},
     }
 
 
