@@ -36,8 +36,8 @@ the drain intent and each NodeMaintenance (wall and CPU).
 
 Run it from the repository root::
 
-    .venv/bin/python benchmarks/drain_at_scale.py            # 500 VMs; 50 nodes × 10 (≈ 3–6 min)
-    .venv/bin/python benchmarks/drain_at_scale.py --small    # 50 VMs; 5 nodes × 10
+    .venv/bin/python benchmarks/drain_at_scale.py            # 500 VMs; 50 nodes × 10 (≈ 1 min)
+    .venv/bin/python benchmarks/drain_at_scale.py --small    # 50 VMs; 5 nodes × 10 (≈ 30 s)
 """
 
 from __future__ import annotations
