@@ -1,0 +1,511 @@
+"""Drains at scale on a real broker: is every owner told within 1 s of the drain reaching the worker?
+
+Why this exists: issue 14 asks that a node with 500 GPU VMs drained tells every owner within
+1 s of the intent reaching the worker, and that a NodeMaintenance on 50 nodes at once does
+so per node. ``engine_grid.py`` shows the engine decides such a drain in milliseconds; what
+the owners see is that decision plus the worker around it (the intent read, 500
+notifications encoded and sent, the broker), which only a run on Kafka shows.
+
+One ``vmstream worker`` on a fresh :class:`~harness.running.Deployment` (auth mode none:
+intents are taken at their word), with a cluster published as watch events and decided
+first (every event audited, the group caught up):
+
+- ``big-node`` with ``--vms`` RTX cards, each held by a running GPU VM of its own (owners
+  among ``--owners``, half of the VMs ``Always``, half ``Manual``), and ``spare-node`` with
+  100 free cards, as ``tests/rules/test_drains_at_scale.py``;
+- ``--nodes`` rack nodes with ``--per-node`` GPU VMs each.
+
+Then
+
+(a) **one drain** — a ``drain_node`` intent for ``big-node`` (900 s notice), its Kafka
+    timestamp set by this script's producer at the send (CreateTime);
+(b) **NodeMaintenance at once** — one NodeMaintenance watch event per rack node, all sent
+    back to back by one producer, each with its own timestamp.
+
+This script's own reader (a kafka-python consumer on ``notifications``, ``read_committed``,
+positioned at the end before anything is sent) takes every ``drain_will_stop_gpu_vm``
+notification: its Kafka timestamp (set by the worker's producer at the send) minus the
+input's is the latency reported; the moment the reader had it (this machine's wall clock,
+the same as both producers') is reported beside it as "readable". (a): count (must be
+``--vms``), p50/p99/max per notification and the time to the last; (b): per node, its
+NodeMaintenance to its last notification, p50/p99/max over the nodes and to the very last.
+
+Anchor, in the same run and process, before the worker starts: the pure engine
+(``Simulation`` of ``vmstream simulate``, the same config) fed the very same lines, timing
+the drain intent and each NodeMaintenance (wall and CPU).
+
+Run it from the repository root::
+
+    .venv/bin/python benchmarks/drain_at_scale.py            # 500 VMs; 50 nodes × 10 (≈ 1 min)
+    .venv/bin/python benchmarks/drain_at_scale.py --small    # 50 VMs; 5 nodes × 10 (≈ 30 s)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import kit  # noqa: E402  (this directory's: percentile, tables, load, broker and reader helpers)
+from kit import Arrivals, PinnedWorker, audit_ref_of, percentile  # noqa: E402
+from worker_throughput import summarize_profile  # noqa: E402
+
+from kafka import KafkaConsumer, KafkaProducer  # noqa: E402
+from kafka import TopicPartition as SyncTopicPartition  # noqa: E402
+
+from handlers.engine import Engine  # noqa: E402
+from harness.running import CONFIG, Deployment  # noqa: E402
+from harness.scenarios import RTX, Script, iso, kubevirt_cr, node, node_maintenance, vm, vmi  # noqa: E402
+from streams.cli.simulating import Simulation  # noqa: E402
+from streams.common.settings import load_settings  # noqa: E402
+
+TARGET_SECONDS = 1.0
+TOLD = "drain_will_stop_gpu_vm"
+BIG_NODE = "big-node"
+OPS = "ops@example.com"  # an operator in examples/config.yaml
+NOTICE_SECONDS = 900  # no deadline passes during a run
+PROJECTS = 10
+WORKER_ENV = {"VMSTREAM_AUTH__MODE": "none", "VMSTREAM_WORKER__TICK_SECONDS": "1.0"}  # the tick at its default
+
+
+# ------------------------------------------------------------------------- workload
+
+
+def rack_nodes(count: int) -> list[str]:
+    return [f"rack-node-{i:02d}" for i in range(count)]
+
+
+def crowded_node(s: Script, name: str, gpus: int, owners: int) -> None:
+    """A node whose ``gpus`` RTX cards are each held by a running GPU VM."""
+    s.event("ADDED", node(name, gpus={RTX: gpus}))
+    for i in range(gpus):
+        project = f"proj-{i % PROJECTS:02d}"
+        vm_name = f"{name}-vm-{i:03d}"
+        s.event("ADDED", vm(f"spx-{project}", vm_name, project=project, owner=f"user-{i % owners:03d}@example.com",
+                            run_strategy="Always" if i % 2 else "Manual", gpu=RTX, printable_status="Running"))
+        s.event("ADDED", vmi(f"spx-{project}", vm_name, node_name=name, gpu=RTX, cpu_model="host-passthrough"))
+
+
+def cluster_script(args: argparse.Namespace, prefix: str) -> Script:
+    s = Script(datetime.now(UTC), prefix=prefix)
+    s.event("ADDED", kubevirt_cr())
+    s.event("ADDED", node("spare-node", gpus={RTX: 100}))
+    crowded_node(s, BIG_NODE, args.vms, args.owners)
+    for name in rack_nodes(args.nodes):
+        crowded_node(s, name, args.per_node, args.owners)
+    return s
+
+
+def drain_intent(intent_id: str) -> dict[str, Any]:
+    return {"intent_id": intent_id, "type": "drain_node", "requested_by": OPS, "requested_at": iso(datetime.now(UTC)),
+            "spec": {"node": BIG_NODE, "reason": "firmware upgrade", "notice_seconds": NOTICE_SECONDS}}
+
+
+def maintenance_event(event_id: str, name: str) -> tuple[str, dict[str, Any]]:
+    obj = node_maintenance(f"nm-{name}", name, "rack PSU replacement")
+    return f"NodeMaintenance/nm-{name}", {"event_id": event_id, "type": "ADDED", "kind": "NodeMaintenance",
+                                          "object": obj, "observed_at": iso(datetime.now(UTC))}
+
+
+# --------------------------------------------------------------------- the engine
+
+
+@dataclass
+class EngineFigures:
+    drain_wall: float = 0.0
+    drain_cpu: float = 0.0
+    drain_told: int = 0
+    maintenance_wall: list[float] = field(default_factory=list)  # per node
+    maintenance_cpu: list[float] = field(default_factory=list)
+    maintenance_told: list[int] = field(default_factory=list)
+
+
+def engine_anchor(args: argparse.Namespace) -> EngineFigures:
+    """The pure engine deciding the same drain and NodeMaintenances over the same cluster."""
+    settings = load_settings(CONFIG)
+    sim = Simulation(Engine(settings.rules()), settings.kafka)
+    number = 0
+
+    def feed(line: dict[str, Any]) -> tuple[float, float, int]:
+        nonlocal number
+        number += 1
+        text = json.dumps(line, sort_keys=True)
+        wall, cpu = time.perf_counter(), time.process_time()
+        outputs = list(sim.feed_line(text, number))
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        return wall, cpu, sum(1 for o in outputs if f'"type":"{TOLD}"' in o)
+
+    for line in cluster_script(args, "engine").lines:
+        feed(line)
+    figures = EngineFigures()
+    figures.drain_wall, figures.drain_cpu, figures.drain_told = feed(
+        {"topic": "vmstream.intents", "key": f"node/{BIG_NODE}", "value": drain_intent("engine-drain")})
+    for i, name in enumerate(rack_nodes(args.nodes)):
+        key, value = maintenance_event(f"engine-nm-{i:03d}", name)
+        wall, cpu, told = feed({"topic": "vmstream.k8s-events", "key": key, "value": value})
+        figures.maintenance_wall.append(wall)
+        figures.maintenance_cpu.append(cpu)
+        figures.maintenance_told.append(told)
+    return figures
+
+
+# ---------------------------------------------------------------------- the worker
+
+
+@dataclass(frozen=True)
+class Told:
+    node: str
+    vm: str
+    stamped: float  # the notification's Kafka timestamp, epoch seconds
+    readable: float  # when this script's reader had it, epoch seconds
+
+
+class NoticeReader:
+    """This script's own kafka-python consumer of the notifications topic, from its current end."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                      isolation_level="read_committed", fetch_max_wait_ms=50)
+        partitions = [SyncTopicPartition(topic, p) for p in range(kit.PARTITIONS)]
+        self.consumer.assign(partitions)
+        self.consumer.seek_to_end(*partitions)
+        for tp in partitions:
+            self.consumer.position(tp)  # resolve the lazy seek before anything is sent
+        self.told: list[Told] = []
+        self.timestamp_types: set[int] = set()
+
+    def read_until(self, done: Callable[[list[Told]], bool], timeout: float, idle: float = 20.0) -> None:
+        """Poll until ``done`` holds, ``timeout`` passed, or nothing arrived for ``idle`` seconds."""
+        deadline = time.monotonic() + timeout
+        progress = time.monotonic()
+        while not done(self.told) and time.monotonic() < deadline and time.monotonic() - progress < idle:
+            batches = self.consumer.poll(timeout_ms=200)
+            now = time.time()
+            for records in batches.values():
+                for record in records:
+                    value = json.loads(record.value)
+                    if value.get("type") != TOLD:
+                        continue
+                    progress = time.monotonic()
+                    self.timestamp_types.add(record.timestamp_type)
+                    self.told.append(Told(value["details"]["node"], value["subject"]["name"],
+                                          record.timestamp / 1000, now))
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def send_stamped(bootstrap: str, records: list[tuple[str, str, dict[str, Any]]]) -> list[float]:
+    """Send records back to back, each stamped (CreateTime) at its send; their timestamps, epoch seconds.
+
+    The timestamps are the broker's as RecordMetadata reports them (the one set here unless
+    the topic stamps LogAppendTime)."""
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
+    try:
+        for topic in {topic for topic, _, _ in records}:
+            producer.partitions_for(topic)  # the metadata first: a send waiting for it is not stamped early
+        futures = []
+        for topic, key, value in records:
+            stamp = int(time.time() * 1000)
+            futures.append((stamp, producer.send(topic, key=key.encode(), value=json.dumps(value).encode(),
+                                                 timestamp_ms=stamp)))
+        producer.flush()
+        stamps = []
+        for stamp, future in futures:
+            metadata = future.get(timeout=30)
+            stamps.append((metadata.timestamp if metadata.timestamp not in (None, -1) else stamp) / 1000)
+        return stamps
+    finally:
+        producer.close()
+
+
+@dataclass(frozen=True)
+class Sched:
+    """A process's time on a CPU and waiting for one (all its threads, ``/proc/<pid>/task/*/schedstat``):
+    a notification late while the worker waited for a CPU is the machine's, not the worker's."""
+
+    running: float = 0.0
+    waiting: float = 0.0
+
+    def __sub__(self, other: Sched) -> Sched:
+        return Sched(self.running - other.running, self.waiting - other.waiting)
+
+
+def sched_of(pid: int) -> Sched:
+    running = waiting = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            ran, waited, _ = (int(x) for x in (task / "schedstat").read_text().split())
+        except (OSError, ValueError):
+            continue  # a thread that ended meanwhile
+        running, waiting = running + ran, waiting + waited
+    return Sched(running / 1e9, waiting / 1e9)
+
+
+@dataclass
+class WorkerFigures:
+    drain_stamp: float = 0.0
+    drain_told: list[Told] = field(default_factory=list)
+    maintenance_stamps: dict[str, float] = field(default_factory=dict)  # per node
+    maintenance_told: list[Told] = field(default_factory=list)
+    events: int = 0
+    events_seconds: float = 0.0
+    timestamp_types: set[int] = field(default_factory=set)
+    load: list[float] = field(default_factory=list)
+    drain_sched: Sched = Sched()  # the worker, from before the send to the last notification read
+    maintenance_sched: Sched = Sched()
+
+
+async def publish_cluster(deployment: Deployment, script: Script, timeout: float) -> tuple[int, float]:
+    """Publish the cluster's watch events and wait until the worker audited each one."""
+    ids = [line["value"]["event_id"] for line in script.lines]
+    arrivals = await Arrivals(deployment.bootstrap, deployment.kafka.topic("audit"), audit_ref_of).start()
+    try:
+        started = time.perf_counter()
+        await asyncio.to_thread(deployment.publish_lines, list(script.jsonl()))
+        missing = await arrivals.wait_for(ids, timeout)
+        if missing:
+            raise RuntimeError(f"{len(missing)} of {len(ids)} cluster events not audited after {timeout:.0f}s")
+        return len(ids), max(arrivals.first.values()) - started
+    finally:
+        await arrivals.stop()
+
+
+def start_profiler(pid: int, out: Path, timeout: float = 60.0) -> subprocess.Popen[bytes] | None:
+    """py-spy on the worker (blocking sampling, as worker_throughput.py), once it samples."""
+    spy = shutil.which("py-spy", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if spy is None:
+        print("--profile: py-spy not found (pip install py-spy into the venv); not profiling", file=sys.stderr)
+        return None
+    log = out.with_suffix(".log")
+    with log.open("wb") as err:
+        profiler = subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", "600", "--rate", "250",
+                                     "--threads", "--format", "raw", "--output", str(out)],
+                                    stdout=err, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + timeout
+    while "Sampling" not in log.read_text(errors="replace"):  # py-spy says so once attached
+        if profiler.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"py-spy did not start:\n{log.read_text(errors='replace')[-2000:]}")
+        time.sleep(0.05)  # polling interval of a log file
+    return profiler
+
+
+def stop_profiler(profiler: subprocess.Popen[bytes]) -> None:
+    profiler.send_signal(signal.SIGINT)  # py-spy writes what it has on ^C
+    try:
+        profiler.wait(120)
+    except subprocess.TimeoutExpired:
+        profiler.kill()
+        profiler.wait()
+
+
+async def on_the_worker(args: argparse.Namespace, deployment: Deployment) -> WorkerFigures:
+    figures = WorkerFigures(load=[kit.load1()])
+    worker = PinnedWorker(deployment, "w", None, env=WORKER_ENV)
+    await asyncio.to_thread(worker.start, 300)
+    try:
+        script = cluster_script(args, f"{deployment.ident}-ev")
+        figures.events, figures.events_seconds = await publish_cluster(deployment, script, timeout=900)
+        await kit.wait_until_caught_up(deployment, timeout=300)
+        print(f"  cluster: {figures.events:,} watch events decided in {figures.events_seconds:.1f} s", flush=True)
+        kafka = deployment.kafka
+        notifications = kafka.topic("notifications")
+
+        # (a) one drain of a node with --vms GPU VMs
+        figures.load.append(kit.load1())
+        reader = await asyncio.to_thread(NoticeReader, args.bootstrap, notifications)
+        profiler = (await asyncio.to_thread(start_profiler, worker.pid, args.profile_out)
+                    if args.profile else None)
+        try:
+            before = sched_of(worker.pid)
+            [figures.drain_stamp] = await asyncio.to_thread(
+                send_stamped, args.bootstrap,
+                [(kafka.topic("intents"), f"node/{BIG_NODE}", drain_intent(f"{deployment.ident}-drain"))])
+            await asyncio.to_thread(reader.read_until, lambda told: len(told) >= args.vms, 120.0)
+            figures.drain_sched = sched_of(worker.pid) - before
+            figures.drain_told = list(reader.told)
+            figures.timestamp_types |= reader.timestamp_types
+        finally:
+            if profiler is not None:
+                await asyncio.to_thread(stop_profiler, profiler)
+            reader.close()
+        print(f"  (a) drain: {len(figures.drain_told)} owners told (load {kit.load1():.2f})", flush=True)
+        await kit.wait_until_caught_up(deployment, timeout=300)
+
+        # (b) a NodeMaintenance on --nodes nodes at once
+        figures.load.append(kit.load1())
+        names = rack_nodes(args.nodes)
+        expected = args.nodes * args.per_node
+        reader = await asyncio.to_thread(NoticeReader, args.bootstrap, notifications)
+        try:
+            events = [(kafka.topic("k8s-events"), *maintenance_event(f"{deployment.ident}-nm-{i:03d}", name))
+                      for i, name in enumerate(names)]
+            before = sched_of(worker.pid)
+            stamps = await asyncio.to_thread(send_stamped, args.bootstrap, events)
+            figures.maintenance_stamps = dict(zip(names, stamps))
+            await asyncio.to_thread(reader.read_until, lambda told: len(told) >= expected, 300.0)
+            figures.maintenance_sched = sched_of(worker.pid) - before
+            figures.maintenance_told = list(reader.told)
+            figures.timestamp_types |= reader.timestamp_types
+        finally:
+            reader.close()
+        figures.load.append(kit.load1())
+        print(f"  (b) NodeMaintenance: {len(figures.maintenance_told)} owners told (load {figures.load[-1]:.2f})",
+              flush=True)
+    finally:
+        await asyncio.to_thread(worker.stop)
+    return figures
+
+
+# ---------------------------------------------------------------------- reporting
+
+
+def ms(seconds: float) -> str:
+    return f"{1000 * seconds:,.1f}"
+
+
+def spread(values: list[float]) -> tuple[str, str, str]:
+    if not values:
+        return "-", "-", "-"
+    return ms(percentile(values, 0.5)), ms(percentile(values, 0.99)), ms(max(values))
+
+
+def report(args: argparse.Namespace, engine: EngineFigures, worker: WorkerFigures) -> dict[str, Any]:
+    header = ("case", "told", "of", "first ms", "p50 ms", "p99 ms", "max ms", "to the last ms", "readable: to the last ms",
+              f"≤ {TARGET_SECONDS:.0f} s")
+    body = []
+
+    # (a)
+    drain = [t for t in worker.drain_told if t.node == BIG_NODE]
+    latencies = [t.stamped - worker.drain_stamp for t in drain]
+    last = max(latencies) if latencies else float("nan")
+    readable_last = max(t.readable for t in drain) - worker.drain_stamp if drain else float("nan")
+    distinct = len({t.vm for t in drain})
+    drain_met = distinct == args.vms and last <= TARGET_SECONDS
+    body.append((f"(a) worker: drain_node of a node with {args.vms} GPU VMs, per notification", str(len(drain)),
+                 str(args.vms), ms(min(latencies)) if latencies else "-", *spread(latencies), ms(last), ms(readable_last), kit.yes(drain_met)))
+    body.append(("(a) engine alone: the same drain decided (wall)", str(engine.drain_told), str(args.vms),
+                 "-", "-", "-", "-", ms(engine.drain_wall), "-", "-"))
+
+    # (b)
+    per_node: dict[str, list[Told]] = {}
+    for t in worker.maintenance_told:
+        per_node.setdefault(t.node, []).append(t)
+    to_last = {name: max(t.stamped for t in told) - worker.maintenance_stamps[name]
+               for name, told in per_node.items() if name in worker.maintenance_stamps}
+    first_sent = min(worker.maintenance_stamps.values()) if worker.maintenance_stamps else float("nan")
+    total = (max(t.stamped for t in worker.maintenance_told) - first_sent) if worker.maintenance_told else float("nan")
+    readable_total = (max(t.readable for t in worker.maintenance_told) - first_sent
+                      if worker.maintenance_told else float("nan"))
+    complete = all(len({t.vm for t in per_node.get(name, [])}) == args.per_node for name in rack_nodes(args.nodes))
+    nm_met = complete and bool(to_last) and max(to_last.values()) <= TARGET_SECONDS
+    to_first = [min(t.stamped for t in told) - worker.maintenance_stamps[name]
+                for name, told in per_node.items() if name in worker.maintenance_stamps]
+    body.append((f"(b) worker: NodeMaintenance on {args.nodes} nodes × {args.per_node} GPU VMs, per node to its last",
+                 str(len(worker.maintenance_told)), str(args.nodes * args.per_node),
+                 ms(min(to_first)) if to_first else "-", *spread(list(to_last.values())),
+                 ms(total), ms(readable_total), kit.yes(nm_met)))
+    body.append(("(b) engine alone: each NodeMaintenance decided (wall), per node", str(sum(engine.maintenance_told)),
+                 str(args.nodes * args.per_node), "-", *spread(engine.maintenance_wall), ms(sum(engine.maintenance_wall)),
+                 "-", "-"))
+    print()
+    print(kit.table(header, body))
+    types = {0: "CreateTime", 1: "LogAppendTime"}
+    print(f"latency: the notification's Kafka timestamp ({', '.join(types.get(t, str(t)) for t in sorted(worker.timestamp_types)) or '-'}, "
+          "set by the worker's producer) minus the input's (set by this script at its send); readable: "
+          "when this script's read_committed reader had the last one, same clock; first: the earliest notification "
+          "(the input read, routed and decided), so first → last is the writing of the decision's outputs")
+    print(f"(b) to the last: from the first NodeMaintenance sent to the last notification; the {args.nodes} events "
+          f"were sent within {ms(max(worker.maintenance_stamps.values()) - first_sent) if worker.maintenance_stamps else '-'} ms")
+    print(f"engine CPU: the drain {ms(engine.drain_cpu)} ms; the NodeMaintenances {ms(sum(engine.maintenance_cpu))} ms in all "
+          f"(max {ms(max(engine.maintenance_cpu, default=0.0))} ms)")
+    print(f"the cluster: {worker.events:,} watch events decided in {worker.events_seconds:.1f} s before the cases; "
+          f"load1 at start / (a) / (b) / end: {' / '.join(f'{x:.2f}' for x in worker.load)}")
+    print(f"the worker from the send to the last notification read: (a) {ms(worker.drain_sched.running)} ms on a CPU, "
+          f"{ms(worker.drain_sched.waiting)} ms ready but waiting for one; (b) {ms(worker.maintenance_sched.running)} ms "
+          f"on a CPU, {ms(worker.maintenance_sched.waiting)} ms waiting (summed over its threads)")
+    print(f"within {TARGET_SECONDS:.0f} s: (a) {kit.yes(drain_met)}, (b) {kit.yes(nm_met)}")
+    return {
+        "vms": args.vms, "nodes": args.nodes, "per_node": args.per_node, "owners": args.owners,
+        "drain": {"told": len(drain), "distinct_vms": distinct, "p50_ms": 1000 * percentile(latencies, 0.5) if latencies else None,
+                  "p99_ms": 1000 * percentile(latencies, 0.99) if latencies else None, "last_ms": 1000 * last,
+                  "readable_last_ms": 1000 * readable_last, "met": drain_met,
+                  "engine_wall_ms": 1000 * engine.drain_wall, "engine_cpu_ms": 1000 * engine.drain_cpu},
+        "maintenance": {"told": len(worker.maintenance_told), "per_node_last_ms": {k: 1000 * v for k, v in to_last.items()},
+                        "total_ms": 1000 * total, "readable_total_ms": 1000 * readable_total, "met": nm_met,
+                        "engine_wall_ms": [1000 * x for x in engine.maintenance_wall]},
+        "load1": worker.load,
+        "worker_sched_s": {"drain": [worker.drain_sched.running, worker.drain_sched.waiting],
+                           "maintenance": [worker.maintenance_sched.running, worker.maintenance_sched.waiting]},
+    }
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--vms", type=int, default=500, help="GPU VMs on the drained node (default 500)")
+    parser.add_argument("--nodes", type=int, default=50, help="nodes put in maintenance at once (default 50)")
+    parser.add_argument("--per-node", type=int, default=10, help="GPU VMs on each of them (default 10)")
+    parser.add_argument("--owners", type=int, default=50, help="distinct owners the VMs belong to (default 50)")
+    parser.add_argument("--keep", type=Path, metavar="DIR", help="keep the worker's log in DIR (default: removed)")
+    parser.add_argument("--profile", action="store_true",
+                        help="py-spy the worker from the drain's send to its last notification read (case a); "
+                             "that case's latencies are then the profiled worker's")
+    parser.add_argument("--profile-out", type=Path, help="keep py-spy's collapsed stacks there")
+    kit.add_small_option(parser, vms=50, nodes=5)
+    kit.add_json_option(parser)
+    return kit.parse(parser, argv)
+
+
+async def measure(args: argparse.Namespace, workdir: Path) -> int:
+    print(f"drains at scale: a node of {args.vms} GPU VMs drained; a NodeMaintenance on {args.nodes} nodes of "
+          f"{args.per_node} GPU VMs at once; broker {args.bootstrap}")
+    kit.print_load("at the start")
+    engine = engine_anchor(args)
+    print(f"  engine alone: the drain in {ms(engine.drain_wall)} ms, {engine.drain_told} told", flush=True)
+    deployment = kit.new_deployment(args.bootstrap, workdir / "drains")
+    try:
+        worker = await on_the_worker(args, deployment)
+        figures = report(args, engine, worker)
+    finally:
+        print(f"deleted the run's {len(deployment.delete_topics())} topics")
+    if args.profile and args.profile_out.exists():
+        print(f"\nprofile of the worker during (a), the drain of {args.vms} GPU VMs:")
+        print(summarize_profile(args.profile_out))
+    print()
+    kit.print_load("at the end")
+    kit.write_json(args.json, figures)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    logging.getLogger("kafka").setLevel(logging.ERROR)
+    logging.getLogger("kafka.cluster").setLevel(logging.CRITICAL)  # a refresh cancelled by a reader's close
+    with kit.broker() as broker, tempfile.TemporaryDirectory(prefix="vmstream-drains-") as tmp:
+        workdir = args.keep or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        args.bootstrap = broker.bootstrap
+        args.profile_out = args.profile_out or workdir / "drain.pyspy.txt"
+        return asyncio.run(measure(args, workdir))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
