@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from kafka import TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 from pydantic import ValidationError
 
@@ -43,6 +42,7 @@ from handlers.engine import Engine, Source
 from handlers.messages import AuditRecord, Command, CommandResult, MalformedMessage
 from handlers.results import decide_result
 from handlers.state import MemoryState
+from streams.common.reading import assign_from_start, read_to_end
 from streams.common.codecs import decode_resident_update, encode_resident_update
 from streams.common.credentials import key_source
 from streams.common.kafka_clients import consumer
@@ -58,20 +58,8 @@ def read_topics(kafka: KafkaSettings, topics: list[str], *, idle_seconds: float 
     """Every committed record of ``topics`` up to their end offsets now (a bounded read)."""
     client = consumer(kafka, enable_auto_commit=False, isolation_level="read_committed")
     try:
-        partitions = [
-            TopicPartition(topic, p) for topic in topics for p in sorted(client.partitions_for_topic(topic) or ())
-        ]
-        client.assign(partitions)
-        client.seek_to_beginning(*partitions)
-        ends = {tp: end for tp, end in client.end_offsets(partitions).items() if end > 0}
-        last_progress = time.monotonic()
-        while ends:
-            for tp, records in client.poll(timeout_ms=500).items():
-                last_progress = time.monotonic()
-                yield from (record for record in records if record.offset < ends.get(tp, 0))
-            ends = {tp: end for tp, end in ends.items() if client.position(tp) < end}
-            if time.monotonic() - last_progress > idle_seconds:
-                raise TimeoutError(f"no progress reading {sorted(str(tp) for tp in ends)}")
+        partitions = assign_from_start(client, topics, wait=0, missing_ok=True)
+        yield from read_to_end(client, partitions, stall=idle_seconds)
     finally:
         client.close()
 

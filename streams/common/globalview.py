@@ -20,10 +20,11 @@ import json
 import logging
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 
 from handlers.state import TableName
 from streams.common.codecs import decode_state
+from streams.common.reading import follow_from_start
 
 log = logging.getLogger(__name__)
 
@@ -47,25 +48,9 @@ class GlobalView:
                                     group_id=None, **self.client)
         await consumer.start()
         try:
-            partitions = [
-                TopicPartition(topic, partition)
-                for topic in self.changelogs.values()
-                for partition in sorted(consumer.partitions_for_topic(topic) or await _partitions(consumer, topic))
-            ]
-            consumer.assign(partitions)
-            await consumer.seek_to_beginning(*partitions)
-            backlog = {tp: end for tp, end in (await consumer.end_offsets(partitions)).items() if end > 0}
-            if not backlog:
-                self.caught_up.set()
-            while True:
-                batches = await consumer.getmany(timeout_ms=500)
-                for tp, records in batches.items():
-                    for record in records:
-                        self._apply(tp.topic, record.key, record.value)
-                if not self.caught_up.is_set():
-                    positions = {tp: await consumer.position(tp) for tp in backlog}
-                    if all(positions[tp] >= end for tp, end in backlog.items()):
-                        self.caught_up.set()
+            async for records in follow_from_start(consumer, self.changelogs.values(), self.caught_up):
+                for record in records:
+                    self._apply(record.topic, record.key, record.value)
         finally:
             await consumer.stop()
 
@@ -89,14 +74,3 @@ class GlobalView:
 
     def keys(self, table: TableName) -> list[str]:
         return sorted(self.tables[table])
-
-
-async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
-    """Partitions of a topic the consumer has not fetched metadata for yet."""
-    for _ in range(50):
-        found = consumer.partitions_for_topic(topic)
-        if found:
-            return set(found)
-        await consumer._client.force_metadata_update()
-        await asyncio.sleep(0.1)  # metadata refresh interval
-    raise RuntimeError(f"changelog topic {topic} has no partitions")

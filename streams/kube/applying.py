@@ -62,6 +62,7 @@ from handlers.messages import Command, CommandResult, describe_validation_error
 from handlers.results import Outcome, ResultDecision, decide_result
 from handlers.topics import AUDIT, COMMAND_RESULTS, COMMANDS, NOTIFICATIONS
 from streams.common import metrics
+from streams.common.reading import assign_from_start, read_to_end
 from streams.common.codecs import encode_message
 from streams.common.cloudevents import TraceBook, event_source, kafka_headers, ref_of
 from streams.common.kafka_clients import consumer, producer
@@ -578,7 +579,6 @@ class ResultLedger:
     """
 
     def __init__(self, settings: Settings, *, keyring: Keyring, timeout: float = 60.0) -> None:
-        from kafka import TopicPartition
 
         self.keyring = keyring
         self.ignored = 0  # results that did not count: unsealed, forged, refusing a forgery
@@ -587,16 +587,7 @@ class ResultLedger:
             settings.kafka, enable_auto_commit=False, isolation_level="read_committed",
             client_id=f"{settings.worker.app_id}-applier-ledger",
         )
-        deadline = time.monotonic() + timeout
-        partitions = self.consumer.partitions_for_topic(self.topic)
-        while not partitions:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"topic {self.topic} has no partitions (does it exist?)")
-            time.sleep(0.2)  # metadata is not loaded yet
-            partitions = self.consumer.partitions_for_topic(self.topic)
-        self.partitions = [TopicPartition(self.topic, p) for p in sorted(partitions)]
-        self.consumer.assign(self.partitions)
-        self.consumer.seek_to_beginning(*self.partitions)
+        self.partitions = assign_from_start(self.consumer, [self.topic], wait=timeout)
         self.done: set[str] = set()
 
     def __contains__(self, command_id: object) -> bool:
@@ -607,14 +598,8 @@ class ResultLedger:
 
     def catch_up(self, timeout: float = 60.0) -> None:
         """Read every result up to the end offsets as they are now."""
-        ends = self.consumer.end_offsets(self.partitions)
-        deadline = time.monotonic() + timeout
-        while any(self.consumer.position(tp) < end for tp, end in ends.items()):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"could not read {self.topic} to its end in {timeout}s")
-            for records in self.consumer.poll(timeout_ms=200).values():
-                for record in records:
-                    self._read(record.value)
+        for record in read_to_end(self.consumer, self.partitions, stall=timeout):
+            self._read(record.value)
 
     def _read(self, raw: bytes | None) -> None:
         result, problem = open_sealed(CommandResult, raw or b"", "command-result", self.keyring)

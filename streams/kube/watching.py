@@ -52,7 +52,6 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic_core
-from kafka import TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
@@ -81,6 +80,7 @@ from handlers.messages import (
 )
 from handlers.topics import DLQ, K8S_EVENTS
 from handlers.tracing import TYPE_PREFIX, ce_headers
+from streams.common.reading import assign_from_start, read_to_end
 from streams.common.cloudevents import event_source, kafka_headers, trace_of
 from streams.common.kafka_clients import COMPRESSION, admin_client, consumer, producer
 from streams.common.probes import ProbeServer, add_probe_arguments
@@ -659,31 +659,15 @@ def last_published(
     wanted = {kind.kind for kind in kinds}
     reader = consumer(kafka, group_id=None, enable_auto_commit=False, max_poll_records=10_000,
                       max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024)
+    started = time.monotonic()
     try:
-        partitions = reader.partitions_for_topic(topic)
-        if not partitions:
-            return {}
-        assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
-        reader.assign(assigned)
-        reader.seek_to_beginning(*assigned)
-        ends = reader.end_offsets(assigned)
+        assigned = assign_from_start(reader, [topic], wait=0, missing_ok=True)
         last: dict[bytes, bytes | None] = {}
-        remaining = {tp for tp in assigned if reader.position(tp) < ends[tp]}
-        started = progressed = time.monotonic()
-        while remaining:
-            if stop is not None and stop.is_set():
-                return {}
-            batches = reader.poll(timeout_ms=500)
-            for tp, records in batches.items():
-                for record in records:
-                    if record.key is not None and record.offset < ends[tp]:
-                        last[record.key] = record.value
-            remaining = {tp for tp in remaining if reader.position(tp) < ends[tp]}
-            if batches:
-                progressed = time.monotonic()
-            elif time.monotonic() - progressed > READ_BACK_STALL_SECONDS:
-                raise TimeoutError(f"reading {topic} back: no record for {READ_BACK_STALL_SECONDS:.0f}s, "
-                                   f"{len(remaining)} partition(s) short of their end")
+        for record in read_to_end(reader, assigned, stall=READ_BACK_STALL_SECONDS, stop=stop):
+            if record.key is not None:
+                last[record.key] = record.value
+        if stop is not None and stop.is_set():
+            return {}
     finally:
         reader.close()
     alive: dict[str, dict[str, bytes]] = {}

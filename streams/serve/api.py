@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import aiohttp.web
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
@@ -53,6 +53,7 @@ from handlers.views import (
 )
 from streams.common.cloudevents import event_source
 from streams.common.globalview import GlobalView
+from streams.common.reading import follow_from_start
 from streams.common.kafka_clients import aiokafka_options
 from streams.common.settings import ApiSettings, KafkaSettings, load_settings
 from streams.common.topics import GPU_CLASSES, changelog_topic, ensure_topics
@@ -195,18 +196,10 @@ class Api:
         await consumer.start()
         await producer.start()
         try:
-            partitions = [TopicPartition(topic, p) for p in sorted(await _partitions(consumer, topic))]
-            consumer.assign(partitions)
-            await consumer.seek_to_beginning(*partitions)
-            backlog = {tp: end for tp, end in (await consumer.end_offsets(partitions)).items() if end > 0}
-            while True:
-                for records in (await consumer.getmany(timeout_ms=int(self.conf.publish_seconds * 1000))).values():
-                    for record in records:
-                        self.classes.apply(record.key, record.value)
-                if not self.classes.caught_up.is_set():
-                    positions = {tp: await consumer.position(tp) for tp in backlog}
-                    if all(positions[tp] >= end for tp, end in backlog.items()):
-                        self.classes.caught_up.set()
+            async for records in follow_from_start(consumer, [topic], self.classes.caught_up,
+                                                   poll_ms=int(self.conf.publish_seconds * 1000)):
+                for record in records:
+                    self.classes.apply(record.key, record.value)
                 if self.ready:
                     await self._publish(producer, topic)
         finally:
@@ -287,16 +280,6 @@ def _answer(model: BaseModel) -> aiohttp.web.Response:
 def _problem(status: int, error: str, headers: dict[str, str] | None = None) -> aiohttp.web.Response:
     return aiohttp.web.Response(status=status, body=Problem(error=error).model_dump_json().encode(),
                                 content_type="application/json", headers=headers)
-
-
-async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
-    for _ in range(100):
-        found = consumer.partitions_for_topic(topic)
-        if found:
-            return set(found)
-        await consumer._client.force_metadata_update()
-        await asyncio.sleep(0.1)  # metadata refresh interval
-    raise RuntimeError(f"topic {topic} has no partitions")
 
 
 # ------------------------------------------------------------------------- OpenAPI

@@ -53,6 +53,7 @@ from handlers.delivery import Bucket, Endpoint, Target, Verdict
 from handlers.messages import DeadLetter, DeadLetterSource, Notification, clip, describe_validation_error
 from handlers.tracing import TYPE_PREFIX, ce_headers, dead_letter_id
 from streams.common import metrics
+from streams.common.reading import assign_from_start, read_to_end
 from streams.common.cloudevents import TRACEPARENT, TRACESTATE, Trace, event_source, trace_of
 from streams.common.kafka_clients import consumer, producer
 from streams.common.logs import limit_client_logs
@@ -285,33 +286,17 @@ class DeliveryLedger:
     """Which deliveries were made (or dead-lettered), read back from the ledger topic."""
 
     def __init__(self, settings: Settings, *, timeout: float = 60.0) -> None:
-        from kafka import TopicPartition
 
         self.topic = settings.kafka.topic(LEDGER)
         self.consumer: KafkaConsumer = consumer(settings.kafka, enable_auto_commit=False,
                                                 client_id=f"{settings.notify.group_id}-ledger")
-        deadline = time.monotonic() + timeout
-        partitions = self.consumer.partitions_for_topic(self.topic)
-        while not partitions:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"topic {self.topic} has no partitions (does it exist?)")
-            time.sleep(0.2)  # metadata is not loaded yet
-            partitions = self.consumer.partitions_for_topic(self.topic)
-        self.partitions = [TopicPartition(self.topic, p) for p in sorted(partitions)]
-        self.consumer.assign(self.partitions)
-        self.consumer.seek_to_beginning(*self.partitions)
+        self.partitions = assign_from_start(self.consumer, [self.topic], wait=timeout)
         self.done: set[str] = set()
 
     def catch_up(self, timeout: float = 60.0) -> None:
-        ends = self.consumer.end_offsets(self.partitions)
-        deadline = time.monotonic() + timeout
-        while any(self.consumer.position(tp) < end for tp, end in ends.items()):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"could not read {self.topic} to its end in {timeout}s")
-            for records in self.consumer.poll(timeout_ms=200).values():
-                for record in records:
-                    if record.key is not None and record.value is not None:
-                        self.done.add(record.key.decode("utf-8", "replace"))
+        for record in read_to_end(self.consumer, self.partitions, stall=timeout):
+            if record.key is not None and record.value is not None:
+                self.done.add(record.key.decode("utf-8", "replace"))
 
     def close(self) -> None:
         self.consumer.close()
