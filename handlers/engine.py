@@ -59,6 +59,7 @@ from handlers.messages import (
 )
 from handlers.observing import observe, settle_resident
 from handlers.state import DrainEpisode, StateView
+from handlers.tables import DRAINS, PROCESSED
 
 # Not Kafka topics: they name, in audit records, decisions that no external input caused.
 TIMER_TOPIC = topics.TIMER
@@ -159,7 +160,7 @@ class Engine:
         if isinstance(who, Unauthenticated):
             return Result(self._unauthenticated(state, raw, intent.intent_id, who, source, now))
         ctx = self._context(state, now, intent.intent_id)
-        previous = state.get("processed", intent.intent_id)
+        previous = state.get(PROCESSED, intent.intent_id)
         if previous is not None:
             return Result(ctx.decide(
                 topic=source.topic, key=source.key, outcome="duplicate",
@@ -170,7 +171,7 @@ class Engine:
             return Result(self._reject(state, intent.intent_id, intent.requested_by, intent.project,
                                        refusal, source, now))
         reason = None if ctx.commands else "nothing to change: already as asked"
-        ctx.state.put("processed", intent.intent_id, "accepted")
+        ctx.state.put(PROCESSED, intent.intent_id, "accepted")
         return Result(ctx.decide(topic=source.topic, key=source.key, outcome="accepted", reason=reason))
 
     def _authenticate(self, raw: bytes | str | dict[str, Any], intent: IntentEnvelope | Any,
@@ -235,7 +236,7 @@ class Engine:
     ) -> Decision:
         """A fresh context: nothing a refused rule prepared may leak into the decision."""
         ctx = self._context(state, now, intent_id)
-        if state.get("processed", intent_id) is not None:
+        if state.get(PROCESSED, intent_id) is not None:
             return ctx.decide(topic=source.topic, key=source.key, outcome="duplicate",
                               reason=f"intent {intent_id} was already decided")
         ctx.notify(
@@ -248,7 +249,7 @@ class Engine:
             message=f"Your request {intent_id} was refused: {reason}.",
             details={"intent_id": intent_id, "reason": reason},
         )
-        ctx.state.put("processed", intent_id, "rejected")
+        ctx.state.put(PROCESSED, intent_id, "rejected")
         return ctx.decide(topic=source.topic, key=source.key, outcome="rejected", reason=reason)
 
     @_never_raises
@@ -276,7 +277,7 @@ class Engine:
         """Fire every drain deadline due at ``now`` (or only ``only``'s); one decision per node."""
         results = []
         for node in due_nodes(state, now) if only is None else [only]:
-            episode: DrainEpisode | None = state.get("drains", node)
+            episode: DrainEpisode | None = state.get(DRAINS, node)
             if episode is None or not due_deadlines([episode], now):
                 continue
             # Decided *as of the deadline*, however late the timer fires: a replay or a

@@ -29,6 +29,7 @@ from handlers.messages import (
 )
 from handlers.restarts import reconcile_pending, restart_refusal
 from handlers.vms import vm_manifest
+from handlers.tables import NAMESPACES, NODES, VMIS, VMS
 
 Refusal = str | None
 
@@ -40,7 +41,7 @@ def _gpu_mutation(ctx: Context, gpu_class: str | None) -> GPUMutation:
 
 def _owned_vm(ctx: Context, intent: VMIntent) -> tuple[VMRecord | None, Refusal]:
     """The VM the intent is about, if it exists and belongs to the intent's project."""
-    vm: VMRecord | None = ctx.state.get("vms", intent.vm_key())
+    vm: VMRecord | None = ctx.state.get(VMS, intent.vm_key())
     if vm is None:
         spec = intent.spec  # type: ignore[attr-defined]
         return None, f"VM {spec.namespace}/{spec.name} does not exist"
@@ -82,10 +83,10 @@ def namespace_refusal(config: Config, namespace: str, project: str,
 
 def create_vm(ctx: Context, intent: CreateVMIntent, principal: Principal) -> Refusal:
     refusal = namespace_refusal(ctx.config, intent.spec.namespace, intent.project,
-                                ctx.state.get("namespaces", intent.spec.namespace))
+                                ctx.state.get(NAMESPACES, intent.spec.namespace))
     if refusal:
         return refusal
-    if ctx.state.get("vms", intent.vm_key()) is not None:
+    if ctx.state.get(VMS, intent.vm_key()) is not None:
         return f"VM {intent.spec.namespace}/{intent.spec.name} already exists"
     try:
         gpu = None if intent.spec.gpu_class is None else _gpu_mutation(ctx, intent.spec.gpu_class)
@@ -143,7 +144,7 @@ def restart_vm(ctx: Context, intent: RestartVMIntent, principal: Principal) -> R
     vm, refusal = _owned_vm(ctx, intent)
     if vm is None:
         return refusal
-    vmi: VMIRecord | None = ctx.state.get("vmis", vm.key)
+    vmi: VMIRecord | None = ctx.state.get(VMIS, vm.key)
     refusal = restart_refusal(vm, vmi)
     if refusal is None:
         ctx.command("restart_vm", vm_subject(vm.key), requested_by=intent.requested_by)
@@ -160,7 +161,7 @@ def drain_node(ctx: Context, intent: DrainNodeIntent, principal: Principal) -> R
     refusal = _operator_refusal(principal, "drain")
     if refusal:
         return refusal
-    if ctx.state.get("nodes", intent.spec.node) is None:
+    if ctx.state.get(NODES, intent.spec.node) is None:
         return f"node {intent.spec.node} is unknown in AZ {ctx.config.az}"
     start_drain(
         ctx,

@@ -45,7 +45,7 @@ from handlers.restarts import pending_detail
 from handlers.engine import Engine, Result, Source
 from handlers.messages import KEY_MAX, MalformedMessage
 from handlers.observing import decision_key
-from handlers.state import GLOBAL_TABLES, TABLES, TableName
+from handlers.tables import GLOBAL_TABLES, TABLES, TRACKING, VMIS, VMS, Table
 from handlers.topics import INTENTS, ROUTED_INPUTS, WORKER_ROUTED, written_by
 from streams.common import metrics
 from streams.common.credentials import key_source
@@ -68,22 +68,7 @@ log = logging.getLogger(__name__)
 EXIT_UNPUBLISHED = 75
 _LATEST = 253402300799.0  # 9999-12-31T23:59:59Z, the latest time a datetime holds
 
-TABLE_HELP: dict[TableName, str] = {
-    "vms": "VM key → last observed VirtualMachine (decided under the VM's key)",
-    "vmis": "VM key → last observed VMI (a VMI is named after its VM)",
-    "tracking": "VM key → what the owner was told (pending restart, GPU unavailable)",
-    "nodes": "node → last observed Node (decided under the node's key)",
-    "residents": "node → the GPU VMIs on it: the node-keyed view drains read",
-    "drains": "node → its drain episode",
-    "maintenances": "NodeMaintenance name → record (decided under its node's key)",
-    "processed": "intent_id → outcome (decided under the intent's key)",
-    "usage": "node → GPU cards offered and held: cluster-wide, read by every instance",
-    "kubevirt": "'cluster' → the KubeVirt CR's configuration: cluster-wide",
-    "namespaces": "namespace → the project its label names: cluster-wide, read by every instance",
-}
-
-
-PENDING_TABLES: tuple[TableName, ...] = ("tracking", "vms", "vmis")  # the rows /pending reads
+PENDING_TABLES: tuple[Table[Any], ...] = (TRACKING, VMS, VMIS)  # the rows /pending reads
 PUBLIC_PAGES = ("/health", "/ready")  # what probes read; everything else needs the token
 
 
@@ -180,14 +165,14 @@ class Worker:
         self.routed = self._topic(ROUTED)
         self.inputs = self._topic(*(topic.name for topic in ROUTED_INPUTS))  # route's: re-keyed onto the routed topic
         self.outputs = {topic.name: self._topic(topic.name) for topic in written_by("worker") if topic is not WORKER_ROUTED}
-        self.tables = {
-            name: self.app.Table(f"state-{name}", key_type=str, value_type=bytes,
-                                 partitions=self.kafka.partitions, help=TABLE_HELP[name])
-            for name in TABLES
+        self.tables: dict[str, Any] = {  # by table name
+            table: self.app.Table(table.stored_as, key_type=str, value_type=bytes,
+                                  partitions=self.kafka.partitions, help=table.help)
+            for table in TABLES
         }
         self.view = GlobalView(
             self.kafka.bootstrap_servers,
-            {name: changelog_topic(conf.app_id, self.tables[name].name) for name in GLOBAL_TABLES},
+            {table: changelog_topic(conf.app_id, table.stored_as) for table in GLOBAL_TABLES},
             **aiokafka_options(self.kafka),
         )
         journal = self.app.Table("state-journal", key_type=str, value_type=bytes, partitions=self.kafka.partitions,
@@ -197,7 +182,7 @@ class Worker:
         # What /pending shows, for the whole cluster from any instance (kept as bytes).
         self.pages_view = GlobalView(
             self.kafka.bootstrap_servers,
-            {name: changelog_topic(conf.app_id, self.tables[name].name) for name in PENDING_TABLES},
+            {table: changelog_topic(conf.app_id, table.stored_as) for table in PENDING_TABLES},
             decode=False,
             **aiokafka_options(self.kafka),
         )
@@ -542,7 +527,7 @@ class Worker:
         gives the same list (a console asks one replica behind a Service), read from the
         changelogs of every partition (``pages_view``), not from this instance's tables."""
         view = self.pages_view
-        return web.json([d for key in view.keys("tracking") if (d := pending_detail(view, key)) is not None])
+        return web.json([d for key in view.keys(TRACKING) if (d := pending_detail(view, key)) is not None])
 
     async def _metrics(self, web: Any, request: Any) -> Any:
         return web.bytes(metrics.exposition(), content_type=metrics.CONTENT_TYPE)
