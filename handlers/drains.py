@@ -237,15 +237,21 @@ def fire_deadline(ctx: Context, node: str) -> None:
     reconcile_drain(ctx, node)
 
 
+def is_due(episode: DrainEpisode, now: datetime) -> bool:
+    """The notice is over and the GPU VMs have not been stopped yet."""
+    return not episode.deadline_passed and not episode.completed and episode.deadline <= now
+
+
 def due_deadlines(episodes: Iterable[DrainEpisode], now: datetime) -> list[str]:
     """Nodes whose notice is over and whose GPU VMs have not been stopped yet."""
-    return sorted(e.node for e in episodes if not e.deadline_passed and not e.completed and e.deadline <= now)
+    return sorted(e.node for e in episodes if is_due(e, now))
 
 
 def due_nodes(state: StateView, now: datetime) -> list[str]:
     """The nodes whose deadline may be due at ``now``, in name order: the state's
-    :class:`~handlers.state.DeadlineIndex` when it keeps one (``MemoryState``), else every
-    episode looked at. A candidate is fired only if its row says so (``Engine.on_tick``)."""
+    :class:`~handlers.state.DeadlineIndex` when it keeps one (``MemoryState``, the worker's
+    ``TableState``), else every episode looked at. A candidate is fired only if its row
+    says so (``Engine.on_tick``)."""
     index: DeadlineIndex | None = getattr(state, "deadlines", None)
     if index is not None:
         return index.due(now)

@@ -30,11 +30,11 @@ from handlers.decisions import Context, ResidentUpdate
 from handlers.drains import call_off_drain, observe_fate, reconcile_drain, restarts_by_itself, start_drain
 from handlers.enforcement import reconcile_gpu_rules
 from handlers.messages import WatchEvent, node_key, vm_key
+from handlers.outcomes import ACCEPTED, Accepted, Ignored
 from handlers.restarts import reconcile_pending
 from handlers.state import KUBEVIRT_KEY, DrainEpisode, ObservedFate, VMTracking, put_tracking
 from handlers.tables import DRAINS, KUBEVIRT, MAINTENANCES, NAMESPACES, NODES, RESIDENTS, TRACKING, VMIS, VMS
 
-Ignored = str | None
 CLUSTER_KEY = "cluster/kubevirt"
 
 
@@ -50,13 +50,13 @@ def decision_key(kind: str, obj: dict[str, Any]) -> str:
     return CLUSTER_KEY
 
 
-def observe(ctx: Context, event: WatchEvent) -> Ignored:
-    """Fold ``event`` into state and reconcile; returns why it was ignored, if it was."""
+def observe(ctx: Context, event: WatchEvent) -> Accepted | Ignored:
+    """Fold ``event`` into state and reconcile; ignored (and why) if nothing reads it."""
     fold = _FOLDS.get(event.kind)
     if fold is None:
-        return f"kind {event.kind} is not watched"
+        return Ignored(f"kind {event.kind} is not watched")
     fold(ctx, event)
-    return None
+    return ACCEPTED
 
 
 # ------------------------------------------------------------- under the VM's key

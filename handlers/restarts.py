@@ -20,6 +20,7 @@ from dataclasses import replace
 from handlers import ids
 from handlers.cluster import VMIRecord, VMRecord
 from handlers.decisions import Context, vm_subject
+from handlers.outcomes import ACCEPTED, Accepted, Refused
 from handlers.state import StateView, VMTracking, put_tracking
 from handlers.tables import TRACKING, VMIS, VMS
 
@@ -88,11 +89,11 @@ def pending_detail(state: StateView, key: str) -> dict[str, object] | None:
     }
 
 
-def restart_refusal(vm: VMRecord, vmi: VMIRecord | None) -> str | None:
-    """Why a restart of ``vm`` must be refused, or None when it may go ahead."""
+def restart_judgement(vm: VMRecord, vmi: VMIRecord | None) -> Accepted | Refused:
+    """Whether a restart of ``vm`` may go ahead, and if not, why."""
     if vm.run_strategy in RESTART_REFUSED:
-        return f"cannot restart VM {vm.namespace}/{vm.name}: {RESTART_REFUSED[vm.run_strategy]}"
+        return Refused(f"cannot restart VM {vm.namespace}/{vm.name}: {RESTART_REFUSED[vm.run_strategy]}")
     if vmi is None or not vmi.active:
-        return f"cannot restart VM {vm.namespace}/{vm.name}: it is not running"
-    return None
+        return Refused(f"cannot restart VM {vm.namespace}/{vm.name}: it is not running")
+    return ACCEPTED
 

@@ -15,10 +15,11 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter
 
 from handlers.decisions import ResidentUpdate
+from handlers.inputs import RESIDENT_UPDATE
 from handlers.tables import table_named
 from streams.common.signing import Keyring, sealed_json
 
-_RESIDENT_UPDATE: TypeAdapter[ResidentUpdate] = TypeAdapter(ResidentUpdate)
+_RESIDENT_UPDATE = RESIDENT_UPDATE  # the routed topic's reading of it (handlers/inputs.py)
 
 
 @cache

@@ -40,16 +40,16 @@ import aiohttp.web
 from faust.types import EventT
 
 from handlers.capacity import capacity_report
-from handlers.drains import due_nodes
 from handlers.restarts import pending_detail
 from handlers.engine import Engine, Result, Source
+from handlers.inputs import kind_of, routed_input, tick_value
 from handlers.messages import KEY_MAX, MalformedMessage
 from handlers.observing import decision_key
 from handlers.tables import GLOBAL_TABLES, TABLES, TRACKING, VMIS, VMS, Table
 from handlers.topics import INTENTS, ROUTED_INPUTS, WORKER_ROUTED, written_by
 from streams.common import metrics
 from streams.common.credentials import key_source
-from streams.common.codecs import decode_resident_update, encode_json, encode_message, encode_resident_update
+from streams.common.codecs import encode_json, encode_message, encode_resident_update
 from streams.common.cloudevents import (TRACEPARENT, TRACESTATE, Trace, event_source, kafka_headers, trace_headers,
                                  trace_of)
 from streams.common.globalview import GlobalView
@@ -178,6 +178,7 @@ class Worker:
         journal = self.app.Table("state-journal", key_type=str, value_type=bytes, partitions=self.kafka.partitions,
                                  help="input topic:partition:offset → its decision, until the offset is committed")
         self.state = TableState(self.tables, self.view, Journal(journal))
+        self.app.on_rebalance_complete.connect(self._partitions_settled)
         self.app.task(self.view.run)
         # What /pending shows, for the whole cluster from any instance (kept as bytes).
         self.pages_view = GlobalView(
@@ -325,19 +326,10 @@ class Worker:
         return results
 
     def _decide_one(self, event: EventT[Any]) -> tuple[str, list[Result]]:
-        now = self._time(event)
-        headers = _headers(event)
-        kind = headers.get(KIND_HEADER, b"").decode("utf-8", "replace")
-        if kind == "intent":
-            return "intent", [self.engine.on_intent(self.state, event.value, _origin(event), now)]
-        if kind == "event":
-            return "event", [self.engine.on_event(self.state, event.value, _origin(event), now)]
-        if kind == "resident":
-            return "resident", [self.engine.on_resident(self.state, decode_resident_update(event.value), now)]
-        if kind == "tick":
-            node = json.loads(event.value)["node"]
-            return "tick", self.engine.on_tick(self.state, now, only=node)
-        raise MalformedMessage(f"routed message without a known {KIND_HEADER} header: {kind!r}")
+        """A routed record read as its input (handlers/inputs.py), decided by the one entry."""
+        kind = _headers(event).get(KIND_HEADER, b"").decode("utf-8", "replace")
+        input_ = routed_input(kind, event.value, _origin(event), self._time(event))
+        return kind_of(input_), self.engine.decide(self.state, input_)
 
     async def _publish(self, decided: list[tuple[EventT[Any], Result]]) -> None:
         """Send a batch's messages and wait until the broker has them all.
@@ -468,14 +460,20 @@ class Worker:
         })
 
     async def _tick(self) -> None:
-        """Ask each node with a due deadline to fire it, through the node's partition."""
-        now = datetime.now(UTC)
-        for node in due_nodes(self.state, now):  # as simulate asks; the node's decision checks its row
-            await self.routed.send(key=f"node/{node}".encode(), value=encode_json({"node": node}),
+        """Ask each node with a due deadline to fire it, through the node's partition: the
+        rules say which are due (``Engine.due``, from the table state's deadline index)."""
+        for tick in self.engine.due(self.state, datetime.now(UTC)):  # the node's decision checks its row
+            node = tick.node or ""
+            await self.routed.send(key=f"node/{node}".encode(), value=encode_json(tick_value(node)),
                                    headers={KIND_HEADER: b"tick"})
         for name, size in self.state.sizes().items():
             metrics.TABLE_ROWS.labels(name).set(size)
         metrics.record_lag(self.app)
+
+    async def _partitions_settled(self, sender: Any, /, *args: Any, signal: Any = None, **kwargs: Any) -> None:
+        """Partitions came or went and their tables are recovered: the deadline index is
+        rebuilt from the rows this instance now holds."""
+        self.state.forget_deadlines()
 
     async def _tend_heap(self) -> None:
         """Keep full garbage collections off the decision path (streams/common/heap.py)."""
