@@ -21,7 +21,7 @@ from handlers.tables import KUBEVIRT
 
 
 def kubevirt_record(state: StateView) -> KubeVirtRecord | None:
-    record: KubeVirtRecord | None = state.get(KUBEVIRT, KUBEVIRT_KEY)
+    record = state.get(KUBEVIRT, KUBEVIRT_KEY)
     return record
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from handlers.admission import permitted
 from handlers.catalog import Catalog
-from handlers.cluster import NodeRecord, NodeUsage, Resident
+from handlers.cluster import NodeUsage
 from handlers.state import Overlay, StateView, UsageTotals
 from handlers.tables import NODES, RESIDENTS, USAGE
 
@@ -88,8 +88,8 @@ def capacity_report(state: StateView, catalog: Catalog) -> dict[str, dict[str, o
 
 def refresh_usage(state: Overlay, node: str) -> None:
     """Recompute one node's usage from its record and its residents."""
-    record: NodeRecord | None = state.get(NODES, node)
-    residents: dict[str, Resident] = state.get(RESIDENTS, node) or {}
+    record = state.get(NODES, node)
+    residents = state.get(RESIDENTS, node) or {}
     held: Counter[str] = Counter()
     for resident in residents.values():
         held.update(resident.gpu_devices)

@@ -36,7 +36,7 @@ from datetime import datetime, timedelta
 
 from handlers import ids
 from handlers.capacity import capacity
-from handlers.cluster import NodeRecord, Resident
+from handlers.cluster import Resident
 from handlers.decisions import Context, node_subject, vm_subject
 from handlers.messages import ObjectRef
 from handlers.state import DeadlineIndex, DrainEpisode, DrainOutcome, DrainScope, DrainSource, ObservedFate, StateView
@@ -82,7 +82,7 @@ def start_drain(
     A ``node`` drain joining an open ``evictions`` episode widens it to the whole node.
     """
     notice = ctx.config.drain.notice_seconds if notice_seconds is None else notice_seconds
-    existing: DrainEpisode | None = ctx.state.get(DRAINS, node)
+    existing = ctx.state.get(DRAINS, node)
     if existing is not None and not (existing.scope == "evictions" and existing.completed):
         if scope == "node" and existing.scope == "evictions":
             widened = replace(existing, scope="node", source=source, reason=reason, requested_by=requested_by)
@@ -111,7 +111,7 @@ def start_drain(
 
 def _cordon(ctx: Context, episode: DrainEpisode) -> DrainEpisode:
     """Cordon the node unless it already is; remember that vmstream did."""
-    observed: NodeRecord | None = ctx.state.get(NODES, episode.node)
+    observed = ctx.state.get(NODES, episode.node)
     if episode.cordoned or (observed is not None and observed.unschedulable):
         return episode
     ctx.command("cordon_node", node_subject(episode.node), requested_by=episode.requested_by)
@@ -123,7 +123,7 @@ def call_off_drain(ctx: Context, node: str, *, why: str, undo_cordon: bool) -> D
 
     ``undo_cordon`` is false when the node was uncordoned by someone else already.
     """
-    episode: DrainEpisode | None = ctx.state.get(DRAINS, node)
+    episode = ctx.state.get(DRAINS, node)
     if episode is None:
         return None
     ctx.state.put(DRAINS, node, None)
@@ -182,7 +182,7 @@ def call_off_drain(ctx: Context, node: str, *, why: str, undo_cordon: bool) -> D
 
 def residents_of(ctx: Context, node: str) -> list[Resident]:
     """The GPU VMIs on ``node``, in key order."""
-    residents: dict[str, Resident] = ctx.state.get(RESIDENTS, node) or {}
+    residents = ctx.state.get(RESIDENTS, node) or {}
     return [residents[key] for key in sorted(residents)]
 
 
@@ -195,11 +195,11 @@ def in_scope(episode: DrainEpisode, residents: list[Resident]) -> list[Resident]
 
 def reconcile_drain(ctx: Context, node: str) -> None:
     """Bring the node's episode up to date with what is observed now."""
-    episode: DrainEpisode | None = ctx.state.get(DRAINS, node)
+    episode = ctx.state.get(DRAINS, node)
     if episode is None:
         return
     before = episode
-    observed: NodeRecord | None = ctx.state.get(NODES, node)
+    observed = ctx.state.get(NODES, node)
     if observed is not None and observed.unschedulable and not episode.cordon_observed:
         episode = replace(episode, cordon_observed=True)
     on_node = in_scope(episode, residents_of(ctx, node))
@@ -221,7 +221,7 @@ def reconcile_drain(ctx: Context, node: str) -> None:
 
 def observe_fate(ctx: Context, node: str, vm_key: str, fate: ObservedFate) -> None:
     """A VM whose GPU VMI left ``node`` reports what became of it."""
-    episode: DrainEpisode | None = ctx.state.get(DRAINS, node)
+    episode = ctx.state.get(DRAINS, node)
     if episode is None or vm_key not in episode.announced or episode.observed.get(vm_key) == fate:
         return
     if episode.completed:
@@ -231,7 +231,7 @@ def observe_fate(ctx: Context, node: str, vm_key: str, fate: ObservedFate) -> No
 
 def fire_deadline(ctx: Context, node: str) -> None:
     """The notice is over: stop the GPU VMs still on the node."""
-    episode: DrainEpisode | None = ctx.state.get(DRAINS, node)
+    episode = ctx.state.get(DRAINS, node)
     if episode is not None:
         ctx.state.put(DRAINS, node, replace(episode, deadline_passed=True))
     reconcile_drain(ctx, node)

@@ -32,7 +32,7 @@ from handlers.enforcement import reconcile_gpu_rules
 from handlers.messages import WatchEvent, node_key, vm_key
 from handlers.outcomes import ACCEPTED, Accepted, Ignored
 from handlers.restarts import reconcile_pending
-from handlers.state import KUBEVIRT_KEY, DrainEpisode, ObservedFate, VMTracking, put_tracking
+from handlers.state import KUBEVIRT_KEY, ObservedFate, VMTracking, put_tracking
 from handlers.tables import DRAINS, KUBEVIRT, MAINTENANCES, NAMESPACES, NODES, RESIDENTS, TRACKING, VMIS, VMS
 
 CLUSTER_KEY = "cluster/kubevirt"
@@ -95,7 +95,7 @@ def _kubevirt(ctx: Context, event: WatchEvent) -> None:
 
 
 def _reconcile_vm(ctx: Context, key: str) -> None:
-    vm: VMRecord | None = ctx.state.get(VMS, key)
+    vm = ctx.state.get(VMS, key)
     if vm is not None:
         reconcile_gpu_rules(ctx, vm)
         reconcile_pending(ctx, vm)
@@ -117,7 +117,7 @@ def _tell_nodes(ctx: Context, key: str, before: tuple[str, Resident] | None) -> 
             ctx.forward(before[0], key, None)
         if after is not None:
             ctx.forward(after[0], key, after[1])
-    tracking: VMTracking = ctx.state.get(TRACKING, key) or VMTracking()
+    tracking = ctx.state.get(TRACKING, key) or VMTracking()
     if left:
         assert before is not None
         tracking = replace(tracking, left_node=before[0], left_fate=None)
@@ -135,8 +135,8 @@ def _tell_nodes(ctx: Context, key: str, before: tuple[str, Resident] | None) -> 
 
 def fate_since_left(ctx: Context, key: str) -> ObservedFate | None:
     """What became of a VM whose GPU VMI left its node, as observed; None while unknown."""
-    vm: VMRecord | None = ctx.state.get(VMS, key)
-    vmi: VMIRecord | None = ctx.state.get(VMIS, key)
+    vm = ctx.state.get(VMS, key)
+    vmi = ctx.state.get(VMIS, key)
     if vm is None:
         return "off"
     if vmi is not None and vmi.active:
@@ -160,7 +160,7 @@ def _node(ctx: Context, event: WatchEvent) -> None:
         reconcile_drain(ctx, new.name)
         return
     # A cordon alone is not a drain: it stops nothing (docs/kubevirt.md).
-    episode: DrainEpisode | None = ctx.state.get(DRAINS, new.name)
+    episode = ctx.state.get(DRAINS, new.name)
     if episode is not None and episode.scope == "node" and episode.cordon_observed and not new.unschedulable:
         # Uncordoned by someone else after the cordon was seen: the drain is called off.
         call_off_drain(ctx, new.name, why="the node was uncordoned", undo_cordon=False)
@@ -170,10 +170,10 @@ def _node(ctx: Context, event: WatchEvent) -> None:
 
 def _maintenance(ctx: Context, event: WatchEvent) -> None:
     maintenance = MaintenanceRecord.from_object(event.object)
-    old: MaintenanceRecord | None = ctx.state.get(MAINTENANCES, maintenance.name)
+    old = ctx.state.get(MAINTENANCES, maintenance.name)
     if event.type == "DELETED":
         ctx.state.put(MAINTENANCES, maintenance.name, None)
-        episode: DrainEpisode | None = ctx.state.get(DRAINS, maintenance.node)
+        episode = ctx.state.get(DRAINS, maintenance.node)
         if episode is not None and episode.source == "maintenance":
             call_off_drain(ctx, maintenance.node, why=f"NodeMaintenance {maintenance.name} was deleted",
                            undo_cordon=True)

@@ -39,8 +39,8 @@ def change_pending(vm: VMRecord, vmi: VMIRecord | None) -> bool:
 
 def reconcile_pending(ctx: Context, vm: VMRecord) -> None:
     """Tell the owner once that a change waits for a restart; forget it once it doesn't."""
-    vmi: VMIRecord | None = ctx.state.get(VMIS, vm.key)
-    tracking: VMTracking = ctx.state.get(TRACKING, vm.key) or VMTracking()
+    vmi = ctx.state.get(VMIS, vm.key)
+    tracking = ctx.state.get(TRACKING, vm.key) or VMTracking()
     if not change_pending(vm, vmi):
         if tracking.pending_episode is not None:
             put_tracking(ctx.state, vm.key, replace(tracking, pending_episode=None))
@@ -75,11 +75,11 @@ def reconcile_pending(ctx: Context, vm: VMRecord) -> None:
 
 def pending_detail(state: StateView, key: str) -> dict[str, object] | None:
     """What waits for a restart on VM ``key``, as the owner was told; None if nothing."""
-    tracking: VMTracking | None = state.get(TRACKING, key)
-    vm: VMRecord | None = state.get(VMS, key)
+    tracking = state.get(TRACKING, key)
+    vm = state.get(VMS, key)
     if tracking is None or tracking.pending_episode is None or vm is None:
         return None
-    vmi: VMIRecord | None = state.get(VMIS, key)
+    vmi = state.get(VMIS, key)
     return {
         "vm": key,
         "episode": tracking.pending_episode,

@@ -22,7 +22,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from handlers.availability import waiting_for_gpu
 from handlers.capacity import capacity_report
 from handlers.catalog import Catalog
-from handlers.cluster import NamespaceRecord, VMIRecord, VMRecord
 from handlers.messages import vm_key
 from handlers.restarts import change_pending
 from handlers.state import DrainEpisode, DrainOutcome, ObservedFate, StateView, VMTracking
@@ -121,18 +120,18 @@ def _refs(catalog: Catalog, devices: tuple[str, ...]) -> list[GPURef]:
 
 def project_of(state: StateView, namespace: str) -> str | None:
     """The project a namespace belongs to, by its label (the ``namespaces`` table)."""
-    record: NamespaceRecord | None = state.get(NAMESPACES, namespace)
+    record = state.get(NAMESPACES, namespace)
     return record.project if record else None
 
 
 def vm_badge(state: StateView, catalog: Catalog, namespace: str, name: str) -> VMBadge | None:
     """The badge of VM ``namespace/name``; None when no such VM was observed."""
     key = vm_key(namespace, name)
-    vm: VMRecord | None = state.get(VMS, key)
+    vm = state.get(VMS, key)
     if vm is None:
         return None
-    vmi: VMIRecord | None = state.get(VMIS, key)
-    tracking: VMTracking = state.get(TRACKING, key) or VMTracking()
+    vmi = state.get(VMIS, key)
+    tracking = state.get(TRACKING, key) or VMTracking()
     running = vmi is not None and vmi.active
     waits_for: WaitsFor | None = None
     if waiting_for_gpu(vm, vmi):
