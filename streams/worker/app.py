@@ -161,7 +161,7 @@ class Worker:
         # Outputs on a producer (a connection) of their own: aiokafka sends one request at a
         # time per connection, and a batch's outputs must not queue behind the changelog
         # rows of the batch before, a request that spans up to 60 partitions.
-        self.output_producer = self.app.add_dependency(self.app.transport.create_producer(beacon=self.app.beacon))
+        self.output_producer: Any = self.app.add_dependency(self.app.transport.create_producer(beacon=self.app.beacon))
         self.routed = self._topic(ROUTED)
         self.inputs = self._topic(*(topic.name for topic in ROUTED_INPUTS))  # route's: re-keyed onto the routed topic
         self.outputs = {topic.name: self._topic(topic.name) for topic in written_by("worker") if topic is not WORKER_ROUTED}
@@ -199,7 +199,8 @@ class Worker:
         self._page("/metrics", self._metrics)
         self._page("/capacity", self._capacity)
         self._page("/pending", self._pending)
-        self.app.web.web_app.middlewares.append(pages_guard(conf.page_token()))
+        web: Any = self.app.web  # Faust's aiohttp driver; its type does not show the aiohttp app
+        web.web_app.middlewares.append(pages_guard(conf.page_token()))
 
     def _topic(self, *names: str) -> Any:
         """Topics of bytes: the codecs are ours (streams/common/codecs.py), not Faust's."""
