@@ -62,7 +62,7 @@ from handlers.messages import (
     parse_watch_event,
 )
 from handlers.observing import observe, settle_resident
-from handlers.outcomes import ACCEPTED, NO_EFFECT, Accepted, Ignored, Judgement, Refused, audit_outcome, judgement_of
+from handlers.outcomes import ACCEPTED, Accepted, Ignored, Judgement, Refused, audit_outcome, judgement_of
 from handlers.state import StateView
 from handlers.tables import DRAINS, PROCESSED
 
@@ -92,12 +92,13 @@ class Result:
     dead_letter_key: str | None = None  # a dead letter keeps its input's key
     # (logical topic, key, value) of each output as sent, once Engine.fitted has checked them
     wire: list[tuple[str, bytes, bytes]] | None = None
-    judged: Judgement | None = None  # what the rules made of the input (else read off its audit)
 
     @property
     def judgement(self) -> Judgement:
-        """Accepted, Refused(reason) or Ignored(reason); a dead letter is refused."""
-        return self.judged if self.judged is not None else judgement_of(self.decision.audit)
+        """What the rules made of the input: Accepted, Refused(reason) or Ignored(reason); a
+        dead letter is refused. Read off the audit record the judgement was written into
+        (``Engine._closed``), so a result the journal gives back says the same."""
+        return judgement_of(self.decision.audit)
 
     def outputs(self) -> list[Output]:
         letters = [Output(topics.DLQ.name, self.dead_letter_key or "", d) for d in self.dead_letters]
@@ -161,9 +162,8 @@ class Engine:
     @staticmethod
     def _closed(ctx: Context, source: Source, judgement: Judgement) -> Result:
         """The decision with its one audit record, which says what ``judgement`` says."""
-        decision = ctx.decide(topic=source.topic, key=source.key, outcome=audit_outcome(judgement),
-                              reason=judgement.reason)
-        return Result(decision, judged=judgement)
+        return Result(ctx.decide(topic=source.topic, key=source.key, outcome=audit_outcome(judgement),
+                                 reason=judgement.reason))
 
     # ------------------------------------------------------------------ by kind
 
@@ -291,9 +291,8 @@ class Engine:
         settle_resident(ctx, update)
         decision = ctx.decide(topic=RESIDENTS_TOPIC, key=f"node/{update.node}", outcome="accepted")
         if not decision.has_effects:
-            decision.audit = None
-            return Result(decision, judged=NO_EFFECT)
-        return Result(decision, judged=ACCEPTED)
+            decision.audit = None  # judged NO_EFFECT
+        return Result(decision)
 
     def on_tick(self, state: StateView, now: datetime, *, only: str | None = None) -> list[Result]:
         """Fire every drain deadline due at ``now`` (or only ``only``'s); one decision per node."""
@@ -392,7 +391,7 @@ class Engine:
             outcome="rejected",
             reason=f"malformed: {error}",
         )
-        return Result(Decision(audit=audit), [letter], key, judged=Refused(f"malformed: {error}"))
+        return Result(Decision(audit=audit), [letter], key)
 
 
 @dataclass(frozen=True, slots=True)

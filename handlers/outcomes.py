@@ -2,8 +2,10 @@
 
 Rules used to answer ``str | None``, and ``None`` meant "go ahead" for an intent's rule but
 "not ignored" for a watch event: the reader had to know which. A :class:`Judgement` says
-it. The engine turns one into the audit record's outcome (``accepted``, ``rejected``,
-``duplicate``, ``ignored``); every :class:`~handlers.engine.Result` carries its own.
+it. The engine writes one into the audit record (its ``outcome``: ``accepted``,
+``rejected``, ``duplicate``, ``ignored``, and its ``reason``), and a
+:class:`~handlers.engine.Result` reads its judgement back off that record: one source of
+truth, the same for a result decided now and one the worker's journal gives back.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from handlers.cluster import ENDED_PHASES
 from handlers.decisions import ResidentUpdate
 from handlers.engine import EVENTS_TOPIC, INTENTS_TOPIC, Engine
 from handlers.inputs import DeadlineTick, IntentInput, ResidentInput, Source, WatchInput, kind_of, routed_input
-from handlers.messages import MalformedMessage
-from handlers.outcomes import Accepted, Ignored, Refused, judgement_of
+from handlers.messages import AuditInput, AuditRecord, MalformedMessage
+from handlers.outcomes import Accepted, Ignored, Refused, audit_outcome, judgement_of
 from handlers.rows import DrainEpisode, VMTracking
 from handlers.running import already_so
 from handlers.state import Change, MemoryState, Overlay
@@ -113,18 +113,16 @@ def test_a_malformed_input_is_refused_with_why_and_dead_lettered() -> None:
     assert len(result.dead_letters) == 1
 
 
-def test_a_judgement_read_back_from_its_audit_record_is_the_one_decided() -> None:
-    """The journal keeps audit records, not judgements: read back, they say the same."""
-    e, state = engine(), MemoryState()
-    pod = {"kind": "Pod", "metadata": {"name": "p", "namespace": "n"}}
-    results = [
-        *e.decide(state, WatchInput(event(pod), Source(EVENTS_TOPIC, None), START)),
-        *e.decide(state, IntentInput(intent("restart_vm", {"namespace": "spx-proj-a", "name": "w-1"}),
-                                     Source(INTENTS_TOPIC, KEY), START)),
-        *e.decide(state, IntentInput(b"[]", Source(INTENTS_TOPIC, KEY, 0, 1), START)),
-    ]
-    for result in results:
-        assert judgement_of(result.decision.audit) == result.judgement
+@pytest.mark.parametrize("judgement", [Accepted(), Accepted("nothing to change: already as asked"),
+                                       Refused("no"), Ignored("kind Pod is not watched"),
+                                       Ignored("intent it-1 was already decided", duplicate=True)])
+def test_the_audit_record_says_what_the_judgement_says(judgement: Any) -> None:
+    """A result's judgement is read off its audit record (so one the journal gives back says
+    the same): every judgement survives the trip."""
+    audit = AuditRecord(audit_id="aud-1", at=START, input=AuditInput(topic=INTENTS_TOPIC, key=KEY, ref="it-1"),
+                        outcome=audit_outcome(judgement), reason=judgement.reason)
+    assert judgement_of(audit) == judgement
+    assert judgement_of(None) == Ignored("no effect")
 
 
 # ---------------------------------------------------------------- one reading of routed records
