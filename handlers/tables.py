@@ -68,6 +68,11 @@ class Table(str, Generic[V]):
     def __repr__(self) -> str:
         return f"Table({str.__repr__(self)})"
 
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        """Copied or pickled, a handle is the one declared here (``str``'s own would call
+        ``Table(name)`` without the rest)."""
+        return table_named, (str(self),)
+
 
 VMS: Table[VMRecord] = Table(
     "vms", VMRecord, key="vm/<ns>/<name>", written_under="that VM",

@@ -3,7 +3,9 @@ the judgements the shell used to make for itself (what is due, is a VM already s
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 from datetime import timedelta
 from typing import Any
 
@@ -224,6 +226,8 @@ def test_the_applier_judges_with_the_rules_and_their_one_list_of_ended_phases() 
 def test_tables_are_declared_once_with_their_scope() -> None:
     assert [t.name for t in GLOBAL_TABLES] == ["usage", "kubevirt", "namespaces"]
     assert all(table_named(t.name) is t and t.stored_as == f"state-{t.name}" and t.help for t in TABLES)
+    change = Change(VMS, "vm/a/1", None)
+    assert copy.deepcopy(change).table is VMS and pickle.loads(pickle.dumps(change)).table is VMS
 
 
 def test_an_overlay_lists_rows_of_any_table_by_key() -> None:
