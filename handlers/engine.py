@@ -62,7 +62,7 @@ from handlers.messages import (
     parse_watch_event,
 )
 from handlers.observing import observe, settle_resident
-from handlers.outcomes import ACCEPTED, Accepted, Ignored, Judgement, Refused, audit_outcome, judgement_of
+from handlers.outcomes import ACCEPTED, Accepted, Duplicate, Judgement, Refused, judgement_of
 from handlers.state import StateView
 from handlers.tables import DRAINS, PROCESSED
 
@@ -146,13 +146,15 @@ class Engine:
 
     def decide(self, state: StateView, input_: Input) -> list[Result]:
         """Decide one input: one result each (a tick: one per deadline it fires)."""
-        if isinstance(input_, IntentInput):
-            return [self.on_intent(state, input_.raw, input_.source, input_.at)]
-        if isinstance(input_, WatchInput):
-            return [self.on_event(state, input_.raw, input_.source, input_.at)]
-        if isinstance(input_, ResidentInput):
-            return [self.on_resident(state, input_.update, input_.at)]
-        return self.on_tick(state, input_.at, only=input_.node)
+        match input_:
+            case IntentInput(raw, source, at):
+                return [self.on_intent(state, raw, source, at)]
+            case WatchInput(raw, source, at):
+                return [self.on_event(state, raw, source, at)]
+            case ResidentInput(update, at):
+                return [self.on_resident(state, update, at)]
+            case DeadlineTick(at, node):
+                return self.on_tick(state, at, only=node)
 
     def due(self, state: StateView, now: datetime) -> list[DeadlineTick]:
         """The ticks to send at ``now``: one per node whose drain deadline may be due (the
@@ -162,7 +164,7 @@ class Engine:
     @staticmethod
     def _closed(ctx: Context, source: Source, judgement: Judgement) -> Result:
         """The decision with its one audit record, which says what ``judgement`` says."""
-        return Result(ctx.decide(topic=source.topic, key=source.key, outcome=audit_outcome(judgement),
+        return Result(ctx.decide(topic=source.topic, key=source.key, outcome=judgement.outcome,
                                  reason=judgement.reason))
 
     # ------------------------------------------------------------------ by kind
@@ -187,8 +189,7 @@ class Engine:
         ctx = self._context(state, now, intent.intent_id)
         previous = state.get(PROCESSED, intent.intent_id)
         if previous is not None:
-            return self._closed(ctx, source, Ignored(f"intent {intent.intent_id} was already decided ({previous})",
-                                                     duplicate=True))
+            return self._closed(ctx, source, Duplicate(f"intent {intent.intent_id} was already decided ({previous})"))
         judgement = _RULES[intent.type](ctx, intent, who)
         if isinstance(judgement, Refused):
             return self._reject(state, intent.intent_id, intent.requested_by, intent.project,
@@ -262,7 +263,7 @@ class Engine:
         """A fresh context: nothing a refused rule prepared may leak into the decision."""
         ctx = self._context(state, now, intent_id)
         if state.get(PROCESSED, intent_id) is not None:
-            return self._closed(ctx, source, Ignored(f"intent {intent_id} was already decided", duplicate=True))
+            return self._closed(ctx, source, Duplicate(f"intent {intent_id} was already decided"))
         ctx.notify(
             "intent_rejected",
             subject=subject_of_key(source.key, fallback=intent_id),

@@ -11,9 +11,11 @@ truth, the same for a result decided now and one the worker's journal gives back
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from handlers.messages import AuditRecord
+
+AuditVerdict = Literal["accepted", "rejected", "ignored", "duplicate"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +23,7 @@ class Accepted:
     """Decided as asked; ``reason`` only qualifies it (nothing to change: already so)."""
 
     reason: str | None = None
+    outcome: ClassVar[AuditVerdict] = "accepted"  # what the audit record says
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,40 +31,37 @@ class Refused:
     """Not done, and the requester is told ``reason``; a malformed input is refused too."""
 
     reason: str
+    outcome: ClassVar[AuditVerdict] = "rejected"
 
 
 @dataclass(frozen=True, slots=True)
 class Ignored:
-    """Nothing to decide: a kind not watched, an intent decided already (``duplicate``),
-    a node update that changed nothing anybody is told."""
+    """Nothing to decide: a kind not watched, a node update that changed nothing anybody
+    is told."""
 
     reason: str
-    duplicate: bool = False
+    outcome: ClassVar[AuditVerdict] = "ignored"
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate(Ignored):
+    """Ignored because the same intent was decided already (its ``intent_id``)."""
+
+    outcome: ClassVar[AuditVerdict] = "duplicate"
 
 
 Judgement = Accepted | Refused | Ignored
 ACCEPTED = Accepted()
 NO_EFFECT = Ignored("no effect")  # a node's resident update that led to nothing to tell or do
 
-AuditVerdict = Literal["accepted", "rejected", "ignored", "duplicate"]
-
-
-def audit_outcome(judgement: Judgement) -> AuditVerdict:
-    """The audit record's ``outcome`` for a judgement."""
-    if isinstance(judgement, Accepted):
-        return "accepted"
-    if isinstance(judgement, Refused):
-        return "rejected"
-    return "duplicate" if judgement.duplicate else "ignored"
+_BY_OUTCOME: dict[str, type[Refused] | type[Ignored]] = {
+    "rejected": Refused, "ignored": Ignored, "duplicate": Duplicate,
+}
 
 
 def judgement_of(audit: AuditRecord | None) -> Judgement:
     """The judgement an audit record tells (a result read back from the journal)."""
     if audit is None:
         return NO_EFFECT
-    reason = audit.reason or ""
-    if audit.outcome == "rejected":
-        return Refused(reason)
-    if audit.outcome in ("ignored", "duplicate"):
-        return Ignored(reason, duplicate=audit.outcome == "duplicate")
-    return Accepted(audit.reason)
+    kind = _BY_OUTCOME.get(audit.outcome)
+    return Accepted(audit.reason) if kind is None else kind(audit.reason or "")

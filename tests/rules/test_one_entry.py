@@ -16,7 +16,7 @@ from handlers.decisions import ResidentUpdate
 from handlers.engine import EVENTS_TOPIC, INTENTS_TOPIC, Engine
 from handlers.inputs import DeadlineTick, IntentInput, ResidentInput, Source, WatchInput, kind_of, routed_input
 from handlers.messages import AuditInput, AuditRecord, MalformedMessage
-from handlers.outcomes import Accepted, Ignored, Refused, audit_outcome, judgement_of
+from handlers.outcomes import Accepted, Duplicate, Ignored, Refused, judgement_of
 from handlers.rows import DrainEpisode, VMTracking
 from handlers.running import already_so
 from handlers.state import Change, MemoryState, Overlay
@@ -94,7 +94,8 @@ def test_an_intent_decided_again_is_ignored_as_a_duplicate_with_its_reason() -> 
     [first] = decide_all(e, state, drain)
     assert isinstance(first.judgement, Accepted)
     [again] = e.decide(state, drain)
-    assert again.judgement == Ignored("intent it-1 was already decided (accepted)", duplicate=True)
+    assert again.judgement == Duplicate("intent it-1 was already decided (accepted)")
+    assert isinstance(again.judgement, Ignored)
     assert again.decision.audit is not None and again.decision.audit.outcome == "duplicate"
 
 
@@ -117,12 +118,12 @@ def test_a_malformed_input_is_refused_with_why_and_dead_lettered() -> None:
 
 @pytest.mark.parametrize("judgement", [Accepted(), Accepted("nothing to change: already as asked"),
                                        Refused("no"), Ignored("kind Pod is not watched"),
-                                       Ignored("intent it-1 was already decided", duplicate=True)])
+                                       Duplicate("intent it-1 was already decided")])
 def test_the_audit_record_says_what_the_judgement_says(judgement: Any) -> None:
     """A result's judgement is read off its audit record (so one the journal gives back says
     the same): every judgement survives the trip."""
     audit = AuditRecord(audit_id="aud-1", at=START, input=AuditInput(topic=INTENTS_TOPIC, key=KEY, ref="it-1"),
-                        outcome=audit_outcome(judgement), reason=judgement.reason)
+                        outcome=judgement.outcome, reason=judgement.reason)
     assert judgement_of(audit) == judgement
     assert judgement_of(None) == Ignored("no effect")
 
