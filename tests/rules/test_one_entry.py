@@ -13,7 +13,7 @@ import pytest
 
 from handlers.cluster import ENDED_PHASES
 from handlers.decisions import ResidentUpdate
-from handlers.engine import EVENTS_TOPIC, INTENTS_TOPIC, Engine
+from handlers.engine import Engine
 from handlers.inputs import DeadlineTick, IntentInput, ResidentInput, Source, WatchInput, kind_of, routed_input
 from handlers.messages import AuditInput, AuditRecord, MalformedMessage
 from handlers.outcomes import Accepted, Duplicate, Ignored, Refused, judgement_of
@@ -26,7 +26,7 @@ from streams.common.codecs import encode_resident_update, encode_state
 from streams.common.globalview import GlobalView
 from streams.kube import applying
 from streams.worker.tablestate import TableState
-from tests.support.harness import START, config
+from tests.support.harness import EVENTS_TOPIC, INTENTS_TOPIC, START, config
 
 ALICE = "alice@example.com"
 KEY = "vm/spx-proj-a/w-1"
