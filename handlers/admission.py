@@ -17,10 +17,11 @@ from __future__ import annotations
 from handlers.catalog import GPUClass
 from handlers.cluster import KubeVirtRecord
 from handlers.state import KUBEVIRT_KEY, StateView
+from handlers.tables import KUBEVIRT
 
 
 def kubevirt_record(state: StateView) -> KubeVirtRecord | None:
-    record: KubeVirtRecord | None = state.get("kubevirt", KUBEVIRT_KEY)
+    record = state.get(KUBEVIRT, KUBEVIRT_KEY)
     return record
 
 

@@ -15,6 +15,7 @@ from handlers.capacity import capacity
 from handlers.cluster import VMIRecord, VMRecord
 from handlers.decisions import Context, vm_subject
 from handlers.state import VMTracking, put_tracking
+from handlers.tables import TRACKING, VMIS
 
 
 def waiting_for_gpu(vm: VMRecord, vmi: VMIRecord | None) -> bool:
@@ -26,8 +27,8 @@ def waiting_for_gpu(vm: VMRecord, vmi: VMIRecord | None) -> bool:
 
 
 def reconcile_availability(ctx: Context, vm: VMRecord) -> None:
-    vmi: VMIRecord | None = ctx.state.get("vmis", vm.key)
-    tracking: VMTracking = ctx.state.get("tracking", vm.key) or VMTracking()
+    vmi = ctx.state.get(VMIS, vm.key)
+    tracking = ctx.state.get(TRACKING, vm.key) or VMTracking()
     if not waiting_for_gpu(vm, vmi):
         if tracking.unavailable_episode is not None:
             put_tracking(ctx.state, vm.key, replace(tracking, unavailable_episode=None))

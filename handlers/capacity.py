@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from handlers.admission import permitted
 from handlers.catalog import Catalog
-from handlers.cluster import NodeRecord, NodeUsage, Resident
+from handlers.cluster import NodeUsage
 from handlers.state import Overlay, StateView, UsageTotals
+from handlers.tables import NODES, RESIDENTS, USAGE
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +41,7 @@ def capacity(state: StateView, device_name: str, *, excluding_node: str | None =
     if indexed is not None:
         return indexed
     total = schedulable = used = free = 0
-    for usage in state.values("usage"):
+    for usage in state.values(USAGE):
         allocatable = usage.allocatable.get(device_name, 0)
         if not allocatable or usage.node == excluding_node:
             continue
@@ -53,7 +54,7 @@ def capacity(state: StateView, device_name: str, *, excluding_node: str | None =
 
 
 def _indexed(state: StateView, device_name: str, excluding_node: str | None) -> Capacity | None:
-    base, own = (state.base, state.changed("usage")) if isinstance(state, Overlay) else (state, {})
+    base, own = (state.base, state.changed(USAGE)) if isinstance(state, Overlay) else (state, {})
     totals: UsageTotals | None = getattr(base, "usage_totals", None)
     if totals is None:
         return None
@@ -62,7 +63,7 @@ def _indexed(state: StateView, device_name: str, excluding_node: str | None) -> 
     if excluding_node is not None:
         corrections[excluding_node] = None
     for node, usage in corrections.items():
-        before, after = UsageTotals.share(base.get("usage", node), device_name), UsageTotals.share(usage, device_name)
+        before, after = UsageTotals.share(base.get(USAGE, node), device_name), UsageTotals.share(usage, device_name)
         for i in range(4):
             sums[i] += after[i] - before[i]
     return Capacity(device_name, *sums)
@@ -75,7 +76,7 @@ def capacity_report(state: StateView, catalog: Catalog) -> dict[str, dict[str, o
     observed KubeVirt CR's ``permittedHostDevices``, handlers/admission.py): its cards are
     counted as they are, but the class is unavailable — an intent for it is refused.
     """
-    devices = {d for usage in state.values("usage") for d in usage.allocatable}
+    devices = {d for usage in state.values(USAGE) for d in usage.allocatable}
     devices |= set(catalog.by_device)
     report: dict[str, dict[str, object]] = {}
     for device in sorted(devices):
@@ -87,8 +88,8 @@ def capacity_report(state: StateView, catalog: Catalog) -> dict[str, dict[str, o
 
 def refresh_usage(state: Overlay, node: str) -> None:
     """Recompute one node's usage from its record and its residents."""
-    record: NodeRecord | None = state.get("nodes", node)
-    residents: dict[str, Resident] = state.get("residents", node) or {}
+    record = state.get(NODES, node)
+    residents = state.get(RESIDENTS, node) or {}
     held: Counter[str] = Counter()
     for resident in residents.values():
         held.update(resident.gpu_devices)
@@ -101,5 +102,5 @@ def refresh_usage(state: Overlay, node: str) -> None:
             allocatable=dict(record.gpu_allocatable) if record else {},
             held=dict(sorted(held.items())),
         )
-    if usage != state.get("usage", node):
-        state.put("usage", node, usage)
+    if usage != state.get(USAGE, node):
+        state.put(USAGE, node, usage)

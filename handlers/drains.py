@@ -36,10 +36,11 @@ from datetime import datetime, timedelta
 
 from handlers import ids
 from handlers.capacity import capacity
-from handlers.cluster import NodeRecord, Resident
+from handlers.cluster import Resident
 from handlers.decisions import Context, node_subject, vm_subject
 from handlers.messages import ObjectRef
 from handlers.state import DeadlineIndex, DrainEpisode, DrainOutcome, DrainScope, DrainSource, ObservedFate, StateView
+from handlers.tables import DRAINS, NODES, RESIDENTS
 
 # What KubeVirt's VM controller does once a VM's VMI is gone (deleted, as a drain does),
 # by run strategy: pkg/virt-controller/watch/vm/vm.go, ``Controller.syncRunStrategy``.
@@ -81,13 +82,13 @@ def start_drain(
     A ``node`` drain joining an open ``evictions`` episode widens it to the whole node.
     """
     notice = ctx.config.drain.notice_seconds if notice_seconds is None else notice_seconds
-    existing: DrainEpisode | None = ctx.state.get("drains", node)
+    existing = ctx.state.get(DRAINS, node)
     if existing is not None and not (existing.scope == "evictions" and existing.completed):
         if scope == "node" and existing.scope == "evictions":
             widened = replace(existing, scope="node", source=source, reason=reason, requested_by=requested_by)
             if existing.deadline_passed:
                 widened = replace(widened, deadline=ctx.now + timedelta(seconds=notice), deadline_passed=False)
-            ctx.state.put("drains", node, _cordon(ctx, widened))
+            ctx.state.put(DRAINS, node, _cordon(ctx, widened))
         reconcile_drain(ctx, node)
         return existing
     episode = DrainEpisode(
@@ -103,14 +104,14 @@ def start_drain(
     )
     if scope == "node":
         episode = _cordon(ctx, episode)
-    ctx.state.put("drains", node, episode)
+    ctx.state.put(DRAINS, node, episode)
     reconcile_drain(ctx, node)
     return episode
 
 
 def _cordon(ctx: Context, episode: DrainEpisode) -> DrainEpisode:
     """Cordon the node unless it already is; remember that vmstream did."""
-    observed: NodeRecord | None = ctx.state.get("nodes", episode.node)
+    observed = ctx.state.get(NODES, episode.node)
     if episode.cordoned or (observed is not None and observed.unschedulable):
         return episode
     ctx.command("cordon_node", node_subject(episode.node), requested_by=episode.requested_by)
@@ -122,10 +123,10 @@ def call_off_drain(ctx: Context, node: str, *, why: str, undo_cordon: bool) -> D
 
     ``undo_cordon`` is false when the node was uncordoned by someone else already.
     """
-    episode: DrainEpisode | None = ctx.state.get("drains", node)
+    episode = ctx.state.get(DRAINS, node)
     if episode is None:
         return None
-    ctx.state.put("drains", node, None)
+    ctx.state.put(DRAINS, node, None)
     uncordoned = undo_cordon and episode.cordoned
     if uncordoned:
         ctx.command("uncordon_node", node_subject(node), requested_by=episode.requested_by)
@@ -181,7 +182,7 @@ def call_off_drain(ctx: Context, node: str, *, why: str, undo_cordon: bool) -> D
 
 def residents_of(ctx: Context, node: str) -> list[Resident]:
     """The GPU VMIs on ``node``, in key order."""
-    residents: dict[str, Resident] = ctx.state.get("residents", node) or {}
+    residents = ctx.state.get(RESIDENTS, node) or {}
     return [residents[key] for key in sorted(residents)]
 
 
@@ -194,11 +195,11 @@ def in_scope(episode: DrainEpisode, residents: list[Resident]) -> list[Resident]
 
 def reconcile_drain(ctx: Context, node: str) -> None:
     """Bring the node's episode up to date with what is observed now."""
-    episode: DrainEpisode | None = ctx.state.get("drains", node)
+    episode = ctx.state.get(DRAINS, node)
     if episode is None:
         return
     before = episode
-    observed: NodeRecord | None = ctx.state.get("nodes", node)
+    observed = ctx.state.get(NODES, node)
     if observed is not None and observed.unschedulable and not episode.cordon_observed:
         episode = replace(episode, cordon_observed=True)
     on_node = in_scope(episode, residents_of(ctx, node))
@@ -215,40 +216,46 @@ def reconcile_drain(ctx: Context, node: str) -> None:
     if not on_node and not episode.completed and all(k in episode.observed for k in episode.announced):
         episode = _complete(ctx, episode)
     if episode != before:  # a node's heartbeat during its drain changes no row
-        ctx.state.put("drains", node, episode)
+        ctx.state.put(DRAINS, node, episode)
 
 
 def observe_fate(ctx: Context, node: str, vm_key: str, fate: ObservedFate) -> None:
     """A VM whose GPU VMI left ``node`` reports what became of it."""
-    episode: DrainEpisode | None = ctx.state.get("drains", node)
+    episode = ctx.state.get(DRAINS, node)
     if episode is None or vm_key not in episode.announced or episode.observed.get(vm_key) == fate:
         return
     if episode.completed:
         return  # the tally is out; a later change is the VM's own business
-    ctx.state.put("drains", node, replace(episode, observed={**episode.observed, vm_key: fate}))
+    ctx.state.put(DRAINS, node, replace(episode, observed={**episode.observed, vm_key: fate}))
 
 
 def fire_deadline(ctx: Context, node: str) -> None:
     """The notice is over: stop the GPU VMs still on the node."""
-    episode: DrainEpisode | None = ctx.state.get("drains", node)
+    episode = ctx.state.get(DRAINS, node)
     if episode is not None:
-        ctx.state.put("drains", node, replace(episode, deadline_passed=True))
+        ctx.state.put(DRAINS, node, replace(episode, deadline_passed=True))
     reconcile_drain(ctx, node)
+
+
+def is_due(episode: DrainEpisode, now: datetime) -> bool:
+    """The notice is over and the GPU VMs have not been stopped yet."""
+    return not episode.deadline_passed and not episode.completed and episode.deadline <= now
 
 
 def due_deadlines(episodes: Iterable[DrainEpisode], now: datetime) -> list[str]:
     """Nodes whose notice is over and whose GPU VMs have not been stopped yet."""
-    return sorted(e.node for e in episodes if not e.deadline_passed and not e.completed and e.deadline <= now)
+    return sorted(e.node for e in episodes if is_due(e, now))
 
 
 def due_nodes(state: StateView, now: datetime) -> list[str]:
     """The nodes whose deadline may be due at ``now``, in name order: the state's
-    :class:`~handlers.state.DeadlineIndex` when it keeps one (``MemoryState``), else every
-    episode looked at. A candidate is fired only if its row says so (``Engine.on_tick``)."""
+    :class:`~handlers.state.DeadlineIndex` when it keeps one (``MemoryState``, the worker's
+    ``TableState``), else every episode looked at. A candidate is fired only if its row
+    says so (``Engine.on_tick``)."""
     index: DeadlineIndex | None = getattr(state, "deadlines", None)
     if index is not None:
         return index.due(now)
-    return due_deadlines((e for e in state.values("drains") if e is not None), now)
+    return due_deadlines((e for e in state.values(DRAINS) if e is not None), now)
 
 
 def _requesters(ctx: Context, episode: DrainEpisode) -> list[str]:

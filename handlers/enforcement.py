@@ -31,7 +31,7 @@ from dataclasses import replace
 from typing import Any
 
 from handlers import ids
-from handlers.cluster import KubeVirtRecord, VMIRecord, VMRecord
+from handlers.cluster import VMRecord
 from handlers.decisions import Context, vm_subject
 from handlers.gpus import (
     ANNOTATIONS,
@@ -46,6 +46,7 @@ from handlers.gpus import (
 from handlers.messages import GPUMutation, Severity
 from handlers.policy import is_system_namespace
 from handlers.state import KUBEVIRT_KEY, VMTracking, put_tracking
+from handlers.tables import KUBEVIRT, TRACKING, VMIS
 
 # The field manager of every write the applier makes (streams/kube/applying.py), so managedFields —
 # and the GitOps tools that read them (docs/gitops.md) — show which fields vmstream set.
@@ -79,14 +80,14 @@ def rules_content(obj: dict[str, Any]) -> str:
 
 def mark_in_flight(ctx: Context, vm: VMRecord) -> None:
     """A GPU patch planned from ``vm`` is on its way: plan no other until the VM changes."""
-    tracking: VMTracking = ctx.state.get("tracking", vm.key) or VMTracking()
+    tracking = ctx.state.get(TRACKING, vm.key) or VMTracking()
     put_tracking(ctx.state, vm.key, replace(tracking, gpu_rules_episode=rules_content(vm.object)))
 
 
 def reconcile_gpu_rules(ctx: Context, vm: VMRecord) -> None:
     """Bring an observed GPU VM under the GPU rules (or tell its owner), once per content."""
     policy = ctx.config.gpu_vm
-    tracking: VMTracking = ctx.state.get("tracking", vm.key) or VMTracking()
+    tracking = ctx.state.get(TRACKING, vm.key) or VMTracking()
     deleting = bool((vm.object.get("metadata") or {}).get("deletionTimestamp"))
     if len(vm.gpu_devices) != 1 or policy.enforce == "off" or is_system_namespace(vm.namespace) or deleting:
         if tracking.gpu_rules_episode is not None or tracking.unpinned_episode is not None:
@@ -94,7 +95,7 @@ def reconcile_gpu_rules(ctx: Context, vm: VMRecord) -> None:
         return
     device = vm.gpu_devices[0]
     warn_unpinned(ctx, vm, device)
-    tracking = ctx.state.get("tracking", vm.key) or VMTracking()
+    tracking = ctx.state.get(TRACKING, vm.key) or VMTracking()
     gaps = rule_gaps(vm.object, eviction_strategy=policy.eviction_strategy)
     if not gaps:
         _forget(ctx, vm, tracking)
@@ -106,7 +107,7 @@ def reconcile_gpu_rules(ctx: Context, vm: VMRecord) -> None:
     if tracking.gpu_rules_episode == episode:
         return  # the patch planned from this very content is in flight (or the owner was told)
     gpu = ctx.catalog.for_device(device)
-    vmi: VMIRecord | None = ctx.state.get("vmis", vm.key)
+    vmi = ctx.state.get(VMIS, vm.key)
     running = vmi is not None and vmi.active
     where = f"VM {vm.namespace}/{vm.name}"
     severity: Severity
@@ -152,7 +153,7 @@ def _forget(ctx: Context, vm: VMRecord, tracking: VMTracking) -> None:
 
 def unpinned_overcommit(ctx: Context, obj: dict[str, Any]) -> int | None:
     """KubeVirt's memoryOvercommit when it leaves this instance-type VM's memory unpinned."""
-    kubevirt: KubeVirtRecord | None = ctx.state.get("kubevirt", KUBEVIRT_KEY)
+    kubevirt = ctx.state.get(KUBEVIRT, KUBEVIRT_KEY)
     spec = obj.get("spec") or {}
     if kubevirt is None or not spec.get("instancetype") or kubevirt.memory_overcommit <= 100:
         return None
@@ -170,7 +171,7 @@ def unpinned_message(vm_name: str, gpu_name: str, overcommit: int) -> str:
 def warn_unpinned(ctx: Context, vm: VMRecord, device: str) -> bool:
     """Tell the owner once that this GPU VM's memory is not pinned; True if it is not."""
     overcommit = unpinned_overcommit(ctx, vm.object)
-    tracking: VMTracking = ctx.state.get("tracking", vm.key) or VMTracking()
+    tracking = ctx.state.get(TRACKING, vm.key) or VMTracking()
     if overcommit is None:
         if tracking.unpinned_episode is not None:
             put_tracking(ctx.state, vm.key, replace(tracking, unpinned_episode=None))

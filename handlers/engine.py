@@ -1,10 +1,13 @@
-"""The decision engine: one entry point per kind of input, each a pure function.
+"""The decision engine: one entry, :meth:`Engine.decide`, for every kind of input.
 
-    (state, raw input, time) → Decision(commands, notifications, audit, changes, dead letters)
+    (state, Input) → [Result(Decision(commands, notifications, audit, changes), dead letters, judgement)]
 
-The worker, ``vmstream simulate`` and ``vmstream replay`` all call these, so the code that
-is tested is the code that runs. Every input consumed yields exactly one audit record;
-malformed input yields a dead letter as well; nothing here raises for bad input.
+An :data:`~handlers.inputs.Input` is an intent, a watch event, a node's resident update or
+a deadline tick (handlers/inputs.py). The worker, ``vmstream simulate`` and ``vmstream
+replay`` all call ``decide``, so the code that is tested is the code that runs. Every input
+consumed yields exactly one audit record; malformed input yields a dead letter as well;
+nothing here raises for bad input. Each result says what the rules made of its input as a
+type (handlers/outcomes.py): accepted, refused and why, ignored and why.
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ from handlers.auth import (
 from handlers.catalog import Catalog
 from handlers.config import Config
 from handlers.decisions import Context, Decision, Output, ResidentUpdate, subject_of_key
-from handlers.drains import due_deadlines, due_nodes, fire_deadline
-from handlers.intents import create_vm, drain_node, restart_vm, set_gpu, undrain_node
+from handlers.drains import due_nodes, fire_deadline, is_due
+from handlers.inputs import DeadlineTick, Input, IntentInput, RawInput, ResidentInput, Source, WatchInput
+from handlers.intents import RuleOutcome, create_vm, drain_node, restart_vm, set_gpu, undrain_node
 from handlers.messages import (
     KEY_MAX,
     ORIGINAL_PREFIX_BYTES,
@@ -58,7 +62,9 @@ from handlers.messages import (
     parse_watch_event,
 )
 from handlers.observing import observe, settle_resident
-from handlers.state import DrainEpisode, StateView
+from handlers.outcomes import ACCEPTED, Accepted, Duplicate, Judgement, Refused, judgement_of
+from handlers.state import StateView
+from handlers.tables import DRAINS, PROCESSED
 
 # Not Kafka topics: they name, in audit records, decisions that no external input caused.
 TIMER_TOPIC = topics.TIMER
@@ -66,27 +72,15 @@ RESIDENTS_TOPIC = topics.RESIDENTS
 
 log = logging.getLogger(__name__)
 
-# Whatever a topic may hold: bytes, or None for a tombstone (simulate and the tests also pass
-# text and parsed objects).
-RawInput = bytes | str | dict[str, Any] | None
+__all__ = ["Engine", "RawInput", "Result", "Source"]
 
-_RULES: dict[str, Callable[[Context, Any, Principal], str | None]] = {
+_RULES: dict[str, Callable[[Context, Any, Principal], RuleOutcome]] = {
     "create_vm": create_vm,
     "set_gpu": set_gpu,
     "restart_vm": restart_vm,
     "drain_node": drain_node,
     "undrain_node": undrain_node,
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Source:
-    """Where an input came from; partition and offset are known only on Kafka."""
-
-    topic: str
-    key: str | None
-    partition: int | None = None
-    offset: int | None = None
 
 
 @dataclass(slots=True)
@@ -98,6 +92,13 @@ class Result:
     dead_letter_key: str | None = None  # a dead letter keeps its input's key
     # (logical topic, key, value) of each output as sent, once Engine.fitted has checked them
     wire: list[tuple[str, bytes, bytes]] | None = None
+
+    @property
+    def judgement(self) -> Judgement:
+        """What the rules made of the input: Accepted, Refused(reason) or Ignored(reason); a
+        dead letter is refused. Read off the audit record the judgement was written into
+        (``Engine._closed``), so a result the journal gives back says the same."""
+        return judgement_of(self.decision.audit)
 
     def outputs(self) -> list[Output]:
         letters = [Output(topics.DLQ.name, self.dead_letter_key or "", d) for d in self.dead_letters]
@@ -141,6 +142,33 @@ class Engine:
     def _context(self, state: StateView, now: datetime, cause: str) -> Context:
         return Context.open(state, self.config, self.catalog, now, cause)
 
+    # ------------------------------------------------------------------ the entry
+
+    def decide(self, state: StateView, input_: Input) -> list[Result]:
+        """Decide one input: one result each (a tick: one per deadline it fires)."""
+        match input_:
+            case IntentInput(raw, source, at):
+                return [self.on_intent(state, raw, source, at)]
+            case WatchInput(raw, source, at):
+                return [self.on_event(state, raw, source, at)]
+            case ResidentInput(update, at):
+                return [self.on_resident(state, update, at)]
+            case DeadlineTick(at, node):
+                return self.on_tick(state, at, only=node)
+
+    def due(self, state: StateView, now: datetime) -> list[DeadlineTick]:
+        """The ticks to send at ``now``: one per node whose drain deadline may be due (the
+        state's :class:`~handlers.state.DeadlineIndex`); each is decided under its node."""
+        return [DeadlineTick(now, node) for node in due_nodes(state, now)]
+
+    @staticmethod
+    def _closed(ctx: Context, source: Source, judgement: Judgement) -> Result:
+        """The decision with its one audit record, which says what ``judgement`` says."""
+        return Result(ctx.decide(topic=source.topic, key=source.key, outcome=judgement.outcome,
+                                 reason=judgement.reason))
+
+    # ------------------------------------------------------------------ by kind
+
     @_never_raises
     def on_intent(self, state: StateView, raw: RawInput, source: Source, now: datetime) -> Result:
         try:
@@ -150,30 +178,28 @@ class Engine:
         except InvalidIntent as exc:
             who = self._authenticate(raw, exc.envelope, now)
             if isinstance(who, Unauthenticated):
-                return Result(self._unauthenticated(state, raw, exc.envelope.intent_id, who, source, now))
+                return self._unauthenticated(state, raw, exc.envelope.intent_id, who, source, now)
             project = exc.envelope.project
-            return Result(self._reject(state, exc.envelope.intent_id, who.name,
-                                       project if project and not label_value_problem(project) else None,
-                                       exc.reason, source, now))
+            return self._reject(state, exc.envelope.intent_id, who.name,
+                                project if project and not label_value_problem(project) else None,
+                                exc.reason, source, now)
         who = self._authenticate(raw, intent, now)
         if isinstance(who, Unauthenticated):
-            return Result(self._unauthenticated(state, raw, intent.intent_id, who, source, now))
+            return self._unauthenticated(state, raw, intent.intent_id, who, source, now)
         ctx = self._context(state, now, intent.intent_id)
-        previous = state.get("processed", intent.intent_id)
+        previous = state.get(PROCESSED, intent.intent_id)
         if previous is not None:
-            return Result(ctx.decide(
-                topic=source.topic, key=source.key, outcome="duplicate",
-                reason=f"intent {intent.intent_id} was already decided ({previous})",
-            ))
-        refusal = _RULES[intent.type](ctx, intent, who)
-        if refusal is not None:
-            return Result(self._reject(state, intent.intent_id, intent.requested_by, intent.project,
-                                       refusal, source, now))
-        reason = None if ctx.commands else "nothing to change: already as asked"
-        ctx.state.put("processed", intent.intent_id, "accepted")
-        return Result(ctx.decide(topic=source.topic, key=source.key, outcome="accepted", reason=reason))
+            return self._closed(ctx, source, Duplicate(f"intent {intent.intent_id} was already decided ({previous})"))
+        judgement = _RULES[intent.type](ctx, intent, who)
+        if isinstance(judgement, Refused):
+            return self._reject(state, intent.intent_id, intent.requested_by, intent.project,
+                                judgement.reason, source, now)
+        if not ctx.commands and judgement.reason is None:
+            judgement = Accepted("nothing to change: already as asked")
+        ctx.state.put(PROCESSED, intent.intent_id, "accepted")
+        return self._closed(ctx, source, judgement)
 
-    def _authenticate(self, raw: bytes | str | dict[str, Any], intent: IntentEnvelope | Any,
+    def _authenticate(self, raw: RawInput, intent: IntentEnvelope | Any,
                       now: datetime) -> Verification:
         """Who asks, from the credential only (handlers/auth.py); the body must agree."""
         policy = self.config.auth
@@ -189,12 +215,12 @@ class Engine:
     def _unauthenticated(
         self,
         state: StateView,
-        raw: bytes | str | dict[str, Any],
+        raw: RawInput,
         intent_id: str,
         refusal: Unauthenticated,
         source: Source,
         now: datetime,
-    ) -> Decision:
+    ) -> Result:
         """Refused for who asks: audited, and told only to whom it is safe to tell.
 
         The body's ``requested_by`` is unproven, so it is never told: only the signer of a
@@ -216,12 +242,13 @@ class Engine:
                 message=f"Request {intent_id} was refused: {reason}.",
                 details={"intent_id": intent_id, "reason": reason},
             )
-        decision = ctx.decide(topic=source.topic, key=source.key, outcome="rejected", reason=reason)
-        assert decision.audit is not None
+        result = self._closed(ctx, source, Refused(reason))
+        audit = result.decision.audit
+        assert audit is not None
         # Forged copies of one intent id are audited apart, each once.
-        decision.audit = decision.audit.model_copy(
+        result.decision.audit = audit.model_copy(
             update={"audit_id": ids.audit_id(source.topic, f"{intent_id}/{digest}", "unauthenticated")})
-        return decision
+        return result
 
     def _reject(
         self,
@@ -232,12 +259,11 @@ class Engine:
         reason: str,
         source: Source,
         now: datetime,
-    ) -> Decision:
+    ) -> Result:
         """A fresh context: nothing a refused rule prepared may leak into the decision."""
         ctx = self._context(state, now, intent_id)
-        if state.get("processed", intent_id) is not None:
-            return ctx.decide(topic=source.topic, key=source.key, outcome="duplicate",
-                              reason=f"intent {intent_id} was already decided")
+        if state.get(PROCESSED, intent_id) is not None:
+            return self._closed(ctx, source, Duplicate(f"intent {intent_id} was already decided"))
         ctx.notify(
             "intent_rejected",
             subject=subject_of_key(source.key, fallback=intent_id),
@@ -248,8 +274,8 @@ class Engine:
             message=f"Your request {intent_id} was refused: {reason}.",
             details={"intent_id": intent_id, "reason": reason},
         )
-        ctx.state.put("processed", intent_id, "rejected")
-        return ctx.decide(topic=source.topic, key=source.key, outcome="rejected", reason=reason)
+        ctx.state.put(PROCESSED, intent_id, "rejected")
+        return self._closed(ctx, source, Refused(reason))
 
     @_never_raises
     def on_event(self, state: StateView, raw: RawInput, source: Source, now: datetime) -> Result:
@@ -258,10 +284,7 @@ class Engine:
         except MalformedMessage as exc:
             return self.dead_letter(raw, str(exc), source, now)
         ctx = self._context(state, now, event.event_id)
-        ignored = observe(ctx, event)
-        if ignored:
-            return Result(ctx.decide(topic=source.topic, key=source.key, outcome="ignored", reason=ignored))
-        return Result(ctx.decide(topic=source.topic, key=source.key, outcome="accepted"))
+        return self._closed(ctx, source, observe(ctx, event))
 
     def on_resident(self, state: StateView, update: ResidentUpdate, now: datetime) -> Result:
         """A node's view of its GPU VMIs changed; audited only if it led to an effect."""
@@ -269,21 +292,21 @@ class Engine:
         settle_resident(ctx, update)
         decision = ctx.decide(topic=RESIDENTS_TOPIC, key=f"node/{update.node}", outcome="accepted")
         if not decision.has_effects:
-            decision.audit = None
+            decision.audit = None  # judged NO_EFFECT
         return Result(decision)
 
     def on_tick(self, state: StateView, now: datetime, *, only: str | None = None) -> list[Result]:
         """Fire every drain deadline due at ``now`` (or only ``only``'s); one decision per node."""
         results = []
         for node in due_nodes(state, now) if only is None else [only]:
-            episode: DrainEpisode | None = state.get("drains", node)
-            if episode is None or not due_deadlines([episode], now):
+            episode = state.get(DRAINS, node)
+            if episode is None or not is_due(episode, now):
                 continue
             # Decided *as of the deadline*, however late the timer fires: a replay or a
             # simulation reissues byte-identical commands.
             ctx = self._context(state, episode.deadline, f"deadline/{node}/{episode.episode}")
             fire_deadline(ctx, node)
-            results.append(Result(ctx.decide(topic=TIMER_TOPIC, key=f"node/{node}", outcome="accepted")))
+            results.append(self._closed(ctx, Source(TIMER_TOPIC, f"node/{node}"), ACCEPTED))
         return results
 
     # ------------------------------------------------------------------ bad input
@@ -302,7 +325,7 @@ class Engine:
     def _parse_intent(self, raw: RawInput, source: Source) -> Any:
         """An intent, keyed as docs/contracts.md says: its state is kept under its spec's key, so a
         key that names another VM or node (or no key, on Kafka) would write it elsewhere."""
-        intent = parse_intent(self.screen(raw, source))
+        intent: Any = parse_intent(self.screen(raw, source))  # a concrete intent, its spec checked
         self._check_key(source, intent.vm_key() if isinstance(intent, VMIntent) else node_key(intent.spec.node))
         return intent
 
@@ -326,7 +349,8 @@ class Engine:
         dead letter instead, its state changes dropped with the decision."""
         limit = self.config.limits.max_output_bytes
         try:
-            wire = [(o.topic, o.key.encode(), encode(o.value)) for o in result.outputs()]
+            wire: list[tuple[str, bytes, bytes]] = [(o.topic, o.key.encode(), encode(o.value))
+                                                    for o in result.outputs()]
             oversized = [(topic, len(key) + len(value)) for topic, key, value in wire if len(key) + len(value) > limit]
             if not oversized:
                 result.wire = wire

@@ -1,10 +1,10 @@
 """Intents: what upstream services ask for, checked and turned into commands.
 
 intent → authenticate (``handlers/auth.py``) → rule → commands + notifications. A wrong
-request is *rejected*: the rule returns its reason, the requester gets ``intent_rejected``,
-the audit says why. Each rule receives the :class:`~handlers.auth.Principal` the
-intent's credential proves, and returns ``None`` when it accepted, or the reason for
-refusing.
+request is *rejected*: the rule returns :class:`~handlers.outcomes.Refused` with its
+reason, the requester gets ``intent_rejected``, the audit says why. Each rule receives the
+:class:`~handlers.auth.Principal` the intent's credential proves, and returns
+:class:`~handlers.outcomes.Accepted` or :class:`~handlers.outcomes.Refused`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from handlers.admission import device_refusal
 from handlers.auth import Principal
 from handlers.catalog import UnknownGPUClass
-from handlers.cluster import NamespaceRecord, VMIRecord, VMRecord
+from handlers.cluster import NamespaceRecord, VMRecord
 from handlers.config import Config
 from handlers.decisions import Context, vm_subject
 from handlers.drains import call_off_drain, start_drain
@@ -27,10 +27,13 @@ from handlers.messages import (
     UndrainNodeIntent,
     VMIntent,
 )
-from handlers.restarts import reconcile_pending, restart_refusal
+from handlers.outcomes import ACCEPTED, Accepted, Refused
+from handlers.restarts import reconcile_pending, restart_judgement
 from handlers.vms import vm_manifest
+from handlers.tables import NAMESPACES, NODES, VMIS, VMS
 
 Refusal = str | None
+RuleOutcome = Accepted | Refused
 
 
 def _gpu_mutation(ctx: Context, gpu_class: str | None) -> GPUMutation:
@@ -38,17 +41,15 @@ def _gpu_mutation(ctx: Context, gpu_class: str | None) -> GPUMutation:
     return GPUMutation(device_name=device, eviction_strategy=ctx.config.gpu_vm.eviction_strategy)
 
 
-def _owned_vm(ctx: Context, intent: VMIntent) -> tuple[VMRecord | None, Refusal]:
+def _owned_vm(ctx: Context, intent: VMIntent) -> VMRecord | Refused:
     """The VM the intent is about, if it exists and belongs to the intent's project."""
-    vm: VMRecord | None = ctx.state.get("vms", intent.vm_key())
+    vm = ctx.state.get(VMS, intent.vm_key())
     if vm is None:
         spec = intent.spec  # type: ignore[attr-defined]
-        return None, f"VM {spec.namespace}/{spec.name} does not exist"
+        return Refused(f"VM {spec.namespace}/{spec.name} does not exist")
     if vm.project != intent.project:
-        return None, (
-            f"VM {vm.namespace}/{vm.name} does not belong to project {intent.project!r}"
-        )
-    return vm, None
+        return Refused(f"VM {vm.namespace}/{vm.name} does not belong to project {intent.project!r}")
+    return vm
 
 
 def namespace_project(config: Config, namespace: str, observed: NamespaceRecord | None = None) -> str | None:
@@ -80,51 +81,51 @@ def namespace_refusal(config: Config, namespace: str, project: str,
     return None
 
 
-def create_vm(ctx: Context, intent: CreateVMIntent, principal: Principal) -> Refusal:
+def create_vm(ctx: Context, intent: CreateVMIntent, principal: Principal) -> RuleOutcome:
     refusal = namespace_refusal(ctx.config, intent.spec.namespace, intent.project,
-                                ctx.state.get("namespaces", intent.spec.namespace))
+                                ctx.state.get(NAMESPACES, intent.spec.namespace))
     if refusal:
-        return refusal
-    if ctx.state.get("vms", intent.vm_key()) is not None:
-        return f"VM {intent.spec.namespace}/{intent.spec.name} already exists"
+        return Refused(refusal)
+    if ctx.state.get(VMS, intent.vm_key()) is not None:
+        return Refused(f"VM {intent.spec.namespace}/{intent.spec.name} already exists")
     try:
         gpu = None if intent.spec.gpu_class is None else _gpu_mutation(ctx, intent.spec.gpu_class)
     except UnknownGPUClass as exc:
-        return str(exc)
+        return Refused(str(exc))
     if intent.spec.gpu_class is not None:
         refusal = device_refusal(ctx.state, ctx.catalog.lookup(intent.spec.gpu_class))
         if refusal:
-            return refusal
+            return Refused(refusal)
     manifest = vm_manifest(intent, project_label=ctx.config.labels.project, gpu=gpu)
     ctx.command("create_vm", vm_subject(intent.vm_key()), manifest=manifest, requested_by=intent.requested_by)
-    return None
+    return ACCEPTED
 
 
-def set_gpu(ctx: Context, intent: SetGPUIntent, principal: Principal) -> Refusal:
-    vm, refusal = _owned_vm(ctx, intent)
-    if vm is None:
-        return refusal
+def set_gpu(ctx: Context, intent: SetGPUIntent, principal: Principal) -> RuleOutcome:
+    vm = _owned_vm(ctx, intent)
+    if isinstance(vm, Refused):
+        return vm
     try:
         mutation = _gpu_mutation(ctx, intent.spec.gpu_class)
         desired = desired_vm(vm.object, mutation)
     except (UnknownGPUClass, GPURuleViolation) as exc:
-        return str(exc)
+        return Refused(str(exc))
     unpinned = None
     if intent.spec.gpu_class is not None:
         refusal = device_refusal(ctx.state, ctx.catalog.lookup(intent.spec.gpu_class))
         if refusal:
-            return refusal
+            return Refused(refusal)
         unpinned = unpinned_overcommit(ctx, vm.object)
         if unpinned is not None and ctx.config.gpu_vm.instancetype_overcommit == "refuse":
-            return (f"VM {vm.namespace}/{vm.name} takes its memory from an instance type and KubeVirt's "
-                    f"memoryOvercommit is {unpinned}%: its memory would not be pinned for the GPU "
-                    "(gpu_vm.instancetype_overcommit: refuse)")
+            return Refused(f"VM {vm.namespace}/{vm.name} takes its memory from an instance type and KubeVirt's "
+                           f"memoryOvercommit is {unpinned}%: its memory would not be pinned for the GPU "
+                           "(gpu_vm.instancetype_overcommit: refuse)")
     after = VMRecord.from_object(desired, project_label=ctx.config.labels.project)
     if unpinned is not None and mutation.device_name is not None:
         warn_unpinned(ctx, after, mutation.device_name)
     patch = plan_patch(vm.object, desired)
     if not patch:
-        return None  # already as asked: no command; the audit says "no change"
+        return ACCEPTED  # already as asked: no command; the audit says "no change"
     mark_in_flight(ctx, vm)
     ctx.command(
         "patch_vm",
@@ -136,18 +137,17 @@ def set_gpu(ctx: Context, intent: SetGPUIntent, principal: Principal) -> Refusal
     )
     # Tell the owner now, not when the watch catches up: the change will wait for a restart.
     reconcile_pending(ctx, after)
-    return None
+    return ACCEPTED
 
 
-def restart_vm(ctx: Context, intent: RestartVMIntent, principal: Principal) -> Refusal:
-    vm, refusal = _owned_vm(ctx, intent)
-    if vm is None:
-        return refusal
-    vmi: VMIRecord | None = ctx.state.get("vmis", vm.key)
-    refusal = restart_refusal(vm, vmi)
-    if refusal is None:
+def restart_vm(ctx: Context, intent: RestartVMIntent, principal: Principal) -> RuleOutcome:
+    vm = _owned_vm(ctx, intent)
+    if isinstance(vm, Refused):
+        return vm
+    judgement = restart_judgement(vm, ctx.state.get(VMIS, vm.key))
+    if isinstance(judgement, Accepted):
         ctx.command("restart_vm", vm_subject(vm.key), requested_by=intent.requested_by)
-    return refusal
+    return judgement
 
 
 def _operator_refusal(principal: Principal, verb: str) -> Refusal:
@@ -156,12 +156,12 @@ def _operator_refusal(principal: Principal, verb: str) -> Refusal:
     return None
 
 
-def drain_node(ctx: Context, intent: DrainNodeIntent, principal: Principal) -> Refusal:
+def drain_node(ctx: Context, intent: DrainNodeIntent, principal: Principal) -> RuleOutcome:
     refusal = _operator_refusal(principal, "drain")
     if refusal:
-        return refusal
-    if ctx.state.get("nodes", intent.spec.node) is None:
-        return f"node {intent.spec.node} is unknown in AZ {ctx.config.az}"
+        return Refused(refusal)
+    if ctx.state.get(NODES, intent.spec.node) is None:
+        return Refused(f"node {intent.spec.node} is unknown in AZ {ctx.config.az}")
     start_drain(
         ctx,
         node=intent.spec.node,
@@ -170,15 +170,15 @@ def drain_node(ctx: Context, intent: DrainNodeIntent, principal: Principal) -> R
         requested_by=intent.requested_by,
         notice_seconds=intent.spec.notice_seconds,
     )
-    return None
+    return ACCEPTED
 
 
-def undrain_node(ctx: Context, intent: UndrainNodeIntent, principal: Principal) -> Refusal:
+def undrain_node(ctx: Context, intent: UndrainNodeIntent, principal: Principal) -> RuleOutcome:
     refusal = _operator_refusal(principal, "undrain")
     if refusal:
-        return refusal
+        return Refused(refusal)
     # vmstream undoes only what it did itself: its own cordon (handlers/drains.py).
     why = f"undrain_node by {principal.name}" + (f": {intent.spec.reason}" if intent.spec.reason else "")
     if call_off_drain(ctx, intent.spec.node, why=why, undo_cordon=True) is None:
-        return f"node {intent.spec.node} is not being drained"
-    return None
+        return Refused(f"node {intent.spec.node} is not being drained")
+    return ACCEPTED

@@ -30,10 +30,11 @@ from handlers.decisions import Context, ResidentUpdate
 from handlers.drains import call_off_drain, observe_fate, reconcile_drain, restarts_by_itself, start_drain
 from handlers.enforcement import reconcile_gpu_rules
 from handlers.messages import WatchEvent, node_key, vm_key
+from handlers.outcomes import ACCEPTED, Accepted, Ignored
 from handlers.restarts import reconcile_pending
-from handlers.state import KUBEVIRT_KEY, DrainEpisode, ObservedFate, VMTracking, put_tracking
+from handlers.state import KUBEVIRT_KEY, ObservedFate, VMTracking, put_tracking
+from handlers.tables import DRAINS, KUBEVIRT, MAINTENANCES, NAMESPACES, NODES, RESIDENTS, TRACKING, VMIS, VMS
 
-Ignored = str | None
 CLUSTER_KEY = "cluster/kubevirt"
 
 
@@ -49,13 +50,13 @@ def decision_key(kind: str, obj: dict[str, Any]) -> str:
     return CLUSTER_KEY
 
 
-def observe(ctx: Context, event: WatchEvent) -> Ignored:
-    """Fold ``event`` into state and reconcile; returns why it was ignored, if it was."""
+def observe(ctx: Context, event: WatchEvent) -> Accepted | Ignored:
+    """Fold ``event`` into state and reconcile; ignored (and why) if nothing reads it."""
     fold = _FOLDS.get(event.kind)
     if fold is None:
-        return f"kind {event.kind} is not watched"
+        return Ignored(f"kind {event.kind} is not watched")
     fold(ctx, event)
-    return None
+    return ACCEPTED
 
 
 # ------------------------------------------------------------- under the VM's key
@@ -65,11 +66,11 @@ def _vm(ctx: Context, event: WatchEvent) -> None:
     vm = VMRecord.from_object(event.object, project_label=ctx.config.labels.project)
     before = _residence(ctx, vm.key)
     if event.type == "DELETED":
-        ctx.state.put("vms", vm.key, None)
+        ctx.state.put(VMS, vm.key, None)
         _tell_nodes(ctx, vm.key, before)
-        ctx.state.put("tracking", vm.key, None)
+        ctx.state.put(TRACKING, vm.key, None)
         return
-    ctx.state.put("vms", vm.key, vm)
+    ctx.state.put(VMS, vm.key, vm)
     _reconcile_vm(ctx, vm.key)
     _tell_nodes(ctx, vm.key, before)
 
@@ -77,7 +78,7 @@ def _vm(ctx: Context, event: WatchEvent) -> None:
 def _vmi(ctx: Context, event: WatchEvent) -> None:
     vmi = VMIRecord.from_object(event.object)
     before = _residence(ctx, vmi.key)
-    ctx.state.put("vmis", vmi.key, None if event.type == "DELETED" else vmi)
+    ctx.state.put(VMIS, vmi.key, None if event.type == "DELETED" else vmi)
     _reconcile_vm(ctx, vmi.key)
     _tell_nodes(ctx, vmi.key, before)
 
@@ -85,16 +86,16 @@ def _vmi(ctx: Context, event: WatchEvent) -> None:
 def _namespace(ctx: Context, event: WatchEvent) -> None:
     """Which project a namespace belongs to: create_vm goes only into its own (handlers/intents.py)."""
     record = NamespaceRecord.from_object(event.object, project_label=ctx.config.labels.project)
-    ctx.state.put("namespaces", record.name, None if event.type == "DELETED" else record)
+    ctx.state.put(NAMESPACES, record.name, None if event.type == "DELETED" else record)
 
 
 def _kubevirt(ctx: Context, event: WatchEvent) -> None:
     record = None if event.type == "DELETED" else KubeVirtRecord.from_object(event.object)
-    ctx.state.put("kubevirt", KUBEVIRT_KEY, record)
+    ctx.state.put(KUBEVIRT, KUBEVIRT_KEY, record)
 
 
 def _reconcile_vm(ctx: Context, key: str) -> None:
-    vm: VMRecord | None = ctx.state.get("vms", key)
+    vm = ctx.state.get(VMS, key)
     if vm is not None:
         reconcile_gpu_rules(ctx, vm)
         reconcile_pending(ctx, vm)
@@ -102,7 +103,7 @@ def _reconcile_vm(ctx: Context, key: str) -> None:
 
 
 def _residence(ctx: Context, key: str) -> tuple[str, Resident] | None:
-    return resident_of(ctx.state.get("vms", key), ctx.state.get("vmis", key))
+    return resident_of(ctx.state.get(VMS, key), ctx.state.get(VMIS, key))
 
 
 def _tell_nodes(ctx: Context, key: str, before: tuple[str, Resident] | None) -> None:
@@ -116,7 +117,7 @@ def _tell_nodes(ctx: Context, key: str, before: tuple[str, Resident] | None) -> 
             ctx.forward(before[0], key, None)
         if after is not None:
             ctx.forward(after[0], key, after[1])
-    tracking: VMTracking = ctx.state.get("tracking", key) or VMTracking()
+    tracking = ctx.state.get(TRACKING, key) or VMTracking()
     if left:
         assert before is not None
         tracking = replace(tracking, left_node=before[0], left_fate=None)
@@ -134,8 +135,8 @@ def _tell_nodes(ctx: Context, key: str, before: tuple[str, Resident] | None) -> 
 
 def fate_since_left(ctx: Context, key: str) -> ObservedFate | None:
     """What became of a VM whose GPU VMI left its node, as observed; None while unknown."""
-    vm: VMRecord | None = ctx.state.get("vms", key)
-    vmi: VMIRecord | None = ctx.state.get("vmis", key)
+    vm = ctx.state.get(VMS, key)
+    vmi = ctx.state.get(VMIS, key)
     if vm is None:
         return "off"
     if vmi is not None and vmi.active:
@@ -153,13 +154,13 @@ def fate_since_left(ctx: Context, key: str) -> ObservedFate | None:
 
 def _node(ctx: Context, event: WatchEvent) -> None:
     new = NodeRecord.from_object(event.object)
-    ctx.state.put("nodes", new.name, None if event.type == "DELETED" else new)
+    ctx.state.put(NODES, new.name, None if event.type == "DELETED" else new)
     refresh_usage(ctx.state, new.name)
     if event.type == "DELETED":
         reconcile_drain(ctx, new.name)
         return
     # A cordon alone is not a drain: it stops nothing (docs/kubevirt.md).
-    episode: DrainEpisode | None = ctx.state.get("drains", new.name)
+    episode = ctx.state.get(DRAINS, new.name)
     if episode is not None and episode.scope == "node" and episode.cordon_observed and not new.unschedulable:
         # Uncordoned by someone else after the cordon was seen: the drain is called off.
         call_off_drain(ctx, new.name, why="the node was uncordoned", undo_cordon=False)
@@ -169,15 +170,15 @@ def _node(ctx: Context, event: WatchEvent) -> None:
 
 def _maintenance(ctx: Context, event: WatchEvent) -> None:
     maintenance = MaintenanceRecord.from_object(event.object)
-    old: MaintenanceRecord | None = ctx.state.get("maintenances", maintenance.name)
+    old = ctx.state.get(MAINTENANCES, maintenance.name)
     if event.type == "DELETED":
-        ctx.state.put("maintenances", maintenance.name, None)
-        episode: DrainEpisode | None = ctx.state.get("drains", maintenance.node)
+        ctx.state.put(MAINTENANCES, maintenance.name, None)
+        episode = ctx.state.get(DRAINS, maintenance.node)
         if episode is not None and episode.source == "maintenance":
             call_off_drain(ctx, maintenance.node, why=f"NodeMaintenance {maintenance.name} was deleted",
                            undo_cordon=True)
         return
-    ctx.state.put("maintenances", maintenance.name, maintenance)
+    ctx.state.put(MAINTENANCES, maintenance.name, maintenance)
     if old is None and maintenance.node:
         start_drain(
             ctx,
@@ -190,12 +191,13 @@ def _maintenance(ctx: Context, event: WatchEvent) -> None:
 
 def settle_resident(ctx: Context, update: ResidentUpdate) -> None:
     """A GPU VMI arrived on, changed on or left ``update.node``."""
-    residents: dict[str, Resident] = dict(ctx.state.get("residents", update.node) or {})
+    before = ctx.state.get(RESIDENTS, update.node)
+    residents = dict(before) if before else {}
     if update.resident is None:
         residents.pop(update.vm_key, None)
     else:
         residents[update.vm_key] = update.resident
-    ctx.state.put("residents", update.node, residents or None)
+    ctx.state.put(RESIDENTS, update.node, residents or None)
     refresh_usage(ctx.state, update.node)
     if update.fate is not None:
         observe_fate(ctx, update.node, update.vm_key, update.fate)

@@ -20,7 +20,9 @@ from dataclasses import replace
 from handlers import ids
 from handlers.cluster import VMIRecord, VMRecord
 from handlers.decisions import Context, vm_subject
+from handlers.outcomes import ACCEPTED, Accepted, Refused
 from handlers.state import StateView, VMTracking, put_tracking
+from handlers.tables import TRACKING, VMIS, VMS
 
 RESTART_REFUSED = {
     "Halted": "its run strategy is Halted: start it instead",
@@ -37,8 +39,8 @@ def change_pending(vm: VMRecord, vmi: VMIRecord | None) -> bool:
 
 def reconcile_pending(ctx: Context, vm: VMRecord) -> None:
     """Tell the owner once that a change waits for a restart; forget it once it doesn't."""
-    vmi: VMIRecord | None = ctx.state.get("vmis", vm.key)
-    tracking: VMTracking = ctx.state.get("tracking", vm.key) or VMTracking()
+    vmi = ctx.state.get(VMIS, vm.key)
+    tracking = ctx.state.get(TRACKING, vm.key) or VMTracking()
     if not change_pending(vm, vmi):
         if tracking.pending_episode is not None:
             put_tracking(ctx.state, vm.key, replace(tracking, pending_episode=None))
@@ -73,11 +75,11 @@ def reconcile_pending(ctx: Context, vm: VMRecord) -> None:
 
 def pending_detail(state: StateView, key: str) -> dict[str, object] | None:
     """What waits for a restart on VM ``key``, as the owner was told; None if nothing."""
-    tracking: VMTracking | None = state.get("tracking", key)
-    vm: VMRecord | None = state.get("vms", key)
+    tracking = state.get(TRACKING, key)
+    vm = state.get(VMS, key)
     if tracking is None or tracking.pending_episode is None or vm is None:
         return None
-    vmi: VMIRecord | None = state.get("vmis", key)
+    vmi = state.get(VMIS, key)
     return {
         "vm": key,
         "episode": tracking.pending_episode,
@@ -87,11 +89,11 @@ def pending_detail(state: StateView, key: str) -> dict[str, object] | None:
     }
 
 
-def restart_refusal(vm: VMRecord, vmi: VMIRecord | None) -> str | None:
-    """Why a restart of ``vm`` must be refused, or None when it may go ahead."""
+def restart_judgement(vm: VMRecord, vmi: VMIRecord | None) -> Accepted | Refused:
+    """Whether a restart of ``vm`` may go ahead, and if not, why."""
     if vm.run_strategy in RESTART_REFUSED:
-        return f"cannot restart VM {vm.namespace}/{vm.name}: {RESTART_REFUSED[vm.run_strategy]}"
+        return Refused(f"cannot restart VM {vm.namespace}/{vm.name}: {RESTART_REFUSED[vm.run_strategy]}")
     if vmi is None or not vmi.active:
-        return f"cannot restart VM {vm.namespace}/{vm.name}: it is not running"
-    return None
+        return Refused(f"cannot restart VM {vm.namespace}/{vm.name}: it is not running")
+    return ACCEPTED
 

@@ -4,120 +4,44 @@ Handlers never hold a Faust table: they read a :class:`StateView` and return
 :class:`Change` values. The shell applies the changes to wherever state lives (Kafka
 changelog tables in the worker, :class:`MemoryState` in ``simulate``, replay and tests).
 
-Every table is written by decisions of one *decision key* only, so that in the worker a
-table key always lives in the partition of the input that writes it:
-
-================  ==================  =======================  ============================
-table             key                 written under            value
-================  ==================  =======================  ============================
-``vms``           ``vm/<ns>/<name>``  that VM                  :class:`~handlers.cluster.VMRecord`
-``vmis``          ``vm/<ns>/<name>``  that VM (VMI = VM name)  :class:`~handlers.cluster.VMIRecord`
-``tracking``      ``vm/<ns>/<name>``  that VM                  :class:`VMTracking`
-``nodes``         ``<node>``          that node                :class:`~handlers.cluster.NodeRecord`
-``residents``     ``<node>``          that node                ``dict[vm key, Resident]``
-``drains``        ``<node>``          that node                :class:`DrainEpisode`
-``maintenances``  ``<name>``          its node                 :class:`~handlers.cluster.MaintenanceRecord`
-``processed``     ``<intent_id>``     the intent's key         outcome of an intent decided
-``usage``         ``<node>``          that node; read by all   :class:`~handlers.cluster.NodeUsage`
-``kubevirt``      ``cluster``         the KubeVirt CR; by all  :class:`~handlers.cluster.KubeVirtRecord`
-``namespaces``    ``<namespace>``     the cluster; read by all :class:`~handlers.cluster.NamespaceRecord`
-================  ==================  =======================  ============================
-
-``usage``, ``kubevirt`` and ``namespaces`` are cluster-wide facts: every worker instance
-reads all of them.
+The tables are declared once, as typed handles, in handlers/tables.py: ``state.get(VMS,
+key)`` is a ``VMRecord | None``. Their own values (VMTracking, DrainEpisode) are in
+handlers/rows.py; both are re-exported here for the modules that import them from here.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol, TypeVar
 
-from handlers.cluster import (
-    KubeVirtRecord,
-    MaintenanceRecord,
-    NamespaceRecord,
-    NodeRecord,
-    NodeUsage,
-    Resident,
-    VMIRecord,
-    VMRecord,
+from handlers.cluster import NodeUsage
+from handlers.rows import DrainEpisode, DrainOutcome, DrainScope, DrainSource, ObservedFate, VMTracking
+from handlers.tables import (
+    DRAINS,
+    GLOBAL_TABLES,
+    KUBEVIRT_KEY,
+    TABLES,
+    TRACKING,
+    USAGE,
+    Table,
+    TableName,
 )
 
-TableName = Literal[
-    "vms", "vmis", "tracking", "nodes", "residents", "drains", "maintenances", "processed", "usage", "kubevirt",
-    "namespaces",
+__all__ = [
+    "GLOBAL_TABLES", "KUBEVIRT_KEY", "TABLES", "Change", "DeadlineIndex", "DrainEpisode", "DrainOutcome",
+    "DrainScope", "DrainSource", "MemoryState", "ObservedFate", "Overlay", "StateView", "Table", "TableName",
+    "UsageTotals", "VMTracking", "put_tracking",
 ]
-TABLES: tuple[TableName, ...] = (
-    "vms",
-    "vmis",
-    "tracking",
-    "nodes",
-    "residents",
-    "drains",
-    "maintenances",
-    "processed",
-    "usage",
-    "kubevirt",
-    "namespaces",
-)
-GLOBAL_TABLES: tuple[TableName, ...] = ("usage", "kubevirt", "namespaces")
-KUBEVIRT_KEY = "cluster"
 
-DrainSource = Literal["intent", "maintenance", "cordon", "eviction"]
-DrainOutcome = Literal["returns_automatically", "waits_for_gpu", "needs_manual_start"]
-DrainScope = Literal["node", "evictions"]
-ObservedFate = Literal["came_back", "waits_for_gpu", "off"]
-
-
-@dataclass(frozen=True, slots=True)
-class VMTracking:
-    """What vmstream has told a VM's owner, so that each fact is told once."""
-
-    pending_episode: str | None = None  # the pending-restart episode the owner was told of
-    unavailable_episode: str | None = None  # the gpu_unavailable episode the owner was told of
-    left_node: str | None = None  # its GPU VMI left this node; where it went is not reported yet
-    left_fate: str | None = None  # what was last reported to that node (waits_for_gpu)
-    # The GPU rules (handlers/enforcement.py): the VM content a GPU patch was planned from,
-    # while it is in flight (or, enforce: notify, the gaps the owner was told of); and the
-    # memory-not-pinned episode the owner was told of.
-    gpu_rules_episode: str | None = None
-    unpinned_episode: str | None = None
-
-    @property
-    def empty(self) -> bool:
-        return (self.pending_episode is None and self.unavailable_episode is None and self.left_node is None
-                and self.gpu_rules_episode is None and self.unpinned_episode is None)
-
-
-@dataclass(frozen=True, slots=True)
-class DrainEpisode:
-    """One drain of one node, from its first signal until no GPU VM is left on it."""
-
-    node: str
-    episode: str
-    source: DrainSource
-    cause: str
-    reason: str
-    requested_by: str | None
-    started_at: datetime
-    deadline: datetime
-    announced: dict[str, DrainOutcome] = field(default_factory=dict)
-    stopped: tuple[str, ...] = ()
-    deadline_passed: bool = False
-    cordon_observed: bool = False
-    completed: bool = False  # kept until the episode ends, so a late signal starts no new one
-    scope: DrainScope = "node"  # "evictions": only the VMIs KubeVirt was asked to evict
-    cordoned: bool = False  # vmstream cordoned the node itself (and so may uncordon it)
-    warned: dict[str, tuple[str | None, tuple[str, ...]]] = field(default_factory=dict)  # key: (project, recipients)
-    observed: dict[str, ObservedFate] = field(default_factory=dict)  # what became of each announced VM
+V = TypeVar("V")
 
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    table: TableName
+    table: Table[Any]
     key: str
     value: Any | None  # None deletes the key
 
@@ -212,9 +136,11 @@ class UsageTotals:
 class StateView(Protocol):
     """Read access to state: all a handler may know besides its input and the time."""
 
-    def get(self, table: TableName, key: str) -> Any | None: ...
+    def get(self, table: Table[V], key: str) -> V | None: ...
 
-    def values(self, table: TableName) -> Iterable[Any]: ...
+    def items(self, table: Table[V]) -> Iterable[tuple[str, V]]: ...
+
+    def values(self, table: Table[V]) -> Iterable[V]: ...
 
 
 class MemoryState:
@@ -225,18 +151,22 @@ class MemoryState:
         self.deadlines = DeadlineIndex()  # of the ``drains`` rows
         self.usage_totals = UsageTotals()  # of the ``usage`` rows
 
-    def get(self, table: TableName, key: str) -> Any | None:
-        return self.tables[table].get(key)
+    def get(self, table: Table[V], key: str) -> V | None:
+        value: V | None = self.tables[table].get(key)
+        return value
 
-    def values(self, table: TableName) -> Iterable[Any]:
+    def items(self, table: Table[V]) -> list[tuple[str, V]]:
+        return list(self.tables[table].items())
+
+    def values(self, table: Table[V]) -> list[V]:
         return list(self.tables[table].values())
 
     def apply(self, changes: Iterable[Change]) -> None:
         for change in changes:
             rows = self.tables[change.table]
-            if change.table == "usage":
+            if change.table == USAGE:
                 self.usage_totals.note(rows.get(change.key), change.value)
-            elif change.table == "drains":
+            elif change.table == DRAINS:
                 self.deadlines.note(change.key, change.value)
             if change.value is None:
                 rows.pop(change.key, None)
@@ -259,24 +189,30 @@ class Overlay:
 
     def __init__(self, base: StateView) -> None:
         self.base = base
-        self._changes: dict[tuple[TableName, str], Any | None] = {}
+        self._changes: dict[tuple[Table[Any], str], Any | None] = {}
 
-    def get(self, table: TableName, key: str) -> Any | None:
+    def get(self, table: Table[V], key: str) -> V | None:
         value = self._changes.get((table, key), _MISSING)
-        return self.base.get(table, key) if value is _MISSING else value
+        if value is _MISSING:
+            return self.base.get(table, key)
+        mine: V | None = value
+        return mine
 
-    def put(self, table: TableName, key: str, value: Any | None) -> None:
+    def put(self, table: Table[V], key: str, value: V | None) -> None:
         self._changes[(table, key)] = value
 
-    def values(self, table: TableName) -> Iterator[Any]:
-        """Listing is only needed for ``usage`` and ``drains`` (keyed by node)."""
-        mine = {key: value for (name, key), value in self._changes.items() if name == table}
-        for value in self.base.values(table):
-            if value.node not in mine:
-                yield value
-        yield from (value for value in mine.values() if value is not None)
+    def items(self, table: Table[V]) -> Iterator[tuple[str, V]]:
+        """The base's rows under this decision's own (by key), then rows only it wrote."""
+        mine = self.changed(table)
+        for key, value in self.base.items(table):
+            if key not in mine:
+                yield key, value
+        yield from ((key, value) for key, value in mine.items() if value is not None)
 
-    def changed(self, table: TableName) -> dict[str, Any | None]:
+    def values(self, table: Table[V]) -> Iterator[V]:
+        return (value for _, value in self.items(table))
+
+    def changed(self, table: Table[V]) -> dict[str, V | None]:
         """This decision's own rows of ``table`` so far (None: deleted)."""
         return {key: value for (name, key), value in self._changes.items() if name == table}
 
@@ -284,23 +220,6 @@ class Overlay:
         return [Change(table, key, value) for (table, key), value in self._changes.items()]
 
 
-def table_types() -> dict[TableName, Any]:
-    """The value type of each table, for codecs that store state outside Python."""
-    return {
-        "vms": VMRecord,
-        "vmis": VMIRecord,
-        "tracking": VMTracking,
-        "nodes": NodeRecord,
-        "residents": dict[str, Resident],
-        "drains": DrainEpisode,
-        "maintenances": MaintenanceRecord,
-        "processed": str,
-        "usage": NodeUsage,
-        "kubevirt": KubeVirtRecord,
-        "namespaces": NamespaceRecord,
-    }
-
-
 def put_tracking(state: Overlay, key: str, tracking: VMTracking) -> None:
     """Store what the owner was told; an empty record is not kept."""
-    state.put("tracking", key, None if tracking.empty else tracking)
+    state.put(TRACKING, key, None if tracking.empty else tracking)

@@ -22,10 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from handlers.availability import waiting_for_gpu
 from handlers.capacity import capacity_report
 from handlers.catalog import Catalog
-from handlers.cluster import NamespaceRecord, VMIRecord, VMRecord
 from handlers.messages import vm_key
 from handlers.restarts import change_pending
 from handlers.state import DrainEpisode, DrainOutcome, ObservedFate, StateView, VMTracking
+from handlers.tables import DRAINS, NAMESPACES, TRACKING, VMIS, VMS
 
 WaitsFor = Literal["restart", "gpu"]
 BADGES: dict[WaitsFor, str] = {"restart": "(applies after restart)", "gpu": "(waiting for a free GPU)"}
@@ -120,18 +120,18 @@ def _refs(catalog: Catalog, devices: tuple[str, ...]) -> list[GPURef]:
 
 def project_of(state: StateView, namespace: str) -> str | None:
     """The project a namespace belongs to, by its label (the ``namespaces`` table)."""
-    record: NamespaceRecord | None = state.get("namespaces", namespace)
+    record = state.get(NAMESPACES, namespace)
     return record.project if record else None
 
 
 def vm_badge(state: StateView, catalog: Catalog, namespace: str, name: str) -> VMBadge | None:
     """The badge of VM ``namespace/name``; None when no such VM was observed."""
     key = vm_key(namespace, name)
-    vm: VMRecord | None = state.get("vms", key)
+    vm = state.get(VMS, key)
     if vm is None:
         return None
-    vmi: VMIRecord | None = state.get("vmis", key)
-    tracking: VMTracking = state.get("tracking", key) or VMTracking()
+    vmi = state.get(VMIS, key)
+    tracking = state.get(TRACKING, key) or VMTracking()
     running = vmi is not None and vmi.active
     waits_for: WaitsFor | None = None
     if waiting_for_gpu(vm, vmi):
@@ -173,7 +173,7 @@ def project_view(state: StateView, catalog: Catalog, project: str, *, tracked: l
         if badge is not None and badge.project == project and badge.waits_for is not None:
             pending.append(badge)
     drains = []
-    episodes: list[DrainEpisode] = sorted(state.values("drains"), key=lambda e: e.node)
+    episodes: list[DrainEpisode] = sorted(state.values(DRAINS), key=lambda e: e.node)
     for episode in episodes:
         if episode.completed:
             continue

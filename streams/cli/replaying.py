@@ -39,11 +39,12 @@ from pydantic import ValidationError
 
 from handlers.decisions import Output
 from handlers.engine import Engine, Source
+from handlers.inputs import routed_input
 from handlers.messages import AuditRecord, Command, CommandResult, MalformedMessage
 from handlers.results import decide_result
 from handlers.state import MemoryState
 from streams.common.reading import assign_from_start, read_to_end
-from streams.common.codecs import decode_resident_update, encode_resident_update
+from streams.common.codecs import encode_resident_update
 from streams.common.credentials import key_source
 from streams.common.kafka_clients import consumer
 from streams.common.settings import KafkaSettings, load_settings
@@ -250,16 +251,7 @@ class Replay:
         if kind == "resident":
             self.forwarded.add((record.key, record.value))
         try:
-            if kind == "intent":
-                results = [self.engine.on_intent(self.state, record.value, source, now)]
-            elif kind == "event":
-                results = [self.engine.on_event(self.state, record.value, source, now)]
-            elif kind == "resident":
-                results = [self.engine.on_resident(self.state, decode_resident_update(record.value), now)]
-            elif kind == "tick":
-                results = self.engine.on_tick(self.state, now, only=json.loads(record.value)["node"])
-            else:
-                raise MalformedMessage(f"routed message without a known {KIND_HEADER} header: {kind!r}")
+            results = self.engine.decide(self.state, routed_input(kind, record.value, source, now))
             results = [self.engine.fitted(result, record.value, source, now) for result in results]
         except Exception as error:
             letter = self.engine.dead_letter(record.value, f"internal error: {error!r}", source, now)

@@ -14,7 +14,8 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from handlers.decisions import Output
-from handlers.engine import Engine, Result, Source
+from handlers.engine import Engine, Result
+from handlers.inputs import DeadlineTick, InputKind, ResidentInput, Source, routed_input
 from handlers.state import MemoryState
 from handlers.topics import INTENTS, ROUTED_INPUTS
 from streams.common.settings import KafkaSettings
@@ -54,7 +55,9 @@ class Simulation:
         self.kafka = kafka or KafkaSettings()
         self.state = MemoryState()
         self.now = EPOCH
-        self._inputs = {self.kafka.topic(topic): topic for topic in ROUTED_INPUTS}  # full name → topic
+        # A line's kind by its topic, as the worker's route names it on the routed topic.
+        self._inputs: dict[str, InputKind] = {self.kafka.topic(topic): "intent" if topic is INTENTS else "event"
+                                              for topic in ROUTED_INPUTS}
 
     def feed(self, lines: Iterable[str]) -> Iterator[str]:
         for number, text in enumerate(lines, start=1):
@@ -80,21 +83,24 @@ class Simulation:
         """Decide one input at ``now``: due deadlines first, then the input itself."""
         self.now = max(self.now, now)
         outputs = self.tick(self.now)
-        if self._inputs[source.topic] is INTENTS:
-            result = self.engine.on_intent(self.state, value, source, self.now)
-        else:
-            result = self.engine.on_event(self.state, value, source, self.now)
-        return outputs + self._settle(result)
+        for result in self.engine.decide(self.state, routed_input(self._inputs[source.topic], value, source, self.now)):
+            outputs += self._settle(result)
+        return outputs
 
     def tick(self, now: datetime) -> list[Output]:
-        return [output for result in self.engine.on_tick(self.state, now) for output in self._settle(result)]
+        """Every drain deadline due at ``now``, each node's decided on the same state."""
+        if not self.engine.due(self.state, now):
+            return []  # the common case, asked before every input
+        return [output for result in self.engine.decide(self.state, DeadlineTick(now))
+                for output in self._settle(result)]
 
     def _settle(self, result: Result) -> list[Output]:
         """Apply a result, then decide what it told the nodes, depth first."""
         self.state.apply(result.decision.changes)
         outputs = result.outputs()
         for update in result.decision.forwards:
-            outputs += self._settle(self.engine.on_resident(self.state, update, self.now))
+            for forwarded in self.engine.decide(self.state, ResidentInput(update, self.now)):
+                outputs += self._settle(forwarded)
         return outputs
 
 

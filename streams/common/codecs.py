@@ -15,22 +15,24 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter
 
 from handlers.decisions import ResidentUpdate
-from handlers.state import TableName, table_types
+from handlers.inputs import RESIDENT_UPDATE
+from handlers.tables import table_named
 from streams.common.signing import Keyring, sealed_json
 
-_RESIDENT_UPDATE: TypeAdapter[ResidentUpdate] = TypeAdapter(ResidentUpdate)
+_RESIDENT_UPDATE = RESIDENT_UPDATE  # the routed topic's reading of it (handlers/inputs.py)
 
 
 @cache
-def _adapter(table: TableName) -> TypeAdapter[Any]:
-    return TypeAdapter(table_types()[table])
+def _adapter(name: str) -> TypeAdapter[Any]:
+    return TypeAdapter(table_named(name).value_type)
 
 
-def encode_state(table: TableName, value: Any) -> bytes:
+def encode_state(table: str, value: Any) -> bytes:
+    """A row of ``table`` (a handle of handlers/tables.py, or its name) as JSON."""
     return _adapter(table).dump_json(value)
 
 
-def decode_state(table: TableName, raw: bytes | str) -> Any:
+def decode_state(table: str, raw: bytes | str) -> Any:
     return _adapter(table).validate_json(raw)
 
 

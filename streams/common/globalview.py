@@ -18,29 +18,30 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer
 
-from handlers.state import TableName
+from handlers.tables import Table
 from streams.common.codecs import decode_state
 from streams.common.reading import follow_from_start
 
 log = logging.getLogger(__name__)
+V = TypeVar("V")
 
 
 class GlobalView:
     """The latest value of every key of some tables' changelogs, across all partitions."""
 
-    def __init__(self, bootstrap_servers: str, changelogs: dict[TableName, str], *, decode: bool = True,
+    def __init__(self, bootstrap_servers: str, changelogs: dict[Table[Any], str], *, decode: bool = True,
                  **client: Any) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.changelogs = changelogs
         self.decode = decode  # else rows are kept as bytes, decoded by ``get``
         self.client = client
-        self.tables: dict[TableName, dict[str, Any]] = {name: {} for name in changelogs}
+        self.tables: dict[str, dict[str, Any]] = {table: {} for table in changelogs}
         self.caught_up = asyncio.Event()
-        self._names = {topic: name for name, topic in changelogs.items()}
+        self._names = {topic: table for table, topic in changelogs.items()}
 
     async def run(self) -> None:
         """Read every partition from the start, flag when the start-up backlog is read, go on."""
@@ -64,13 +65,17 @@ class GlobalView:
         else:
             self.tables[name][decoded_key] = decode_state(name, value) if self.decode else value
 
-    def get(self, table: TableName, key: str) -> Any | None:
+    def get(self, table: Table[V], key: str) -> V | None:
         """A row, decoded (a :class:`~handlers.state.StateView` over the view alone)."""
         value = self.tables[table].get(key)
-        return decode_state(table, value) if isinstance(value, bytes) else value
+        row: V | None = decode_state(table, value) if isinstance(value, bytes) else value
+        return row
 
-    def values(self, table: TableName) -> list[Any]:
-        return [value for key in self.keys(table) if (value := self.get(table, key)) is not None]
+    def items(self, table: Table[V]) -> list[tuple[str, V]]:
+        return [(key, value) for key in self.keys(table) if (value := self.get(table, key)) is not None]
 
-    def keys(self, table: TableName) -> list[str]:
+    def values(self, table: Table[V]) -> list[V]:
+        return [value for _, value in self.items(table)]
+
+    def keys(self, table: Table[Any]) -> list[str]:
         return sorted(self.tables[table])

@@ -60,6 +60,7 @@ from handlers.engine import Engine, Source
 from handlers.gpus import GPURuleViolation, desired_vm, plan_patch
 from handlers.messages import Command, CommandResult, describe_validation_error
 from handlers.results import Outcome, ResultDecision, decide_result
+from handlers.running import already_so
 from handlers.topics import AUDIT, COMMAND_RESULTS, COMMANDS, NOTIFICATIONS
 from streams.common import metrics
 from streams.common.reading import assign_from_start, read_to_end
@@ -87,7 +88,6 @@ MERGE_PATCH = "application/merge-patch+json"
 # before the call so that the command redelivered after a crash is not sent twice.
 RESTART_ANNOTATION = "vmstream.io/restart"
 MAX_REPLANS = 5  # a VM that changes under us this often is being fought over: give up, say so
-ENDED_PHASES = frozenset({"Succeeded", "Failed"})
 
 T = TypeVar("T")
 
@@ -523,12 +523,11 @@ class KubeApplier:
         return None
 
     def _already_so(self, namespace: str, name: str, action: str) -> bool:
-        """After a 409: is the VM already as a start or stop would leave it (level-based)?"""
+        """After a 409: is the VM already as a start or stop would leave it? The rules judge
+        (handlers/running.py); only the VMI is read here."""
         if action not in ("start", "stop"):
             return False
-        vmi = self._get_vmi(namespace, name)
-        running = vmi is not None and (vmi.get("status") or {}).get("phase") not in ENDED_PHASES
-        return running if action == "start" else not running
+        return already_so(action, self._get_vmi(namespace, name))
 
     # --- delete_vmi ----------------------------------------------------------------------
 

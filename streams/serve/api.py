@@ -39,7 +39,7 @@ from pydantic.json_schema import models_json_schema
 from handlers.catalog import Catalog
 from handlers.config import Config
 from handlers.messages import vm_key
-from handlers.state import TableName
+from handlers.tables import DRAINS, KUBEVIRT, NAMESPACES, TRACKING, USAGE, VMIS, VMS, Table
 from handlers.tracing import GPU_CLASS_TYPE, ce_headers, derived_trace
 from handlers.views import (
     GPUClassList,
@@ -60,8 +60,8 @@ from streams.common.topics import GPU_CLASSES, changelog_topic, ensure_topics
 
 log = logging.getLogger(__name__)
 
-# The worker's tables the answers read (streams/worker/app.py names them state-<table>).
-VIEW_TABLES: tuple[TableName, ...] = ("vms", "vmis", "tracking", "drains", "usage", "kubevirt", "namespaces")
+# The worker's tables the answers read, from their changelogs (``Table.stored_as``).
+VIEW_TABLES: tuple[Table[Any], ...] = (VMS, VMIS, TRACKING, DRAINS, USAGE, KUBEVIRT, NAMESPACES)
 PUBLIC = ("/health", "/ready", "/openapi.json")
 
 
@@ -156,7 +156,7 @@ class Api:
         self.conf = conf
         self.az = rules.az
         self.catalog = Catalog.from_config(rules)
-        self.changelogs = {name: changelog_topic(app_id, f"state-{name}") for name in VIEW_TABLES}
+        self.changelogs = {table: changelog_topic(app_id, table.stored_as) for table in VIEW_TABLES}
         self.view = GlobalView(kafka.bootstrap_servers, self.changelogs, decode=False, **aiokafka_options(kafka))
         self.classes = ClassTopic()
         self.source = event_source("api", app_id)
@@ -176,11 +176,11 @@ class Api:
         return vm_badge(self.view, self.catalog, namespace, name)
 
     def project(self, project: str) -> ProjectView:
-        return project_view(self.view, self.catalog, project, tracked=self.view.keys("tracking"))
+        return project_view(self.view, self.catalog, project, tracked=self.view.keys(TRACKING))
 
     def project_of_vm(self, namespace: str, name: str) -> str | None:
         """A VM's project: its label, else its namespace's (docs/auth.md)."""
-        raw = self.view.get("vms", vm_key(namespace, name))
+        raw = self.view.get(VMS, vm_key(namespace, name))
         return (raw.project if raw is not None else None) or project_of(self.view, namespace)
 
     # ------------------------------------------------------------------- Kafka

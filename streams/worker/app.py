@@ -40,16 +40,16 @@ import aiohttp.web
 from faust.types import EventT
 
 from handlers.capacity import capacity_report
-from handlers.drains import due_nodes
 from handlers.restarts import pending_detail
 from handlers.engine import Engine, Result, Source
+from handlers.inputs import kind_of, routed_input, tick_value
 from handlers.messages import KEY_MAX, MalformedMessage
 from handlers.observing import decision_key
-from handlers.state import GLOBAL_TABLES, TABLES, TableName
+from handlers.tables import GLOBAL_TABLES, TABLES, TRACKING, VMIS, VMS, Table
 from handlers.topics import INTENTS, ROUTED_INPUTS, WORKER_ROUTED, written_by
 from streams.common import metrics
 from streams.common.credentials import key_source
-from streams.common.codecs import decode_resident_update, encode_json, encode_message, encode_resident_update
+from streams.common.codecs import encode_json, encode_message, encode_resident_update
 from streams.common.cloudevents import (TRACEPARENT, TRACESTATE, Trace, event_source, kafka_headers, trace_headers,
                                  trace_of)
 from streams.common.globalview import GlobalView
@@ -68,22 +68,7 @@ log = logging.getLogger(__name__)
 EXIT_UNPUBLISHED = 75
 _LATEST = 253402300799.0  # 9999-12-31T23:59:59Z, the latest time a datetime holds
 
-TABLE_HELP: dict[TableName, str] = {
-    "vms": "VM key → last observed VirtualMachine (decided under the VM's key)",
-    "vmis": "VM key → last observed VMI (a VMI is named after its VM)",
-    "tracking": "VM key → what the owner was told (pending restart, GPU unavailable)",
-    "nodes": "node → last observed Node (decided under the node's key)",
-    "residents": "node → the GPU VMIs on it: the node-keyed view drains read",
-    "drains": "node → its drain episode",
-    "maintenances": "NodeMaintenance name → record (decided under its node's key)",
-    "processed": "intent_id → outcome (decided under the intent's key)",
-    "usage": "node → GPU cards offered and held: cluster-wide, read by every instance",
-    "kubevirt": "'cluster' → the KubeVirt CR's configuration: cluster-wide",
-    "namespaces": "namespace → the project its label names: cluster-wide, read by every instance",
-}
-
-
-PENDING_TABLES: tuple[TableName, ...] = ("tracking", "vms", "vmis")  # the rows /pending reads
+PENDING_TABLES: tuple[Table[Any], ...] = (TRACKING, VMS, VMIS)  # the rows /pending reads
 PUBLIC_PAGES = ("/health", "/ready")  # what probes read; everything else needs the token
 
 
@@ -176,28 +161,29 @@ class Worker:
         # Outputs on a producer (a connection) of their own: aiokafka sends one request at a
         # time per connection, and a batch's outputs must not queue behind the changelog
         # rows of the batch before, a request that spans up to 60 partitions.
-        self.output_producer = self.app.add_dependency(self.app.transport.create_producer(beacon=self.app.beacon))
+        self.output_producer: Any = self.app.add_dependency(self.app.transport.create_producer(beacon=self.app.beacon))
         self.routed = self._topic(ROUTED)
         self.inputs = self._topic(*(topic.name for topic in ROUTED_INPUTS))  # route's: re-keyed onto the routed topic
         self.outputs = {topic.name: self._topic(topic.name) for topic in written_by("worker") if topic is not WORKER_ROUTED}
-        self.tables = {
-            name: self.app.Table(f"state-{name}", key_type=str, value_type=bytes,
-                                 partitions=self.kafka.partitions, help=TABLE_HELP[name])
-            for name in TABLES
+        self.tables: dict[str, Any] = {  # by table name
+            table: self.app.Table(table.stored_as, key_type=str, value_type=bytes,
+                                  partitions=self.kafka.partitions, help=table.help)
+            for table in TABLES
         }
         self.view = GlobalView(
             self.kafka.bootstrap_servers,
-            {name: changelog_topic(conf.app_id, self.tables[name].name) for name in GLOBAL_TABLES},
+            {table: changelog_topic(conf.app_id, table.stored_as) for table in GLOBAL_TABLES},
             **aiokafka_options(self.kafka),
         )
         journal = self.app.Table("state-journal", key_type=str, value_type=bytes, partitions=self.kafka.partitions,
                                  help="input topic:partition:offset → its decision, until the offset is committed")
         self.state = TableState(self.tables, self.view, Journal(journal))
+        self.app.on_rebalance_complete.connect(self._partitions_settled)
         self.app.task(self.view.run)
         # What /pending shows, for the whole cluster from any instance (kept as bytes).
         self.pages_view = GlobalView(
             self.kafka.bootstrap_servers,
-            {name: changelog_topic(conf.app_id, self.tables[name].name) for name in PENDING_TABLES},
+            {table: changelog_topic(conf.app_id, table.stored_as) for table in PENDING_TABLES},
             decode=False,
             **aiokafka_options(self.kafka),
         )
@@ -213,7 +199,8 @@ class Worker:
         self._page("/metrics", self._metrics)
         self._page("/capacity", self._capacity)
         self._page("/pending", self._pending)
-        self.app.web.web_app.middlewares.append(pages_guard(conf.page_token()))
+        web: Any = self.app.web  # Faust's aiohttp driver; its type does not show the aiohttp app
+        web.web_app.middlewares.append(pages_guard(conf.page_token()))
 
     def _topic(self, *names: str) -> Any:
         """Topics of bytes: the codecs are ours (streams/common/codecs.py), not Faust's."""
@@ -340,19 +327,10 @@ class Worker:
         return results
 
     def _decide_one(self, event: EventT[Any]) -> tuple[str, list[Result]]:
-        now = self._time(event)
-        headers = _headers(event)
-        kind = headers.get(KIND_HEADER, b"").decode("utf-8", "replace")
-        if kind == "intent":
-            return "intent", [self.engine.on_intent(self.state, event.value, _origin(event), now)]
-        if kind == "event":
-            return "event", [self.engine.on_event(self.state, event.value, _origin(event), now)]
-        if kind == "resident":
-            return "resident", [self.engine.on_resident(self.state, decode_resident_update(event.value), now)]
-        if kind == "tick":
-            node = json.loads(event.value)["node"]
-            return "tick", self.engine.on_tick(self.state, now, only=node)
-        raise MalformedMessage(f"routed message without a known {KIND_HEADER} header: {kind!r}")
+        """A routed record read as its input (handlers/inputs.py), decided by the one entry."""
+        kind = _headers(event).get(KIND_HEADER, b"").decode("utf-8", "replace")
+        input_ = routed_input(kind, event.value, _origin(event), self._time(event))
+        return kind_of(input_), self.engine.decide(self.state, input_)
 
     async def _publish(self, decided: list[tuple[EventT[Any], Result]]) -> None:
         """Send a batch's messages and wait until the broker has them all.
@@ -483,14 +461,20 @@ class Worker:
         })
 
     async def _tick(self) -> None:
-        """Ask each node with a due deadline to fire it, through the node's partition."""
-        now = datetime.now(UTC)
-        for node in due_nodes(self.state, now):  # as simulate asks; the node's decision checks its row
-            await self.routed.send(key=f"node/{node}".encode(), value=encode_json({"node": node}),
+        """Ask each node with a due deadline to fire it, through the node's partition: the
+        rules say which are due (``Engine.due``, from the table state's deadline index)."""
+        for tick in self.engine.due(self.state, datetime.now(UTC)):  # the node's decision checks its row
+            node = tick.node or ""
+            await self.routed.send(key=f"node/{node}".encode(), value=encode_json(tick_value(node)),
                                    headers={KIND_HEADER: b"tick"})
         for name, size in self.state.sizes().items():
             metrics.TABLE_ROWS.labels(name).set(size)
         metrics.record_lag(self.app)
+
+    async def _partitions_settled(self, sender: Any, /, *args: Any, signal: Any = None, **kwargs: Any) -> None:
+        """Partitions came or went and their tables are recovered: the deadline index is
+        rebuilt from the rows this instance now holds."""
+        self.state.forget_deadlines()
 
     async def _tend_heap(self) -> None:
         """Keep full garbage collections off the decision path (streams/common/heap.py)."""
@@ -542,7 +526,7 @@ class Worker:
         gives the same list (a console asks one replica behind a Service), read from the
         changelogs of every partition (``pages_view``), not from this instance's tables."""
         view = self.pages_view
-        return web.json([d for key in view.keys("tracking") if (d := pending_detail(view, key)) is not None])
+        return web.json([d for key in view.keys(TRACKING) if (d := pending_detail(view, key)) is not None])
 
     async def _metrics(self, web: Any, request: Any) -> Any:
         return web.bytes(metrics.exposition(), content_type=metrics.CONTENT_TYPE)

@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from faust.streams import _current_event
 from faust.types import TP, EventT
@@ -37,7 +37,8 @@ from pydantic import TypeAdapter, ValidationError
 from handlers.decisions import Decision, ResidentUpdate
 from handlers.engine import Result
 from handlers.messages import AuditRecord, Command, DeadLetter, Notification
-from handlers.state import Change, TableName
+from handlers.state import Change, DeadlineIndex
+from handlers.tables import DRAINS, Table, TableName, table_named
 from streams.common.codecs import decode_state, encode_state
 from streams.common.globalview import GlobalView
 
@@ -46,6 +47,7 @@ log = logging.getLogger(__name__)
 EXIT_UNJOURNALED = 75  # as a batch whose messages cannot be published: restarted, replayed or decided again
 
 _DELETED = object()
+V = TypeVar("V")
 
 
 @contextmanager
@@ -274,17 +276,18 @@ def _recorded(result: Result, encoded: dict[int, bytes]) -> _Recorded:
     decision = result.decision
     changes: list[tuple[TableName, str, str | None]] = []
     for change in decision.changes:
+        name = table_named(change.table).name
         if change.value is None:
-            changes.append((change.table, change.key, None))
+            changes.append((name, change.key, None))
         else:
             raw = encoded[id(change)] = encode_state(change.table, change.value)
-            changes.append((change.table, change.key, raw.decode()))
+            changes.append((name, change.key, raw.decode()))
     return _Recorded(decision.commands, decision.notifications, decision.audit, decision.forwards, changes,
                      result.dead_letters, result.dead_letter_key)
 
 
 def _result(recorded: _Recorded) -> Result:
-    changes = [Change(table, key, None if value is None else decode_state(table, value))
+    changes = [Change(table_named(table), key, None if value is None else decode_state(table, value))
                for table, key, value in recorded.changes]
     decision = Decision(list(recorded.commands), list(recorded.notifications), recorded.audit, changes,
                         list(recorded.forwards))
@@ -297,36 +300,62 @@ class TableState:
     Reads see, in order: changes staged by the current batch, this instance's tables, and
     — for cluster-wide tables — the :class:`GlobalView` of every partition. Decoded values
     are cached and reused while the stored bytes are the same object.
+
+    It keeps the :class:`~handlers.state.DeadlineIndex` of its ``drains`` rows, so the
+    timer asks the rules what is due (``Engine.due``) without a pass over every episode:
+    noted as rows are written, and rebuilt from the rows after the partitions this instance
+    owns changed (:meth:`forget_deadlines`, on every completed rebalance).
     """
 
-    def __init__(self, tables: Mapping[TableName, Any], view: GlobalView, journal: Journal | None = None) -> None:
+    def __init__(self, tables: Mapping[str, Any], view: GlobalView, journal: Journal | None = None) -> None:
         self.tables = tables
         self.view = view
         self.journal = journal
         self._decoded: dict[tuple[str, str], tuple[bytes, Any]] = {}
         self._staged: dict[tuple[str, str], Any] = {}
         self._encoded: dict[int, bytes] = {}  # a change's value as the journal recorded it, by id
+        self._deadlines: DeadlineIndex | None = None  # None: to be rebuilt from the rows
 
-    def get(self, table: TableName, key: str) -> Any | None:
+    def get(self, table: Table[V], key: str) -> V | None:
+        """A row: rows are written through the table's own codec, so of its type."""
+        value: V | None
         staged = self._staged.get((table, key), None)
         if staged is not None:
-            return None if staged is _DELETED else staged
+            value = None if staged is _DELETED else staged
+            return value
         raw = self.tables[table].get(key)
         if raw is None:
-            return self.view.tables[table].get(key) if table in self.view.tables else None
+            return self.view.get(table, key) if table in self.view.tables else None
         cached = self._decoded.get((table, key))
         if cached is not None and cached[0] is raw:
-            return cached[1]
+            value = cached[1]
+            return value
         value = decode_state(table, raw)
         self._decoded[(table, key)] = (raw, value)
         return value
 
-    def values(self, table: TableName) -> Iterable[Any]:
+    def items(self, table: Table[V]) -> list[tuple[str, V]]:
         keys = set(self.tables[table].keys())
         if table in self.view.tables:
             keys |= set(self.view.tables[table])
         keys |= {key for name, key in self._staged if name == table}
-        return [value for key in sorted(keys) if (value := self.get(table, key)) is not None]
+        return [(key, value) for key in sorted(keys) if (value := self.get(table, key)) is not None]
+
+    def values(self, table: Table[V]) -> list[V]:
+        return [value for _, value in self.items(table)]
+
+    @property
+    def deadlines(self) -> DeadlineIndex:
+        """The drain deadlines still to fire among this instance's rows."""
+        if self._deadlines is None:
+            episodes = self.values(DRAINS)
+            self._deadlines = DeadlineIndex.of(episodes)
+        return self._deadlines
+
+    def forget_deadlines(self) -> None:
+        """Rows came or went without :meth:`write` (a rebalance, a recovery): rebuild the
+        index from the rows when it is next asked."""
+        self._deadlines = None
 
     def stage(self, changes: Iterable[Change]) -> None:
         """Make a decision's changes visible to the rest of the batch, not yet recorded."""
@@ -339,6 +368,8 @@ class TableState:
             for change in changes:
                 target = self.tables[change.table]
                 self._decoded.pop((change.table, change.key), None)
+                if change.table == DRAINS and self._deadlines is not None:
+                    self._deadlines.note(change.key, change.value)
                 if change.value is None:
                     if change.key in target:
                         del target[change.key]

@@ -15,6 +15,7 @@ from typing import Any
 from handlers.auth import KeySet
 from handlers.config import Config
 from handlers.engine import Engine, Result, Source
+from handlers.inputs import DeadlineTick, IntentInput, ResidentInput, WatchInput
 from handlers.messages import AuditRecord, Command, Notification
 from handlers.state import MemoryState
 from handlers.topics import INTENTS, K8S_EVENTS
@@ -50,7 +51,7 @@ class Harness:
         return self
 
     def tick(self) -> list[Result]:
-        results = self.engine.on_tick(self.state, self.now)
+        results = self.engine.decide(self.state, DeadlineTick(self.now))
         for result in results:
             self._keep(result)
         return results
@@ -61,7 +62,8 @@ class Harness:
         key = "/".join(p for p in (obj["kind"], metadata.get("namespace"), metadata["name"]) if p)
         event = {"event_id": f"ev-{next(self._ids)}", "type": type_, "kind": obj["kind"],
                  "object": obj, "observed_at": self.now.isoformat()}
-        return self._keep(self.engine.on_event(self.state, event, Source(EVENTS_TOPIC, key), self.now))
+        [result] = self.engine.decide(self.state, WatchInput(event, Source(EVENTS_TOPIC, key), self.now))
+        return self._keep(result)
 
     def observe_all(self, *objects: dict[str, Any]) -> Harness:
         for obj in objects:
@@ -95,14 +97,16 @@ class Harness:
 
     def raw_intent(self, raw: Any, *, key: str | None = None, offset: int | None = None) -> Result:
         source = Source(INTENTS_TOPIC, key, 0 if offset is not None else None, offset)
-        return self._keep(self.engine.on_intent(self.state, raw, source, self.now))
+        [result] = self.engine.decide(self.state, IntentInput(raw, source, self.now))
+        return self._keep(result)
 
     def _keep(self, result: Result) -> Result:
         """Apply a result and decide what it told the nodes, as ``simulate`` does."""
         self.state.apply(result.decision.changes)
         self.results.append(result)
         for update in result.decision.forwards:
-            self._keep(self.engine.on_resident(self.state, update, self.now))
+            for forwarded in self.engine.decide(self.state, ResidentInput(update, self.now)):
+                self._keep(forwarded)
         return result
 
     # ---------------------------------------------------------------- outputs

@@ -1,0 +1,56 @@
+"""The values of the tables the rules keep for themselves (the rest are observed records,
+handlers/cluster.py): what an owner was told, and drain episodes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+DrainSource = Literal["intent", "maintenance", "cordon", "eviction"]
+DrainOutcome = Literal["returns_automatically", "waits_for_gpu", "needs_manual_start"]
+DrainScope = Literal["node", "evictions"]
+ObservedFate = Literal["came_back", "waits_for_gpu", "off"]
+
+
+@dataclass(frozen=True, slots=True)
+class VMTracking:
+    """What vmstream has told a VM's owner, so that each fact is told once."""
+
+    pending_episode: str | None = None  # the pending-restart episode the owner was told of
+    unavailable_episode: str | None = None  # the gpu_unavailable episode the owner was told of
+    left_node: str | None = None  # its GPU VMI left this node; where it went is not reported yet
+    left_fate: str | None = None  # what was last reported to that node (waits_for_gpu)
+    # The GPU rules (handlers/enforcement.py): the VM content a GPU patch was planned from,
+    # while it is in flight (or, enforce: notify, the gaps the owner was told of); and the
+    # memory-not-pinned episode the owner was told of.
+    gpu_rules_episode: str | None = None
+    unpinned_episode: str | None = None
+
+    @property
+    def empty(self) -> bool:
+        return (self.pending_episode is None and self.unavailable_episode is None and self.left_node is None
+                and self.gpu_rules_episode is None and self.unpinned_episode is None)
+
+
+@dataclass(frozen=True, slots=True)
+class DrainEpisode:
+    """One drain of one node, from its first signal until no GPU VM is left on it."""
+
+    node: str
+    episode: str
+    source: DrainSource
+    cause: str
+    reason: str
+    requested_by: str | None
+    started_at: datetime
+    deadline: datetime
+    announced: dict[str, DrainOutcome] = field(default_factory=dict)
+    stopped: tuple[str, ...] = ()
+    deadline_passed: bool = False
+    cordon_observed: bool = False
+    completed: bool = False  # kept until the episode ends, so a late signal starts no new one
+    scope: DrainScope = "node"  # "evictions": only the VMIs KubeVirt was asked to evict
+    cordoned: bool = False  # vmstream cordoned the node itself (and so may uncordon it)
+    warned: dict[str, tuple[str | None, tuple[str, ...]]] = field(default_factory=dict)  # key: (project, recipients)
+    observed: dict[str, ObservedFate] = field(default_factory=dict)  # what became of each announced VM
