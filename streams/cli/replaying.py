@@ -65,6 +65,12 @@ def read_topics(kafka: KafkaSettings, topics: list[str], *, idle_seconds: float 
         client.close()
 
 
+def _short(value: Any, limit: int = 300) -> str:
+    """A field's value for a person, cut at ``limit`` characters."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 @dataclass
 class Comparison:
     matched: int = 0
@@ -289,7 +295,9 @@ class Replay:
                     if _norm(unsealed) != _norm(expected):
                         fields = sorted(f for f in set(expected) | set(unsealed)
                                         if _norm(expected.get(f)) != _norm(unsealed.get(f)))
-                        self.problems.append(f"{name} {ident}: recorded otherwise ({', '.join(fields)})")
+                        shown = "; ".join(f"{f}: recorded {_short(unsealed.get(f))}, replayed {_short(expected.get(f))}"
+                                          for f in fields)
+                        self.problems.append(f"{name} {ident}: recorded otherwise ({', '.join(fields)}) — {shown}")
                     elif name == COMMANDS.name and self.keyring is not None:
                         problem = self.keyring.problem("command", Command.model_validate(actual))
                         if problem:

@@ -17,6 +17,15 @@ seek (``tests/faults/``).
    then drops as inactive, although aiokafka's position has moved past them.
    :class:`WorkerConsumer` passes a copy taken when the call starts.
 
+3. **Rows of partitions given away.** The in-memory store forgets, after a rebalance, the
+   keys of partitions this instance no longer owns, but it knows a key's partition only
+   for rows it recovered from a changelog, not for rows it wrote itself. A worker that
+   wrote rows while it owned every partition kept them, stale, after another instance took
+   half: its reads of cluster-wide rows (a node's GPU usage) then preferred them to the
+   other instance's current rows, and a drain announced "0 cards free" where replay
+   counted 2 (``tests/kafka/test_replay.py``). :class:`PartitionTrackedTable` records the
+   partition of every row it writes.
+
 And one setting Faust hard-codes: its consumer long-polls the broker for up to 1.5 s
 (``fetch_max_wait_ms=1500``). aiokafka keeps one fetch in flight per broker and leaves out of
 it the partitions whose records are still being consumed; at 1,000 intents/s the intents
@@ -190,6 +199,18 @@ class StaticMemberAssignor(PartitionAssignor):
                      "its worker URL is not this one's")
 
 
+class PartitionTrackedTable(faust.Table):  # type: ignore[type-arg]  # generic over key and value; rows are bytes
+    """A table whose in-memory store knows the partition of every row, written or recovered,
+    so that :meth:`~faust.stores.memory.Store.on_recovery_completed` drops the rows of the
+    partitions given away (fix 3)."""
+
+    def send_changelog(self, partition: int | None, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+        owners = getattr(self.data, "_key_partition", None)  # the in-memory store's map
+        if owners is not None and partition is not None:
+            owners[key] = partition
+        return super().send_changelog(partition, key, value, *args, **kwargs)
+
+
 class App(faust.App):
     """``faust.App`` with these fixes; takes its arguments, and the fetch pacing."""
 
@@ -199,6 +220,7 @@ class App(faust.App):
         self.fetch_min_bytes = fetch_min_bytes
         self.fetch_idle_wait_ms = fetch_idle_wait_ms
         kwargs.setdefault("TableManager", HeldRecoveryTableManager)
+        kwargs.setdefault("Table", PartitionTrackedTable)
         kwargs.setdefault("PartitionAssignor", StaticMemberAssignor)
         super().__init__(*args, **kwargs)
 
