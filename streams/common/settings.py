@@ -7,6 +7,7 @@ rules see only :class:`~handlers.config.Config`; Kafka and worker options stay h
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -124,6 +125,14 @@ class ApplySettings(BaseModel):
     max_in_flight: int = Field(default=200, ge=1)  # commands read and not yet released, at most
 
 
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who an API token is: the operator, or one project's member."""
+
+    operator: bool
+    project: str | None  # a project token's project
+
+
 class ApiSettings(BaseModel):
     """``vmstream api``, the read API for consoles (docs/api.md).
 
@@ -144,17 +153,15 @@ class ApiSettings(BaseModel):
     # classes that changed published).
     publish_seconds: float = Field(default=1.0, gt=0)
 
-    def tokens(self) -> dict[str, Any]:
-        """Every accepted token → its caller (``streams.serve.api.Caller``)."""
-        from streams.serve.api import Caller
-
+    def tokens(self) -> dict[str, Caller]:
+        """Every accepted token → its caller."""
         projects = dict(self.project_tokens)
         if self.project_tokens_file:
             loaded = yaml.safe_load(Path(self.project_tokens_file).read_text(encoding="utf-8")) or {}
             if not isinstance(loaded, dict):
                 raise ValueError(f"api.project_tokens_file: {self.project_tokens_file} is not a map of token → project")
             projects.update({str(token): str(project) for token, project in loaded.items()})
-        tokens: dict[str, Any] = {token: Caller(operator=False, project=project)
+        tokens: dict[str, Caller] = {token: Caller(operator=False, project=project)
                                   for token, project in projects.items() if token}
         operator = self.operator_token.get_secret_value() if self.operator_token else None
         if not operator and self.operator_token_file:

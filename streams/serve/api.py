@@ -27,7 +27,6 @@ import hmac
 import json
 import logging
 import signal
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -55,7 +54,7 @@ from streams.common.cloudevents import event_source
 from streams.common.globalview import GlobalView
 from streams.common.reading import follow_from_start
 from streams.common.kafka_clients import aiokafka_options
-from streams.common.settings import ApiSettings, KafkaSettings, load_settings
+from streams.common.settings import ApiSettings, Caller, KafkaSettings, load_settings
 from streams.common.topics import GPU_CLASSES, changelog_topic, ensure_topics
 
 log = logging.getLogger(__name__)
@@ -69,12 +68,6 @@ class Problem(BaseModel):
     """Every error answer."""
 
     error: str
-
-
-@dataclass(frozen=True, slots=True)
-class Caller:
-    operator: bool
-    project: str | None  # a project token's project
 
 
 def caller_of(header: str, tokens: dict[str, Caller]) -> Caller | None:
