@@ -1,7 +1,12 @@
 """The ``vmstream`` command: one entry point, one subcommand per job.
 
-Each subcommand lives in the module that owns its concern; this module only parses
-arguments and hands over.
+Each subcommand lives in the module that owns its concern; this module parses arguments,
+sets up logging and hands over. It is also where a :class:`~streams.cli.errors.UserError`
+ends: one line on stderr and its exit code (streams/cli/errors.py), for every subcommand.
+
+The long-running processes (worker, watch, apply, notify, api: ``process=True`` in their
+parser's defaults) log JSON lines (streams/common/logs.py); the commands a person runs log
+plain text.
 """
 
 from __future__ import annotations
@@ -10,12 +15,14 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from importlib.metadata import PackageNotFoundError, version
 
 from streams.cli import replaying, requesting, tailing
+from streams.cli.errors import EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, UserError
+from streams.cli.startup import add_kafka_arguments, check_port, load_config, reach_kafka
+from streams.common.logs import configure_json_logs, limit_client_logs
 from streams.kube import applying, watching
 from streams.serve import notify
-from streams.common.logs import limit_client_logs
-from streams.common.settings import load_settings
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -25,20 +32,30 @@ def _simulate(args: argparse.Namespace) -> int:
     from streams.common.credentials import key_source
     from streams.cli.simulating import run
 
-    settings = load_settings(args.config)
+    settings = load_config(args)
     engine = Engine(settings.rules(), keys=key_source(settings.auth))
     if args.input in (None, "-"):
         return run(engine, sys.stdin, sys.stdout, settings.kafka)
-    with open(args.input, encoding="utf-8") as source:
+    try:
+        source = open(args.input, encoding="utf-8")
+    except OSError as error:
+        raise UserError(f"input {args.input} cannot be read: {error.strerror or error}",
+                        "give an existing JSON Lines file with --input, or - for stdin", exit_code=EXIT_USAGE) from error
+    with source:
         return run(engine, source, sys.stdout, settings.kafka)
 
 
 def _schemas(args: argparse.Namespace) -> int:
     from streams.cli.schemas import write_schemas
 
-    for path in write_schemas(args.output):
+    try:
+        written = write_schemas(args.output)
+    except OSError as error:
+        raise UserError(f"cannot write into {args.output}: {error.strerror or error}",
+                        "give a writable directory with --output", exit_code=EXIT_USAGE) from error
+    for path in written:
         print(path)
-    return 0
+    return EXIT_OK
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -48,21 +65,24 @@ def _worker(args: argparse.Namespace) -> int:
     from streams.common.topics import ensure_topics
     from streams.worker.app import Worker
 
-    settings = load_settings(args.config)
+    settings = load_config(args)
+    check_port(settings.worker.web_host, settings.worker.web_port, "worker.web_port (VMSTREAM_WORKER__WEB_PORT)")
+    reach_kafka(settings.kafka)
     worker = Worker(settings)
     ensure_topics(settings.kafka, changelogs=worker.changelogs())
     level = "DEBUG" if args.verbose else "INFO"
     faust.Worker(worker.app, loglevel=level, quiet=True, logging_config=logging_config(level)).execute_from_commandline()
-    return 0
+    return EXIT_OK
 
 
 def _topics(args: argparse.Namespace) -> int:
     from streams.common.topics import ensure_topics
 
-    settings = load_settings(args.config)
+    settings = load_config(args)
+    reach_kafka(settings.kafka)
     for name in ensure_topics(settings.kafka):
         print(f"created {name}")
-    return 0
+    return EXIT_OK
 
 
 def _api(args: argparse.Namespace) -> int:
@@ -71,34 +91,61 @@ def _api(args: argparse.Namespace) -> int:
     return serve_api(args)
 
 
+def _version() -> str:
+    try:
+        return version("vmstream")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="vmstream", description="Keeps GPU-passthrough VMs on KubeVirt right, event by event, over Kafka."
+        prog="vmstream", description="Keeps GPU-passthrough VMs on KubeVirt right, event by event, over Kafka.",
+        epilog=EXIT_CODES_HELP,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    parser.add_argument("--version", action="version", version=f"vmstream {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    simulate = commands.add_parser("simulate", help="run the decision engine over JSON Lines, offline")
+    simulate = commands.add_parser(
+        "simulate", help="run the decision engine over JSON Lines, offline",
+        description="Decide JSON Lines inputs (the `tail --json` format) with the engine alone: no Kafka, "
+        "no cluster; print every output, deterministically.", epilog=EXIT_CODES_HELP)
     simulate.add_argument("--config", help="the worker's configuration file (YAML)")
     simulate.add_argument("--input", default="-", help="JSON Lines input file, or - for stdin")
     simulate.set_defaults(handler=_simulate)
 
-    schemas = commands.add_parser("schemas", help="write the JSON Schemas and the AsyncAPI document")
+    schemas = commands.add_parser(
+        "schemas", help="write the JSON Schemas and the AsyncAPI document",
+        description="Write the JSON Schemas of every message, the AsyncAPI document of the topics and the "
+        "OpenAPI document of `vmstream api`.", epilog=EXIT_CODES_HELP)
     schemas.add_argument("--output", default="docs/schemas", help="directory to write into")
     schemas.set_defaults(handler=_schemas)
-    worker = commands.add_parser("worker", help="run the stream processor (Faust) on Kafka")
-    worker.add_argument("--config", help="the configuration file (YAML)")
-    worker.set_defaults(handler=_worker)
 
-    topics = commands.add_parser("topics", help="create the Kafka topics (idempotent)")
+    worker = commands.add_parser(
+        "worker", help="run the stream processor (Faust) on Kafka",
+        description="Run the stream processor: route intents and watch events, decide, publish commands, "
+        "notifications, audit records and dead letters (docs/worker.md).", epilog=EXIT_CODES_HELP)
+    worker.add_argument("--config", help="the configuration file (YAML)")
+    add_kafka_arguments(worker)
+    worker.set_defaults(handler=_worker, process=True)
+
+    topics = commands.add_parser(
+        "topics", help="create the Kafka topics (idempotent)",
+        description="Create every topic of docs/contracts.md that is missing; existing ones are left as they are.",
+        epilog=EXIT_CODES_HELP)
     topics.add_argument("action", choices=["create"])
     topics.add_argument("--config", help="the configuration file (YAML)")
+    add_kafka_arguments(topics)
     topics.set_defaults(handler=_topics)
 
-    api = commands.add_parser("api", help="serve the read API for consoles (docs/api.md)")
+    api = commands.add_parser(
+        "api", help="serve the read API for consoles (docs/api.md)",
+        description="Serve the read API for consoles (GPU classes, VMs, nodes, drains) from the worker's "
+        "table changelogs, and keep vmstream.gpu-classes current (docs/api.md).", epilog=EXIT_CODES_HELP)
     api.add_argument("--config", help="the configuration file (YAML)")
-    api.set_defaults(handler=_api)
+    add_kafka_arguments(api)
+    api.set_defaults(handler=_api, process=True)
 
     requesting.add_parser(commands)
     tailing.add_parser(commands)
@@ -106,17 +153,48 @@ def build_parser() -> argparse.ArgumentParser:
     applying.add_parser(commands)
     watching.add_parser(commands)
     notify.add_parser(commands)
+    for subparser in commands.choices.values():  # one table of exit codes for every command
+        if subparser.epilog is None:
+            subparser.epilog = EXIT_CODES_HELP
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, stream=sys.stderr)
+def _configure_logs(args: argparse.Namespace) -> None:
+    verbose = bool(getattr(args, "verbose", False))
+    if getattr(args, "process", False):
+        configure_json_logs("DEBUG" if verbose else "INFO")  # rate-limited: logs.RateLimit
+        return
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, stream=sys.stderr)
     limit_client_logs()  # a broker outage: a few lines per kind and period, not thousands
-    if not args.verbose:
+    if not verbose:
         logging.getLogger("streams").setLevel(logging.INFO)
+
+
+def dispatch(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
+    """Parse, set up logging, run the subcommand; a :class:`UserError` becomes its one line."""
+    args = parser.parse_args(argv)
+    _configure_logs(args)
     handler: Handler = args.handler
-    return handler(args)
+    try:
+        return handler(args)
+    except UserError as error:
+        print(error.line(args.command), file=sys.stderr, flush=True)
+        return error.exit_code
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def run_alone(add_parser: Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], argv: Sequence[str] | None = None) -> int:
+    """``python -m streams.kube.applying apply …`` and the like: one subcommand, started as
+    ``vmstream`` starts it."""
+    parser = argparse.ArgumentParser(prog="vmstream", epilog=EXIT_CODES_HELP)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    add_parser(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    return dispatch(parser, argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return dispatch(build_parser(), argv)
 
 
 if __name__ == "__main__":

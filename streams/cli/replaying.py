@@ -47,7 +47,7 @@ from streams.common.reading import assign_from_start, read_to_end
 from streams.common.codecs import encode_resident_update
 from streams.common.credentials import key_source
 from streams.common.kafka_clients import consumer
-from streams.common.settings import KafkaSettings, load_settings
+from streams.common.settings import KafkaSettings
 from streams.common.signing import MAC_FIELD, Keyring
 from handlers.topics import AUDIT, COMMAND_RESULTS, COMMANDS, DLQ, INTENTS, K8S_EVENTS, NOTIFICATIONS
 from streams.common.topics import KIND_HEADER, ROUTED, ROUTED_INPUTS, SOURCE_HEADER
@@ -459,7 +459,10 @@ def report(comparison: Comparison, out: TextIO) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    settings = load_settings(args.config)
+    from streams.cli.startup import load_config, reach_kafka
+
+    settings = load_config(args)
+    reach_kafka(settings.kafka)
     started = time.monotonic()
     checked = {"auto": None, "yes": True, "no": False}[args.applier]
     comparison = replay(Engine(settings.rules(), keys=key_source(settings.auth)), settings.kafka, sys.stderr,
@@ -470,8 +473,16 @@ def main(args: argparse.Namespace) -> int:
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = commands.add_parser("replay", help="decide the recorded inputs again; diff against every record")
+    from streams.cli.errors import EXIT_CODES_HELP
+    from streams.cli.startup import add_kafka_arguments
+
+    parser = commands.add_parser(
+        "replay", help="decide the recorded inputs again; diff against every record",
+        description="Read the recorded inputs back from Kafka, decide them again with --config's policy, "
+        "and compare with every record the worker (and the applier) wrote; exit 1 on any difference.",
+        epilog=EXIT_CODES_HELP)
     parser.add_argument("--config", help="the configuration (another one asks: what if the policy differed?)")
+    add_kafka_arguments(parser)
     parser.add_argument("--applier", choices=("auto", "yes", "no"), default="auto",
                         help="check the applier's records: when it has written any (auto), always, or never")
     parser.set_defaults(handler=main)

@@ -61,7 +61,6 @@ from handlers.config import AuthPolicy
 from handlers.topics import AUDIT, COMMAND_RESULTS, INTENTS, NOTIFICATIONS
 from streams.common.credentials import SigningKey, environment_key, sign_intent
 from streams.common.settings import EnvironmentFirst, KafkaSettings, SigningSettings, read_yaml
-from streams.common.settings import load_kafka_settings
 from streams.common.signing import Keyring, open_sealed
 from streams.cli.tailing import (
     bounded,
@@ -455,8 +454,28 @@ def _print_outcome(outcome: Outcome, out: TextIO, err: TextIO) -> None:
     out.flush()
 
 
+def check_gpu_class(intent: AnyIntent, config: str | None) -> None:
+    """With a configuration that has a GPU catalog, an intent naming a class outside it is
+    refused before it is published (the worker would reject it): a :class:`ConfigError`."""
+    from streams.cli.errors import ConfigError
+    from streams.cli.startup import config_problem
+
+    wanted = getattr(getattr(intent, "spec", None), "gpu_class", None)
+    if not wanted or not config:
+        return
+    try:
+        catalog = read_yaml(config).get("gpu_classes")
+    except (OSError, ValueError) as exc:
+        raise config_problem(config, exc) from exc
+    if isinstance(catalog, dict) and catalog and wanted.lower() not in {str(name).lower() for name in catalog}:
+        raise ConfigError(f"invalid {intent.type} intent, nothing published: GPU class {wanted!r} is not in "
+                          f"the catalog of {config}", f"use one of {', '.join(sorted(map(str, catalog)))}")
+
+
 def _run(args: argparse.Namespace) -> int:
     from kafka.errors import KafkaError
+
+    from streams.cli.startup import KAFKA_PROBE_SECONDS, load_kafka_config, reach_kafka
 
     quiet_kafka_logs(args)
     try:
@@ -466,6 +485,8 @@ def _run(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(f"  {problem}", file=sys.stderr)
         return EXIT_INVALID
+    kafka = load_kafka_config(args)  # a ConfigError: exit 2 (EXIT_INVALID)
+    check_gpu_class(intent, args.config)
     try:
         if args.key and not args.kid:
             raise ValueError("--key needs --kid, the key's id in the worker's JWKS")
@@ -479,11 +500,7 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print("vmstream intent: no --key: the intent goes unsigned (accepted only by a worker with "
               "auth: none)", file=sys.stderr)
-    try:
-        kafka = load_kafka_settings(args.config)
-    except (OSError, ValueError) as exc:
-        print(f"vmstream intent: configuration: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+    reach_kafka(kafka, timeout=min(args.timeout, KAFKA_PROBE_SECONDS))  # else exit 4 (EXIT_KAFKA)
     try:
         return request(kafka, intent, wait=args.wait, timeout=args.timeout, out=sys.stdout, err=sys.stderr,
                        keyring=result_keyring(args.config, err=sys.stderr) if args.wait == "applied" else None)
@@ -529,13 +546,17 @@ def result_keyring(config: str | None, *, err: TextIO) -> Keyring | None:
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``vmstream intent`` and its one subcommand per intent type."""
+    from streams.cli.startup import add_kafka_arguments
+
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--by", dest="requested_by", required=True, metavar="PRINCIPAL",
                         help="who asks (e.g. alice@example.com); notifications go to them")
     common.add_argument("--project", help="the project that owns the VM (required for VM intents)")
     common.add_argument("--id", dest="intent_id", metavar="ID",
                         help="the intent id (default: a new UUID); the same id twice has one effect")
-    common.add_argument("--config", help="the configuration file (YAML)")
+    common.add_argument("--config", help="the configuration file (YAML); with a gpu_classes catalog, "
+                        "--gpu-class is checked against it")
+    add_kafka_arguments(common)
     signing = common.add_argument_group(
         "credential", "sign the intent as an upstream service does (docs/auth.md); default from "
         "VMSTREAM_INTENT_KEY and VMSTREAM_INTENT_KID")

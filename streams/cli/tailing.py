@@ -49,7 +49,7 @@ from handlers.messages import (
     parse_intent,
 )
 from handlers.topics import AUDIT, COMMAND_RESULTS, COMMANDS, DLQ, INTENTS, K8S_EVENTS, NOTIFICATIONS, TOPICS
-from streams.common.settings import KafkaSettings, load_kafka_settings
+from streams.common.settings import KafkaSettings
 
 if TYPE_CHECKING:
     from kafka import KafkaConsumer
@@ -408,12 +408,11 @@ def quiet_kafka_logs(args: argparse.Namespace) -> None:
 def _tail(args: argparse.Namespace) -> int:
     from kafka.errors import KafkaError
 
+    from streams.cli.startup import KAFKA_PROBE_SECONDS, load_kafka_config, reach_kafka
+
     quiet_kafka_logs(args)
-    try:
-        kafka = load_kafka_settings(args.config)
-    except (OSError, ValueError) as exc:
-        print(f"vmstream tail: configuration: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+    kafka = load_kafka_config(args)  # a ConfigError: exit 2 (EXIT_CONFIG)
+    reach_kafka(kafka, timeout=min(args.timeout or KAFKA_PROBE_SECONDS, KAFKA_PROBE_SECONDS))  # else exit 4
     topic, logical = resolve_topic(kafka, args.topic)
     timeout = args.timeout if args.timeout is not None else (None if args.follow else DEFAULT_TIMEOUT)
     tail = Tail(topic, logical, sys.stdout, as_json=args.json)
@@ -448,6 +447,8 @@ def positive_seconds(text: str) -> float:
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``vmstream tail``."""
+    from streams.cli.startup import add_kafka_arguments
+
     tail = commands.add_parser(
         "tail",
         help="print a topic's messages, one readable line each",
@@ -468,4 +469,5 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     tail.add_argument("--json", action="store_true",
                       help="print JSON Lines {topic, key, value, timestamp} (the simulate input format)")
     tail.add_argument("--config", help="the configuration file (YAML)")
+    add_kafka_arguments(tail)
     tail.set_defaults(handler=_tail)

@@ -105,3 +105,12 @@ def logging_config(level: str) -> dict[str, Any]:
         "root": {"level": level, "handlers": ["stderr"]},
         "loggers": {"kafka": {"level": "WARNING"}, "aiokafka": {"level": "WARNING"}},
     }
+
+
+def configure_json_logs(level: str) -> None:
+    """JSON lines on stderr for the whole process (:func:`logging_config`): the worker
+    (through Faust), the watch bridge, the applier, notify and the API log the same keys —
+    ``at``, ``level``, ``logger``, ``message`` and the ``extra=`` fields."""
+    import logging.config
+
+    logging.config.dictConfig(logging_config(level))

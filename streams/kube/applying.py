@@ -67,9 +67,8 @@ from streams.common.reading import assign_from_start, read_to_end
 from streams.common.codecs import encode_message
 from streams.common.cloudevents import TraceBook, event_source, kafka_headers, ref_of
 from streams.common.kafka_clients import consumer, producer
-from streams.common.logs import limit_client_logs
 from streams.common.probes import ProbeServer, add_probe_arguments
-from streams.common.settings import Settings, load_settings
+from streams.common.settings import Settings
 from streams.common.signing import Keyring, KeyringError, open_sealed
 from streams.common.topics import ensure_topics
 
@@ -922,27 +921,16 @@ class Applier:
 # ---------------------------------------------------------------------------------- CLI
 
 
-def api_client(kubeconfig: str | None, *, pool_size: int | None = None) -> client.ApiClient:
-    """From ``--kubeconfig``, else in-cluster, else ``$KUBECONFIG`` / ``~/.kube/config``;
-    ``pool_size`` connections kept open, one per call in flight."""
-    from kubernetes import config
-
-    configuration = client.Configuration()
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    else:
-        try:
-            config.load_incluster_config(client_configuration=configuration)
-        except config.ConfigException:
-            config.load_kube_config(client_configuration=configuration)
-    if pool_size is not None:
-        configuration.connection_pool_maxsize = max(pool_size, configuration.connection_pool_maxsize or 0)
-    return client.ApiClient(configuration)
-
-
 def _run(args: argparse.Namespace) -> int:
+    from streams.cli.errors import EXIT_OK
+    from streams.cli.startup import cannot_listen, load_config, reach_kafka
+    from streams.kube.kubeconfig import api_client, reach_kubernetes
+
     logging.getLogger("kafka").setLevel(logging.WARNING)  # kafka-python's connection chatter
-    settings = load_settings(args.config)
+    settings = load_config(args)
+    api = api_client(args.kubeconfig, pool_size=settings.apply.concurrency)
+    reach_kubernetes(api.configuration)
+    reach_kafka(settings.kafka)
     ensure_topics(settings.kafka)
     stop = threading.Event()
 
@@ -950,9 +938,7 @@ def _run(args: argparse.Namespace) -> int:
         log.info("signal %d: stopping after the current command", signum)
         stop.set()
 
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    with api_client(args.kubeconfig, pool_size=settings.apply.concurrency) as api:
+    with api:
         applier = Applier(settings, KubeApplier(api, subresource_url=args.subresource_url,
                                                 project_label=settings.labels.project))
         try:
@@ -960,44 +946,46 @@ def _run(args: argparse.Namespace) -> int:
                 ready=lambda: applier.ready.is_set() and not stop.is_set(), host=args.probe_host,
                 port=args.probe_port).start()
         except OSError as exc:  # applying matters more than being probed; a kubelet would notice
-            log.error("no /health, /ready, /metrics: cannot listen on %s:%d: %s", args.probe_host,
-                      args.probe_port, exc)
+            log.error("no /health, /ready, /metrics: %s", cannot_listen(args.probe_host, args.probe_port,
+                                                                        "--probe-port", exc).line(None))
             probes = None
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
         try:
             applier.run(stop)
         finally:
             if probes is not None:
                 probes.close()
-    return 0
+    return EXIT_OK
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``vmstream apply``."""
+    from streams.cli.startup import add_kafka_arguments
+
     apply = commands.add_parser(
         "apply", help="apply the commands topic to the Kubernetes API and publish the results",
         description="Consume commands, apply each to the Kubernetes API once, and publish its "
         "result, audit record and (on failure) a notification.",
     )
     apply.add_argument("--config", help="the configuration file (YAML)")
-    apply.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+    apply.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else in-cluster, "
+                       "else ~/.kube/config: streams/kube/kubeconfig.py)")
     apply.add_argument(
         "--subresource-url", metavar="URL",
         help="base URL of KubeVirt's subresource API (start/stop/restart); default: the API "
         "server itself, where virt-api is aggregated",
     )
+    add_kafka_arguments(apply)
     add_probe_arguments(apply, 6067)
-    apply.set_defaults(handler=_run)
+    apply.set_defaults(handler=_run, process=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m streams.kube.applying apply …``, the same as ``vmstream apply …``."""
-    parser = argparse.ArgumentParser(prog="vmstream")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    limit_client_logs()
-    handler: Callable[[argparse.Namespace], int] = args.handler
-    return handler(args)
+    from streams.cli.main import run_alone
+
+    return run_alone(add_parser, argv)
 
 
 if __name__ == "__main__":

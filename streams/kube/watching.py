@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic_core
 from kafka.admin import ConfigResource, ConfigResourceType
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 from prometheus_client import Counter as Metric
@@ -84,7 +84,7 @@ from streams.common.reading import assign_from_start, read_to_end
 from streams.common.cloudevents import event_source, kafka_headers, trace_of
 from streams.common.kafka_clients import COMPRESSION, admin_client, consumer, producer
 from streams.common.probes import ProbeServer, add_probe_arguments
-from streams.common.settings import KafkaSettings, load_kafka_settings, read_yaml
+from streams.common.settings import KafkaSettings, read_yaml
 
 if TYPE_CHECKING:
     from kafka import KafkaProducer
@@ -877,19 +877,6 @@ class Bridge:
 # ------------------------------------------------------------------------- the command
 
 
-def kube_configuration(kubeconfig: str | None) -> client.Configuration:
-    """From ``--kubeconfig``, else ``KUBECONFIG``, else in-cluster, else ``~/.kube/config``."""
-    configuration = client.Configuration()
-    path = kubeconfig or os.environ.get("KUBECONFIG")
-    if path:
-        config.load_kube_config(config_file=path, client_configuration=configuration)
-    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config(client_configuration=configuration)
-    else:
-        config.load_kube_config(client_configuration=configuration)
-    return configuration
-
-
 def load_limits(path: str | None) -> Limits:
     """``limits`` from the configuration file, ``VMSTREAM_LIMITS__MAX_INPUT_BYTES`` first:
     the bridge publishes whole only what the worker reading the same file takes."""
@@ -908,20 +895,27 @@ def load_app_id(path: str | None) -> str:
 
 def main(args: argparse.Namespace) -> int:
     """``vmstream watch``: run the bridge until SIGINT or SIGTERM."""
+    from streams.cli.errors import EXIT_OK, ConfigError
+    from streams.cli.startup import cannot_listen, config_problem, load_kafka_config, reach_kafka
     from streams.common.topics import ensure_topics
+    from streams.kube.kubeconfig import kube_configuration, reach_kubernetes
 
     try:
         kinds = select_kinds(args.kinds)
-        kafka = load_kafka_settings(args.config)  # the bridge needs no policy: Kafka and limits
+    except ValueError as error:
+        raise ConfigError(str(error), f"--kinds takes some of {', '.join(k.kind for k in KINDS)}") from error
+    kafka = load_kafka_config(args)  # the bridge needs no policy: Kafka and limits
+    try:
         limits = load_limits(args.config)
         app_id = load_app_id(args.config)
-        kube = kube_configuration(args.kubeconfig)
-    except (ValueError, OSError, config.ConfigException) as error:  # a ValidationError is a ValueError
-        log.error("watch: %s", error)
-        return 2
+    except (ValueError, OSError) as error:  # a ValidationError is a ValueError
+        raise config_problem(args.config, error) from error
+    kube = kube_configuration(args.kubeconfig)
+    reach_kubernetes(kube)
+    reach_kafka(kafka)
     try:
         ensure_topics(kafka)
-    except Exception as error:  # Kafka may come later: the watchers retry their sends
+    except Exception as error:  # refused (ACLs), not unreachable: the watchers retry their sends
         log.warning("watch: could not check the topics (%s); continuing", error)
     logging.getLogger("kafka").setLevel(logging.WARNING)
 
@@ -931,25 +925,27 @@ def main(args: argparse.Namespace) -> int:
         log.info("watch: %s received, stopping", signal.Signals(signum).name)
         stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     bridge = Bridge(kafka, kube, kinds=kinds, max_event_bytes=limits.max_input_bytes, app_id=app_id)
     try:
         probes: ProbeServer | None = bridge.probes(host=args.probe_host, port=args.probe_port).start()
     except OSError as error:  # watching matters more than being probed; a kubelet would notice
-        log.error("watch: no /health, /ready, /metrics: cannot listen on %s:%d: %s",
-                  args.probe_host, args.probe_port, error)
+        log.error("watch: no /health, /ready, /metrics: %s", cannot_listen(args.probe_host, args.probe_port,
+                                                                           "--probe-port", error).line(None))
         probes = None
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     try:
         bridge.run(stop)
     finally:
         if probes is not None:
             probes.close()
-    return 0
+    return EXIT_OK
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``vmstream watch``."""
+    from streams.cli.startup import add_kafka_arguments
+
     watch = commands.add_parser(
         "watch",
         help="publish Kubernetes watch events (VMs, VMIs, Nodes, NodeMaintenances, KubeVirt, Namespaces) to Kafka",
@@ -958,14 +954,16 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     watch.add_argument("--config", help="the configuration file (YAML); its kafka section is used")
     watch.add_argument(
-        "--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else in-cluster, else ~/.kube/config)"
+        "--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else in-cluster, else ~/.kube/config: "
+        "streams/kube/kubeconfig.py)"
     )
     watch.add_argument(
         "--kinds", metavar="KIND[,KIND...]",
         help=f"watch only these (default: all of {', '.join(k.kind for k in KINDS)})",
     )
+    add_kafka_arguments(watch)
     add_probe_arguments(watch, PROBE_PORT)
-    watch.set_defaults(handler=main)
+    watch.set_defaults(handler=main, process=True)
 
 
 __all__ = [
@@ -976,7 +974,6 @@ __all__ = [
     "Sent",
     "Watcher",
     "add_parser",
-    "kube_configuration",
     "last_published",
     "load_limits",
     "main",

@@ -54,7 +54,7 @@ from streams.common.cloudevents import event_source
 from streams.common.globalview import GlobalView
 from streams.common.reading import follow_from_start
 from streams.common.kafka_clients import aiokafka_options
-from streams.common.settings import ApiSettings, Caller, KafkaSettings, load_settings
+from streams.common.settings import ApiSettings, Caller, KafkaSettings
 from streams.common.topics import GPU_CLASSES, changelog_topic, ensure_topics
 
 log = logging.getLogger(__name__)
@@ -337,7 +337,13 @@ async def serve(api: Api, host: str, port: int) -> None:
     runner = aiohttp.web.AppRunner(api.web_app(), access_log=None)
     await runner.setup()
     site = aiohttp.web.TCPSite(runner, host, port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as error:  # taken since main() checked it
+        from streams.cli.startup import cannot_listen
+
+        await runner.cleanup()
+        raise cannot_listen(host, port, "api.port (VMSTREAM_API__PORT)", error) from error
     log.info("api listening", extra={"host": host, "port": port})
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -358,12 +364,18 @@ async def serve(api: Api, host: str, port: int) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    settings = load_settings(args.config)
+    """``vmstream api``: check the port and the broker, then serve until SIGINT or SIGTERM."""
+    from streams.cli.errors import EXIT_OK
+    from streams.cli.startup import check_port, load_config, reach_kafka
+
+    settings = load_config(args)
+    check_port(settings.api.host, settings.api.port, "api.port (VMSTREAM_API__PORT)")
+    reach_kafka(settings.kafka)
     api = Api(kafka=settings.kafka, app_id=settings.worker.app_id, rules=settings.rules(), conf=settings.api)
     # The changelogs may not exist yet (no worker started): created as the worker creates them.
     ensure_topics(settings.kafka, changelogs=tuple(api.changelogs.values()))
     asyncio.run(serve(api, settings.api.host, settings.api.port))
-    return 0
+    return EXIT_OK
 
 
 def openapi_text() -> str:

@@ -56,9 +56,8 @@ from streams.common import metrics
 from streams.common.reading import assign_from_start, read_to_end
 from streams.common.cloudevents import TRACEPARENT, TRACESTATE, Trace, event_source, trace_of
 from streams.common.kafka_clients import consumer, producer
-from streams.common.logs import limit_client_logs
 from streams.common.probes import ProbeServer, add_probe_arguments
-from streams.common.settings import NotifySettings, Settings, SmtpSettings, load_settings
+from streams.common.settings import NotifySettings, Settings, SmtpSettings
 from handlers.topics import DLQ, NOTIFICATIONS
 from streams.common.topics import DELIVERIES as LEDGER  # the logical name of the ledger topic (compacted)
 from streams.common.topics import ensure_topics
@@ -518,8 +517,13 @@ def _trace_context(trace: Trace, own_id: str) -> dict[str, str]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from streams.cli.errors import EXIT_OK
+    from streams.cli.startup import cannot_listen, check_port, load_config, reach_kafka
+
     logging.getLogger("kafka").setLevel(logging.WARNING)
-    settings = load_settings(args.config)
+    settings = load_config(args)
+    check_port(args.probe_host, args.probe_port, "--probe-port")
+    reach_kafka(settings.kafka)
     ensure_ledger(settings)
     stop = threading.Event()
 
@@ -527,26 +531,25 @@ def _run(args: argparse.Namespace) -> int:
         log.info("signal %d: stopping after the current delivery", signum)
         stop.set()
 
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
     notifier = Notifier(settings)
     try:
-        probes: ProbeServer | None = ProbeServer(
-            ready=lambda: notifier.ready.is_set() and not stop.is_set(), host=args.probe_host,
-            port=args.probe_port).start()
-    except OSError as exc:
-        log.error("no /health, /ready, /metrics: cannot listen on %s:%d: %s", args.probe_host, args.probe_port, exc)
-        probes = None
+        probes = ProbeServer(ready=lambda: notifier.ready.is_set() and not stop.is_set(), host=args.probe_host,
+                             port=args.probe_port).start()
+    except OSError as exc:  # the kubelet probes this port: without it the Pod would be restarted
+        raise cannot_listen(args.probe_host, args.probe_port, "--probe-port", exc) from exc
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
     try:
         notifier.run(stop)
     finally:
-        if probes is not None:
-            probes.close()
-    return 0
+        probes.close()
+    return EXIT_OK
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``vmstream notify``."""
+    from streams.cli.startup import add_kafka_arguments
+
     notify = commands.add_parser(
         "notify", help="deliver notifications by e-mail, webhook (CloudEvents) and chat (docs/notify.md)",
         description="Consume vmstream.notifications and deliver each to its recipients: e-mail over SMTP, "
@@ -554,19 +557,16 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "in vmstream.deliveries; what cannot be delivered goes to vmstream.dlq with the reason.",
     )
     notify.add_argument("--config", help="the configuration file (YAML), section notify:")
+    add_kafka_arguments(notify)
     add_probe_arguments(notify, 6070)
-    notify.set_defaults(handler=_run)
+    notify.set_defaults(handler=_run, process=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m streams.serve.notify notify …``, the same as ``vmstream notify …``."""
-    parser = argparse.ArgumentParser(prog="vmstream")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    limit_client_logs()
-    handler: Callable[[argparse.Namespace], int] = args.handler
-    return handler(args)
+    from streams.cli.main import run_alone
+
+    return run_alone(add_parser, argv)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,174 @@
+"""What every command checks before it starts, each problem raised as one :class:`UserError`.
+
+- the configuration file: missing, not YAML, an unknown key, a value of the wrong type
+  (:func:`load_config`, :func:`load_kafka_config`);
+- ``--bootstrap-servers``, which wins over ``kafka.bootstrap_servers`` and its variable;
+- the broker: one metadata round trip bounded by :data:`KAFKA_PROBE_SECONDS`, so a broker
+  that is not there is reported in seconds, not after the clients' own 30 s
+  (:func:`reach_kafka`);
+- the ports a process listens on (:func:`check_port`, :func:`cannot_listen`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from streams.cli.errors import ConfigError, KafkaUnreachable, PortInUse
+from streams.common.settings import KafkaSettings, Settings, load_kafka_settings, load_settings, read_yaml
+
+KAFKA_PROBE_SECONDS = 5.0
+CONFIG_HINT = "fix the file given with --config (or the VMSTREAM_* variable); docs/contracts.md lists every key"
+
+
+def add_kafka_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--bootstrap-servers``, on every command that talks to Kafka."""
+    parser.add_argument("--bootstrap-servers", metavar="HOST:PORT[,HOST:PORT]",
+                        help="the Kafka brokers (default: kafka.bootstrap_servers of --config, "
+                        "else $VMSTREAM_KAFKA__BOOTSTRAP_SERVERS, else 127.0.0.1:9092)")
+
+
+def _problem(error: ValidationError) -> str:
+    """The first problem of a validation error in a line: ``kafka.partitions: …``."""
+    order = {"extra_forbidden": 0, "missing": 2}  # a misspelt key first, the required one it missed last
+    problems = sorted(error.errors(), key=lambda problem: order.get(problem["type"], 1))
+    first = problems[0]
+    where = ".".join(str(part) for part in first["loc"])
+    if first["type"] == "extra_forbidden":
+        text = f"unknown key {where!r}"
+    elif first["type"] == "missing":
+        text = f"missing key {where!r}"
+    else:
+        given = repr(first.get("input"))
+        given = given if len(given) <= 60 else given[:57] + "..."
+        text = f"{where}: {first['msg']} (got {given})" if where else first["msg"]
+    if len(problems) > 1:
+        text += f" (and {len(problems) - 1} more)"
+    return text
+
+
+def _config_error(path: str | Path | None, error: Exception) -> ConfigError:
+    where = f"configuration {path}" if path else "configuration (VMSTREAM_* variables)"
+    if isinstance(error, FileNotFoundError):
+        return ConfigError(f"configuration file {path} does not exist", "give an existing file with --config")
+    if isinstance(error, OSError):
+        return ConfigError(f"configuration file {path} cannot be read: {error.strerror or error}",
+                           "give a readable file with --config")
+    if isinstance(error, ValidationError):
+        return ConfigError(f"{where}: {_problem(error)}", CONFIG_HINT)
+    cause = error.__cause__
+    if isinstance(cause, yaml.MarkedYAMLError) and cause.problem_mark is not None:
+        mark = cause.problem_mark
+        return ConfigError(f"{where} is not valid YAML: {cause.problem} at line {mark.line + 1}, "
+                           f"column {mark.column + 1}", "fix the YAML syntax there")
+    if isinstance(cause, yaml.YAMLError):
+        return ConfigError(f"{where} is not valid YAML: {cause}", "fix the YAML syntax")
+    return ConfigError(f"{where}: {error}", CONFIG_HINT)
+
+
+def _with_servers(kafka: KafkaSettings, args: argparse.Namespace) -> KafkaSettings:
+    servers: str | None = getattr(args, "bootstrap_servers", None)
+    return kafka.model_copy(update={"bootstrap_servers": servers}) if servers else kafka
+
+
+def load_config(args: argparse.Namespace) -> Settings:
+    """The whole configuration (``--config`` and ``VMSTREAM_*``), ``--bootstrap-servers`` applied."""
+    path = getattr(args, "config", None)
+    try:
+        settings = load_settings(path)
+    except (OSError, ValueError) as error:  # a ValidationError is a ValueError
+        raise _config_error(path, error) from error
+    kafka = _with_servers(settings.kafka, args)
+    return settings if kafka is settings.kafka else settings.model_copy(update={"kafka": kafka})
+
+
+def load_kafka_config(args: argparse.Namespace) -> KafkaSettings:
+    """Only ``kafka`` of the configuration, as clients read it, ``--bootstrap-servers`` applied."""
+    path = getattr(args, "config", None)
+    try:
+        kafka = load_kafka_settings(path)
+        unknown = sorted(set(read_yaml(path)) - set(Settings.model_fields))
+    except (OSError, ValueError) as error:
+        raise _config_error(path, error) from error
+    if unknown:  # the other sections are not read here, but a misspelt one is still a mistake
+        raise ConfigError(f"configuration {path}: unknown key {unknown[0]!r}", CONFIG_HINT)
+    return _with_servers(kafka, args)
+
+
+def config_problem(path: str | Path | None, error: Exception) -> ConfigError:
+    """The :class:`ConfigError` of an error raised while reading ``path`` (for loaders of
+    their own sections, such as the watch bridge's ``limits``)."""
+    return _config_error(path, error)
+
+
+@contextmanager
+def quiet(logger: str) -> Iterator[None]:
+    """A probe's client logs nothing but the one line its failure becomes (``-v``: each try)."""
+    quieted = logging.getLogger(logger)
+    level = quieted.level
+    if not logging.getLogger().isEnabledFor(logging.DEBUG):
+        quieted.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        quieted.setLevel(level)
+
+
+def reach_kafka(kafka: KafkaSettings, timeout: float = KAFKA_PROBE_SECONDS) -> None:
+    """Raise :class:`KafkaUnreachable` unless a broker answers a metadata request within
+    ``timeout`` seconds."""
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    from streams.common.kafka_clients import client_options
+
+    bound = max(1, int(timeout * 1000))
+    options: dict[str, Any] = {"request_timeout_ms": bound}
+    if "bootstrap_timeout_ms" in KafkaAdminClient.DEFAULT_CONFIG:
+        options["bootstrap_timeout_ms"] = bound
+    try:
+        with quiet("kafka"):
+            client = KafkaAdminClient(client_id="vmstream-probe", **client_options(kafka), **options)
+    except (KafkaError, OSError) as error:
+        raise KafkaUnreachable(
+            f"no Kafka broker answers at {kafka.bootstrap_servers} within {timeout:g}s ({type(error).__name__})",
+            "start one (python -m harness kafka up), or give its address with --bootstrap-servers "
+            "or kafka.bootstrap_servers",
+        ) from error
+    client.close()
+
+
+def cannot_listen(host: str, port: int, option: str, error: OSError) -> PortInUse:
+    """The :class:`PortInUse` of an ``OSError`` raised by binding ``host:port``."""
+    if error.errno == errno.EADDRINUSE:
+        return PortInUse(f"{host}:{port} is in use by another process",
+                         f"stop that process, or choose another port with {option}")
+    return PortInUse(f"cannot listen on {host}:{port}: {error.strerror or error}",
+                     f"choose another address or port with {option}")
+
+
+def check_port(host: str, port: int, option: str) -> None:
+    """Raise :class:`PortInUse` if ``host:port`` cannot be listened on now, before a server
+    that binds it later (Faust's web server, the API's) fails deep inside its start-up."""
+    if port == 0:
+        return
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
+            probe.bind(address)
+    except socket.gaierror as error:
+        raise PortInUse(f"cannot listen on {host}:{port}: {error.strerror or error}",
+                        f"choose another address with {option}") from error
+    except OSError as error:
+        raise cannot_listen(host, port, option, error) from error
