@@ -280,3 +280,25 @@ def test_the_line_is_one_line_whatever_the_cause_held() -> None:
     error = errors.KafkaUnreachable("first\nsecond   third", "do this")
     assert error.line("tail") == "vmstream tail: first second third — do this"
     assert error.exit_code == errors.EXIT_KAFKA
+
+
+def test_a_token_or_key_file_that_cannot_be_read_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    example = str(ROOT / "examples" / "config.yaml")
+    empty = tmp_path / "empty"
+    empty.write_text("", encoding="utf-8")
+    kafka = ["--bootstrap-servers", "127.0.0.1:1"]  # checked before Kafka: never reached
+    cases = {
+        "worker": (["worker", "--config", example, *kafka],
+                   clean_env(VMSTREAM_WORKER__WEB_TOKEN_FILE=str(tmp_path / "absent")), "worker.web_token"),
+        "api": (["api", "--config", example, *kafka], clean_env(VMSTREAM_API__OPERATOR_TOKEN_FILE=str(empty)),
+                "api tokens"),
+    }
+
+    def run(case: str) -> tuple[str, Ran]:
+        argv, env, _ = cases[case]
+        return case, vmstream(*argv, env=env)
+
+    with ThreadPoolExecutor(len(cases)) as pool:
+        ran = dict(pool.map(run, cases))
+    for case, (_, _, says) in cases.items():
+        assert_one_line(ran[case], case, errors.EXIT_USAGE, says)

@@ -19,7 +19,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from streams.cli import replaying, requesting, tailing
 from streams.cli.errors import EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, UserError
-from streams.cli.startup import add_kafka_arguments, check_port, load_config, reach_kafka
+from streams.cli.startup import add_kafka_arguments, check_port, check_secrets, load_config, reach_kafka
 from streams.common.logs import configure_json_logs, limit_client_logs
 from streams.kube import applying, watching
 from streams.serve import notify
@@ -66,6 +66,7 @@ def _worker(args: argparse.Namespace) -> int:
     from streams.worker.app import Worker
 
     settings = load_config(args)
+    check_secrets(settings, signing=True, page_token=True)
     check_port(settings.worker.web_host, settings.worker.web_port, "worker.web_port (VMSTREAM_WORKER__WEB_PORT)")
     reach_kafka(settings.kafka)
     worker = Worker(settings)

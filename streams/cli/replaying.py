@@ -459,9 +459,10 @@ def report(comparison: Comparison, out: TextIO) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from streams.cli.startup import load_config, reach_kafka
+    from streams.cli.startup import check_secrets, load_config, reach_kafka
 
     settings = load_config(args)
+    check_secrets(settings, signing=True)
     reach_kafka(settings.kafka)
     started = time.monotonic()
     checked = {"auto": None, "yes": True, "no": False}[args.applier]

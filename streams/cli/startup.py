@@ -15,7 +15,7 @@ import argparse
 import errno
 import logging
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -102,6 +102,25 @@ def load_kafka_config(args: argparse.Namespace) -> KafkaSettings:
     if unknown:  # the other sections are not read here, but a misspelt one is still a mistake
         raise ConfigError(f"configuration {path}: unknown key {unknown[0]!r}", CONFIG_HINT)
     return _with_servers(kafka, args)
+
+
+def check_secrets(settings: Settings, *, signing: bool = False, page_token: bool = False,
+                  api_tokens: bool = False) -> None:
+    """Read the files the configuration names for keys and tokens now, so that one missing or
+    empty is a :class:`ConfigError` at start, not a traceback from deep inside a process."""
+    checks: list[tuple[str, Callable[[], object]]] = []
+    if signing:
+        checks.append(("signing", settings.signing.keyring))
+    if page_token:
+        checks.append(("worker.web_token", settings.worker.page_token))
+    if api_tokens:
+        checks.append(("api tokens", settings.api.tokens))
+    for section, read in checks:
+        try:
+            read()
+        except (OSError, ValueError) as error:  # a KeyringError is a ValueError
+            detail = f"{error.filename}: {error.strerror}" if isinstance(error, OSError) else str(error)
+            raise ConfigError(f"{section}: {detail}", "fix the file or value the configuration names") from error
 
 
 def config_problem(path: str | Path | None, error: Exception) -> ConfigError:

@@ -923,11 +923,12 @@ class Applier:
 
 def _run(args: argparse.Namespace) -> int:
     from streams.cli.errors import EXIT_OK
-    from streams.cli.startup import cannot_listen, load_config, reach_kafka
+    from streams.cli.startup import cannot_listen, check_secrets, load_config, reach_kafka
     from streams.kube.kubeconfig import api_client, reach_kubernetes
 
     logging.getLogger("kafka").setLevel(logging.WARNING)  # kafka-python's connection chatter
     settings = load_config(args)
+    check_secrets(settings, signing=True)
     api = api_client(args.kubeconfig, pool_size=settings.apply.concurrency)
     reach_kubernetes(api.configuration)
     reach_kafka(settings.kafka)

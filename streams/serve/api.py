@@ -366,9 +366,10 @@ async def serve(api: Api, host: str, port: int) -> None:
 def main(args: argparse.Namespace) -> int:
     """``vmstream api``: check the port and the broker, then serve until SIGINT or SIGTERM."""
     from streams.cli.errors import EXIT_OK
-    from streams.cli.startup import check_port, load_config, reach_kafka
+    from streams.cli.startup import check_port, check_secrets, load_config, reach_kafka
 
     settings = load_config(args)
+    check_secrets(settings, api_tokens=True)
     check_port(settings.api.host, settings.api.port, "api.port (VMSTREAM_API__PORT)")
     reach_kafka(settings.kafka)
     api = Api(kafka=settings.kafka, app_id=settings.worker.app_id, rules=settings.rules(), conf=settings.api)
