@@ -1,31 +1,23 @@
 """The ``vmstream`` command: one entry point, one subcommand per job.
 
-Each subcommand lives in the module that owns its concern; this module parses arguments,
-sets up logging and hands over. It is also where a :class:`~streams.cli.errors.UserError`
-ends: one line on stderr and its exit code (streams/cli/errors.py), for every subcommand.
-
-The long-running processes (worker, watch, apply, notify, api: ``process=True`` in their
-parser's defaults) log JSON lines (streams/common/logs.py); the commands a person runs log
-plain text.
+Each subcommand lives in the module that owns its concern; this module builds the parser
+and hands over to streams/cli/dispatch.py, where logging is set up and a
+:class:`~streams.cli.errors.UserError` ends as one line and its exit code.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
 from streams.cli import replaying, requesting, tailing
-from streams.cli.errors import EXIT_CODES_HELP, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, UserError
+from streams.cli.dispatch import dispatch
+from streams.cli.errors import EXIT_CODES_HELP, EXIT_OK, EXIT_USAGE, UserError
 from streams.cli.startup import add_kafka_arguments, check_port, check_secrets, load_config, reach_kafka
-from streams.common.logs import configure_json_logs, limit_client_logs
 from streams.kube import applying, watching
 from streams.serve import notify
-
-Handler = Callable[[argparse.Namespace], int]
-
 
 def _simulate(args: argparse.Namespace) -> int:
     from handlers.engine import Engine
@@ -158,40 +150,6 @@ def build_parser() -> argparse.ArgumentParser:
         if subparser.epilog is None:
             subparser.epilog = EXIT_CODES_HELP
     return parser
-
-
-def _configure_logs(args: argparse.Namespace) -> None:
-    verbose = bool(getattr(args, "verbose", False))
-    if getattr(args, "process", False):
-        configure_json_logs("DEBUG" if verbose else "INFO")  # rate-limited: logs.RateLimit
-        return
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, stream=sys.stderr)
-    limit_client_logs()  # a broker outage: a few lines per kind and period, not thousands
-    if not verbose:
-        logging.getLogger("streams").setLevel(logging.INFO)
-
-
-def dispatch(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
-    """Parse, set up logging, run the subcommand; a :class:`UserError` becomes its one line."""
-    args = parser.parse_args(argv)
-    _configure_logs(args)
-    handler: Handler = args.handler
-    try:
-        return handler(args)
-    except UserError as error:
-        print(error.line(args.command), file=sys.stderr, flush=True)
-        return error.exit_code
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
-
-
-def run_alone(add_parser: Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], argv: Sequence[str] | None = None) -> int:
-    """``python -m streams.kube.applying apply …`` and the like: one subcommand, started as
-    ``vmstream`` starts it."""
-    parser = argparse.ArgumentParser(prog="vmstream", epilog=EXIT_CODES_HELP)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
-    add_parser(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
-    return dispatch(parser, argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -60,6 +60,7 @@ from handlers.messages import (
 from handlers.config import AuthPolicy
 from handlers.topics import AUDIT, COMMAND_RESULTS, INTENTS, NOTIFICATIONS
 from streams.common.credentials import SigningKey, environment_key, sign_intent
+from streams.cli import errors
 from streams.common.settings import EnvironmentFirst, KafkaSettings, SigningSettings, read_yaml
 from streams.common.signing import Keyring, open_sealed
 from streams.cli.tailing import (
@@ -79,13 +80,14 @@ log = logging.getLogger(__name__)
 AnyIntent = CreateVMIntent | SetGPUIntent | RestartVMIntent | DrainNodeIntent | UndrainNodeIntent
 OPERATOR_ROLE = AuthPolicy().operator_role
 
-EXIT_ACCEPTED = 0
-EXIT_NOT_ACCEPTED = 1
-EXIT_INVALID = 2
-EXIT_TIMEOUT = 3
-EXIT_KAFKA = 4
-EXIT_FAILED = 5
-EXIT_INTERRUPTED = 130
+# The exit codes of streams/cli/errors.py, under the names of what they mean for an intent.
+EXIT_ACCEPTED = errors.EXIT_OK
+EXIT_NOT_ACCEPTED = errors.EXIT_FAILURE
+EXIT_INVALID = errors.EXIT_USAGE
+EXIT_TIMEOUT = errors.EXIT_TIMEOUT
+EXIT_KAFKA = errors.EXIT_KAFKA
+EXIT_FAILED = errors.EXIT_COMMAND_FAILED
+EXIT_INTERRUPTED = errors.EXIT_INTERRUPTED
 WAIT_STAGES = ("decided", "applied")
 SUCCEEDED = ("applied", "noop", "conflict_retried")  # a result's outcomes that mean it is in Kubernetes
 
@@ -475,7 +477,7 @@ def check_gpu_class(intent: AnyIntent, config: str | None) -> None:
 def _run(args: argparse.Namespace) -> int:
     from kafka.errors import KafkaError
 
-    from streams.cli.startup import KAFKA_PROBE_SECONDS, load_kafka_config, reach_kafka
+    from streams.cli.startup import load_kafka_config, reach_kafka
 
     quiet_kafka_logs(args)
     try:
@@ -500,7 +502,7 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print("vmstream intent: no --key: the intent goes unsigned (accepted only by a worker with "
               "auth: none)", file=sys.stderr)
-    reach_kafka(kafka, timeout=min(args.timeout, KAFKA_PROBE_SECONDS))  # else exit 4 (EXIT_KAFKA)
+    reach_kafka(kafka)  # within KAFKA_PROBE_SECONDS, else exit 4 (EXIT_KAFKA)
     try:
         return request(kafka, intent, wait=args.wait, timeout=args.timeout, out=sys.stdout, err=sys.stderr,
                        keyring=result_keyring(args.config, err=sys.stderr) if args.wait == "applied" else None)

@@ -49,6 +49,7 @@ from handlers.messages import (
     parse_intent,
 )
 from handlers.topics import AUDIT, COMMAND_RESULTS, COMMANDS, DLQ, INTENTS, K8S_EVENTS, NOTIFICATIONS, TOPICS
+from streams.cli import errors
 from streams.common.settings import KafkaSettings
 
 if TYPE_CHECKING:
@@ -61,11 +62,11 @@ log = logging.getLogger(__name__)
 # The public topics of handlers/topics.py, by the logical name ``vmstream tail`` accepts.
 LOGICAL_TOPICS = tuple(topic.name for topic in TOPICS if not topic.internal)
 
-EXIT_OK = 0
-EXIT_CONFIG = 2
-EXIT_TIMEOUT = 3
-EXIT_KAFKA = 4
-EXIT_INTERRUPTED = 130
+EXIT_OK = errors.EXIT_OK  # the exit codes of streams/cli/errors.py
+EXIT_CONFIG = errors.EXIT_USAGE
+EXIT_TIMEOUT = errors.EXIT_TIMEOUT
+EXIT_KAFKA = errors.EXIT_KAFKA
+EXIT_INTERRUPTED = errors.EXIT_INTERRUPTED
 
 DEFAULT_LAST = 10
 DEFAULT_TIMEOUT = 30.0  # without --follow: how long reaching the end offsets may take
@@ -408,11 +409,11 @@ def quiet_kafka_logs(args: argparse.Namespace) -> None:
 def _tail(args: argparse.Namespace) -> int:
     from kafka.errors import KafkaError
 
-    from streams.cli.startup import KAFKA_PROBE_SECONDS, load_kafka_config, reach_kafka
+    from streams.cli.startup import load_kafka_config, reach_kafka
 
     quiet_kafka_logs(args)
     kafka = load_kafka_config(args)  # a ConfigError: exit 2 (EXIT_CONFIG)
-    reach_kafka(kafka, timeout=min(args.timeout or KAFKA_PROBE_SECONDS, KAFKA_PROBE_SECONDS))  # else exit 4
+    reach_kafka(kafka)  # within KAFKA_PROBE_SECONDS, else exit 4 (EXIT_KAFKA)
     topic, logical = resolve_topic(kafka, args.topic)
     timeout = args.timeout if args.timeout is not None else (None if args.follow else DEFAULT_TIMEOUT)
     tail = Tail(topic, logical, sys.stdout, as_json=args.json)

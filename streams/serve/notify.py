@@ -564,7 +564,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m streams.serve.notify notify …``, the same as ``vmstream notify …``."""
-    from streams.cli.main import run_alone
+    from streams.cli.dispatch import run_alone
 
     return run_alone(add_parser, argv)
 
