@@ -1,7 +1,7 @@
 """One face for the CLI: every subcommand answers what a person can fix — a bad
 configuration file, an unreachable broker, a missing or unusable kubeconfig, a port in use —
 with one line on stderr (``vmstream <command>: <what is wrong> — <what to do>``) and the
-exit code of streams/cli/errors.py, never a traceback; and within seconds, not after the
+exit code of streams/common/errors.py, never a traceback; and within seconds, not after the
 Kafka clients' 30 s."""
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from harness.processes import free_ports
-from streams.cli import errors
+from streams.common import errors
 from streams.cli.main import build_parser
-from streams.cli.startup import load_config, load_kafka_config
+from streams.common.startup import load_config, load_kafka_config
 from streams.kube import kubeconfig
 from tests.support.kube_apiserver import Kube
 

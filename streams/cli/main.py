@@ -1,8 +1,8 @@
 """The ``vmstream`` command: one entry point, one subcommand per job.
 
 Each subcommand lives in the module that owns its concern; this module builds the parser
-and hands over to streams/cli/dispatch.py, where logging is set up and a
-:class:`~streams.cli.errors.UserError` ends as one line and its exit code.
+and hands over to streams/common/dispatch.py, where logging is set up and a
+:class:`~streams.common.errors.UserError` ends as one line and its exit code.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
 from streams.cli import replaying, requesting, tailing
-from streams.cli.dispatch import dispatch
-from streams.cli.errors import EXIT_CODES_HELP, EXIT_OK, EXIT_USAGE, UserError
-from streams.cli.startup import add_kafka_arguments, check_port, check_secrets, load_config, reach_kafka
+from streams.common.dispatch import dispatch
+from streams.common.errors import EXIT_CODES_HELP, EXIT_OK, EXIT_USAGE, UserError
+from streams.common.startup import add_kafka_arguments, check_port, check_secrets, load_config, reach_kafka
 from streams.kube import applying, watching
 from streams.serve import notify
 
@@ -51,11 +51,9 @@ def _schemas(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    import faust
-
-    from streams.common.logs import logging_config
     from streams.common.topics import ensure_topics
     from streams.worker.app import Worker
+    from streams.worker.running import run
 
     settings = load_config(args)
     check_secrets(settings, signing=True, page_token=True)
@@ -63,8 +61,7 @@ def _worker(args: argparse.Namespace) -> int:
     reach_kafka(settings.kafka)
     worker = Worker(settings)
     ensure_topics(settings.kafka, changelogs=worker.changelogs())
-    level = "DEBUG" if args.verbose else "INFO"
-    faust.Worker(worker.app, loglevel=level, quiet=True, logging_config=logging_config(level)).execute_from_commandline()
+    run(worker, "DEBUG" if args.verbose else "INFO")
     return EXIT_OK
 
 

@@ -459,7 +459,7 @@ def report(comparison: Comparison, out: TextIO) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from streams.cli.startup import check_secrets, load_config, reach_kafka
+    from streams.common.startup import check_secrets, load_config, reach_kafka
 
     settings = load_config(args)
     check_secrets(settings, signing=True)
@@ -474,8 +474,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from streams.cli.errors import EXIT_CODES_HELP
-    from streams.cli.startup import add_kafka_arguments
+    from streams.common.errors import EXIT_CODES_HELP
+    from streams.common.startup import add_kafka_arguments
 
     parser = commands.add_parser(
         "replay", help="decide the recorded inputs again; diff against every record",

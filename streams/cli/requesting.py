@@ -60,7 +60,7 @@ from handlers.messages import (
 from handlers.config import AuthPolicy
 from handlers.topics import AUDIT, COMMAND_RESULTS, INTENTS, NOTIFICATIONS
 from streams.common.credentials import SigningKey, environment_key, sign_intent
-from streams.cli import errors
+from streams.common import errors
 from streams.common.settings import EnvironmentFirst, KafkaSettings, SigningSettings, read_yaml
 from streams.common.signing import Keyring, open_sealed
 from streams.cli.tailing import (
@@ -80,7 +80,7 @@ log = logging.getLogger(__name__)
 AnyIntent = CreateVMIntent | SetGPUIntent | RestartVMIntent | DrainNodeIntent | UndrainNodeIntent
 OPERATOR_ROLE = AuthPolicy().operator_role
 
-# The exit codes of streams/cli/errors.py, under the names of what they mean for an intent.
+# The exit codes of streams/common/errors.py, under the names of what they mean for an intent.
 EXIT_ACCEPTED = errors.EXIT_OK
 EXIT_NOT_ACCEPTED = errors.EXIT_FAILURE
 EXIT_INVALID = errors.EXIT_USAGE
@@ -459,8 +459,8 @@ def _print_outcome(outcome: Outcome, out: TextIO, err: TextIO) -> None:
 def check_gpu_class(intent: AnyIntent, config: str | None) -> None:
     """With a configuration that has a GPU catalog, an intent naming a class outside it is
     refused before it is published (the worker would reject it): a :class:`ConfigError`."""
-    from streams.cli.errors import ConfigError
-    from streams.cli.startup import config_problem
+    from streams.common.errors import ConfigError
+    from streams.common.startup import config_problem
 
     wanted = getattr(getattr(intent, "spec", None), "gpu_class", None)
     if not wanted or not config:
@@ -477,7 +477,7 @@ def check_gpu_class(intent: AnyIntent, config: str | None) -> None:
 def _run(args: argparse.Namespace) -> int:
     from kafka.errors import KafkaError
 
-    from streams.cli.startup import load_kafka_config, reach_kafka
+    from streams.common.startup import load_kafka_config, reach_kafka
 
     quiet_kafka_logs(args)
     try:
@@ -548,7 +548,7 @@ def result_keyring(config: str | None, *, err: TextIO) -> Keyring | None:
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``vmstream intent`` and its one subcommand per intent type."""
-    from streams.cli.startup import add_kafka_arguments
+    from streams.common.startup import add_kafka_arguments
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--by", dest="requested_by", required=True, metavar="PRINCIPAL",

@@ -49,7 +49,7 @@ from handlers.messages import (
     parse_intent,
 )
 from handlers.topics import AUDIT, COMMAND_RESULTS, COMMANDS, DLQ, INTENTS, K8S_EVENTS, NOTIFICATIONS, TOPICS
-from streams.cli import errors
+from streams.common import errors
 from streams.common.settings import KafkaSettings
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 # The public topics of handlers/topics.py, by the logical name ``vmstream tail`` accepts.
 LOGICAL_TOPICS = tuple(topic.name for topic in TOPICS if not topic.internal)
 
-EXIT_OK = errors.EXIT_OK  # the exit codes of streams/cli/errors.py
+EXIT_OK = errors.EXIT_OK  # the exit codes of streams/common/errors.py
 EXIT_CONFIG = errors.EXIT_USAGE
 EXIT_TIMEOUT = errors.EXIT_TIMEOUT
 EXIT_KAFKA = errors.EXIT_KAFKA
@@ -409,7 +409,7 @@ def quiet_kafka_logs(args: argparse.Namespace) -> None:
 def _tail(args: argparse.Namespace) -> int:
     from kafka.errors import KafkaError
 
-    from streams.cli.startup import load_kafka_config, reach_kafka
+    from streams.common.startup import load_kafka_config, reach_kafka
 
     quiet_kafka_logs(args)
     kafka = load_kafka_config(args)  # a ConfigError: exit 2 (EXIT_CONFIG)
@@ -448,7 +448,7 @@ def positive_seconds(text: str) -> float:
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``vmstream tail``."""
-    from streams.cli.startup import add_kafka_arguments
+    from streams.common.startup import add_kafka_arguments
 
     tail = commands.add_parser(
         "tail",

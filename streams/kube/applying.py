@@ -922,8 +922,8 @@ class Applier:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from streams.cli.errors import EXIT_OK
-    from streams.cli.startup import cannot_listen, check_secrets, load_config, reach_kafka
+    from streams.common.errors import EXIT_OK
+    from streams.common.startup import cannot_listen, check_secrets, load_config, reach_kafka
     from streams.kube.kubeconfig import api_client, reach_kubernetes
 
     logging.getLogger("kafka").setLevel(logging.WARNING)  # kafka-python's connection chatter
@@ -962,7 +962,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``vmstream apply``."""
-    from streams.cli.startup import add_kafka_arguments
+    from streams.common.startup import add_kafka_arguments
 
     apply = commands.add_parser(
         "apply", help="apply the commands topic to the Kubernetes API and publish the results",
@@ -984,7 +984,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m streams.kube.applying apply …``, the same as ``vmstream apply …``."""
-    from streams.cli.dispatch import run_alone
+    from streams.common.dispatch import run_alone
 
     return run_alone(add_parser, argv)
 

@@ -11,7 +11,7 @@ never wins over the Pod's own credentials. (The kubernetes client's ``load_confi
 ``~/.kube/config`` before in-cluster; the applier followed in-cluster before
 ``$KUBECONFIG``; the bridge this order.)
 
-Each problem is one :class:`~streams.cli.errors.KubernetesUnavailable`: the file named is
+Each problem is one :class:`~streams.common.errors.KubernetesUnavailable`: the file named is
 missing or not a kubeconfig, none of the four is there, or the API server it names does not
 answer within a few seconds (:func:`reach_kubernetes`).
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from kubernetes import client, config
 
-from streams.cli.errors import KubernetesUnavailable
+from streams.common.errors import KubernetesUnavailable
 
 KUBE_PROBE_SECONDS = 5.0
 HINT = "give a kubeconfig with --kubeconfig or $KUBECONFIG (or run in a Pod with a ServiceAccount)"
@@ -77,7 +77,7 @@ def reach_kubernetes(configuration: client.Configuration, timeout: float = KUBE_
     HTTP status: it is there) within ``timeout`` seconds."""
     from kubernetes.client.exceptions import ApiException
 
-    from streams.cli.startup import quiet
+    from streams.common.startup import quiet
 
     with client.ApiClient(configuration) as api, quiet("urllib3"):
         try:

@@ -895,8 +895,8 @@ def load_app_id(path: str | None) -> str:
 
 def main(args: argparse.Namespace) -> int:
     """``vmstream watch``: run the bridge until SIGINT or SIGTERM."""
-    from streams.cli.errors import EXIT_OK, ConfigError
-    from streams.cli.startup import cannot_listen, config_problem, load_kafka_config, reach_kafka
+    from streams.common.errors import EXIT_OK, ConfigError
+    from streams.common.startup import cannot_listen, config_problem, load_kafka_config, reach_kafka
     from streams.common.topics import ensure_topics
     from streams.kube.kubeconfig import kube_configuration, reach_kubernetes
 
@@ -944,7 +944,7 @@ def main(args: argparse.Namespace) -> int:
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``vmstream watch``."""
-    from streams.cli.startup import add_kafka_arguments
+    from streams.common.startup import add_kafka_arguments
 
     watch = commands.add_parser(
         "watch",

@@ -340,7 +340,7 @@ async def serve(api: Api, host: str, port: int) -> None:
     try:
         await site.start()
     except OSError as error:  # taken since main() checked it
-        from streams.cli.startup import cannot_listen
+        from streams.common.startup import cannot_listen
 
         await runner.cleanup()
         raise cannot_listen(host, port, "api.port (VMSTREAM_API__PORT)", error) from error
@@ -365,8 +365,8 @@ async def serve(api: Api, host: str, port: int) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """``vmstream api``: check the port and the broker, then serve until SIGINT or SIGTERM."""
-    from streams.cli.errors import EXIT_OK
-    from streams.cli.startup import check_port, check_secrets, load_config, reach_kafka
+    from streams.common.errors import EXIT_OK
+    from streams.common.startup import check_port, check_secrets, load_config, reach_kafka
 
     settings = load_config(args)
     check_secrets(settings, api_tokens=True)

@@ -517,8 +517,8 @@ def _trace_context(trace: Trace, own_id: str) -> dict[str, str]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from streams.cli.errors import EXIT_OK
-    from streams.cli.startup import cannot_listen, check_port, load_config, reach_kafka
+    from streams.common.errors import EXIT_OK
+    from streams.common.startup import cannot_listen, check_port, load_config, reach_kafka
 
     logging.getLogger("kafka").setLevel(logging.WARNING)
     settings = load_config(args)
@@ -548,7 +548,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``vmstream notify``."""
-    from streams.cli.startup import add_kafka_arguments
+    from streams.common.startup import add_kafka_arguments
 
     notify = commands.add_parser(
         "notify", help="deliver notifications by e-mail, webhook (CloudEvents) and chat (docs/notify.md)",
@@ -564,7 +564,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m streams.serve.notify notify …``, the same as ``vmstream notify …``."""
-    from streams.cli.dispatch import run_alone
+    from streams.common.dispatch import run_alone
 
     return run_alone(add_parser, argv)
 

@@ -2,7 +2,7 @@
 
 Every subcommand goes through :func:`dispatch`, whether started as ``vmstream <command>`` or
 alone (``python -m streams.serve.notify notify …``, :func:`run_alone`): the same logs, the
-same one line on stderr and exit code (streams/cli/errors.py). This module imports no
+same one line on stderr and exit code (streams/common/errors.py). This module imports no
 subcommand, so a subcommand's module run as ``__main__`` is not imported a second time.
 
 The long-running processes (worker, watch, apply, notify, api: ``process=True`` in their
@@ -17,7 +17,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from streams.cli.errors import EXIT_CODES_HELP, EXIT_INTERRUPTED, UserError
+from streams.common.errors import EXIT_CODES_HELP, EXIT_INTERRUPTED, UserError
 from streams.common.logs import configure_json_logs, limit_client_logs
 
 Handler = Callable[[argparse.Namespace], int]

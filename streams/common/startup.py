@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from streams.cli.errors import ConfigError, KafkaUnreachable, PortInUse
+from streams.common.errors import ConfigError, KafkaUnreachable, PortInUse
 from streams.common.settings import KafkaSettings, Settings, load_kafka_settings, load_settings, read_yaml
 
 KAFKA_PROBE_SECONDS = 5.0

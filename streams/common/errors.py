@@ -2,7 +2,7 @@
 
 The shell raises a :class:`UserError` where it finds a problem the person running the
 command can fix (a configuration file, a broker address, a kubeconfig, a port); the
-``vmstream`` command catches it once (streams/cli/main.py) and prints
+``vmstream`` command catches it once (streams/common/dispatch.py, for every subcommand) and prints
 ``vmstream <command>: <what is wrong> — <what to do>`` to stderr instead of a traceback.
 A bug still shows its traceback: only what is raised as a :class:`UserError` is shortened.
 
