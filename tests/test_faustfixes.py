@@ -1,9 +1,5 @@
-"""The worker's in-memory tables drop the rows of partitions given away, written or recovered.
-
-Reproduced end to end by ``tests/kafka/test_replay.py`` (two workers: the one that first
-owned every partition kept stale cluster-wide rows and told a drain "0 cards free"); here
-the store alone, deterministically.
-"""
+"""The worker's in-memory tables drop the rows of partitions given away, written or recovered
+(streams/worker/faustfixes.py, fix 3): the store alone, deterministically."""
 
 from __future__ import annotations
 

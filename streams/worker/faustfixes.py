@@ -20,11 +20,11 @@ seek (``tests/faults/``).
 3. **Rows of partitions given away.** The in-memory store forgets, after a rebalance, the
    keys of partitions this instance no longer owns, but it knows a key's partition only
    for rows it recovered from a changelog, not for rows it wrote itself. A worker that
-   wrote rows while it owned every partition kept them, stale, after another instance took
-   half: its reads of cluster-wide rows (a node's GPU usage) then preferred them to the
-   other instance's current rows, and a drain announced "0 cards free" where replay
-   counted 2 (``tests/kafka/test_replay.py``). :class:`PartitionTrackedTable` records the
-   partition of every row it writes.
+   wrote rows while it owned every partition keeps them, stale, after another instance
+   took half: they would answer its reads of cluster-wide rows (a node's GPU usage) before
+   the other instance's current rows, and they are iterated with its own (the deadline
+   index is rebuilt from them). :class:`PartitionTrackedTable` records the partition of
+   every row it writes (``tests/test_faustfixes.py``).
 
 And one setting Faust hard-codes: its consumer long-polls the broker for up to 1.5 s
 (``fetch_max_wait_ms=1500``). aiokafka keeps one fetch in flight per broker and leaves out of

@@ -98,8 +98,14 @@ def stream(kafka_bootstrap: str, kube: Kube, tmp_path_factory: pytest.TempPathFa
             worker.start()
         applier.start()
         deployment.publish_lines(CLUSTER)
-        for worker in workers:  # the drain must see every node's free cards
-            worker.wait_until("/capacity", lambda c: c["nvidia-rtx-pro-6000-bse"]["free"] == 2, 90)
+        # Every GPU fact of the cluster decided and seen by both workers before any intent:
+        # both GPU nodes' cards (total) and the GPU VMIs on them (free). Free cards alone were
+        # reached by gpu-node-1 before its VMIs were known, and a drain decided before
+        # gpu-node-2 was seen counted 0 cards where replay, in record time order, counted 2.
+        everything = {"nvidia-rtx-pro-6000-bse": (4, 2), "nvidia-a100": (1, 0)}  # class → (total, free)
+        for worker in workers:
+            worker.wait_until("/capacity", lambda c: all(
+                (c[gpu]["total"], c[gpu]["free"]) == figures for gpu, figures in everything.items()), 90)
         out = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
         for i, (ns, name, project, by) in enumerate(VMS):
             key = f"vm/{ns}/{name}"
