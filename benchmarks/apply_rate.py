@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
-
+from intent_to_patch import NAMESPACE, PatchWatcher, vm_body  # noqa: E402
 from kubernetes import client  # noqa: E402
 
 from handlers import ids  # noqa: E402
@@ -42,13 +42,12 @@ from handlers.decisions import subject_key  # noqa: E402
 from handlers.enforcement import FIELD_MANAGER  # noqa: E402
 from handlers.gpus import desired_vm, plan_patch  # noqa: E402
 from handlers.messages import Command, GPUMutation, ObjectRef  # noqa: E402
-from intent_to_patch import NAMESPACE, PatchWatcher, vm_body  # noqa: E402
-from streams.kube.applying import JSON_PATCH, KUBEVIRT  # noqa: E402
-from streams.common.codecs import encode_message  # noqa: E402
-from streams.common.kafka_clients import producer  # noqa: E402
 from harness.localkube import LocalKube  # noqa: E402
 from harness.running import CONFIG, VmstreamProcess  # noqa: E402
 from harness.scenarios import A100, PROJECT_LABEL  # noqa: E402
+from streams.common.codecs import encode_message  # noqa: E402
+from streams.common.kafka_clients import producer  # noqa: E402
+from streams.kube.applying import JSON_PATCH, KUBEVIRT  # noqa: E402
 
 MUTATION = GPUMutation(device_name=A100, eviction_strategy="External")
 

@@ -60,11 +60,10 @@ from pathlib import Path
 from typing import Any
 
 import kit  # noqa: E402  (this directory's: percentile, tables, load, broker and reader helpers)
-from kit import Arrivals, PinnedWorker, audit_ref_of, percentile  # noqa: E402
-from worker_throughput import summarize_profile  # noqa: E402
-
 from kafka import KafkaConsumer, KafkaProducer  # noqa: E402
 from kafka import TopicPartition as SyncTopicPartition  # noqa: E402
+from kit import Arrivals, PinnedWorker, audit_ref_of, percentile  # noqa: E402
+from worker_throughput import summarize_profile  # noqa: E402
 
 from handlers.engine import Engine  # noqa: E402
 from harness.running import CONFIG, Deployment  # noqa: E402

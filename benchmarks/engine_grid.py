@@ -59,16 +59,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
-
 import az_stream as az  # noqa: E402  (benchmarks/ is this script's directory)
+import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
 import simulate_throughput as st  # noqa: E402
 
 from handlers.engine import Engine  # noqa: E402
 from handlers.state import MemoryState  # noqa: E402
 from harness.scenarios import RTX, Script, node, node_maintenance, vm, vmi  # noqa: E402
-from streams.common.settings import load_settings  # noqa: E402
 from streams.cli.simulating import Simulation  # noqa: E402
+from streams.common.settings import load_settings  # noqa: E402
 
 HERE = Path(__file__).resolve()
 TARGET_SPREAD = 0.20

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 import kit  # noqa: E402  (this directory's; first: quiets kafka-python's import)
+
 from harness.localkafka import LocalKafka, free_ports  # noqa: E402  (a broker of its own, restarted on purpose)
 from harness.running import WorkerProcess  # noqa: E402
 from tests.support.chaos import Ledger, Publisher, Workload, with_faults, worker_env  # noqa: E402

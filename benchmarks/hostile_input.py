@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
-
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition  # noqa: E402
 
 from harness.hostile import Hostile, interleaved, valid_intent  # noqa: E402

@@ -25,13 +25,12 @@ from typing import Any
 
 import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
 from kit import percentile  # noqa: E402
-
 from kubernetes import client, watch  # noqa: E402
 
-from streams.common.kafka_clients import producer  # noqa: E402
 from harness.localkube import LocalKube  # noqa: E402
 from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess  # noqa: E402
 from harness.scenarios import PROJECT_LABEL  # noqa: E402
+from streams.common.kafka_clients import producer  # noqa: E402
 
 NAMESPACE = "spx-bench"
 KUBEVIRT = ("kubevirt.io", "v1")

@@ -35,9 +35,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-
 import kit  # noqa: E402  (this directory's; first: quiets kafka-python's import)
 from kit import REPO  # noqa: E402
+
 from harness.localkafka import free_ports  # noqa: E402
 
 import yaml  # noqa: E402  # isort: skip
@@ -45,8 +45,8 @@ from aiosmtpd.controller import Controller  # noqa: E402
 from kafka import KafkaProducer  # noqa: E402
 
 from handlers.messages import Notification, ObjectRef  # noqa: E402
-from streams.serve.notify import ensure_ledger  # noqa: E402
 from streams.common.settings import Settings, read_yaml  # noqa: E402
+from streams.serve.notify import ensure_ledger  # noqa: E402
 
 
 class Sink:

@@ -39,16 +39,15 @@ from pathlib import Path
 from typing import Any
 
 import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
-
 from kafka import KafkaConsumer, TopicPartition  # noqa: E402
 
 from handlers.decisions import subject_key  # noqa: E402
 from handlers.messages import Command, ObjectRef  # noqa: E402
-from streams.common.codecs import encode_message  # noqa: E402
-from streams.common.kafka_clients import producer  # noqa: E402
 from harness.running import CONFIG, Deployment, WorkerProcess  # noqa: E402
 from harness.scenarios import A100, cluster  # noqa: E402
 from harness.scenarios import node as node_object  # noqa: E402
+from streams.common.codecs import encode_message  # noqa: E402
+from streams.common.kafka_clients import producer  # noqa: E402
 
 PERIOD = 0.1  # one input every 100 ms
 DEADLINE = 240.0  # a recovery slower than this is reported as such

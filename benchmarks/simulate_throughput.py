@@ -45,12 +45,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
-
 from az_stream import EVENTS_PER_DRAIN, generate, write_config  # noqa: E402  (this directory's: the AZ's input stream)
+
 from handlers.engine import Engine  # noqa: E402
 from streams.cli import simulating  # noqa: E402
-from streams.common.settings import load_settings  # noqa: E402
 from streams.cli.simulating import Simulation  # noqa: E402
+from streams.common.settings import load_settings  # noqa: E402
 
 TARGET_INPUTS_PER_SECOND = 10_000.0
 TARGET_PEAK_RSS_MIB = 1024.0

@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 from typing import Literal
 
-
 import kit  # noqa: E402  (this directory's; first: quiets kafka-python's import)
 
 from streams.common.kafka_clients import COMPRESSION, producer  # noqa: E402  # isort: skip

@@ -46,7 +46,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-
 import kit  # noqa: E402  (this directory's; first: quiets kafka-python's import)
 from kit import REPO  # noqa: E402
 

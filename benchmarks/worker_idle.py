@@ -17,9 +17,9 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
+from kit import cpu_of  # noqa: E402
 
 from harness.running import WorkerProcess  # noqa: E402
-from kit import cpu_of  # noqa: E402
 
 
 def idle_share(bootstrap: str, seconds: float, settle: float) -> float:

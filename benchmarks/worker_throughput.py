@@ -70,8 +70,20 @@ from typing import Any
 
 import kit  # noqa: E402  (this directory's: percentile, tables, load, broker and reader helpers)
 from kit import (  # noqa: E402
-    PARTITIONS, REPO, Arrivals, Cpu, audit_ref_of, cpu_of, create_topics, new_deployment, new_producer,
-    percentile, render, rss_mib, wait_until_caught_up, yes,
+    PARTITIONS,
+    REPO,
+    Arrivals,
+    Cpu,
+    audit_ref_of,
+    cpu_of,
+    create_topics,
+    new_deployment,
+    new_producer,
+    percentile,
+    render,
+    rss_mib,
+    wait_until_caught_up,
+    yes,
 )
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402  # isort: skip
@@ -585,8 +597,8 @@ def engine_alone(options: Options) -> Row:
     encoded as the worker encodes it; what the worker spends beyond this is its Kafka shell.
     """
     from handlers.engine import Engine, Source
-    from streams.common.settings import load_settings
     from streams.cli.simulating import Simulation
+    from streams.common.settings import load_settings
 
     cluster = bench_cluster(options.vms, options.nodes, prefix="engine-ev")
     simulation = Simulation(Engine(load_settings(REPO / "examples" / "config.yaml").rules()))

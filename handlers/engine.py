@@ -54,12 +54,12 @@ from handlers.messages import (
     WatchEvent,
     clip,
     decode_json_object,
+    label_value_problem,
     node_key,
     object_key,
-    wire_bytes,
-    label_value_problem,
     parse_intent,
     parse_watch_event,
+    wire_bytes,
 )
 from handlers.observing import observe, settle_resident
 from handlers.outcomes import ACCEPTED, Accepted, Duplicate, Judgement, Refused, judgement_of

@@ -29,8 +29,8 @@ from handlers.messages import (
 )
 from handlers.outcomes import ACCEPTED, Accepted, Refused
 from handlers.restarts import reconcile_pending, restart_judgement
-from handlers.vms import vm_manifest
 from handlers.tables import NAMESPACES, NODES, VMIS, VMS
+from handlers.vms import vm_manifest
 
 Refusal = str | None
 RuleOutcome = Accepted | Refused

@@ -28,6 +28,7 @@ from typing import Any
 
 from handlers import ids
 from handlers.cluster import OWNER_ANNOTATION
+from handlers.decisions import subject_key
 from handlers.gpus import (
     ANNOTATIONS,
     CONTAINERS,
@@ -39,7 +40,6 @@ from handlers.gpus import (
     Path,
     plan_patch,
 )
-from handlers.decisions import subject_key
 from handlers.messages import AuditInput, AuditRecord, Command, CommandResult, ObjectRef
 from handlers.results import COMMANDS_TOPIC, ResultDecision
 from handlers.vms import MANAGED_BY_LABEL

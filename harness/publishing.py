@@ -14,9 +14,9 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from streams.cli.simulating import EPOCH, input_time
 from streams.common.kafka_clients import producer
 from streams.common.settings import KafkaSettings
-from streams.cli.simulating import EPOCH, input_time
 
 
 def scenario_records(lines: Iterable[str], *, shift_to_now: bool = False) -> list[tuple[str, str | None, bytes, int]]:

@@ -19,10 +19,11 @@ from streams.common.startup import add_kafka_arguments, check_port, check_secret
 from streams.kube import applying, watching
 from streams.serve import notify
 
+
 def _simulate(args: argparse.Namespace) -> int:
     from handlers.engine import Engine
-    from streams.common.credentials import key_source
     from streams.cli.simulating import run
+    from streams.common.credentials import key_source
 
     settings = load_config(args)
     engine = Engine(settings.rules(), keys=key_source(settings.auth))

@@ -43,13 +43,13 @@ from handlers.inputs import routed_input
 from handlers.messages import AuditRecord, Command, CommandResult, MalformedMessage
 from handlers.results import decide_result
 from handlers.state import MemoryState
-from streams.common.reading import assign_from_start, read_to_end
+from handlers.topics import AUDIT, COMMAND_RESULTS, COMMANDS, DLQ, INTENTS, K8S_EVENTS, NOTIFICATIONS
 from streams.common.codecs import encode_resident_update
 from streams.common.credentials import key_source
 from streams.common.kafka_clients import consumer
+from streams.common.reading import assign_from_start, read_to_end
 from streams.common.settings import KafkaSettings
 from streams.common.signing import MAC_FIELD, Keyring
-from handlers.topics import AUDIT, COMMAND_RESULTS, COMMANDS, DLQ, INTENTS, K8S_EVENTS, NOTIFICATIONS
 from streams.common.topics import KIND_HEADER, ROUTED, ROUTED_INPUTS, SOURCE_HEADER
 
 COMPARED = ("at", "outcome", "reason", "commands", "notifications", "input")

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeVar, get_args
 from pydantic import TypeAdapter, ValidationError
 from pydantic_settings import SettingsConfigDict
 
+from handlers.config import AuthPolicy
 from handlers.messages import (
     INTENT_TYPES,
     VM_INTENT_TYPES,
@@ -57,12 +58,7 @@ from handlers.messages import (
     VMIntent,
     node_key,
 )
-from handlers.config import AuthPolicy
 from handlers.topics import AUDIT, COMMAND_RESULTS, INTENTS, NOTIFICATIONS
-from streams.common.credentials import SigningKey, environment_key, sign_intent
-from streams.common import errors
-from streams.common.settings import EnvironmentFirst, KafkaSettings, SigningSettings, read_yaml
-from streams.common.signing import Keyring, open_sealed
 from streams.cli.tailing import (
     bounded,
     positive_seconds,
@@ -71,6 +67,10 @@ from streams.cli.tailing import (
     render_command_result,
     render_notification,
 )
+from streams.common import errors
+from streams.common.credentials import SigningKey, environment_key, sign_intent
+from streams.common.settings import EnvironmentFirst, KafkaSettings, SigningSettings, read_yaml
+from streams.common.signing import Keyring, open_sealed
 
 if TYPE_CHECKING:
     from kafka import KafkaConsumer

@@ -30,6 +30,7 @@ from pydantic import TypeAdapter
 from handlers import ids, topics
 from handlers.delivery import Channel, DeliveryRecord, Target
 from handlers.messages import (
+    WATCHED_KINDS,
     AuditInput,
     AuditRecord,
     Command,
@@ -37,27 +38,12 @@ from handlers.messages import (
     DeadLetter,
     DeadLetterSource,
     GPUMutation,
-    WATCHED_KINDS,
     Intent,
     Notification,
     ObjectRef,
     SetGPUIntent,
     WatchEvent,
 )
-from handlers.tracing import (
-    CONTENT_TYPE,
-    GPU_CLASS_TYPE,
-    SPEC_VERSION,
-    TYPE_PREFIX,
-    ce_headers,
-    derived_trace,
-    message_headers,
-    parse_traceparent,
-)
-from streams.serve.api import class_headers, openapi_document
-from streams.common.cloudevents import event_source
-from streams.common.settings import KafkaSettings, Settings
-from handlers.views import GPUClassStatus
 from handlers.topics import (
     AUDIT,
     COMMAND_RESULTS,
@@ -72,7 +58,21 @@ from handlers.topics import (
     Process,
     Topic,
 )
+from handlers.tracing import (
+    CONTENT_TYPE,
+    GPU_CLASS_TYPE,
+    SPEC_VERSION,
+    TYPE_PREFIX,
+    ce_headers,
+    derived_trace,
+    message_headers,
+    parse_traceparent,
+)
+from handlers.views import GPUClassStatus
+from streams.common.cloudevents import event_source
+from streams.common.settings import KafkaSettings, Settings
 from streams.kube.watching import EventType, event_headers
+from streams.serve.api import class_headers, openapi_document
 
 __all__ = [
     "ASYNCAPI_FILE", "CONFIG", "MESSAGES", "TOPICS",

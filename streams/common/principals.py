@@ -62,7 +62,7 @@ PRINCIPAL_OF: dict[Process, str] = {"worker": "vmstream-worker", "watch-bridge":
 
 def acls(principal: str, grants: Grants, kafka: KafkaSettings, *, app_id: str) -> list[ACL]:
     """``grants`` as Kafka ACLs for ``User:<principal>`` (kafka-python's admin types)."""
-    from kafka.admin import ACL, ACLOperation, ACLPermissionType, ResourcePattern, ACLResourcePatternType, ResourceType
+    from kafka.admin import ACL, ACLOperation, ACLPermissionType, ACLResourcePatternType, ResourcePattern, ResourceType
 
     def allow(operation: ACLOperation, kind: ResourceType, name: str,
               pattern: ACLResourcePatternType = ACLResourcePatternType.LITERAL) -> ACL:

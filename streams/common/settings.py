@@ -21,7 +21,6 @@ from handlers.topics import Topic
 from streams.common.signing import Keyring, keyring_from
 
 
-
 class KafkaSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 

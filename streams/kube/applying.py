@@ -63,11 +63,11 @@ from handlers.results import Outcome, ResultDecision, decide_result
 from handlers.running import already_so
 from handlers.topics import AUDIT, COMMAND_RESULTS, COMMANDS, NOTIFICATIONS
 from streams.common import metrics
-from streams.common.reading import assign_from_start, read_to_end
-from streams.common.codecs import encode_message
 from streams.common.cloudevents import TraceBook, event_source, kafka_headers, ref_of
+from streams.common.codecs import encode_message
 from streams.common.kafka_clients import consumer, producer
 from streams.common.probes import ProbeServer, add_probe_arguments
+from streams.common.reading import assign_from_start, read_to_end
 from streams.common.settings import Settings
 from streams.common.signing import Keyring, KeyringError, open_sealed
 from streams.common.topics import ensure_topics

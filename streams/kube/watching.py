@@ -80,10 +80,10 @@ from handlers.messages import (
 )
 from handlers.topics import DLQ, K8S_EVENTS
 from handlers.tracing import TYPE_PREFIX, ce_headers
-from streams.common.reading import assign_from_start, read_to_end
 from streams.common.cloudevents import event_source, kafka_headers, trace_of
 from streams.common.kafka_clients import COMPRESSION, admin_client, consumer, producer
 from streams.common.probes import ProbeServer, add_probe_arguments
+from streams.common.reading import assign_from_start, read_to_end
 from streams.common.settings import KafkaSettings, read_yaml
 
 if TYPE_CHECKING:

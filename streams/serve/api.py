@@ -52,8 +52,8 @@ from handlers.views import (
 )
 from streams.common.cloudevents import event_source
 from streams.common.globalview import GlobalView
-from streams.common.reading import follow_from_start
 from streams.common.kafka_clients import aiokafka_options
+from streams.common.reading import follow_from_start
 from streams.common.settings import ApiSettings, Caller, KafkaSettings
 from streams.common.topics import GPU_CLASSES, changelog_topic, ensure_topics
 

@@ -51,14 +51,14 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 from handlers import delivery
 from handlers.delivery import Bucket, Endpoint, Target, Verdict
 from handlers.messages import DeadLetter, DeadLetterSource, Notification, clip, describe_validation_error
+from handlers.topics import DLQ, NOTIFICATIONS
 from handlers.tracing import TYPE_PREFIX, ce_headers, dead_letter_id
 from streams.common import metrics
-from streams.common.reading import assign_from_start, read_to_end
 from streams.common.cloudevents import TRACEPARENT, TRACESTATE, Trace, event_source, trace_of
 from streams.common.kafka_clients import consumer, producer
 from streams.common.probes import ProbeServer, add_probe_arguments
+from streams.common.reading import assign_from_start, read_to_end
 from streams.common.settings import NotifySettings, Settings, SmtpSettings
-from handlers.topics import DLQ, NOTIFICATIONS
 from streams.common.topics import DELIVERIES as LEDGER  # the logical name of the ledger topic (compacted)
 from streams.common.topics import ensure_topics
 

@@ -40,26 +40,33 @@ import aiohttp.web
 from faust.types import EventT
 
 from handlers.capacity import capacity_report
-from handlers.restarts import pending_detail
 from handlers.engine import Engine, Result, Source
 from handlers.inputs import kind_of, routed_input, tick_value
 from handlers.messages import KEY_MAX, MalformedMessage
 from handlers.observing import decision_key
+from handlers.restarts import pending_detail
 from handlers.tables import GLOBAL_TABLES, TABLES, TRACKING, VMIS, VMS, Table
 from handlers.topics import INTENTS, ROUTED_INPUTS, WORKER_ROUTED, written_by
 from streams.common import metrics
-from streams.common.credentials import key_source
+from streams.common.cloudevents import (
+    TRACEPARENT,
+    TRACESTATE,
+    Trace,
+    event_source,
+    kafka_headers,
+    trace_headers,
+    trace_of,
+)
 from streams.common.codecs import encode_json, encode_message, encode_resident_update
-from streams.common.cloudevents import (TRACEPARENT, TRACESTATE, Trace, event_source, kafka_headers, trace_headers,
-                                 trace_of)
+from streams.common.credentials import key_source
 from streams.common.globalview import GlobalView
 from streams.common.heap import Heap
-from streams.worker import faustfixes
-from streams.worker.tablestate import Journal, TableState
 from streams.common.kafka_clients import aiokafka_options
-from streams.worker.broker_credentials import faust_credentials
 from streams.common.settings import Settings
 from streams.common.topics import KIND_HEADER, ROUTED, SOURCE_HEADER, changelog_topic, missing_topics
+from streams.worker import faustfixes
+from streams.worker.broker_credentials import faust_credentials
+from streams.worker.tablestate import Journal, TableState
 
 log = logging.getLogger(__name__)
 

@@ -54,7 +54,6 @@ from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
 from faust.types.transports import TransportT
 
-
 log = logging.getLogger(__name__)
 
 
