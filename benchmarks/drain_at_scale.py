@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import os
 import shutil
 import signal
@@ -494,10 +493,7 @@ async def measure(args: argparse.Namespace, workdir: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
-    logging.getLogger("kafka").setLevel(logging.ERROR)
-    logging.getLogger("kafka.cluster").setLevel(logging.CRITICAL)  # a refresh cancelled by a reader's close
+    kit.quiet_client_logs()
     with kit.broker() as broker, tempfile.TemporaryDirectory(prefix="vmstream-drains-") as tmp:
         workdir = args.keep or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import os
 import subprocess
@@ -81,6 +82,15 @@ def summary_ms(seconds: Sequence[float], quantiles: Sequence[float] = (0.5, 0.9,
 
 
 # ----------------------------------------------------------------------------- load
+
+
+def quiet_client_logs() -> None:
+    """Warnings only, and none of the Kafka clients' chatter about connections a benchmark
+    opens and closes on purpose (a metadata refresh cancelled by a reader's close)."""
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    logging.getLogger("kafka").setLevel(logging.ERROR)
+    logging.getLogger("kafka.cluster").setLevel(logging.CRITICAL)
 
 
 def load_average() -> str:

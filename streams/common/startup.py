@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import signal
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,7 +25,10 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from streams.common.errors import ConfigError, KafkaUnreachable, PortInUse
+from streams.common.errors import EXIT_OK, ConfigError, KafkaUnreachable, PortInUse
+from streams.common.probes import ProbeServer
+
+log = logging.getLogger(__name__)
 from streams.common.settings import KafkaSettings, Settings, load_kafka_settings, load_settings, read_yaml
 
 KAFKA_PROBE_SECONDS = 5.0
@@ -191,3 +196,38 @@ def check_port(host: str, port: int, option: str) -> None:
                         f"choose another address with {option}") from error
     except OSError as error:
         raise cannot_listen(host, port, option, error) from error
+
+
+def run_until_signalled(
+    name: str,
+    run: Callable[[threading.Event], None],
+    probes: Callable[[threading.Event], ProbeServer],
+    *,
+    host: str,
+    port: int,
+) -> int:
+    """``run(stop)`` until SIGTERM or SIGINT sets ``stop``, serving ``/health``, ``/ready`` and
+    ``/metrics`` (``probes(stop)``) if the probe port is free. A process without a web server
+    of its own (the watch bridge, the applier) goes on without probes when the port is taken:
+    its work matters more than being probed, and a kubelet would notice."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        log.info("%s: %s received, stopping after the current piece of work", name, signal.Signals(signum).name)
+        stop.set()
+
+    server: ProbeServer | None
+    try:
+        server = probes(stop).start()
+    except OSError as error:
+        log.error("%s: no /health, /ready, /metrics: %s", name,
+                  cannot_listen(host, port, "--probe-port", error).line(None))
+        server = None
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        run(stop)
+    finally:
+        if server is not None:
+            server.close()
+    return EXIT_OK

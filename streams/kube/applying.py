@@ -32,7 +32,6 @@ import argparse
 import http.client
 import json
 import logging
-import signal
 import sys
 import threading
 import time
@@ -41,7 +40,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeVar, assert_never
 
 import urllib3
@@ -922,8 +920,7 @@ class Applier:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from streams.common.errors import EXIT_OK
-    from streams.common.startup import cannot_listen, check_secrets, load_config, reach_kafka
+    from streams.common.startup import check_secrets, load_config, reach_kafka, run_until_signalled
     from streams.kube.kubeconfig import api_client, reach_kubernetes
 
     logging.getLogger("kafka").setLevel(logging.WARNING)  # kafka-python's connection chatter
@@ -933,31 +930,14 @@ def _run(args: argparse.Namespace) -> int:
     reach_kubernetes(api.configuration)
     reach_kafka(settings.kafka)
     ensure_topics(settings.kafka)
-    stop = threading.Event()
-
-    def _stop(signum: int, frame: FrameType | None) -> None:
-        log.info("signal %d: stopping after the current command", signum)
-        stop.set()
-
     with api:
         applier = Applier(settings, KubeApplier(api, subresource_url=args.subresource_url,
                                                 project_label=settings.labels.project))
-        try:
-            probes: ProbeServer | None = ProbeServer(
-                ready=lambda: applier.ready.is_set() and not stop.is_set(), host=args.probe_host,
-                port=args.probe_port).start()
-        except OSError as exc:  # applying matters more than being probed; a kubelet would notice
-            log.error("no /health, /ready, /metrics: %s", cannot_listen(args.probe_host, args.probe_port,
-                                                                        "--probe-port", exc).line(None))
-            probes = None
-        signal.signal(signal.SIGTERM, _stop)
-        signal.signal(signal.SIGINT, _stop)
-        try:
-            applier.run(stop)
-        finally:
-            if probes is not None:
-                probes.close()
-    return EXIT_OK
+        return run_until_signalled(
+            "apply", applier.run,
+            lambda stop: ProbeServer(ready=lambda: applier.ready.is_set() and not stop.is_set(),
+                                     host=args.probe_host, port=args.probe_port),
+            host=args.probe_host, port=args.probe_port)
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -41,14 +41,12 @@ import json
 import logging
 import os
 import random
-import signal
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic_core
@@ -895,8 +893,8 @@ def load_app_id(path: str | None) -> str:
 
 def main(args: argparse.Namespace) -> int:
     """``vmstream watch``: run the bridge until SIGINT or SIGTERM."""
-    from streams.common.errors import EXIT_OK, ConfigError
-    from streams.common.startup import cannot_listen, config_problem, load_kafka_config, reach_kafka
+    from streams.common.errors import ConfigError
+    from streams.common.startup import config_problem, load_kafka_config, reach_kafka, run_until_signalled
     from streams.common.topics import ensure_topics
     from streams.kube.kubeconfig import kube_configuration, reach_kubernetes
 
@@ -919,27 +917,9 @@ def main(args: argparse.Namespace) -> int:
         log.warning("watch: could not check the topics (%s); continuing", error)
     logging.getLogger("kafka").setLevel(logging.WARNING)
 
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("watch: %s received, stopping", signal.Signals(signum).name)
-        stop.set()
-
     bridge = Bridge(kafka, kube, kinds=kinds, max_event_bytes=limits.max_input_bytes, app_id=app_id)
-    try:
-        probes: ProbeServer | None = bridge.probes(host=args.probe_host, port=args.probe_port).start()
-    except OSError as error:  # watching matters more than being probed; a kubelet would notice
-        log.error("watch: no /health, /ready, /metrics: %s", cannot_listen(args.probe_host, args.probe_port,
-                                                                           "--probe-port", error).line(None))
-        probes = None
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    try:
-        bridge.run(stop)
-    finally:
-        if probes is not None:
-            probes.close()
-    return EXIT_OK
+    return run_until_signalled("watch", bridge.run, lambda stop: bridge.probes(host=args.probe_host, port=args.probe_port),
+                               host=args.probe_host, port=args.probe_port)
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
