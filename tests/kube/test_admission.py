@@ -31,6 +31,7 @@ from harness.scenarios import A100, PROJECT_LABEL
 from harness.scenarios import node as node_object
 from harness.scenarios import vm as vm_object
 from tests.support.kube_apiserver import Kube
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.kube
 
@@ -132,9 +133,18 @@ def applier(kube: Kube, admin: client.ApiClient) -> Iterator[client.ApiClient]:
 
 
 @pytest.fixture
-def project(kube_namespace: str, admin: client.ApiClient) -> str:
-    """A project namespace (proj-a)."""
+def project(kube_namespace: str, admin: client.ApiClient, applier: client.ApiClient) -> str:
+    """A project namespace (proj-a), once the admission policy sees its label: the policy
+    reads namespaces from the API server's informer cache, which may lag the patch."""
     client.CoreV1Api(admin).patch_namespace(kube_namespace, {"metadata": {"labels": {PROJECT_LABEL: "proj-a"}}})
+    custom = client.CustomObjectsApi(applier)
+
+    def seen_as_project() -> bool:
+        status, body = status_of(lambda: custom.create_namespaced_custom_object(
+            *KUBEVIRT, kube_namespace, "virtualmachines", _vm(kube_namespace, "probe"), dry_run="All"))
+        return status == 200 or "project namespaces" not in body
+
+    eventually(seen_as_project, f"the admission policy to see {kube_namespace} as a project namespace", timeout=30)
     return kube_namespace
 
 
