@@ -9,6 +9,7 @@ scenario is decided twice, once on whole objects and once on their views.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from typing import Any
 
@@ -27,6 +28,7 @@ from handlers.cluster import (
 )
 from handlers.gpus import desired_vm, plan_patch
 from handlers.messages import GPUMutation
+from handlers.tables import VMS
 from harness.scenarios import (
     A100,
     PROJECT_LABEL,
@@ -37,6 +39,7 @@ from harness.scenarios import (
     vm,
     vmi,
 )
+from streams.common.codecs import decode_state, encode_state
 from streams.kube.watching import KINDS
 from tests.support.harness import Harness
 
@@ -169,3 +172,37 @@ def test_the_rules_decide_the_same_on_views_as_on_whole_objects() -> None:
     reduced, reduced_capacity = decide(reduce=True)
     assert reduced == whole
     assert reduced_capacity == whole_capacity
+
+
+def test_a_vm_row_keeps_only_the_rule_view() -> None:
+    whole = padded(vm("p", "v", project="proj-a", owner=ALICE, gpu=RTX))
+    record = VMRecord.from_object(whole, project_label=PROJECT_LABEL)
+    assert record.object == rule_view("VirtualMachine", whole)
+    assert "volumes" not in record.object["spec"]["template"]["spec"]
+    assert len(json.dumps(record.object)) < len(json.dumps(whole)) / 10
+
+
+def test_a_vm_row_stored_whole_still_decodes_and_plans_the_same_patch() -> None:
+    """Changelogs outlive upgrades: a row written when a VM row kept the whole VM."""
+    whole = padded(vm("p", "v", project="proj-a", owner=ALICE, gpu=None))
+    whole["spec"]["template"]["spec"]["evictionStrategy"] = "LiveMigrate"
+    now = VMRecord.from_object(whole, project_label=PROJECT_LABEL)
+    before = dataclasses.replace(now, object=whole)  # as such a row was written
+    old = decode_state(VMS, encode_state(VMS, before))
+    assert old == now and old.object == whole
+    mutation = GPUMutation(device_name=RTX, eviction_strategy="External")
+    patch = plan_patch(now.object, desired_vm(now.object, mutation))
+    assert patch and plan_patch(old.object, desired_vm(old.object, mutation)) == patch
+
+
+def test_a_gpu_patch_creates_a_missing_domain_under_the_same_parent_on_the_view() -> None:
+    """The maps on the way to a rule path are kept: a template without a domain gets one
+    added at ``/spec/template/spec/domain`` from the view as from the whole VM."""
+    whole = padded(vm("p", "v", project="proj-a", owner=ALICE, gpu=None))
+    del whole["spec"]["template"]["spec"]["domain"]
+    mutation = GPUMutation(device_name=RTX, eviction_strategy="External")
+    view = rule_view("VirtualMachine", whole)
+    patch = plan_patch(whole, desired_vm(whole, mutation))
+    assert {"op": "add", "path": "/spec/template/spec/domain"} in [
+        {k: v for k, v in op.items() if k != "value"} for op in patch]
+    assert plan_patch(view, desired_vm(view, mutation)) == patch
