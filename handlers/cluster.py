@@ -9,7 +9,6 @@ fraction of the memory a whole AZ's VMs would hold.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -368,18 +367,5 @@ def rule_view(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def stored_view(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
-    """:func:`rule_view` as a row keeps it: a copy of its own, every map key interned.
-
-    A parsed event's keys are strings of its own (``json`` shares them within one document
-    only), so 100,000 VMs would hold 100,000 copies of ``"spec"``; interned, they hold one.
-    """
-    compact: dict[str, Any] = _interned(rule_view(kind, obj))
-    return compact
-
-
-def _interned(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {sys.intern(key) if isinstance(key, str) else key: _interned(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_interned(item) for item in value]
-    return value
+    """:func:`rule_view` as a row keeps it: the rest of the object is left to be freed."""
+    return rule_view(kind, obj)
