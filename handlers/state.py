@@ -177,9 +177,6 @@ class MemoryState:
         return {name: len(table) for name, table in self.tables.items()}
 
 
-_MISSING = object()
-
-
 class Overlay:
     """A view of ``base`` with a decision's own changes on top, recorded in order.
 
@@ -189,17 +186,22 @@ class Overlay:
 
     def __init__(self, base: StateView) -> None:
         self.base = base
-        self._changes: dict[tuple[Table[Any], str], Any | None] = {}
+        self._changes: dict[tuple[Table[Any], str], Any | None] = {}  # in the order written
+        self._mine: dict[str, dict[str, Any | None]] = {}  # the same, by table: what reads look up
 
     def get(self, table: Table[V], key: str) -> V | None:
-        value = self._changes.get((table, key), _MISSING)
-        if value is _MISSING:
+        rows = self._mine.get(table)
+        if rows is None or key not in rows:
             return self.base.get(table, key)
-        mine: V | None = value
+        mine: V | None = rows[key]
         return mine
 
     def put(self, table: Table[V], key: str, value: V | None) -> None:
         self._changes[(table, key)] = value
+        rows = self._mine.get(table)
+        if rows is None:
+            rows = self._mine[table] = {}
+        rows[key] = value
 
     def items(self, table: Table[V]) -> Iterator[tuple[str, V]]:
         """The base's rows under this decision's own (by key), then rows only it wrote."""
@@ -214,7 +216,7 @@ class Overlay:
 
     def changed(self, table: Table[V]) -> dict[str, V | None]:
         """This decision's own rows of ``table`` so far (None: deleted)."""
-        return {key: value for (name, key), value in self._changes.items() if name == table}
+        return dict(self._mine.get(table, {}))
 
     def changes(self) -> list[Change]:
         return [Change(table, key, value) for (table, key), value in self._changes.items()]
