@@ -39,6 +39,15 @@ class GPUVMPolicy(Frozen):
                     "refuse: set_gpu is refused.")
 
 
+class IntentPolicy(Frozen):
+    dedup_window_seconds: int = Field(
+        default=7 * 86_400, ge=1,
+        description="How long an intent id is remembered once decided: redelivered within it, the intent is a "
+                    "duplicate (its first decision stands); past it, the id is forgotten, so the table of "
+                    "decided ids does not grow for ever. Longer than any redelivery (a producer's retries, "
+                    "a replay of the intents topic).")
+
+
 class LabelKeys(Frozen):
     project: str = "superphenix.net/projectID"
 
@@ -106,6 +115,7 @@ class Config(Frozen):
     operators: list[str] = Field(default_factory=list, description="Told of drains nobody asked for; who may "
                                  "drain under auth: none only (with jwt, the credential's operator role).")
     drain: DrainPolicy = DrainPolicy()
+    intents: IntentPolicy = IntentPolicy()
     gpu_vm: GPUVMPolicy = GPUVMPolicy()
     labels: LabelKeys = LabelKeys()
     limits: Limits = Limits()

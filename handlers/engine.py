@@ -63,7 +63,8 @@ from handlers.messages import (
 )
 from handlers.observing import observe, settle_resident
 from handlers.outcomes import ACCEPTED, Accepted, Duplicate, Judgement, Refused, judgement_of
-from handlers.state import StateView
+from handlers.rows import DecidedIntent
+from handlers.state import Change, ExpiryIndex, StateView, dedup_horizon
 from handlers.tables import DRAINS, PROCESSED
 
 # Not Kafka topics: they name, in audit records, decisions that no external input caused.
@@ -158,8 +159,24 @@ class Engine:
 
     def due(self, state: StateView, now: datetime) -> list[DeadlineTick]:
         """The ticks to send at ``now``: one per node whose drain deadline may be due (the
-        state's :class:`~handlers.state.DeadlineIndex`); each is decided under its node."""
-        return [DeadlineTick(now, node) for node in due_nodes(state, now)]
+        state's :class:`~handlers.state.DeadlineIndex`); each is decided under its node. And
+        one naming no node when intent ids are past the dedup window (the state's
+        :class:`~handlers.state.ExpiryIndex`, where it keeps one): that tick forgets them."""
+        ticks = [DeadlineTick(now, node) for node in due_nodes(state, now)]
+        index: ExpiryIndex | None = getattr(state, "decided", None)
+        if index is not None and index.any_before(self._horizon(now)):
+            ticks.append(DeadlineTick(now))
+        return ticks
+
+    def _horizon(self, now: datetime) -> datetime:
+        return dedup_horizon(now, self.config.intents.dedup_window_seconds)
+
+    def _decided(self, state: StateView, intent_id: str, now: datetime) -> str | None:
+        """How the intent was decided before, if it was within the dedup window; else None."""
+        row = state.get(PROCESSED, intent_id)
+        if isinstance(row, DecidedIntent):
+            return row.outcome if row.at >= self._horizon(now) else None
+        return row  # a row of before the window: its outcome alone, kept for ever
 
     @staticmethod
     def _closed(ctx: Context, source: Source, judgement: Judgement) -> Result:
@@ -187,7 +204,7 @@ class Engine:
         if isinstance(who, Unauthenticated):
             return self._unauthenticated(state, raw, intent.intent_id, who, source, now)
         ctx = self._context(state, now, intent.intent_id)
-        previous = state.get(PROCESSED, intent.intent_id)
+        previous = self._decided(state, intent.intent_id, now)
         if previous is not None:
             return self._closed(ctx, source, Duplicate(f"intent {intent.intent_id} was already decided ({previous})"))
         judgement = _RULES[intent.type](ctx, intent, who)
@@ -196,7 +213,7 @@ class Engine:
                                 judgement.reason, source, now)
         if not ctx.commands and judgement.reason is None:
             judgement = Accepted("nothing to change: already as asked")
-        ctx.state.put(PROCESSED, intent.intent_id, "accepted")
+        ctx.state.put(PROCESSED, intent.intent_id, DecidedIntent("accepted", now))
         return self._closed(ctx, source, judgement)
 
     def _authenticate(self, raw: RawInput, intent: IntentEnvelope | Any,
@@ -262,7 +279,7 @@ class Engine:
     ) -> Result:
         """A fresh context: nothing a refused rule prepared may leak into the decision."""
         ctx = self._context(state, now, intent_id)
-        if state.get(PROCESSED, intent_id) is not None:
+        if self._decided(state, intent_id, now) is not None:
             return self._closed(ctx, source, Duplicate(f"intent {intent_id} was already decided"))
         ctx.notify(
             "intent_rejected",
@@ -274,7 +291,7 @@ class Engine:
             message=f"Your request {intent_id} was refused: {reason}.",
             details={"intent_id": intent_id, "reason": reason},
         )
-        ctx.state.put(PROCESSED, intent_id, "rejected")
+        ctx.state.put(PROCESSED, intent_id, DecidedIntent("rejected", now))
         return self._closed(ctx, source, Refused(reason))
 
     @_never_raises
@@ -296,8 +313,9 @@ class Engine:
         return Result(decision)
 
     def on_tick(self, state: StateView, now: datetime, *, only: str | None = None) -> list[Result]:
-        """Fire every drain deadline due at ``now`` (or only ``only``'s); one decision per node."""
-        results = []
+        """Fire every drain deadline due at ``now`` (or only ``only``'s); one decision per node.
+        Without ``only``, also forget the intent ids past the dedup window."""
+        results = [] if only is not None else self._forget_decided(state, now)
         for node in due_nodes(state, now) if only is None else [only]:
             episode = state.get(DRAINS, node)
             if episode is None or not is_due(episode, now):
@@ -308,6 +326,19 @@ class Engine:
             fire_deadline(ctx, node)
             results.append(self._closed(ctx, Source(TIMER_TOPIC, f"node/{node}"), ACCEPTED))
         return results
+
+    def _forget_decided(self, state: StateView, now: datetime) -> list[Result]:
+        """The ``processed`` rows past the dedup window deleted, as one decision with no
+        outputs (housekeeping: no input is decided, so nothing is audited)."""
+        index: ExpiryIndex | None = getattr(state, "decided", None)
+        if index is None:
+            return []
+        horizon = self._horizon(now)
+        expired = [intent_id for intent_id in index.before(horizon)
+                   if isinstance(row := state.get(PROCESSED, intent_id), DecidedIntent) and row.at < horizon]
+        if not expired:
+            return []
+        return [Result(Decision(changes=[Change(PROCESSED, intent_id, None) for intent_id in expired]))]
 
     # ------------------------------------------------------------------ bad input
 

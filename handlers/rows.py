@@ -1,5 +1,5 @@
 """The values of the tables the rules keep for themselves (the rest are observed records,
-handlers/cluster.py): what an owner was told, and drain episodes."""
+handlers/cluster.py): what an owner was told, drain episodes, and the intents decided."""
 
 from __future__ import annotations
 
@@ -54,3 +54,16 @@ class DrainEpisode:
     cordoned: bool = False  # vmstream cordoned the node itself (and so may uncordon it)
     warned: dict[str, tuple[str | None, tuple[str, ...]]] = field(default_factory=dict)  # key: (project, recipients)
     observed: dict[str, ObservedFate] = field(default_factory=dict)  # what became of each announced VM
+
+
+@dataclass(frozen=True, slots=True)
+class DecidedIntent:
+    """An intent id already decided: a redelivery within ``intents.dedup_window_seconds`` of
+    ``at`` is a Duplicate; past it, the row is forgotten (handlers/state.py ``ExpiryIndex``).
+
+    A row written before the window existed holds the outcome alone (a ``str``): it has no
+    time to count from, so it is a Duplicate for ever and never forgotten by itself.
+    """
+
+    outcome: Literal["accepted", "rejected"]
+    at: datetime

@@ -14,15 +14,16 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
 from handlers.cluster import NodeUsage
-from handlers.rows import DrainEpisode, DrainOutcome, DrainScope, DrainSource, ObservedFate, VMTracking
+from handlers.rows import DecidedIntent, DrainEpisode, DrainOutcome, DrainScope, DrainSource, ObservedFate, VMTracking
 from handlers.tables import (
     DRAINS,
     GLOBAL_TABLES,
     KUBEVIRT_KEY,
+    PROCESSED,
     TABLES,
     TRACKING,
     USAGE,
@@ -96,6 +97,56 @@ class DeadlineIndex:
         return len(self._deadline)
 
 
+class ExpiryIndex:
+    """The ``processed`` rows by the time they were decided: which are past the dedup window.
+
+    Kept along as :class:`DeadlineIndex` is (:meth:`note` for every row written), so the
+    engine forgets old intent ids without a pass over the table. A hint too: the engine
+    deletes only rows whose own time says they are past the window. Rows of before the
+    window (a bare outcome) have no time and are not indexed.
+    """
+
+    def __init__(self) -> None:
+        self._at: dict[str, datetime] = {}  # intent id → when it was decided
+        self._heap: list[tuple[datetime, str]] = []  # may hold entries no longer current
+
+    def note(self, intent_id: str, row: DecidedIntent | str | None) -> None:
+        if not isinstance(row, DecidedIntent):
+            self._at.pop(intent_id, None)
+            return
+        if self._at.get(intent_id) != row.at:
+            self._at[intent_id] = row.at
+            heapq.heappush(self._heap, (row.at, intent_id))
+            if len(self._heap) > 2 * len(self._at) + 64:
+                self._heap = [(at, name) for name, at in self._at.items()]
+                heapq.heapify(self._heap)
+
+    def any_before(self, at: datetime) -> bool:
+        """Whether some row was decided before ``at`` (a glance at the oldest)."""
+        while self._heap and self._at.get(self._heap[0][1]) != self._heap[0][0]:
+            heapq.heappop(self._heap)  # no longer current
+        return bool(self._heap) and self._heap[0][0] < at
+
+    def before(self, at: datetime) -> list[str]:
+        """The intent ids decided before ``at``, oldest first; they stay indexed until deleted."""
+        found: list[tuple[datetime, str]] = []
+        while self._heap and self._heap[0][0] < at:
+            entry = heapq.heappop(self._heap)
+            if self._at.get(entry[1]) == entry[0]:
+                found.append(entry)
+        for entry in found:
+            heapq.heappush(self._heap, entry)
+        return [intent_id for _, intent_id in found]
+
+    def __len__(self) -> int:
+        return len(self._at)
+
+
+def dedup_horizon(now: datetime, window_seconds: int) -> datetime:
+    """Intents decided before this are past the dedup window at ``now``."""
+    return now - timedelta(seconds=window_seconds)
+
+
 class UsageTotals:
     """GPU cards per device summed over every node's :class:`~handlers.cluster.NodeUsage`,
     kept as ``usage`` rows change: capacity without a pass over every node."""
@@ -150,6 +201,7 @@ class MemoryState:
         self.tables: dict[str, dict[str, Any]] = {name: {} for name in TABLES}
         self.deadlines = DeadlineIndex()  # of the ``drains`` rows
         self.usage_totals = UsageTotals()  # of the ``usage`` rows
+        self.decided = ExpiryIndex()  # of the ``processed`` rows
 
     def get(self, table: Table[V], key: str) -> V | None:
         value: V | None = self.tables[table].get(key)
@@ -168,6 +220,8 @@ class MemoryState:
                 self.usage_totals.note(rows.get(change.key), change.value)
             elif change.table == DRAINS:
                 self.deadlines.note(change.key, change.value)
+            elif change.table == PROCESSED:
+                self.decided.note(change.key, change.value)
             if change.value is None:
                 rows.pop(change.key, None)
             else:

@@ -28,7 +28,7 @@ from handlers.cluster import (
     VMIRecord,
     VMRecord,
 )
-from handlers.rows import DrainEpisode, VMTracking
+from handlers.rows import DecidedIntent, DrainEpisode, VMTracking
 
 V = TypeVar("V")
 
@@ -95,9 +95,10 @@ DRAINS: Table[DrainEpisode] = Table(
 MAINTENANCES: Table[MaintenanceRecord] = Table(
     "maintenances", MaintenanceRecord, key="<name>", written_under="its node",
     help="NodeMaintenance name → record (decided under its node's key)")
-PROCESSED: Table[str] = Table(
-    "processed", str, key="<intent_id>", written_under="the intent's key",
-    help="intent_id → outcome (decided under the intent's key)")
+PROCESSED: Table[DecidedIntent | str] = Table(
+    "processed", DecidedIntent | str, key="<intent_id>", written_under="the intent's key",
+    help="intent_id → outcome and when (decided under the intent's key; forgotten after the dedup window; "
+         "rows of before the window: the outcome alone)")
 USAGE: Table[NodeUsage] = Table(
     "usage", NodeUsage, key="<node>", written_under="that node; read by all", scope="global",
     help="node → GPU cards offered and held: cluster-wide, read by every instance")

@@ -1,0 +1,131 @@
+"""Intent ids are remembered for a window (``intents.dedup_window_seconds``), not for ever.
+
+Within it a redelivered intent is a Duplicate whose audit says what it said before; past it
+the engine's tick forgets the id (from the ``processed`` rows' :class:`ExpiryIndex`, never a
+pass over the table), so the table of decided ids stays as large as a window's intents.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from handlers.config import Config
+from handlers.engine import Engine, Result
+from handlers.inputs import DeadlineTick, IntentInput, Source, WatchInput
+from handlers.outcomes import Accepted, Duplicate, Refused
+from handlers.rows import DecidedIntent
+from handlers.state import Change, MemoryState
+from handlers.tables import PROCESSED
+from harness.scenarios import RTX, node
+from streams.common.codecs import decode_state, encode_state
+from tests.support.harness import EVENTS_TOPIC, INTENTS_TOPIC, START, config
+
+OPS = "ops@example.com"
+WINDOW = 3600
+
+
+class Run:
+    """The engine and its state, fed as ``simulate`` feeds them: what is due first."""
+
+    def __init__(self, window: int | None = WINDOW) -> None:
+        overrides: dict[str, Any] = {"auth": {"mode": "none"}}
+        if window is not None:
+            overrides["intents"] = {"dedup_window_seconds": window}
+        self.engine = Engine(config(**overrides))
+        self.state = MemoryState()
+        self.now = START
+        self.feed(WatchInput({"event_id": "ev-1", "type": "ADDED", "kind": "Node",
+                              "object": node("gpu-node-1", gpus={RTX: 1}), "observed_at": START.isoformat()},
+                             Source(EVENTS_TOPIC, None), START))
+
+    def feed(self, input_: Any) -> list[Result]:
+        results = []
+        if self.engine.due(self.state, self.now):
+            results += self.engine.decide(self.state, DeadlineTick(self.now))
+        results += self.engine.decide(self.state, input_)
+        for result in results:
+            self.state.apply(result.decision.changes)
+        return results
+
+    def drain(self, intent_id: str = "it-1", *, after: float = 0, reason: str = "PSU") -> Result:
+        self.now += timedelta(seconds=after)
+        value = {"intent_id": intent_id, "type": "drain_node", "requested_by": OPS,
+                 "spec": {"node": "gpu-node-1", "reason": reason, "notice_seconds": 10 * WINDOW}}
+        results = self.feed(IntentInput(value, Source(INTENTS_TOPIC, "node/gpu-node-1"), self.now))
+        return results[-1]
+
+
+def test_the_window_is_a_week_by_default() -> None:
+    assert Config(az="az1").intents.dedup_window_seconds == 7 * 86_400
+
+
+def test_an_intent_redelivered_within_the_window_is_a_duplicate_with_the_same_content() -> None:
+    run = Run()
+    assert isinstance(run.drain().judgement, Accepted)
+    early = run.drain(after=1)
+    at_the_edge = run.drain(after=WINDOW - 1)  # decided exactly one window ago
+    for again in (early, at_the_edge):
+        assert again.judgement == Duplicate("intent it-1 was already decided (accepted)")
+        assert not again.decision.commands and not again.decision.notifications
+    assert early.decision.audit is not None and at_the_edge.decision.audit is not None
+    assert early.decision.audit.audit_id == at_the_edge.decision.audit.audit_id
+    assert run.state.get(PROCESSED, "it-1") == DecidedIntent("accepted", START)
+
+
+def test_a_refused_intent_is_remembered_as_refused_for_the_window() -> None:
+    run = Run()
+    value = {"intent_id": "it-9", "type": "restart_vm", "requested_by": "alice@example.com",
+             "project": "proj-a", "spec": {"namespace": "spx-proj-a", "name": "nowhere"}}
+    source = Source(INTENTS_TOPIC, "vm/spx-proj-a/nowhere")
+    [first] = run.feed(IntentInput(value, source, run.now))
+    assert isinstance(first.judgement, Refused)
+    run.now += timedelta(seconds=WINDOW)
+    [again] = run.feed(IntentInput(value, source, run.now))
+    assert again.judgement == Duplicate("intent it-9 was already decided (rejected)")
+
+
+def test_past_the_window_the_tick_forgets_the_id_and_a_redelivery_is_decided_anew() -> None:
+    run = Run()
+    run.drain()
+    run.drain("it-2", after=10)
+    run.now += timedelta(seconds=WINDOW)
+    assert run.engine.due(run.state, run.now) == [DeadlineTick(run.now)]  # it-1 only: it-2 is 10 s younger
+    [forgetting] = run.engine.decide(run.state, DeadlineTick(run.now))
+    assert forgetting.decision.changes == [Change(PROCESSED, "it-1", None)]
+    assert forgetting.decision.audit is None and not forgetting.outputs()  # housekeeping: nothing is sent
+    run.state.apply(forgetting.decision.changes)
+    assert run.state.get(PROCESSED, "it-1") is None and run.state.get(PROCESSED, "it-2") is not None
+    assert len(run.state.decided) == 1 and run.engine.due(run.state, run.now) == []
+    anew = run.drain(after=1)
+    assert not isinstance(anew.judgement, Duplicate)  # the drain under way: asked again, decided again
+    assert run.state.get(PROCESSED, "it-1") == DecidedIntent("accepted", run.now)
+
+
+def test_a_row_past_the_window_is_no_duplicate_even_before_a_tick_forgot_it() -> None:
+    """A state that keeps no index (or a tick not yet come): the row's own time decides."""
+    run = Run()
+    run.drain()
+    run.now += timedelta(seconds=WINDOW + 1)
+    [result] = run.engine.decide(run.state, IntentInput(
+        {"intent_id": "it-1", "type": "drain_node", "requested_by": OPS, "spec": {"node": "gpu-node-1",
+                                                                                  "reason": "PSU"}},
+        Source(INTENTS_TOPIC, "node/gpu-node-1"), run.now))
+    assert not isinstance(result.judgement, Duplicate)
+
+
+def test_a_row_of_before_the_window_stays_a_duplicate_and_is_kept() -> None:
+    """Changelogs outlive upgrades: a row that holds the outcome alone has no time to count from."""
+    run = Run()
+    old = decode_state(PROCESSED, b'"accepted"')
+    assert old == "accepted"
+    run.state.apply([Change(PROCESSED, "it-1", old)])
+    assert len(run.state.decided) == 0
+    again = run.drain(after=100 * WINDOW)
+    assert again.judgement == Duplicate("intent it-1 was already decided (accepted)")
+    assert run.state.get(PROCESSED, "it-1") == "accepted"
+
+
+def test_a_decided_row_survives_its_codec() -> None:
+    row = DecidedIntent("rejected", datetime(2026, 12, 1, 8, 0, tzinfo=START.tzinfo))
+    assert decode_state(PROCESSED, encode_state(PROCESSED, row)) == row
