@@ -8,6 +8,7 @@ yields byte-identical outputs.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -100,14 +101,21 @@ class Decision:
 
     def outputs(self) -> list[Output]:
         """Commands, then notifications, then the audit record that names them."""
-        # Here, not at the top: the topics' value models (handlers/views.py) import this module.
-        from handlers.topics import AUDIT, COMMANDS, NOTIFICATIONS
-
-        out = [Output(COMMANDS.name, subject_key(c.target), c) for c in self.commands]
-        out += [Output(NOTIFICATIONS.name, subject_key(n.subject), n) for n in self.notifications]
+        commands, notifications, audit = _output_topics()
+        out = [Output(commands, subject_key(c.target), c) for c in self.commands]
+        out += [Output(notifications, subject_key(n.subject), n) for n in self.notifications]
         if self.audit is not None:
-            out.append(Output(AUDIT.name, self.audit.input.key or "", self.audit))
+            out.append(Output(audit, self.audit.input.key or "", self.audit))
         return out
+
+
+@functools.cache
+def _output_topics() -> tuple[str, str, str]:
+    """The logical names of the commands, notifications and audit topics: looked up once,
+    not at import (the topics' value models, handlers/views.py, import this module)."""
+    from handlers.topics import AUDIT, COMMANDS, NOTIFICATIONS
+
+    return COMMANDS.name, NOTIFICATIONS.name, AUDIT.name
 
 
 @dataclass(slots=True)

@@ -64,7 +64,7 @@ from handlers.messages import (
 from handlers.observing import observe, settle_resident
 from handlers.outcomes import ACCEPTED, Accepted, Duplicate, Judgement, Refused, judgement_of
 from handlers.rows import DecidedIntent
-from handlers.state import Change, ExpiryIndex, StateView, dedup_horizon
+from handlers.state import Change, ExpiryIndex, StateView, dedup_window
 from handlers.tables import DRAINS, PROCESSED
 
 # Not Kafka topics: they name, in audit records, decisions that no external input caused.
@@ -137,6 +137,7 @@ class Engine:
     def __init__(self, config: Config, keys: KeySet | KeySource | None = None) -> None:
         self.config = config
         self.catalog = Catalog.from_config(config)
+        self._dedup_window = dedup_window(config.intents.dedup_window_seconds)
         fixed = keys if isinstance(keys, KeySet) else KeySet()
         self.keys: KeySource = keys if callable(keys) else (lambda: fixed)
 
@@ -169,7 +170,7 @@ class Engine:
         return ticks
 
     def _horizon(self, now: datetime) -> datetime:
-        return dedup_horizon(now, self.config.intents.dedup_window_seconds)
+        return now - self._dedup_window
 
     def _decided(self, state: StateView, intent_id: str, now: datetime) -> str | None:
         """How the intent was decided before, if it was within the dedup window; else None."""

@@ -142,9 +142,9 @@ class ExpiryIndex:
         return len(self._at)
 
 
-def dedup_horizon(now: datetime, window_seconds: int) -> datetime:
-    """Intents decided before this are past the dedup window at ``now``."""
-    return now - timedelta(seconds=window_seconds)
+def dedup_window(seconds: int) -> timedelta:
+    """How long an intent id is remembered: rows decided before ``now - window`` are past it."""
+    return timedelta(seconds=seconds)
 
 
 class UsageTotals:

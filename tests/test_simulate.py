@@ -96,3 +96,31 @@ def test_a_line_that_is_not_an_input_is_dead_lettered() -> None:
     out = [json.loads(line) for line in Simulation(engine).feed(['{"topic": "elsewhere"}'])]
     assert [o["topic"] for o in out] == ["vmstream.dlq", "vmstream.audit"]
     assert out[0]["value"]["source"] == {"topic": "simulate-input", "offset": 1}
+
+
+@pytest.mark.parametrize("line", [
+    '{"topic": "vmstream.k8s-events", "value": {"a": 1,}}',  # refused by both parsers
+    '{"topic": "vmstream.k8s-events", "value": "\tx"}',  # a raw control character
+    '{"topic": "vmstream.k8s-events", "value": "\\ud800"}',  # a lone surrogate: json reads it
+    '{"topic": "vmstream.k8s-events", "value": {"n": NaN, "big": 123456789012345678901234567890}}',
+    '[1, 2]',
+])
+def test_a_line_is_read_as_json_reads_it_and_refused_in_its_words(line: str) -> None:
+    """simulate parses lines with pydantic-core for speed; what it reads and the dead letter
+    of a line it cannot read are those of the ``json`` module."""
+    from streams.cli.simulating import parse_line
+
+    try:
+        expected: object = json.loads(line)
+    except ValueError as exc:
+        expected = exc
+    if isinstance(expected, ValueError):
+        [letter, *_] = simulate_lines([line])
+        assert json.loads(letter)["value"]["error"] == f"input line 1: {expected}"
+    else:
+        assert repr(parse_line(line)) == repr(expected)
+
+
+def simulate_lines(lines: list[str]) -> list[str]:
+    engine = Engine(load_settings(EXAMPLES / "config.yaml").rules())
+    return list(Simulation(engine).feed(lines))
