@@ -84,6 +84,8 @@ class DeadlineIndex:
     def due(self, now: datetime) -> list[str]:
         """The nodes whose deadline is at or before ``now``, in name order; they stay
         indexed until their row says the deadline passed."""
+        if not self._heap or self._heap[0][0] > now:
+            return []  # the common case, asked before every input
         due: set[str] = set()
         while self._heap and self._heap[0][0] <= now:
             at, node = heapq.heappop(self._heap)

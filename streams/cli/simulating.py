@@ -44,14 +44,10 @@ def _parse_time_text(value: str) -> datetime | None:
 def input_time(line: dict[str, Any], previous: datetime) -> datetime:
     """The input's timestamp, else its value's ``requested_at``/``observed_at``, else the last."""
     value = line.get("value")
-    candidates = [line.get("timestamp")]
-    if isinstance(value, dict):
-        candidates += [value.get("requested_at"), value.get("observed_at")]
-    for candidate in candidates:
-        parsed = _parse_time(candidate)
-        if parsed is not None:
-            return max(parsed, previous)  # time never runs backwards
-    return previous
+    parsed = _parse_time(line.get("timestamp"))
+    if parsed is None and isinstance(value, dict):
+        parsed = _parse_time(value.get("requested_at")) or _parse_time(value.get("observed_at"))
+    return previous if parsed is None else max(parsed, previous)  # time never runs backwards
 
 
 class Simulation:
