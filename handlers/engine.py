@@ -214,7 +214,7 @@ class Engine:
                                 judgement.reason, source, now)
         if not ctx.commands and judgement.reason is None:
             judgement = Accepted("nothing to change: already as asked")
-        ctx.state.put(PROCESSED, intent.intent_id, DecidedIntent("accepted", now))
+        ctx.state.put(PROCESSED, intent.intent_id, DecidedIntent("accepted", now, source.key))
         return self._closed(ctx, source, judgement)
 
     def _authenticate(self, raw: RawInput, intent: IntentEnvelope | Any,
@@ -292,7 +292,7 @@ class Engine:
             message=f"Your request {intent_id} was refused: {reason}.",
             details={"intent_id": intent_id, "reason": reason},
         )
-        ctx.state.put(PROCESSED, intent_id, DecidedIntent("rejected", now))
+        ctx.state.put(PROCESSED, intent_id, DecidedIntent("rejected", now, source.key))
         return self._closed(ctx, source, Refused(reason))
 
     @_never_raises

@@ -67,3 +67,6 @@ class DecidedIntent:
 
     outcome: Literal["accepted", "rejected"]
     at: datetime
+    # The key the intent was decided under (None offline): where a decision that forgets the
+    # row must be decided, in the worker the routed partition that holds it.
+    key: str | None = None

@@ -70,7 +70,7 @@ def test_an_intent_redelivered_within_the_window_is_a_duplicate_with_the_same_co
         assert not again.decision.commands and not again.decision.notifications
     assert early.decision.audit is not None and at_the_edge.decision.audit is not None
     assert early.decision.audit.audit_id == at_the_edge.decision.audit.audit_id
-    assert run.state.get(PROCESSED, "it-1") == DecidedIntent("accepted", START)
+    assert run.state.get(PROCESSED, "it-1") == DecidedIntent("accepted", START, "node/gpu-node-1")
 
 
 def test_a_refused_intent_is_remembered_as_refused_for_the_window() -> None:
@@ -99,7 +99,7 @@ def test_past_the_window_the_tick_forgets_the_id_and_a_redelivery_is_decided_ane
     assert len(run.state.decided) == 1 and run.engine.due(run.state, run.now) == []
     anew = run.drain(after=1)
     assert not isinstance(anew.judgement, Duplicate)  # the drain under way: asked again, decided again
-    assert run.state.get(PROCESSED, "it-1") == DecidedIntent("accepted", run.now)
+    assert run.state.get(PROCESSED, "it-1") == DecidedIntent("accepted", run.now, "node/gpu-node-1")
 
 
 def test_a_row_past_the_window_is_no_duplicate_even_before_a_tick_forgot_it() -> None:
@@ -127,5 +127,5 @@ def test_a_row_of_before_the_window_stays_a_duplicate_and_is_kept() -> None:
 
 
 def test_a_decided_row_survives_its_codec() -> None:
-    row = DecidedIntent("rejected", datetime(2026, 12, 1, 8, 0, tzinfo=START.tzinfo))
+    row = DecidedIntent("rejected", datetime(2026, 12, 1, 8, 0, tzinfo=START.tzinfo), "vm/spx-proj-a/w-1")
     assert decode_state(PROCESSED, encode_state(PROCESSED, row)) == row
