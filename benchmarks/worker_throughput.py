@@ -557,7 +557,8 @@ class Options:
     profiles: list[tuple[str, Path]] = field(default_factory=list)
     deployments: list[Deployment] = field(default_factory=list)  # their topics are deleted at the end
     recipe: list[Stream] | None = None  # what the worker writes per intent, once measured
-    baseline: Path | None = None  # another tree's worker, measured beside this one's
+    baseline: Path | None = None  # the tree whose worker a "baseline" run measures
+    run_suffix: str = ""  # makes the names of repeated runs unique
 
 
 async def publish_cluster(deployment: Deployment, cluster: Cluster, timeout: float) -> tuple[int, float]:
@@ -719,7 +720,7 @@ async def burst(kind: str, options: Options) -> Row:
 
 async def preloaded(kind: str, options: Options) -> Row:
     """Everything written while the process is stopped; its drain rate once started."""
-    setup = await new_setup(kind, options, f"{RUN_PREFIX[kind]}-preloaded",
+    setup = await new_setup(kind, options, f"{RUN_PREFIX[kind]}-preloaded{options.run_suffix}",
                             options.saturation, started=False)
     topics = deployment_topics(setup.deployment) if kind == "worker" and not options.recipe else []
     starts = await asyncio.to_thread(end_offsets, options.bootstrap, topics) if topics else {}
@@ -770,6 +771,16 @@ async def preloaded(kind: str, options: Options) -> Row:
         options.recipe = await asyncio.to_thread(written_between, setup.deployment, starts, len(setup.intents),
                                                  ("intents",))
     return row
+
+
+def of_tree(tree: Path | None, suffix: str) -> Callable[[str, Options], Awaitable[Row]]:
+    """A preloaded run of the worker of ``tree`` (``None``: this one's)."""
+
+    async def run(kind: str, options: Options) -> Row:
+        options.baseline, options.run_suffix = tree, suffix
+        return await preloaded(kind, options)
+
+    return run
 
 
 def engine_alone(options: Options) -> Row:
@@ -1058,8 +1069,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile-run", choices=("burst", "steady", "preloaded"), default="burst",
                         help="the worker run --profile samples (steady: at --rate, after the warm-up)")
     parser.add_argument("--profile-out", type=Path, help="keep py-spy's collapsed stacks there")
-    parser.add_argument("--baseline", type=Path, metavar="TREE",
-                        help="also the preloaded run of the worker of another tree (a git archive of the commit before)")
+    parser.add_argument("--baseline", type=Path, metavar="TREE", action="append", default=[],
+                        help="also the preloaded run of the worker of another tree (a git archive of a commit "
+                             "before); may be given more than once")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="preloaded runs of each worker (this tree's and the baselines'), interleaved")
     parser.add_argument("--keep", type=Path, metavar="DIR", help="keep the workers' logs in DIR (default: removed)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     kit.add_json_option(parser)
@@ -1075,7 +1089,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 async def measure(args: argparse.Namespace, bootstrap: str, workdir: Path) -> int:
     options = Options(bootstrap, workdir, args.vms, args.nodes, args.rate, args.duration, args.warmup,
                       args.saturation, args.profile, args.profile_out, args.profile_run)
-    options.baseline = args.baseline.resolve() if args.baseline else None
     print(f"worker throughput, broker {bootstrap}")
     kit.print_load("at the start")
     low = f" and {args.low_rate:,.0f}/s" if args.low_rate else ""
@@ -1092,8 +1105,13 @@ async def measure(args: argparse.Namespace, bootstrap: str, workdir: Path) -> in
             plan += [(f"pt-steady{suffix}", "pass-through", run_at), (f"wk-steady{suffix}", "worker", run_at)]
         if not args.skip_burst:
             plan += [("pt-burst", "pass-through", burst), ("wk-burst", "worker", burst)]
-        before = [("wk0-preloaded", "baseline", preloaded)] if args.baseline else []
-        plan = [("wk-preloaded", "worker", preloaded), *before, ("pt-preloaded", "pass-through", preloaded), *plan]
+        drains: list[tuple[str, str, Callable[[str, Options], Awaitable[Row]]]] = []
+        for round_ in range(args.repeat):
+            again = f"-{round_ + 1}" if round_ else ""
+            drains.append((f"wk-preloaded{again}", "worker", of_tree(None, again)))
+            drains += [(f"wk0-preloaded-{i}{again}", "baseline", of_tree(tree.resolve(), f"-{i}{again}"))
+                       for i, tree in enumerate(args.baseline)]
+        plan = [*drains, ("pt-preloaded", "pass-through", preloaded), *plan]
         for key, kind, run in plan:
             started = time.perf_counter()
             rows[key] = await run(kind, options)

@@ -465,7 +465,10 @@ class Worker:
             return
         metrics.INPUTS.labels(audit.input.topic, audit.outcome).inc()
         quiet = audit.outcome in ("accepted", "ignored")  # the audit stream has every decision
-        log.log(logging.DEBUG if quiet else logging.INFO, "decided", extra={
+        level = logging.DEBUG if quiet else logging.INFO
+        if not log.isEnabledFor(level):  # most intents: their line's fields are not even gathered
+            return
+        log.log(level, "decided", extra={
             "ref": audit.input.ref, "topic": audit.input.topic, "key": audit.input.key,
             "outcome": audit.outcome, "reason": audit.reason, "commands": audit.commands,
             "notifications": audit.notifications,
