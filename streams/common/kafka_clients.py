@@ -60,19 +60,6 @@ def consumer(kafka: KafkaSettings, *topics: str, **extra: Any) -> KafkaConsumer:
     return KafkaConsumer(*topics, **client_options(kafka), **extra)
 
 
-def librdkafka_options(kafka: KafkaSettings, *, client_id: str) -> dict[str, Any]:
-    """The same options for a librdkafka client (confluent-kafka's configuration names)."""
-    options: dict[str, Any] = {"bootstrap.servers": kafka.bootstrap_servers, "client.id": client_id,
-                               "security.protocol": kafka.security_protocol.lower()}
-    if kafka.ssl_cafile:
-        options["ssl.ca.location"] = kafka.ssl_cafile
-    if kafka.sasl_mechanism:
-        options["sasl.mechanism"] = kafka.sasl_mechanism
-        options["sasl.username"] = kafka.sasl_username
-        options["sasl.password"] = kafka.sasl_password.get_secret_value() if kafka.sasl_password else None
-    return options
-
-
 def aiokafka_options(kafka: KafkaSettings) -> dict[str, Any]:
     """The same options for an aiokafka client of the worker's own (not made by Faust)."""
     options: dict[str, Any] = {"security_protocol": kafka.security_protocol}

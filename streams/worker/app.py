@@ -61,12 +61,11 @@ from streams.common.codecs import encode_json, encode_message, encode_resident_u
 from streams.common.credentials import key_source
 from streams.common.globalview import GlobalView
 from streams.common.heap import Heap
-from streams.common.kafka_clients import aiokafka_options, librdkafka_options
+from streams.common.kafka_clients import aiokafka_options
 from streams.common.settings import Settings
 from streams.common.topics import KIND_HEADER, ROUTED, SOURCE_HEADER, changelog_topic, missing_topics
 from streams.worker import faustfixes
 from streams.worker.broker_credentials import faust_credentials
-from streams.worker.rdkafka_producer import RdProducer
 from streams.worker.tablestate import Journal, TableState
 
 log = logging.getLogger(__name__)
@@ -166,13 +165,10 @@ class Worker:
             topic_allow_declare=self.kafka.create_topics,  # else the platform's KafkaTopics
             **conf.faust_consumer_settings(),  # static membership, session: back at once after a crash
         )
-        # Outputs on a producer (a connection) of their own: a batch's outputs must not queue
-        # behind the changelog rows of the batch before, a request that spans up to 60
-        # partitions. librdkafka's: a quarter of aiokafka's CPU per record (rdkafka_producer.py).
-        self.output_producer: Any = self.app.add_dependency(RdProducer(
-            {**librdkafka_options(self.kafka, client_id=f"{conf.app_id}-outputs"),
-             "message.timeout.ms": int(self.app.conf.producer_request_timeout * 1000)},
-            beacon=self.app.beacon))
+        # Outputs on a producer (a connection) of their own: aiokafka sends one request at a
+        # time per connection, and a batch's outputs must not queue behind the changelog
+        # rows of the batch before, a request that spans up to 60 partitions.
+        self.output_producer: Any = self.app.add_dependency(self.app.transport.create_producer(beacon=self.app.beacon))
         self.routed = self._topic(ROUTED)
         self.inputs = self._topic(*(topic.name for topic in ROUTED_INPUTS))  # route's: re-keyed onto the routed topic
         self.outputs = {topic.name: self._topic(topic.name) for topic in written_by("worker") if topic is not WORKER_ROUTED}
@@ -323,7 +319,7 @@ class Worker:
         kind = "unknown"
         source, now = _origin(event), self._time(event)
         try:
-            kind, results = self._decide_one(event)
+            kind, results = self._decide_one(event, source, now)
             # Each output encoded now, while a decision too large for the broker can still
             # become the input's dead letter instead.
             results = [self.engine.fitted(r, event.value, source, now, encode=self._encode) for r in results]
@@ -337,10 +333,10 @@ class Worker:
         metrics.DECISION_SECONDS.labels(kind).observe(time.perf_counter() - started)
         return results
 
-    def _decide_one(self, event: EventT[Any]) -> tuple[str, list[Result]]:
+    def _decide_one(self, event: EventT[Any], source: Source, now: datetime) -> tuple[str, list[Result]]:
         """A routed record read as its input (handlers/inputs.py), decided by the one entry."""
         kind = _headers(event).get(KIND_HEADER, b"").decode("utf-8", "replace")
-        input_ = routed_input(kind, event.value, _origin(event), self._time(event))
+        input_ = routed_input(kind, event.value, source, now)
         return kind_of(input_), self.engine.decide(self.state, input_)
 
     async def _publish(self, decided: list[tuple[EventT[Any], Result]]) -> None:
