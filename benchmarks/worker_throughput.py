@@ -5,9 +5,12 @@ the broker's speed but what *any* Python pipeline can do on the same broker and 
 One run measures both, with the same intents, topics of the same shape and the same
 driver:
 
-(a) **pass-through** — an aiokafka consumer (a consumer group, 6 partitions) forwarding
-    every message to an output topic (acks=all, committed about once a second, as Faust
-    does), in one asyncio process: the ceiling for a Python consume→produce loop here;
+(a) **pass-through** — an aiokafka consumer (a consumer group, 6 partitions) that per input
+    writes what the worker writes per intent: as many records, of the same sizes, on topics
+    of the same kinds, acknowledged in the worker's order (journal, messages, rows; acks=all,
+    committed about once a second, as Faust does), in one asyncio process: the ceiling for
+    a Python consume→produce loop doing the worker's writes. What the worker writes is read
+    back from its topics and changelogs after its preloaded drain, which runs first;
 (b) **the worker end to end** — ``vmstream worker`` as its own process, from an intent's
     send to its audit record (``input.ref == intent_id``) read back with read_committed.
 
@@ -43,6 +46,9 @@ for this machine at its load — which the report prints. Run it from the reposi
     .venv/bin/python benchmarks/worker_throughput.py              # full size (≈ 10 min)
     .venv/bin/python benchmarks/worker_throughput.py --quick      # smoke run (≈ 3 min)
     .venv/bin/python benchmarks/worker_throughput.py --profile 20 # + py-spy of the worker's burst
+    # the steady p99 ladder, and a change's before/after (a git archive of the commit before)
+    .venv/bin/python benchmarks/worker_throughput.py --only throughput --skip-burst \
+        --rates 250,500,1000,2000 --baseline /tmp/before --repeat 2
 """
 
 from __future__ import annotations
@@ -1091,14 +1097,14 @@ async def measure(args: argparse.Namespace, bootstrap: str, workdir: Path) -> in
                       args.saturation, args.profile, args.profile_out, args.profile_run)
     print(f"worker throughput, broker {bootstrap}")
     kit.print_load("at the start")
-    low = f" and {args.low_rate:,.0f}/s" if args.low_rate else ""
-    print(f"  intents on {args.vms:,} VMs over {args.nodes} nodes; steady {args.rate:,.0f}/s{low} for {args.duration:.0f} s "
+    rates = args.rates if args.rates is not None else [args.rate, *([args.low_rate] if args.low_rate else [])]
+    print(f"  intents on {args.vms:,} VMs over {args.nodes} nodes; steady {', '.join(f'{r:,.0f}/s' for r in rates) or 'none'} "
+          f"for {args.duration:.0f} s "
           f"(+{args.warmup:.0f} s warm-up); burst/preloaded {args.saturation:,} messages")
     rows: dict[str, Row] = {}
     ok = True
     if args.only != "recovery":
         plan: list[tuple[str, str, Callable[[str, Options], Awaitable[Row]]]] = []
-        rates = args.rates if args.rates is not None else [args.rate, *([args.low_rate] if args.low_rate else [])]
         for rate in rates:
             run_at = at_rate(rate)
             suffix = "" if rate == args.rate else f"-{rate:.0f}"
