@@ -5,9 +5,12 @@ the broker's speed but what *any* Python pipeline can do on the same broker and 
 One run measures both, with the same intents, topics of the same shape and the same
 driver:
 
-(a) **pass-through** — an aiokafka consumer (a consumer group, 6 partitions) forwarding
-    every message to an output topic (acks=all, committed about once a second, as Faust
-    does), in one asyncio process: the ceiling for a Python consume→produce loop here;
+(a) **pass-through** — an aiokafka consumer (a consumer group, 6 partitions) that per input
+    writes what the worker writes per intent: as many records, of the same sizes, on topics
+    of the same kinds, acknowledged in the worker's order (journal, messages, rows; acks=all,
+    committed about once a second, as Faust does), in one asyncio process: the ceiling for
+    a Python consume→produce loop doing the worker's writes. What the worker writes is read
+    back from its topics and changelogs after its preloaded drain, which runs first;
 (b) **the worker end to end** — ``vmstream worker`` as its own process, from an intent's
     send to its audit record (``input.ref == intent_id``) read back with read_committed.
 
@@ -43,6 +46,9 @@ for this machine at its load — which the report prints. Run it from the reposi
     .venv/bin/python benchmarks/worker_throughput.py              # full size (≈ 10 min)
     .venv/bin/python benchmarks/worker_throughput.py --quick      # smoke run (≈ 3 min)
     .venv/bin/python benchmarks/worker_throughput.py --profile 20 # + py-spy of the worker's burst
+    # the steady p99 ladder, and a change's before/after (a git archive of the commit before)
+    .venv/bin/python benchmarks/worker_throughput.py --only throughput --skip-burst \
+        --rates 250,500,1000,2000 --baseline /tmp/before --repeat 2
 """
 
 from __future__ import annotations
@@ -63,7 +69,7 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -88,6 +94,7 @@ from kit import (  # noqa: E402
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402  # isort: skip
 from kafka import KafkaConsumer  # noqa: E402
+from streams.common.kafka_clients import admin_client  # noqa: E402
 from kafka import TopicPartition as SyncTopicPartition  # noqa: E402
 
 from harness.running import Deployment, WorkerProcess  # noqa: E402
@@ -105,6 +112,7 @@ IDLE_LEAVES = ("EpollSelector.select (", "Condition.wait (threading.py", "Queue.
                "_worker (concurrent/futures/thread.py", "Event.wait (threading.py")
 ROOT_SHARE = 0.7  # a frame on more stacks than this is the event loop or the entry point
 STALL_SECONDS = 15.0  # a preloaded drain with no output for this long is over
+RUN_PREFIX = {"pass-through": "pt", "worker": "wk", "baseline": "wk0"}
 
 
 # ------------------------------------------------------------------------- workload
@@ -236,9 +244,9 @@ class PassThrough(Process):
 
     name = "(a) pass-through"
 
-    def __init__(self, bootstrap: str, source: str, target: str, group: str, log: Path) -> None:
+    def __init__(self, bootstrap: str, source: str, target: str, group: str, log: Path, recipe: Path | None) -> None:
         self.argv = [sys.executable, str(Path(__file__).resolve()), "--pass-through-child",
-                     bootstrap, source, target, group]
+                     bootstrap, source, target, group, str(recipe or "")]
         self.log = log
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -269,9 +277,9 @@ class PassThrough(Process):
 class TimedWorker(WorkerProcess):
     """A worker whose start-up is timed: to ``/health`` (imports, Faust up) and to ``/ready``."""
 
-    def __init__(self, deployment: Deployment, name: str) -> None:
-        # The code measured is this tree's; the tick at its production default, not the tests' 0.2 s.
-        super().__init__(deployment, name, env={"PYTHONPATH": str(REPO), "VMSTREAM_WORKER__TICK_SECONDS": "1.0"})
+    def __init__(self, deployment: Deployment, name: str, tree: Path = REPO) -> None:
+        # The code measured is this tree's (or --baseline's); the tick at its production default, not the tests' 0.2 s.
+        super().__init__(deployment, name, env={"PYTHONPATH": str(tree), "VMSTREAM_WORKER__TICK_SECONDS": "1.0"})
         self.health_s: float | None = None
         self.ready_s: float | None = None
 
@@ -297,12 +305,23 @@ class TimedWorker(WorkerProcess):
             time.sleep(0.02)  # polling interval: fine enough to time a start-up
         raise RuntimeError(f"worker {self.name} not ready after {timeout}s:\n{self.tail()}")
 
-    def table_rows(self) -> dict[str, int]:
+    def metrics(self) -> str:
         request = urllib.request.Request(f"http://127.0.0.1:{self.web_port}/metrics",
                                          headers={"Authorization": f"Bearer {self.deployment.web_token}"})
         with urllib.request.urlopen(request, timeout=5) as answer:
-            text = answer.read().decode()
+            return str(answer.read().decode())
+
+    def table_rows(self) -> dict[str, int]:
+        text = self.metrics()
         return {m[1]: int(float(m[2])) for m in re.finditer(r'vmstream_table_rows\{table="(\w+)"\} (\S+)', text)}
+
+    def gc_pauses(self) -> str:
+        """The garbage collections of its life so far, by generation: how many, how long in all."""
+        text = self.metrics()
+        found = {(m[1], m[2]): float(m[3]) for m in re.finditer(
+            r'vmstream_gc_pause_seconds_(count|sum)\{generation="(\d)"\} (\S+)', text)}
+        return ", ".join(f"gen {g}: {found.get(('count', g), 0):,.0f} in {1000 * found.get(('sum', g), 0):,.0f} ms"
+                         for g in "012")
 
 
 class WorkerUnderTest(Process):
@@ -310,8 +329,11 @@ class WorkerUnderTest(Process):
 
     name = "(b) worker"
 
-    def __init__(self, deployment: Deployment) -> None:
+    def __init__(self, deployment: Deployment, tree: Path = REPO) -> None:
         self.deployment = deployment
+        self.tree = tree
+        if tree != REPO:
+            self.name = f"(b0) worker of {tree.name}"
         self.instances = 0
         self.worker: TimedWorker | None = None
 
@@ -322,7 +344,7 @@ class WorkerUnderTest(Process):
 
     def start(self) -> None:
         self.instances += 1
-        self.worker = TimedWorker(self.deployment, f"w{self.instances}")
+        self.worker = TimedWorker(self.deployment, f"w{self.instances}", self.tree)
         self.worker.start(timeout=300)
 
     def stop(self) -> None:
@@ -333,8 +355,124 @@ class WorkerUnderTest(Process):
 # --------------------------------------------------------------- the pass-through
 
 
-async def pass_through(bootstrap: str, source: str, target: str, group: str) -> None:
-    """Forward every record, at least once: batch read, send all, await acks, commit ~1/s."""
+@dataclass(frozen=True)
+class Stream:
+    """One kind of record the worker writes for its inputs, per input: how many, how large.
+
+    ``phase`` is when the worker writes it in a batch: 1 the journal (acknowledged before
+    anything else leaves), 2 the messages (acknowledged before the rows), 3 the table rows
+    (acknowledged before the offsets are committed)."""
+
+    kind: str  # "audit", "commands", …, "changelog state-vms", "journal"
+    topic: str  # the worker's topic it was read from
+    per_input: float
+    key_bytes: float  # means per record
+    value_bytes: float
+    header_bytes: float
+    phase: int
+
+    def anchor_topic(self, prefix: str) -> str:
+        return prefix + re.sub(r"[^a-zA-Z0-9-]", "-", self.kind)
+
+
+def phase_of(kind: str) -> int:
+    return 1 if kind == "journal" else 3 if kind.startswith("changelog") else 2
+
+
+def deployment_topics(deployment: Deployment) -> list[str]:
+    """The topics a deployment's worker writes: its own and its app's changelogs."""
+    admin = admin_client(deployment.kafka)
+    try:
+        return sorted(name for name in admin.list_topics()
+                      if name.startswith(deployment.kafka.topic_prefix) or name.startswith(f"{deployment.app_id}-"))
+    finally:
+        admin.close()
+
+
+def end_offsets(bootstrap: str, topics: Sequence[str]) -> dict[SyncTopicPartition, int]:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        partitions = [SyncTopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or ())]
+        return dict(consumer.end_offsets(partitions))
+    finally:
+        consumer.close()
+
+
+def kind_of_topic(deployment: Deployment, topic: str) -> str:
+    """``audit``, ``commands``, …; ``changelog state-vms``; ``journal``."""
+    if topic.startswith(f"{deployment.app_id}-"):
+        table = topic.removeprefix(f"{deployment.app_id}-").removesuffix("-changelog")
+        return "journal" if table == "state-journal" else f"changelog {table}"
+    return topic.removeprefix(deployment.kafka.topic_prefix).removeprefix("vmstream.")
+
+
+def written_between(deployment: Deployment, starts: dict[SyncTopicPartition, int], inputs: int,
+                    skip: Sequence[str] = ()) -> list[Stream]:
+    """What the worker wrote since ``starts`` on each topic, per input (``inputs``): read back."""
+    ends = end_offsets(deployment.bootstrap, sorted({tp.topic for tp in starts}))
+    consumer = KafkaConsumer(bootstrap_servers=deployment.bootstrap, enable_auto_commit=False)
+    sizes: dict[str, list[int]] = {}  # topic → [records, key bytes, value bytes, header bytes]
+    try:
+        for tp, end in ends.items():
+            start = starts.get(tp, 0)
+            if end <= start or kind_of_topic(deployment, tp.topic) in skip:
+                continue
+            consumer.assign([tp])
+            consumer.seek(tp, start)
+            total = sizes.setdefault(tp.topic, [0, 0, 0, 0])
+            deadline = time.monotonic() + 60
+            while consumer.position(tp) < end and time.monotonic() < deadline:
+                for batch in consumer.poll(timeout_ms=500).values():
+                    for record in batch:
+                        if record.offset >= end:
+                            continue
+                        total[0] += 1
+                        total[1] += len(record.key or b"")
+                        total[2] += len(record.value or b"")
+                        total[3] += sum(len(k) + len(v or b"") for k, v in record.headers or ())
+    finally:
+        consumer.close()
+    streams = []
+    for topic, (records, key, value, header) in sorted(sizes.items()):
+        kind = kind_of_topic(deployment, topic)
+        streams.append(Stream(kind, topic, records / inputs, key / records, value / records, header / records,
+                              phase_of(kind)))
+    return streams
+
+
+def shape_table(streams: Sequence[Stream]) -> str:
+    body = [(s.kind, f"{s.per_input:.3f}", f"{s.key_bytes:.0f}", f"{s.value_bytes:.0f}", f"{s.header_bytes:.0f}",
+             str(s.phase)) for s in streams]
+    body.append(("all", f"{sum(s.per_input for s in streams):.2f}", "", "", "",
+                 f"{sum(s.per_input * (s.key_bytes + s.value_bytes + s.header_bytes) for s in streams):,.0f} B/input"))
+    lines = render(("what the worker wrote", "records per intent", "key B", "value B", "headers B", "phase"), body)
+    lines.append("read back from every topic and changelog after the worker's preloaded drain; phase: "
+                 "1 acknowledged first (journal), 2 then (messages), 3 before the commit (rows)")
+    return "\n".join(lines)
+
+
+def _padded(size: float, ident: str | None = None) -> bytes:
+    """A JSON value of about ``size`` bytes; the one that carries an input's id reads as an audit record."""
+    head = {"input": {"ref": ident}} if ident is not None else {}
+    body = json.dumps({**head, "pad": ""}).encode()
+    return json.dumps({**head, "pad": "x" * max(0, round(size) - len(body))}).encode()
+
+
+async def pass_through(bootstrap: str, source: str, target: str, group: str, recipe: str = "") -> None:
+    """Per input read, write what the recipe says (or the input once), at least once.
+
+    With a recipe (the worker's :class:`Stream` s, measured), each input becomes the same
+    number of records of the same sizes on topics of the same kinds, acknowledged in the
+    worker's order per batch: the journal's first, then the messages, then the rows before the
+    offsets are committed (about once a second, as Faust does). The first audit record
+    of an input carries its id, as the worker's does.
+    """
+    streams = [Stream(**s) for s in json.loads(Path(recipe).read_text())] if recipe else []
+    owed = [0.0] * len(streams)
+    values = [_padded(s.value_bytes) for s in streams]
+    keys = [b"k" * round(s.key_bytes) for s in streams]
+    headers = [[("h", b"x" * max(0, round(s.header_bytes) - 1))] if s.header_bytes >= 1 else None for s in streams]
+    topics = [s.anchor_topic(target) for s in streams]
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stopping.set)
@@ -348,15 +486,39 @@ async def pass_through(bootstrap: str, source: str, target: str, group: str) -> 
             await consumer.getmany(timeout_ms=100)  # joins the group; nothing is written yet
         print("ready", flush=True)
         committed = time.monotonic()
+        rows: list[Any] = []
         while not stopping.is_set():
             batches = await consumer.getmany(timeout_ms=100)
-            sent = [await producer.send(target, key=record.key, value=record.value)
-                    for records in batches.values() for record in records]
-            if sent:
-                await asyncio.gather(*sent)
+            records = [record for part in batches.values() for record in part]
+            if not streams:
+                sent = [await producer.send(target, key=record.key, value=record.value) for record in records]
+                if sent:
+                    await asyncio.gather(*sent)
+            idents = [intent_id_of(record.value) for record in records] if streams else []
+            for phase in (1, 2, 3):
+                sent = []
+                for record, ident in zip(records, idents, strict=True):
+                    for i, stream in enumerate(streams):
+                        if stream.phase != phase:
+                            continue
+                        owed[i] += stream.per_input
+                        while owed[i] >= 1:
+                            owed[i] -= 1
+                            value = _padded(stream.value_bytes, ident) if ident and stream.kind == "audit" else values[i]
+                            ident = ident if stream.kind != "audit" else None
+                            partition = record.partition if phase != 2 else None  # rows: the input's partition
+                            sent.append(await producer.send(topics[i], key=keys[i] if phase != 2 else record.key,
+                                                            value=value, partition=partition, headers=headers[i]))
+                if phase == 3:
+                    rows += sent
+                elif sent:
+                    await asyncio.gather(*sent)
             if time.monotonic() - committed >= 1.0:
+                await asyncio.gather(*rows)
+                rows = []
                 await consumer.commit()
                 committed = time.monotonic()
+        await asyncio.gather(*rows)
         await consumer.commit()
     finally:
         await producer.stop()
@@ -400,6 +562,9 @@ class Options:
     profile_run: str = "burst"
     profiles: list[tuple[str, Path]] = field(default_factory=list)
     deployments: list[Deployment] = field(default_factory=list)  # their topics are deleted at the end
+    recipe: list[Stream] | None = None  # what the worker writes per intent, once measured
+    baseline: Path | None = None  # the tree whose worker a "baseline" run measures
+    run_suffix: str = ""  # makes the names of repeated runs unique
 
 
 async def publish_cluster(deployment: Deployment, cluster: Cluster, timeout: float) -> tuple[int, float]:
@@ -426,14 +591,24 @@ async def new_setup(kind: str, options: Options, run: str, count: int, *, starte
     intents = cluster.intents(count, run)
     if kind == "pass-through":
         source, target = deployment.kafka.topic("pt-in"), deployment.kafka.topic("pt-out")
-        create_topics(options.bootstrap, [source, target])
         deployment.workdir.mkdir(parents=True, exist_ok=True)
+        recipe = None
+        if options.recipe:  # the fair anchor: the worker's records, on topics of their own
+            recipe = deployment.workdir / "recipe.json"
+            recipe.write_text(json.dumps([asdict(stream) for stream in options.recipe]))
+            outputs = [stream.anchor_topic(f"{target}.") for stream in options.recipe]
+            create_topics(options.bootstrap, [source, *outputs])
+            target, ident = f"{target}.", audit_ref_of
+            output = next(t for t, s in zip(outputs, options.recipe, strict=True) if s.kind == "audit")
+        else:
+            create_topics(options.bootstrap, [source, target])
+            ident, output = intent_id_of, target
         pt = PassThrough(options.bootstrap, source, target, f"pt-{deployment.ident}",
-                         deployment.workdir / "pass-through.log")
+                         deployment.workdir / "pass-through.log", recipe)
         if started:
             await asyncio.to_thread(pt.start)
-        return Setup(pt, source, target, intent_id_of, intents, deployment)
-    worker = WorkerUnderTest(deployment)
+        return Setup(pt, source, output, ident, intents, deployment)
+    worker = WorkerUnderTest(deployment, options.baseline if kind == "baseline" and options.baseline else REPO)
     await asyncio.to_thread(worker.start)
     try:
         await publish_cluster(deployment, cluster, timeout=300)
@@ -455,7 +630,7 @@ async def steady(kind: str, options: Options, rate: float) -> Row:
     """A paced producer at ``rate``; latency of each message after the warm-up."""
     warm = int(rate * options.warmup)
     count = warm + int(rate * options.duration)
-    setup = await new_setup(kind, options, f"{'pt' if kind == 'pass-through' else 'wk'}-steady-{rate:.0f}", count,
+    setup = await new_setup(kind, options, f"{RUN_PREFIX[kind]}-steady-{rate:.0f}", count,
                             started=True)
     arrivals = await Arrivals(options.bootstrap, setup.output_topic, setup.ident).start()
     producer = await new_producer(options.bootstrap)
@@ -516,7 +691,7 @@ def at_rate(rate: float) -> Callable[[str, Options], Awaitable[Row]]:
 
 async def burst(kind: str, options: Options) -> Row:
     """Everything sent as fast as the driver can, the process running: a queue's latency."""
-    setup = await new_setup(kind, options, f"{'pt' if kind == 'pass-through' else 'wk'}-burst",
+    setup = await new_setup(kind, options, f"{RUN_PREFIX[kind]}-burst",
                             options.saturation, started=True)
     arrivals = await Arrivals(options.bootstrap, setup.output_topic, setup.ident).start()
     producer = await new_producer(options.bootstrap)
@@ -551,8 +726,10 @@ async def burst(kind: str, options: Options) -> Row:
 
 async def preloaded(kind: str, options: Options) -> Row:
     """Everything written while the process is stopped; its drain rate once started."""
-    setup = await new_setup(kind, options, f"{'pt' if kind == 'pass-through' else 'wk'}-preloaded",
+    setup = await new_setup(kind, options, f"{RUN_PREFIX[kind]}-preloaded{options.run_suffix}",
                             options.saturation, started=False)
+    topics = deployment_topics(setup.deployment) if kind == "worker" and not options.recipe else []
+    starts = await asyncio.to_thread(end_offsets, options.bootstrap, topics) if topics else {}
     producer = await new_producer(options.bootstrap)
     try:
         for intent in setup.intents:
@@ -567,9 +744,12 @@ async def preloaded(kind: str, options: Options) -> Row:
         marks["cpu"] = cpu_of(setup.process.pid)
 
     arrivals.on_first = first_arrival
+    profiler = None
     try:
         started = time.perf_counter()
         await asyncio.to_thread(setup.process.start)
+        if options.profile and options.profile_run == "preloaded" and kind == "worker":
+            profiler = start_profiler(setup.process.pid, options, setup.workdir)
         ids = [intent.intent_id for intent in setup.intents]
         missing = await arrivals.wait_for(ids, drain_timeout(len(ids)), idle=STALL_SECONDS)
         arrived = sorted(arrivals.first[i] for i in ids if i in arrivals.first)
@@ -582,12 +762,31 @@ async def preloaded(kind: str, options: Options) -> Row:
         if missing:
             note += (f"; {len(missing):,} never came (nothing more for {STALL_SECONDS:.0f} s): inputs skipped "
                      f"at start-up; its log is in {setup.workdir} (--keep)")
+        if profiler is not None:
+            note += f"; py-spy sampled it for {options.profile:.0f} s (slower)"
+        if isinstance(setup.process, WorkerUnderTest) and setup.process.worker is not None:
+            note += f"; garbage collections since its start: {setup.process.worker.gc_pauses()}"
         row = Row(f"{setup.process.name} preloaded", max(0, len(arrived) - 1), window, [], cpu, len(missing),
                   note=note)
     finally:
+        if profiler is not None:
+            await asyncio.to_thread(finish_profiler, profiler)
         await arrivals.stop()
         await asyncio.to_thread(setup.finish)
+    if starts and not missing:  # stopped: its rows are flushed and its offsets committed
+        options.recipe = await asyncio.to_thread(written_between, setup.deployment, starts, len(setup.intents),
+                                                 ("intents",))
     return row
+
+
+def of_tree(tree: Path | None, suffix: str) -> Callable[[str, Options], Awaitable[Row]]:
+    """A preloaded run of the worker of ``tree`` (``None``: this one's)."""
+
+    async def run(kind: str, options: Options) -> Row:
+        options.baseline, options.run_suffix = tree, suffix
+        return await preloaded(kind, options)
+
+    return run
 
 
 def engine_alone(options: Options) -> Row:
@@ -692,7 +891,9 @@ def start_profiler(pid: int, options: Options, workdir: Path) -> subprocess.Pope
     """py-spy on the worker for ``--profile`` seconds of its drain.
 
     Blocking sampling (the worker is paused for each sample, a few per cent slower): without
-    it py-spy often reads half-built coroutine stacks, and the inclusive shares are wrong.
+    it py-spy often reads half-built coroutine stacks, and the inclusive shares are wrong. Only
+    samples holding the GIL (``--gil``): a thread waiting in a system call or preempted by
+    the broker (2 shared cores) is not spending this process's CPU.
     """
     spy = shutil.which("py-spy", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     if spy is None:
@@ -701,7 +902,7 @@ def start_profiler(pid: int, options: Options, workdir: Path) -> subprocess.Pope
     out = options.profile_out or workdir / "worker.pyspy.txt"
     options.profiles.append((f"worker, {options.profile_run}", out))
     return subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", f"{options.profile:.0f}",
-                             "--rate", "250", "--threads", "--format", "raw", "--output", str(out)],
+                             "--rate", "250", "--threads", "--gil", "--format", "raw", "--output", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -824,8 +1025,14 @@ def verdict(rows: dict[str, Row]) -> tuple[list[str], bool]:
     b = next((r for k in ("wk-preloaded", "wk-burst") if (r := rows.get(k)) and r.cpu and r.messages), None)
     if engine and b and engine.cpu and b.cpu:
         alone, worker = engine.cpu.total / engine.messages, b.cpu.total / b.messages
-        lines.append(f"CPU per intent: engine alone {1000 * alone:.2f} ms, worker {1000 * worker:.2f} ms "
-                     f"({b.run}): the Kafka shell is {100 * (1 - alone / worker):.0f} % of the worker's CPU")
+        shell = worker - alone
+        lines.append(f"CPU per intent: engine alone {1000 * alone:.3f} ms, worker {1000 * worker:.3f} ms "
+                     f"({b.run}): the shell (worker - engine) {1000 * shell:.3f} ms = {shell / alone:.1f}x the "
+                     f"engine (target <= 1.0x: {yes(shell <= alone)}), {100 * shell / worker:.0f} % of the worker's CPU")
+        a = rows.get("pt-preloaded")
+        if a and a.cpu and a.messages:
+            lines.append(f"CPU per intent of the pass-through (a): {1000 * a.cpu.total / a.messages:.3f} ms; "
+                         f"the shell over it: {shell / (a.cpu.total / a.messages):.1f}x")
     steady_row = rows.get("wk-steady")
     if steady_row and steady_row.latencies:
         p99 = 1000 * percentile(steady_row.latencies, 0.99)
@@ -833,9 +1040,12 @@ def verdict(rows: dict[str, Row]) -> tuple[list[str], bool]:
         ok &= met
         lines.append(f"worker p99 at the steady rate: {p99:,.1f} ms  (target ≤ {TARGET_P99_MS:.0f} ms: {yes(met)})")
     for key, row in rows.items():
-        if key.startswith("wk-steady-") and row.latencies:
-            lines.append(f"worker p99 at {row.run.rsplit(' ', 1)[-1]}: {1000 * percentile(row.latencies, 0.99):,.1f} ms "
-                         f"(p50 {row.ms(0.5)} ms)")
+        if key.startswith("wk-steady") and row.latencies:
+            anchor = rows.get("pt" + key.removeprefix("wk"))
+            beside = (f"; pass-through p99 {anchor.ms(0.99)} ms (p50 {anchor.ms(0.5)}) at load {anchor.load1:.2f}"
+                      if anchor else "")
+            lines.append(f"steady {row.run.rsplit(' ', 1)[-1]}: worker p99 {row.ms(0.99)} ms (p50 {row.ms(0.5)}, "
+                         f"{row.missing} missing) at load {row.load1:.2f}{beside}")
     return lines, ok
 
 
@@ -849,6 +1059,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rate", type=float, default=1_000.0, help="steady intents/s (default 1,000)")
     parser.add_argument("--low-rate", type=float, default=250.0,
                         help="also a steady run at this rate, below the worker's saturation (0: none)")
+    parser.add_argument("--rates", type=lambda text: [float(r) for r in text.split(",") if float(r)],
+                        help="steady runs at these intents/s, e.g. 250,500,1000,2000 (instead of --rate and --low-rate)")
     parser.add_argument("--duration", type=float, default=20.0, help="steady seconds measured (default 20)")
     parser.add_argument("--warmup", type=float, default=5.0,
                         help="steady seconds sent first, reported apart (from idle) and not counted")
@@ -860,13 +1072,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a smoke run: small sizes, short durations")
     parser.add_argument("--profile", type=float, nargs="?", const=20.0, default=0.0, metavar="SECONDS",
                         help="py-spy the worker for SECONDS of its burst run, print where the time goes")
-    parser.add_argument("--profile-run", choices=("burst", "steady"), default="burst",
+    parser.add_argument("--profile-run", choices=("burst", "steady", "preloaded"), default="burst",
                         help="the worker run --profile samples (steady: at --rate, after the warm-up)")
     parser.add_argument("--profile-out", type=Path, help="keep py-spy's collapsed stacks there")
+    parser.add_argument("--baseline", type=Path, metavar="TREE", action="append", default=[],
+                        help="also the preloaded run of the worker of another tree (a git archive of a commit "
+                             "before); may be given more than once")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="preloaded runs of each worker (this tree's and the baselines'), interleaved")
     parser.add_argument("--keep", type=Path, metavar="DIR", help="keep the workers' logs in DIR (default: removed)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     kit.add_json_option(parser)
-    parser.add_argument("--pass-through-child", nargs=4, metavar=("BOOTSTRAP", "SOURCE", "TARGET", "GROUP"),
+    parser.add_argument("--pass-through-child", nargs=5, metavar=("BOOTSTRAP", "SOURCE", "TARGET", "GROUP", "RECIPE"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
@@ -880,24 +1097,33 @@ async def measure(args: argparse.Namespace, bootstrap: str, workdir: Path) -> in
                       args.saturation, args.profile, args.profile_out, args.profile_run)
     print(f"worker throughput, broker {bootstrap}")
     kit.print_load("at the start")
-    low = f" and {args.low_rate:,.0f}/s" if args.low_rate else ""
-    print(f"  intents on {args.vms:,} VMs over {args.nodes} nodes; steady {args.rate:,.0f}/s{low} for {args.duration:.0f} s "
+    rates = args.rates if args.rates is not None else [args.rate, *([args.low_rate] if args.low_rate else [])]
+    print(f"  intents on {args.vms:,} VMs over {args.nodes} nodes; steady {', '.join(f'{r:,.0f}/s' for r in rates) or 'none'} "
+          f"for {args.duration:.0f} s "
           f"(+{args.warmup:.0f} s warm-up); burst/preloaded {args.saturation:,} messages")
     rows: dict[str, Row] = {}
     ok = True
     if args.only != "recovery":
         plan: list[tuple[str, str, Callable[[str, Options], Awaitable[Row]]]] = []
-        for rate in (args.rate, *([args.low_rate] if args.low_rate else [])):
+        for rate in rates:
             run_at = at_rate(rate)
             suffix = "" if rate == args.rate else f"-{rate:.0f}"
             plan += [(f"pt-steady{suffix}", "pass-through", run_at), (f"wk-steady{suffix}", "worker", run_at)]
         if not args.skip_burst:
             plan += [("pt-burst", "pass-through", burst), ("wk-burst", "worker", burst)]
-        plan += [("pt-preloaded", "pass-through", preloaded), ("wk-preloaded", "worker", preloaded)]
+        drains: list[tuple[str, str, Callable[[str, Options], Awaitable[Row]]]] = []
+        for round_ in range(args.repeat):
+            again = f"-{round_ + 1}" if round_ else ""
+            drains.append((f"wk-preloaded{again}", "worker", of_tree(None, again)))
+            drains += [(f"wk0-preloaded-{i}{again}", "baseline", of_tree(tree.resolve(), f"-{i}{again}"))
+                       for i, tree in enumerate(args.baseline)]
+        plan = [*drains, ("pt-preloaded", "pass-through", preloaded), *plan]
         for key, kind, run in plan:
             started = time.perf_counter()
             rows[key] = await run(kind, options)
             row = rows[key]
+            if key == "wk-preloaded" and options.recipe:
+                print(shape_table(options.recipe), flush=True)
             print(f"  {row.run}: {row.rate:,.0f} msgs/s, p99 {row.ms(0.99)} ms "
                   f"({time.perf_counter() - started:.0f} s, load {row.load1:.2f})", flush=True)
         rows["engine"] = engine_alone(options)

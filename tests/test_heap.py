@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from streams.common import metrics
-from streams.common.heap import Heap
+from streams.common.heap import YOUNG_OBJECTS, Heap
 
 
 class Clock:
@@ -35,11 +35,13 @@ def clock() -> Clock:
 @pytest.fixture
 def heap(clock: Clock) -> Iterator[Heap]:
     heap = Heap(full_every=600.0, clock=clock)
+    thresholds = gc.get_threshold()
     try:
         yield heap
-    finally:  # this test process must not keep a frozen heap
+    finally:  # this test process must not keep a frozen heap, nor rarer collections
         heap.unwatch()
         gc.unfreeze()
+        gc.set_threshold(*thresholds)
 
 
 def cycle() -> weakref.ref[Node]:
@@ -100,3 +102,9 @@ def test_collection_pauses_are_measured_by_generation(heap: Heap) -> None:
     before = pause_samples(2)
     heap.tend()
     assert pause_samples(2) > before
+
+
+def test_young_collections_are_made_rarer_from_the_first_tend(heap: Heap) -> None:
+    older = gc.get_threshold()[1:]
+    heap.tend()
+    assert gc.get_threshold() == (YOUNG_OBJECTS, *older)

@@ -12,6 +12,13 @@ collections skip. Each :meth:`Heap.freeze_survivors` first collects the young ge
 (young cycles are freed, not frozen) and then freezes the rest; the full collections
 CPython still starts then walk only what survived since, a few thousand objects.
 
+Young collections are made rarer too: CPython starts one each time 700 more container
+objects were allocated than freed, and a batch of 500 inputs keeps thousands alive until
+it is done, so the worker ran one every millisecond or so, each walking what the batch
+holds (some 5 % of its CPU at saturation: ``benchmarks/README.md``, worker_throughput).
+From the first :meth:`Heap.tend` on the threshold is :data:`YOUNG_OBJECTS`; objects freed by
+reference counting in between are never walked at all.
+
 The price: a cycle that becomes garbage after it was frozen is not freed until the next
 :meth:`Heap.collect_all`, which thaws everything and runs a full collection, once every
 ``full_every`` seconds. Objects freed by reference counting (nearly all of them: replaced
@@ -26,6 +33,8 @@ from collections.abc import Callable
 from typing import Any
 
 from streams.common import metrics
+
+YOUNG_OBJECTS = 10_000  # allocations less deallocations between young collections (CPython: 700)
 
 
 class Heap:
@@ -52,6 +61,7 @@ class Heap:
         The first call starts the policy: pauses are timed from then on."""
         if self.last_full is None:
             self.watch()
+            gc.set_threshold(YOUNG_OBJECTS, *gc.get_threshold()[1:])
         if self.last_full is None or self.clock() - self.last_full >= self.full_every:
             self.collect_all()
         else:

@@ -319,7 +319,7 @@ class Worker:
         kind = "unknown"
         source, now = _origin(event), self._time(event)
         try:
-            kind, results = self._decide_one(event)
+            kind, results = self._decide_one(event, source, now)
             # Each output encoded now, while a decision too large for the broker can still
             # become the input's dead letter instead.
             results = [self.engine.fitted(r, event.value, source, now, encode=self._encode) for r in results]
@@ -333,10 +333,10 @@ class Worker:
         metrics.DECISION_SECONDS.labels(kind).observe(time.perf_counter() - started)
         return results
 
-    def _decide_one(self, event: EventT[Any]) -> tuple[str, list[Result]]:
+    def _decide_one(self, event: EventT[Any], source: Source, now: datetime) -> tuple[str, list[Result]]:
         """A routed record read as its input (handlers/inputs.py), decided by the one entry."""
         kind = _headers(event).get(KIND_HEADER, b"").decode("utf-8", "replace")
-        input_ = routed_input(kind, event.value, _origin(event), self._time(event))
+        input_ = routed_input(kind, event.value, source, now)
         return kind_of(input_), self.engine.decide(self.state, input_)
 
     async def _publish(self, decided: list[tuple[EventT[Any], Result]]) -> None:
@@ -461,7 +461,10 @@ class Worker:
             return
         metrics.INPUTS.labels(audit.input.topic, audit.outcome).inc()
         quiet = audit.outcome in ("accepted", "ignored")  # the audit stream has every decision
-        log.log(logging.DEBUG if quiet else logging.INFO, "decided", extra={
+        level = logging.DEBUG if quiet else logging.INFO
+        if not log.isEnabledFor(level):  # most intents: their line's fields are not even gathered
+            return
+        log.log(level, "decided", extra={
             "ref": audit.input.ref, "topic": audit.input.topic, "key": audit.input.key,
             "outcome": audit.outcome, "reason": audit.reason, "commands": audit.commands,
             "notifications": audit.notifications,

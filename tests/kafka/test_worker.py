@@ -102,7 +102,9 @@ def test_the_same_intent_twice_has_one_effect(deployment: Deployment, outputs: O
     try:
         start_cluster(deployment, outputs)
         deployment.publish_lines([intent_line(SET_GPU, "vm/spx-proj-b/dev-1")] * 2)
-        outputs.wait_for(lambda o: len(o.audits(input__ref="it-gpu-1")) == 2, what="both audits")
+        # The audit records and the command are on partitions of their own, read in any order.
+        outputs.wait_for(lambda o: len(o.audits(input__ref="it-gpu-1")) == 2 and o.commands("patch_vm"),
+                         what="both audits and the command")
         assert sorted(a["outcome"] for a in outputs.audits(input__ref="it-gpu-1")) == ["accepted", "duplicate"]
         assert len(outputs.commands("patch_vm")) == 1
     finally:
