@@ -65,10 +65,11 @@ from streams.common.cloudevents import TraceBook, event_source, kafka_headers, r
 from streams.common.codecs import encode_message
 from streams.common.kafka_clients import consumer, producer
 from streams.common.probes import ProbeServer, add_probe_arguments
-from streams.common.reading import assign_from_start, read_to_end
+from streams.common.reading import assign_from_start, partitions_of, read_to_end
 from streams.common.settings import Settings
 from streams.common.signing import Keyring, KeyringError, open_sealed
 from streams.common.topics import ensure_topics
+from streams.kube.informing import UNKNOWN, PolicyCache, Unknown
 
 if TYPE_CHECKING:
     from kafka import KafkaConsumer, KafkaProducer
@@ -85,6 +86,8 @@ MERGE_PATCH = "application/merge-patch+json"
 # before the call so that the command redelivered after a crash is not sent twice.
 RESTART_ANNOTATION = "vmstream.io/restart"
 MAX_REPLANS = 5  # a VM that changes under us this often is being fought over: give up, say so
+CACHE_SYNC_SECONDS = 60.0  # at start, how long to wait for the policy's cache before reading live
+TOPIC_WAIT_SECONDS = 60.0  # at start, how long the commands topic may take to show its partitions
 
 T = TypeVar("T")
 
@@ -207,9 +210,11 @@ class KubeApplier:
         subresource_url: str | None = None,
         retry: RetryPolicy | None = None,
         project_label: str = LabelKeys().project,
+        cache: PolicyCache | None = None,
     ) -> None:
         self.api = api
         self.project_label = project_label
+        self.cache = cache  # what the policy reads, watched (streams/kube/informing.py); None: read live
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
         self.subresource_url = subresource_url.rstrip("/") if subresource_url else None
@@ -260,11 +265,7 @@ class KubeApplier:
         """What the command touches must be vmstream's to touch (handlers/policy.py)."""
         refusal = policy.target_refusal(command)
         if refusal is None and command.target.namespace:
-            namespace = command.target.namespace
-            labels = None if policy.is_system_namespace(namespace) else self._namespace_labels(namespace)
-            refusal = policy.namespace_refusal(namespace, labels, project_label=self.project_label)
-            if refusal is None and command.type == "create_vm":
-                refusal = policy.create_refusal(command, labels or {}, project_label=self.project_label)
+            refusal = self._namespace_refusal(command, command.target.namespace)
         if refusal is None and command.target.kind == "Node":
             try:
                 node = self._call(self.core.read_node, command.target.name)
@@ -279,9 +280,30 @@ class KubeApplier:
         if refusal is not None:
             raise Refused(refusal)
 
+    def _namespace_refusal(self, command: Command, namespace: str) -> str | None:
+        """Is ``namespace`` a project's, and the manifest of a ``create_vm`` its project's?
+
+        Judged on the watched copy of the namespace when it is current; a copy may only let
+        a command through: a refusal it gives is judged again on the namespace read live,
+        so a namespace labelled a moment ago is not refused (docs/security.md, "Reads from
+        a cache").
+        """
+        if policy.is_system_namespace(namespace):
+            return policy.namespace_refusal(namespace, None, project_label=self.project_label)
+        cached = self.cache.namespace_labels(namespace) if self.cache is not None else UNKNOWN
+        if not isinstance(cached, Unknown) and self._judge_namespace(command, namespace, cached) is None:
+            return None
+        return self._judge_namespace(command, namespace, self._namespace_labels(namespace))
+
+    def _judge_namespace(self, command: Command, namespace: str, labels: dict[str, str] | None) -> str | None:
+        refusal = policy.namespace_refusal(namespace, labels, project_label=self.project_label)
+        if refusal is None and command.type == "create_vm":
+            refusal = policy.create_refusal(command, labels or {}, project_label=self.project_label)
+        return refusal
+
     def _namespace_labels(self, namespace: str) -> dict[str, str] | None:
-        """The namespace's labels, read on every command. As JSON, not as a ``V1Namespace``:
-        the client's model building costs more CPU than the rest of a command's checks."""
+        """The namespace's labels, read live. As JSON, not as a ``V1Namespace``: the client's
+        model building costs more CPU than the rest of a command's checks."""
         try:
             response = self._call(self.core.read_namespace, namespace, _preload_content=False)
         except ApiException as exc:
@@ -371,7 +393,11 @@ class KubeApplier:
 
     def _patch_vm(self, command: Command) -> Applied:
         namespace, name = _where(command)
-        live = self._get_vm(namespace, name)
+        # The watched copy when it is the VM the command was planned against: the patch is
+        # sent under its resourceVersion, so if the VM moved on since, the answer is a 409
+        # and the VM is read live below.
+        cached = self.cache.vm(namespace, name, command.base_resource_version) if self.cache is not None else None
+        live = cached if cached is not None else self._get_vm(namespace, name)
         owner = _owner(live)
         try:
             if command.patch is not None and _rv(live) == command.base_resource_version:
@@ -773,8 +799,17 @@ class Applier:
             # Static membership and the session: back at once after a crash (settings.py).
             **self.settings.worker.client_consumer_settings(),
         )
+        cache = self.kube.cache
         try:
+            if cache is not None:
+                cache.start()
             ledger.catch_up()
+            if cache is not None and not cache.wait_synced(CACHE_SYNC_SECONDS):
+                log.warning("the policy's cache is not listed after %ss: reading live until it is",
+                            CACHE_SYNC_SECONDS)
+            # Joined before the topic is in the client's metadata, the group would assign this
+            # member nothing until the next metadata refresh, minutes later.
+            partitions_of(commands, [self.commands_topic], wait=TOPIC_WAIT_SECONDS)
             log.info("applier ready: %d commands already have a result", len(ledger.done))
             self.ready.set()
             with ThreadPoolExecutor(self.concurrency, thread_name_prefix="apply") as pool:
@@ -802,6 +837,8 @@ class Applier:
             commands.close()
             out.close()
             ledger.close()
+            if cache is not None:
+                cache.stop()
 
     @staticmethod
     def _commit(commands: KafkaConsumer, offsets: dict[Any, int]) -> None:
@@ -931,8 +968,9 @@ def _run(args: argparse.Namespace) -> int:
     reach_kafka(settings.kafka)
     ensure_topics(settings.kafka)
     with api:
+        cache = PolicyCache(api) if settings.apply.cache else None
         applier = Applier(settings, KubeApplier(api, subresource_url=args.subresource_url,
-                                                project_label=settings.labels.project))
+                                                project_label=settings.labels.project, cache=cache))
         return run_until_signalled(
             "apply", applier.run,
             lambda stop: ProbeServer(ready=lambda: applier.ready.is_set() and not stop.is_set(),

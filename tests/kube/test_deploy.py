@@ -70,10 +70,11 @@ WATCH_GRANTS: dict[tuple[str, str], set[str]] = {
     ("nodemaintenance.medik8s.io", "nodemaintenances"): {"list", "watch"},
 }
 APPLY_GRANTS: dict[tuple[str, str], set[str]] = {
-    ("kubevirt.io", "virtualmachines"): {"get", "create", "patch"},
+    # VMs and namespaces also listed and watched: the policy's copy (streams/kube/informing.py)
+    ("kubevirt.io", "virtualmachines"): {"get", "list", "watch", "create", "patch"},
     ("kubevirt.io", "virtualmachineinstances"): {"get", "delete"},
     ("", "nodes"): {"get", "patch"},
-    ("", "namespaces"): {"get"},  # is the target's namespace a project's (handlers/policy.py)
+    ("", "namespaces"): {"get", "list", "watch"},  # is the target's namespace a project's (handlers/policy.py)
     ("subresources.kubevirt.io", "virtualmachines/restart"): {"update"},
     ("subresources.kubevirt.io", "virtualmachines/start"): {"update"},
     ("subresources.kubevirt.io", "virtualmachines/stop"): {"update"},
