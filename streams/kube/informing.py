@@ -145,6 +145,8 @@ class Informer:
                 log.info("informer %s: %s; listing again", self.resource.name, error)
                 self.resource_version = None
             except Exception as error:  # the API server away, 403, a broken stream: retried, never fatal
+                if self._stop.is_set():
+                    return
                 failures += 1
                 wait = random.uniform(0, min(BACKOFF_CAP, BACKOFF_FIRST * 2 ** failures))
                 log.warning("informer %s failed (attempt %d): %s: %s; the applier reads live meanwhile, "
@@ -209,7 +211,8 @@ class Informer:
             for line in iter_resp_lines(response):
                 if self._stop.is_set():
                     return
-                self._event(json.loads(line))
+                if line:
+                    self._event(json.loads(line))
         finally:
             response.release_conn()
 
