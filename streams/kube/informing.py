@@ -18,9 +18,10 @@ copy is a 409, and the VM is read again live); a namespace's labels from the cac
 only let a command through, never refuse one (a refusal is read again live); the API
 server's admission policy judges every write against the live namespace.
 
-Objects are read raw (``_preload_content=False``) and kept as compact JSON bytes without
-``managedFields``: every :meth:`Informer.get` parses a fresh copy, so nobody can change
-the cache by changing what it was given, and 10,000 VMs take a few tens of MiB.
+Objects are read raw (``_preload_content=False``) and kept as the JSON text they came in
+(a watch event's line as it is: writing it again would cost more than reading it): every
+:meth:`Informer.get` parses a fresh copy, so nobody can change the cache by changing what
+it was given, and 10,000 VMs take a few tens of MiB.
 """
 
 from __future__ import annotations
@@ -76,9 +77,8 @@ def _key(obj: dict[str, Any]) -> str:
     return f"{namespace}/{metadata.get('name')}" if namespace else str(metadata.get("name"))
 
 
-def _compact(obj: dict[str, Any]) -> bytes:
-    (obj.get("metadata") or {}).pop("managedFields", None)
-    return json.dumps(obj, separators=(",", ":")).encode()
+# An object as kept: its JSON text, and whether that text is a watch event holding it.
+Kept = tuple[str, bool]
 
 
 class Informer:
@@ -91,7 +91,7 @@ class Informer:
         self.watch_seconds = watch_seconds
         self.clock = clock
         self.synced = threading.Event()  # the first list is in
-        self.objects: dict[str, bytes] = {}
+        self.objects: dict[str, Kept] = {}
         self.resource_version: str | None = None
         self.opened_at: float | None = None  # when the open watch was opened; None: no watch open
         self.lists = 0  # lists made: the first, and one after each 410
@@ -113,8 +113,12 @@ class Informer:
     def get(self, key: str) -> dict[str, Any] | None:
         """A fresh copy of the object named ``key`` (``namespace/name``, or ``name`` for a
         cluster-scoped one), or None when the copy has none. Ask :meth:`current` first."""
-        raw = self.objects.get(key)
-        return json.loads(raw) if raw is not None else None
+        kept = self.objects.get(key)
+        if kept is None:
+            return None
+        text, is_event = kept
+        obj: dict[str, Any] = json.loads(text)
+        return obj["object"] if is_event else obj
 
     # --- running -------------------------------------------------------------------------
 
@@ -174,7 +178,7 @@ class Informer:
     def _list(self) -> None:
         """Every object, page by page (one consistent snapshot), replacing the copy."""
         accept = METADATA_ONLY if self.resource.metadata_only else "application/json"
-        listed: dict[str, bytes] = {}
+        listed: dict[str, Kept] = {}
         token: str | None = None
         while True:
             params: dict[str, Any] = {"limit": LIST_PAGE}
@@ -186,7 +190,8 @@ class Informer:
             finally:
                 response.release_conn()
             for item in page.get("items") or []:
-                listed[_key(item)] = _compact(item)
+                (item.get("metadata") or {}).pop("managedFields", None)
+                listed[_key(item)] = (json.dumps(item, separators=(",", ":")), False)
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 break
@@ -212,11 +217,12 @@ class Informer:
                 if self._stop.is_set():
                     return
                 if line:
-                    self._event(json.loads(line))
+                    self._event(line)
         finally:
             response.release_conn()
 
-    def _event(self, event: dict[str, Any]) -> None:
+    def _event(self, line: str) -> None:
+        event = json.loads(line)
         kind, obj = event.get("type"), event.get("object") or {}
         if kind == "ERROR":
             if obj.get("code") == 410:
@@ -224,7 +230,7 @@ class Informer:
             raise RuntimeError(f"watch error {obj.get('code')}: {obj.get('message')}")
         rv = (obj.get("metadata") or {}).get("resourceVersion")
         if kind in ("ADDED", "MODIFIED"):
-            self.objects[_key(obj)] = _compact(obj)
+            self.objects[_key(obj)] = (line, True)
         elif kind == "DELETED":
             self.objects.pop(_key(obj), None)
         if rv:
