@@ -74,7 +74,6 @@ from streams.kube.informing import UNKNOWN, PolicyCache, Unknown
 if TYPE_CHECKING:
     from kafka import KafkaConsumer, KafkaProducer
     from kafka.consumer.fetcher import ConsumerRecord
-    from kafka.producer.future import FutureRecordMetadata
     from pydantic import BaseModel
 
 log = logging.getLogger(__name__)
@@ -650,9 +649,6 @@ def _log_failed_commit(offsets: Any, response: Any) -> None:
 # What one command read comes to: messages to publish first (notification, audit record or
 # dead letter), then its result.
 Outputs = tuple[list[tuple[str, str, "BaseModel"]], list[tuple[str, str, "BaseModel"]]]
-# The same once the first messages are sent (as soon as the command is settled): the sends to
-# wait for, then the result, published only at its turn in its partition.
-Settled = tuple[list["FutureRecordMetadata"], list[tuple[str, str, "BaseModel"]]]
 
 
 class Lanes:
@@ -664,12 +660,12 @@ class Lanes:
     order, and :meth:`release` hands out only the prefix of each that is settled.
     """
 
-    def __init__(self, pool: ThreadPoolExecutor, apply: Callable[[Command], Settled]) -> None:
+    def __init__(self, pool: ThreadPoolExecutor, apply: Callable[[Command], Outputs]) -> None:
         self.pool = pool
         self.apply = apply
         self.changed = threading.Condition()
         self.waiting: dict[str, deque[tuple[list[Any], Command]]] = {}  # key → its lane, the running one first
-        self.partitions: dict[Any, deque[list[Any]]] = {}  # partition → [offset, Settled or None], in offset order
+        self.partitions: dict[Any, deque[list[Any]]] = {}  # partition → [offset, Outputs or None], in offset order
         self.running = 0  # commands started and not settled
         self.unreleased = 0  # commands read and not released: what bounds reading
         self.failure: BaseException | None = None
@@ -684,7 +680,7 @@ class Lanes:
         with self.changed:
             return any(self.partitions.values())
 
-    def settled(self, tp: Any, offset: int, outputs: Settled) -> None:
+    def settled(self, tp: Any, offset: int, outputs: Outputs) -> None:
         """A command read that needs no API call: released in its turn."""
         with self.changed:
             self.partitions.setdefault(tp, deque()).append([offset, outputs])
@@ -736,9 +732,9 @@ class Lanes:
             while self.running and self.failure is None:
                 self.changed.wait()
 
-    def release(self) -> tuple[list[FutureRecordMetadata], list[tuple[str, str, BaseModel]], dict[Any, int]]:
-        """The settled prefix of every partition: its sends, its results, and the offset to commit."""
-        first: list[FutureRecordMetadata] = []
+    def release(self) -> tuple[list[tuple[str, str, BaseModel]], list[tuple[str, str, BaseModel]], dict[Any, int]]:
+        """The settled prefix of every partition: its outputs, and the offset to commit."""
+        first: list[tuple[str, str, BaseModel]] = []
         results: list[tuple[str, str, BaseModel]] = []
         offsets: dict[Any, int] = {}
         with self.changed:
@@ -822,7 +818,7 @@ class Applier:
             log.info("applier ready: %d commands already have a result", len(ledger.done))
             self.ready.set()
             with ThreadPoolExecutor(self.concurrency, thread_name_prefix="apply") as pool:
-                lanes = Lanes(pool, lambda command: self._sent_first(out, self._outputs(command, self.apply_one(command))))
+                lanes = Lanes(pool, lambda command: self._outputs(command, self.apply_one(command)))
                 # A partition taken away mid-flight: what was read of it is finished, published
                 # and committed first, so its next owner starts where this one stopped.
                 commands.subscribe([self.commands_topic],
@@ -838,7 +834,7 @@ class Applier:
                             ledger.catch_up()
                             for tp, records in batch.items():
                                 for record in records:
-                                    self._admit(tp, record, ledger, lanes, out)
+                                    self._admit(tp, record, ledger, lanes)
                     self._release(lanes, commands, out)
                     metrics.record_client_lag(commands)
                 self._release(lanes, commands, out, wait=True)
@@ -865,20 +861,20 @@ class Applier:
         except CommitFailedError as exc:  # a rebalance took the partition: the ledger covers it
             log.warning("commit failed (partition moved?): %s", exc)
 
-    def _admit(self, tp: Any, record: ConsumerRecord, ledger: ResultLedger, lanes: Lanes, out: KafkaProducer) -> None:
+    def _admit(self, tp: Any, record: ConsumerRecord, ledger: ResultLedger, lanes: Lanes) -> None:
         """One command read: set going behind the commands of its key, or settled at once
         (malformed: a dead letter; not sealed by the worker: refused; already done: skipped)."""
         dead: list[tuple[str, str, BaseModel]] = []
         command = self._parse(record, dead)
         if command is None:
-            lanes.settled(tp, record.offset, (self._send_now(out, dead), []))
+            lanes.settled(tp, record.offset, (dead, []))
             return
         problem = self.keyring.problem("command", command)
         if problem is not None:  # not the worker's: refused, and it marks nothing done
             log.warning("command %s at %s:%d:%d is not sealed by the worker (%s): refused",
                         command.command_id[:80], record.topic, record.partition, record.offset, problem)
             decision = policy.unauthenticated(command, reason=problem, now=self.clock(), topic=self.commands_topic)
-            lanes.settled(tp, record.offset, self._sent_first(out, self._outputs(command, decision)))
+            lanes.settled(tp, record.offset, self._outputs(command, decision))
             return
         if command.command_id in ledger:
             log.info("command %s already has a result: skipped", command.command_id)
@@ -896,31 +892,22 @@ class Applier:
         first.append((self.kafka.topic(AUDIT), decision.audit.input.key or "", decision.audit))
         return first, [(self.kafka.topic(COMMAND_RESULTS), subject_key(command.target), decision.result)]
 
-    def _sent_first(self, out: KafkaProducer, outputs: Outputs) -> Settled:
-        """Send a settled command's notification and audit record now; its result waits for
-        its turn (:meth:`_release`)."""
-        first, results = outputs
-        return self._send_now(out, first), results
-
     def _release(self, lanes: Lanes, commands: KafkaConsumer, out: KafkaProducer, *, wait: bool = False) -> None:
         """Publish what the commands at the head of each partition came to, and commit past them.
 
         Only a prefix of each partition is released: a command still in flight holds back
         the ones read after it on its partition (their effects are in the API server, their
         results wait), so the committed offset never passes a command that has no result.
-        Notifications and audit records first — sent as each command settled, acknowledged
-        before any result goes — the results last: they are what marks a command done, for
-        this applier and the next. The offsets are committed once the results are
-        acknowledged; the loop waits for that commit only when it stops or hands partitions
-        over (``wait``).
+        Notifications and audit records first, the results last: they are what marks a
+        command done, for this applier and the next. The offsets are committed once the
+        results are acknowledged; the loop waits for that commit only when it stops or hands
+        partitions over (``wait``).
         """
         if wait:
             lanes.wait_until_idle()
         first, results, offsets = lanes.release()
         if first:
-            out.flush()
-            for future in first:
-                future.get(timeout=30)
+            self._send(out, first)
         if results:
             self._send(out, results)
         if offsets:
@@ -962,19 +949,15 @@ class Applier:
                                   decision.notification)
         return decision
 
-    def _send_now(self, out: KafkaProducer, messages: Sequence[tuple[str, str, BaseModel]]) -> list[FutureRecordMetadata]:
-        """Hand ``messages`` to the producer; each record carries the CloudEvents headers and
-        the trace of the command it comes of (streams/common/cloudevents.py)."""
-        return [
+    def _send(self, out: KafkaProducer, messages: Sequence[tuple[str, str, BaseModel]]) -> None:
+        """Send and wait for the broker; each record carries the CloudEvents headers and the
+        trace of the command it comes of (streams/common/cloudevents.py)."""
+        futures = [
             out.send(topic, key=key.encode() if key else None, value=encode_message(value, keyring=self.keyring),
                      headers=list(kafka_headers(value, source=self.event_source, trace=self.traces.trace(ref_of(value)),
                                                 time=self.clock()).items()))
             for topic, key, value in messages
         ]
-
-    def _send(self, out: KafkaProducer, messages: Sequence[tuple[str, str, BaseModel]]) -> None:
-        """Send and wait for the broker."""
-        futures = self._send_now(out, messages)
         out.flush()
         for future in futures:
             future.get(timeout=30)
