@@ -16,8 +16,10 @@ the patch is planned again from the live VM with the very functions the worker p
 with (:func:`~handlers.gpus.desired_vm`, :func:`~handlers.gpus.plan_patch`), so only the
 GPU fields are ever touched and nobody else's change is clobbered.
 
-Effectively once: the command-results topic is the ledger. At start-up (and before every
-batch, so a rebalance hands over what another applier did) it is read to the end; a command
+Effectively once: the command-results topic is the ledger. At start-up (and before the
+first batch after partitions are assigned, so a rebalance hands over what another applier
+did) it is read to the end, and before every other batch what has arrived of it is taken;
+a command
 whose id already has a result is skipped, with no second effect and no second result. The
 result is published last and the offset committed after it, so a crash in between
 re-applies a command: the level-based rules make that a ``noop``. A restart cannot be
@@ -595,7 +597,8 @@ class ResultLedger:
     """Which commands already have a result, read from the command-results topic itself.
 
     The topic is the record (no local state to lose): read from the beginning at start-up,
-    then caught up before every batch, so results another applier published count too.
+    then read to the end again after a rebalance, and what has arrived taken before every
+    other batch, so results another applier published count too.
     Only results sealed by an applier count (streams/common/signing.py), and not those refusing an
     unsealed command: anyone could publish either under a real command's id.
     """
@@ -622,6 +625,12 @@ class ResultLedger:
         """Read every result up to the end offsets as they are now."""
         for record in read_to_end(self.consumer, self.partitions, stall=timeout):
             self._read(record.value)
+
+    def take_arrived(self) -> None:
+        """Read the results already fetched, without waiting for more."""
+        for records in self.consumer.poll(timeout_ms=0).values():
+            for record in records:
+                self._read(record.value)
 
     def _read(self, raw: bytes | None) -> None:
         result, problem = open_sealed(CommandResult, raw or b"", "command-result", self.keyring)
@@ -755,12 +764,13 @@ class _SettleOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]  # kafka
 
     def __init__(self, settle: Callable[[], None]) -> None:
         self.settle = settle
+        self.assigned = False  # partitions came since the ledger last read to its end
 
     def on_partitions_revoked(self, revoked: Any) -> None:
         self.settle()
 
     def on_partitions_assigned(self, assigned: Any) -> None:
-        pass
+        self.assigned = True
 
 
 class Applier:
@@ -821,8 +831,8 @@ class Applier:
                 lanes = Lanes(pool, lambda command: self._outputs(command, self.apply_one(command)))
                 # A partition taken away mid-flight: what was read of it is finished, published
                 # and committed first, so its next owner starts where this one stopped.
-                commands.subscribe([self.commands_topic],
-                                   listener=_SettleOnRevoke(lambda: self._release(lanes, commands, out, wait=True)))
+                rebalance = _SettleOnRevoke(lambda: self._release(lanes, commands, out, wait=True))
+                commands.subscribe([self.commands_topic], listener=rebalance)
                 while not stop.is_set():
                     if lanes.in_flight() >= self.max_in_flight:
                         lanes.wait_for_change(timeout=0.5)
@@ -831,7 +841,14 @@ class Applier:
                         batch = commands.poll(timeout_ms=20 if lanes.pending() else 500,
                                               max_records=self.max_in_flight - lanes.in_flight())
                         if batch:
-                            ledger.catch_up()
+                            # Partitions handed over: what their last owner applied is read
+                            # to the end first. Otherwise the results that have come are
+                            # taken as they are, without a round trip to the broker.
+                            if rebalance.assigned:
+                                ledger.catch_up()
+                                rebalance.assigned = False
+                            else:
+                                ledger.take_arrived()
                             for tp, records in batch.items():
                                 for record in records:
                                     self._admit(tp, record, ledger, lanes)
