@@ -90,6 +90,10 @@ RESTART_ANNOTATION = "vmstream.io/restart"
 MAX_REPLANS = 5  # a VM that changes under us this often is being fought over: give up, say so
 CACHE_SYNC_SECONDS = 60.0  # at start, how long to wait for the policy's cache before reading live
 TOPIC_WAIT_SECONDS = 60.0  # at start, how long the commands topic may take to show its partitions
+# Commands whose write the API server's admission policy judges against the namespace
+# (deploy/base/admission-apply.yaml): only for these may the policy read the namespace from
+# its copy. Start, stop and restart go through virt-api, which that policy does not see.
+JUDGED_AGAIN_BY_ADMISSION = frozenset({"patch_vm", "create_vm", "delete_vmi"})
 
 T = TypeVar("T")
 
@@ -285,14 +289,16 @@ class KubeApplier:
     def _namespace_refusal(self, command: Command, namespace: str) -> str | None:
         """Is ``namespace`` a project's, and the manifest of a ``create_vm`` its project's?
 
-        Judged on the watched copy of the namespace when it is current; a copy may only let
-        a command through: a refusal it gives is judged again on the namespace read live,
-        so a namespace labelled a moment ago is not refused (docs/security.md, "Reads from
-        a cache").
+        Judged on the watched copy of the namespace when it is current, for the commands
+        whose writes the API server's admission policy judges again against the namespace
+        (:data:`JUDGED_AGAIN_BY_ADMISSION`); a copy may only let a command through: a
+        refusal it gives is judged again on the namespace read live, so a namespace labelled
+        a moment ago is not refused (docs/security.md, "Reads from a cache").
         """
         if policy.is_system_namespace(namespace):
             return policy.namespace_refusal(namespace, None, project_label=self.project_label)
-        cached = self.cache.namespace_labels(namespace) if self.cache is not None else UNKNOWN
+        cached = (self.cache.namespace_labels(namespace)
+                  if self.cache is not None and command.type in JUDGED_AGAIN_BY_ADMISSION else UNKNOWN)
         if not isinstance(cached, Unknown) and self._judge_namespace(command, namespace, cached) is None:
             return None
         return self._judge_namespace(command, namespace, self._namespace_labels(namespace))

@@ -10,13 +10,16 @@ no project's is read again live before a refusal; a copy that is not current is 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kubernetes import client
 
-from handlers.messages import Command
+from handlers import ids
+from handlers.decisions import subject_key
+from handlers.messages import Command, ObjectRef
 from harness.scenarios import A100, PROJECT_LABEL
 from harness.scenarios import vm as scenario_vm
 from streams.kube.applying import KUBEVIRT, KubeApplier
@@ -246,3 +249,21 @@ def test_a_namespace_no_longer_a_projects_is_refused_once_the_copy_shows_it(
     applied = KubeApplier(api, cache=cache).apply(set_gpu(vm))
     assert applied.refused and "not a project namespace" in (applied.error or "")
     assert "gpus" not in get_vm(api, kube_namespace, "vm-1")["spec"]["template"]["spec"]["domain"]["devices"]
+
+
+def test_a_start_stop_or_restart_reads_the_namespace_live_whatever_the_copy_says(
+    api: client.ApiClient, kube_namespace: str
+) -> None:
+    """virt-api's writes pass no admission policy of vmstream's: their namespace is never
+    judged on the copy, even one that calls it a project's."""
+    client.CoreV1Api(api).patch_namespace(kube_namespace, {"metadata": {"labels": {PROJECT_LABEL: "proj-a"}}})
+    create_vm(api, kube_namespace, "vm-1")
+    client.CoreV1Api(api).patch_namespace(kube_namespace, {"metadata": {"labels": {PROJECT_LABEL: None}}})
+    stale = StaleCache({PROJECT_LABEL: "proj-a"}, None)
+    for type_ in ("start_vm", "stop_vm", "restart_vm"):
+        target = ObjectRef(kind="VirtualMachine", namespace=kube_namespace, name="vm-1")
+        cause = f"test-{type_}"
+        command = Command(command_id=ids.command_id(cause, type_, subject_key(target)), type=type_, target=target,
+                          cause=cause, issued_at=datetime.now(UTC), requested_by=OWNER)
+        applied = KubeApplier(api, cache=stale).apply(command)  # type: ignore[arg-type]
+        assert applied.refused and "not a project namespace" in (applied.error or ""), type_
