@@ -94,6 +94,8 @@ TOPIC_WAIT_SECONDS = 60.0  # at start, how long the commands topic may take to s
 # (deploy/base/admission-apply.yaml): only for these may the policy read the namespace from
 # its copy. Start, stop and restart go through virt-api, which that policy does not see.
 JUDGED_AGAIN_BY_ADMISSION = frozenset({"patch_vm", "create_vm", "delete_vmi"})
+COMMIT_SECONDS = 0.5  # offsets committed at most this often while running: each commit is a request
+LEDGER_FETCH_BYTES, LEDGER_FETCH_WAIT_MS = 64 * 1024, 250  # the ledger fetches in batches
 
 T = TypeVar("T")
 
@@ -617,6 +619,9 @@ class ResultLedger:
         self.consumer: KafkaConsumer = consumer(
             settings.kafka, enable_auto_commit=False, isolation_level="read_committed",
             client_id=f"{settings.worker.app_id}-applier-ledger",
+            # Not one fetch per result: the applier's own results it knows already, and what
+            # other appliers did matters after a rebalance, which reads to the end anyway.
+            fetch_min_bytes=LEDGER_FETCH_BYTES, fetch_max_wait_ms=LEDGER_FETCH_WAIT_MS,
         )
         self.partitions = assign_from_start(self.consumer, [self.topic], wait=timeout)
         self.done: set[str] = set()
@@ -804,6 +809,8 @@ class Applier:
         self.event_source = event_source("applier", settings.worker.app_id)  # CloudEvents ``source``
         self.traces = TraceBook()  # each command's trace, carried by what comes of it (docs/integrators.md)
         self.ready = threading.Event()
+        self.uncommitted: dict[Any, int] = {}  # partition → offset past its last released command
+        self.committed_at = 0.0
         self.keyring = settings.signing.keyring()
         if not self.keyring or self.keyring.active is None:
             raise KeyringError("the applier needs the signing keys the worker seals commands with, and one to "
@@ -923,8 +930,10 @@ class Applier:
         results wait), so the committed offset never passes a command that has no result.
         Notifications and audit records first, the results last: they are what marks a
         command done, for this applier and the next. The offsets are committed once the
-        results are acknowledged; the loop waits for that commit only when it stops or hands
-        partitions over (``wait``).
+        results are acknowledged, at most every :data:`COMMIT_SECONDS`; the loop waits for
+        that commit only when it stops or hands partitions over (``wait``). A commit not
+        made when the process dies only means commands read again: the ledger, read at
+        start, skips them.
         """
         if wait:
             lanes.wait_until_idle()
@@ -933,8 +942,10 @@ class Applier:
             self._send(out, first)
         if results:
             self._send(out, results)
-        if offsets:
-            self._commit(commands, offsets, wait=wait)
+        self.uncommitted.update(offsets)
+        if self.uncommitted and (wait or time.monotonic() - self.committed_at >= COMMIT_SECONDS):
+            self._commit(commands, self.uncommitted, wait=wait)
+            self.uncommitted, self.committed_at = {}, time.monotonic()
 
     def _parse(self, record: ConsumerRecord, dead: list[tuple[str, str, BaseModel]]) -> Command | None:
         key = record.key.decode("utf-8", "replace") if record.key else None
