@@ -844,7 +844,8 @@ class Applier:
                 lanes = Lanes(pool, lambda command: self._outputs(command, self.apply_one(command)))
                 # A partition taken away mid-flight: what was read of it is finished, published
                 # and committed first, so its next owner starts where this one stopped.
-                rebalance = _SettleOnRevoke(lambda: self._release(lanes, commands, out, wait=True))
+                # (kafka-python calls it on its network thread, where a commit cannot be waited for.)
+                rebalance = _SettleOnRevoke(lambda: self._release(lanes, commands, out, wait=True, sync=False))
                 commands.subscribe([self.commands_topic], listener=rebalance)
                 while not stop.is_set():
                     if lanes.in_flight() >= self.max_in_flight:
@@ -922,7 +923,8 @@ class Applier:
         first.append((self.kafka.topic(AUDIT), decision.audit.input.key or "", decision.audit))
         return first, [(self.kafka.topic(COMMAND_RESULTS), subject_key(command.target), decision.result)]
 
-    def _release(self, lanes: Lanes, commands: KafkaConsumer, out: KafkaProducer, *, wait: bool = False) -> None:
+    def _release(self, lanes: Lanes, commands: KafkaConsumer, out: KafkaProducer, *, wait: bool = False,
+                 sync: bool = True) -> None:
         """Publish what the commands at the head of each partition came to, and commit past them.
 
         Only a prefix of each partition is released: a command still in flight holds back
@@ -931,9 +933,10 @@ class Applier:
         Notifications and audit records first, the results last: they are what marks a
         command done, for this applier and the next. The offsets are committed once the
         results are acknowledged, at most every :data:`COMMIT_SECONDS`; the loop waits for
-        that commit only when it stops or hands partitions over (``wait``). A commit not
-        made when the process dies only means commands read again: the ledger, read at
-        start, skips them.
+        that commit only when it stops (``wait`` and ``sync``; handing partitions over it
+        cannot: the commit is sent, not waited for). A commit not made when the process dies
+        or a partition moves only means commands read again: the ledger, read to its end at
+        start and after an assignment, skips them.
         """
         if wait:
             lanes.wait_until_idle()
@@ -944,7 +947,7 @@ class Applier:
             self._send(out, results)
         self.uncommitted.update(offsets)
         if self.uncommitted and (wait or time.monotonic() - self.committed_at >= COMMIT_SECONDS):
-            self._commit(commands, self.uncommitted, wait=wait)
+            self._commit(commands, self.uncommitted, wait=wait and sync)
             self.uncommitted, self.committed_at = {}, time.monotonic()
 
     def _parse(self, record: ConsumerRecord, dead: list[tuple[str, str, BaseModel]]) -> Command | None:

@@ -43,6 +43,7 @@ def cache(api: client.ApiClient) -> Iterator[PolicyCache]:
     started = PolicyCache(api).start()
     try:
         assert started.wait_synced(60), "the copy was never listed"
+        eventually(started.namespaces.current, "the copy's watch open")
         yield started
     finally:
         started.stop()
@@ -106,7 +107,7 @@ class StaleCache:
 def test_the_copy_is_listed_then_follows_the_watch(
     api: client.ApiClient, project_namespace: str, cache: PolicyCache
 ) -> None:
-    assert cache.namespaces.current() and cache.vms.synced.is_set()
+    assert cache.vms.synced.is_set()
     assert (cache.namespace_labels(project_namespace) or {}).get(PROJECT_LABEL) == "proj-a"
     created = create_vm(api, project_namespace, "vm-1")
     rv = created["metadata"]["resourceVersion"]
