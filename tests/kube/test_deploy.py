@@ -938,8 +938,8 @@ def test_requests_made_as_the_service_accounts_are_allowed_or_forbidden(
                 "list vms": 200, "list nodes": 200, "get vm": 403, "patch vm": 403,
                 "patch node": 403, "delete node": 403, "list secrets": 403,
             },
-            APPLY: {
-                "list vms": 403, "list nodes": 403, "get vm": 200, "patch vm": 200,
+            APPLY: {  # VMs listed and watched for its policy's copy (streams/kube/informing.py)
+                "list vms": 200, "list nodes": 403, "get vm": 200, "patch vm": 200,
                 "patch node": 200, "delete node": 403, "list secrets": 403,
             },
             WORKER: {
