@@ -810,7 +810,7 @@ class Applier:
         self.traces = TraceBook()  # each command's trace, carried by what comes of it (docs/integrators.md)
         self.ready = threading.Event()
         self.uncommitted: dict[Any, int] = {}  # partition → offset past its last released command
-        self.committed_at = 0.0
+        self.committed_at = time.monotonic()
         self.keyring = settings.signing.keyring()
         if not self.keyring or self.keyring.active is None:
             raise KeyringError("the applier needs the signing keys the worker seals commands with, and one to "
