@@ -1,21 +1,23 @@
 """How fast the applier patches VMs, against the API server's own rate for the same patches.
 
-One run, one local kube-apiserver (KubeVirt's CRDs) and one broker, four sets of fresh VMs:
+One run, one local kube-apiserver (KubeVirt's CRDs) and one broker, five sets of fresh VMs:
 
 * **anchor** — the very JSON patches the applier sends (the GPU rules' patch guarded by the
   VM's ``resourceVersion``), sent straight to the API server by a plain kubernetes client
   from ``--threads`` threads;
-* **anchor with reads** — the same, each patch after the two reads the applier makes
-  first (the namespace's labels and the live VM, for its policy): the requests it sends;
+* **anchor with reads** — the same, each patch after the two reads the applier made
+  first before its policy read from a watched copy (the namespace's labels and the live VM);
 * **applier** — the same patches as sealed ``patch_vm`` commands, all on the commands topic
   at once, applied by ``vmstream apply`` (its own process, ``apply.concurrency`` =
-  ``--threads``);
+  ``--threads``), its policy reading from its watched copy (``apply.cache``, the default);
+* **applier, live reads** — the same with ``apply.cache: false``: a second ``vmstream apply``
+  (its own group and commands topic) that reads the namespace and the VM before each patch;
 * **paced** — commands published one by one at half the anchor's rate (``--paced-rate``):
   latency from a command handed to the producer to the VM seen patched.
 
 A VM counts as patched when the benchmark's own watch on the API server shows the GPU in
 its template; a rate is VMs / (last patch seen − first request or command sent), summed over
-``--rounds`` rounds in which the three saturating runs take turns.
+``--rounds`` rounds in which the four saturating runs take turns.
 
     .venv/bin/python benchmarks/apply_rate.py                 # 600 VMs per set
     .venv/bin/python benchmarks/apply_rate.py --small         # 100 VMs per set, a quick run
@@ -83,7 +85,7 @@ def wait_patched(watcher: PatchWatcher, names: list[str], timeout: float = 900.0
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--vms", type=int, default=600, help="VMs per set (four sets)")
+    parser.add_argument("--vms", type=int, default=600, help="VMs per set (five sets)")
     parser.add_argument("--threads", type=int, default=8, help="the anchor's threads")
     parser.add_argument("--concurrency", type=int, help="the applier's apply.concurrency (default: --threads)")
     parser.add_argument("--paced-rate", type=float, help="commands/s of the paced run (default: half the anchor's rate)")
@@ -101,13 +103,14 @@ def main() -> int:
         api = client.ApiClient(api.configuration)  # its pool sized for the anchor's threads
         client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE, "labels": {PROJECT_LABEL: "bench"}}})
         custom = client.CustomObjectsApi(api)
-        sets = {part: [f"{part}-{i:05d}" for i in range(count)] for part in ("anchor", "reads", "applier", "paced")}
+        parts = ("anchor", "reads", "applier", "live", "paced")
+        sets = {part: [f"{part}-{i:05d}" for i in range(count)] for part in parts}
         started = time.monotonic()
         with ThreadPoolExecutor(args.threads) as pool:
             list(pool.map(lambda n: custom.create_namespaced_custom_object(*KUBEVIRT, NAMESPACE, "virtualmachines",
                                                                             vm_body(n)),
                           [name for names in sets.values() for name in names]))
-        print(f"created {4 * count} VMs in {time.monotonic() - started:.1f}s")
+        print(f"created {len(parts) * count} VMs in {time.monotonic() - started:.1f}s")
         patches = planned(custom, [name for names in sets.values() for name in names])
 
         deployment = kit.new_deployment(bootstrap, workdir)
@@ -117,6 +120,17 @@ def main() -> int:
                                  env={"VMSTREAM_APPLY__CONCURRENCY": str(concurrency)})
         applier.start()
         stack.callback(applier.stop)
+        # The same applier reading live (apply.cache false), on a deployment of its own.
+        (workdir / "live").mkdir()
+        live_deployment = kit.new_deployment(bootstrap, workdir / "live")
+        stack.callback(live_deployment.delete_topics)
+        live_applier = ApplierProcess(live_deployment, "apply-live",
+                                      ["apply", "--config", str(CONFIG), "--kubeconfig", str(kube.kubeconfig),
+                                       "--probe-port", "0"],
+                                      env={"VMSTREAM_APPLY__CONCURRENCY": str(concurrency),
+                                           "VMSTREAM_APPLY__CACHE": "false"})
+        live_applier.start()
+        stack.callback(live_applier.stop)
 
         listed = custom.list_namespaced_custom_object(*KUBEVIRT, NAMESPACE, "virtualmachines", limit=1)
         watcher = PatchWatcher(api, listed["metadata"]["resourceVersion"])
@@ -141,7 +155,7 @@ def main() -> int:
         keyring = deployment.signing.keyring()
         topic = deployment.kafka.topic("commands")
 
-        def sealed(name: str) -> tuple[str, bytes]:
+        def sealed(name: str, keyring: Any = keyring) -> tuple[str, bytes]:
             patch, rv = patches[name]
             target = ObjectRef(kind="VirtualMachine", namespace=NAMESPACE, name=name)
             cause = f"bench-{deployment.ident}-{name}"
@@ -152,13 +166,15 @@ def main() -> int:
 
         sender = producer(deployment.kafka, linger_ms=0)
         stack.callback(sender.close)
-        assert applier.process is not None
-        pid = applier.process.pid
+        assert applier.process is not None and live_applier.process is not None
+        pids = {"applier": applier.process.pid, "live": live_applier.process.pid}
+        topics = {"applier": topic, "live": live_deployment.kafka.topic("commands")}
+        keyrings = {"applier": keyring, "live": live_deployment.signing.keyring()}
 
-        # The three in turn, a share of each set per round: a load that changes during the
-        # run weighs on all three alike.
-        spent = {"anchor": 0.0, "reads": 0.0, "applier": 0.0}
-        cpu = {"anchor": 0.0, "applier": 0.0}
+        # The four in turn, a share of each set per round: a load that changes during the
+        # run weighs on all four alike.
+        spent = {"anchor": 0.0, "reads": 0.0, "applier": 0.0, "live": 0.0}
+        cpu = {"anchor": 0.0, "applier": 0.0, "live": 0.0}
         for round_ in range(args.rounds):
             share = {part: names[round_::args.rounds] for part, names in sets.items()}
             print(f"round {round_ + 1}/{args.rounds}: {len(share['anchor'])} VMs each, {kit.load_average()}")
@@ -171,15 +187,17 @@ def main() -> int:
             with ThreadPoolExecutor(args.threads) as pool:
                 list(pool.map(read_and_send, share["reads"]))
             spent["reads"] += wait_patched(watcher, share["reads"]) - first
-            commands = [sealed(name) for name in share["applier"]]
-            first, before = time.monotonic(), kit.cpu_of(pid).total
-            for key, value in commands:
-                sender.send(topic, key=key.encode(), value=value)
-            sender.flush()
-            spent["applier"] += wait_patched(watcher, share["applier"]) - first
-            cpu["applier"] += kit.cpu_of(pid).total - before  # until the last patch
-        anchor_rate, reads_rate, applier_rate = (count / spent[part] for part in ("anchor", "reads", "applier"))
-        anchor_cpu, applier_cpu = (1000 * cpu[part] / count for part in ("anchor", "applier"))
+            for part in ("applier", "live"):
+                commands = [sealed(name, keyrings[part]) for name in share[part]]
+                first, before = time.monotonic(), kit.cpu_of(pids[part]).total
+                for key, value in commands:
+                    sender.send(topics[part], key=key.encode(), value=value)
+                sender.flush()
+                spent[part] += wait_patched(watcher, share[part]) - first
+                cpu[part] += kit.cpu_of(pids[part]).total - before  # until the last patch
+        anchor_rate, reads_rate, applier_rate, live_rate = (
+            count / spent[part] for part in ("anchor", "reads", "applier", "live"))
+        anchor_cpu, applier_cpu, live_cpu = (1000 * cpu[part] / count for part in ("anchor", "applier", "live"))
 
         rate = args.paced_rate or anchor_rate / 2
         paced = [(name, *sealed(name)) for name in sets["paced"]]
@@ -205,6 +223,8 @@ def main() -> int:
         print(f"  applier (commands → API server)      {applier_rate:7.0f} VMs patched/s   "
               f"ratio {ratio:.2f} (target ≥ 0.8), {applier_rate / reads_rate:.2f} of the anchor with reads; "
               f"applier CPU {applier_cpu:.1f} ms per command")
+        print(f"  applier, live reads (apply.cache off) {live_rate:7.0f} VMs patched/s   "
+              f"ratio {live_rate / anchor_rate:.2f}; applier CPU {live_cpu:.1f} ms per command")
         print(f"  paced at {rate:.0f} commands/s: command → VM patched  p50 {kit.percentile(latencies, 0.5):.0f} ms   "
               f"p90 {kit.percentile(latencies, 0.9):.0f} ms   p99 {kit.percentile(latencies, 0.99):.0f} ms   "
               f"max {max(latencies):.0f} ms (target p99 ≤ 250 ms)")

@@ -122,6 +122,7 @@ class ApplySettings(BaseModel):
 
     concurrency: int = Field(default=8, ge=1, le=256)  # API calls in flight, at most (one per key)
     max_in_flight: int = Field(default=200, ge=1)  # commands read and not yet released, at most
+    cache: bool = True  # the policy's reads from a watched copy (streams/kube/informing.py); false: live
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,10 @@ the patch is planned again from the live VM with the very functions the worker p
 with (:func:`~handlers.gpus.desired_vm`, :func:`~handlers.gpus.plan_patch`), so only the
 GPU fields are ever touched and nobody else's change is clobbered.
 
-Effectively once: the command-results topic is the ledger. At start-up (and before every
-batch, so a rebalance hands over what another applier did) it is read to the end; a command
+Effectively once: the command-results topic is the ledger. At start-up (and before the
+first batch after partitions are assigned, so a rebalance hands over what another applier
+did) it is read to the end, and before every other batch what has arrived of it is taken;
+a command
 whose id already has a result is skipped, with no second effect and no second result. The
 result is published last and the offset committed after it, so a crash in between
 re-applies a command: the level-based rules make that a ``noop``. A restart cannot be
@@ -65,10 +67,11 @@ from streams.common.cloudevents import TraceBook, event_source, kafka_headers, r
 from streams.common.codecs import encode_message
 from streams.common.kafka_clients import consumer, producer
 from streams.common.probes import ProbeServer, add_probe_arguments
-from streams.common.reading import assign_from_start, read_to_end
+from streams.common.reading import assign_from_start, partitions_of, read_to_end
 from streams.common.settings import Settings
 from streams.common.signing import Keyring, KeyringError, open_sealed
 from streams.common.topics import ensure_topics
+from streams.kube.informing import UNKNOWN, PolicyCache, Unknown
 
 if TYPE_CHECKING:
     from kafka import KafkaConsumer, KafkaProducer
@@ -85,6 +88,14 @@ MERGE_PATCH = "application/merge-patch+json"
 # before the call so that the command redelivered after a crash is not sent twice.
 RESTART_ANNOTATION = "vmstream.io/restart"
 MAX_REPLANS = 5  # a VM that changes under us this often is being fought over: give up, say so
+CACHE_SYNC_SECONDS = 60.0  # at start, how long to wait for the policy's cache before reading live
+TOPIC_WAIT_SECONDS = 60.0  # at start, how long the commands topic may take to show its partitions
+# Commands whose write the API server's admission policy judges against the namespace
+# (deploy/base/admission-apply.yaml): only for these may the policy read the namespace from
+# its copy. Start, stop and restart go through virt-api, which that policy does not see.
+JUDGED_AGAIN_BY_ADMISSION = frozenset({"patch_vm", "create_vm", "delete_vmi"})
+COMMIT_SECONDS = 0.5  # offsets committed at most this often while running: each commit is a request
+LEDGER_FETCH_BYTES, LEDGER_FETCH_WAIT_MS = 64 * 1024, 250  # the ledger fetches in batches
 
 T = TypeVar("T")
 
@@ -207,9 +218,11 @@ class KubeApplier:
         subresource_url: str | None = None,
         retry: RetryPolicy | None = None,
         project_label: str = LabelKeys().project,
+        cache: PolicyCache | None = None,
     ) -> None:
         self.api = api
         self.project_label = project_label
+        self.cache = cache  # what the policy reads, watched (streams/kube/informing.py); None: read live
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
         self.subresource_url = subresource_url.rstrip("/") if subresource_url else None
@@ -260,11 +273,7 @@ class KubeApplier:
         """What the command touches must be vmstream's to touch (handlers/policy.py)."""
         refusal = policy.target_refusal(command)
         if refusal is None and command.target.namespace:
-            namespace = command.target.namespace
-            labels = None if policy.is_system_namespace(namespace) else self._namespace_labels(namespace)
-            refusal = policy.namespace_refusal(namespace, labels, project_label=self.project_label)
-            if refusal is None and command.type == "create_vm":
-                refusal = policy.create_refusal(command, labels or {}, project_label=self.project_label)
+            refusal = self._namespace_refusal(command, command.target.namespace)
         if refusal is None and command.target.kind == "Node":
             try:
                 node = self._call(self.core.read_node, command.target.name)
@@ -279,9 +288,32 @@ class KubeApplier:
         if refusal is not None:
             raise Refused(refusal)
 
+    def _namespace_refusal(self, command: Command, namespace: str) -> str | None:
+        """Is ``namespace`` a project's, and the manifest of a ``create_vm`` its project's?
+
+        Judged on the watched copy of the namespace when it is current, for the commands
+        whose writes the API server's admission policy judges again against the namespace
+        (:data:`JUDGED_AGAIN_BY_ADMISSION`); a copy may only let a command through: a
+        refusal it gives is judged again on the namespace read live, so a namespace labelled
+        a moment ago is not refused (docs/security.md, "Reads from a cache").
+        """
+        if policy.is_system_namespace(namespace):
+            return policy.namespace_refusal(namespace, None, project_label=self.project_label)
+        cached = (self.cache.namespace_labels(namespace)
+                  if self.cache is not None and command.type in JUDGED_AGAIN_BY_ADMISSION else UNKNOWN)
+        if not isinstance(cached, Unknown) and self._judge_namespace(command, namespace, cached) is None:
+            return None
+        return self._judge_namespace(command, namespace, self._namespace_labels(namespace))
+
+    def _judge_namespace(self, command: Command, namespace: str, labels: dict[str, str] | None) -> str | None:
+        refusal = policy.namespace_refusal(namespace, labels, project_label=self.project_label)
+        if refusal is None and command.type == "create_vm":
+            refusal = policy.create_refusal(command, labels or {}, project_label=self.project_label)
+        return refusal
+
     def _namespace_labels(self, namespace: str) -> dict[str, str] | None:
-        """The namespace's labels, read on every command. As JSON, not as a ``V1Namespace``:
-        the client's model building costs more CPU than the rest of a command's checks."""
+        """The namespace's labels, read live. As JSON, not as a ``V1Namespace``: the client's
+        model building costs more CPU than the rest of a command's checks."""
         try:
             response = self._call(self.core.read_namespace, namespace, _preload_content=False)
         except ApiException as exc:
@@ -371,7 +403,11 @@ class KubeApplier:
 
     def _patch_vm(self, command: Command) -> Applied:
         namespace, name = _where(command)
-        live = self._get_vm(namespace, name)
+        # The watched copy when it is the VM the command was planned against: the patch is
+        # sent under its resourceVersion, so if the VM moved on since, the answer is a 409
+        # and the VM is read live below.
+        cached = self.cache.vm(namespace, name, command.base_resource_version) if self.cache is not None else None
+        live = cached if cached is not None else self._get_vm(namespace, name)
         owner = _owner(live)
         try:
             if command.patch is not None and _rv(live) == command.base_resource_version:
@@ -569,7 +605,8 @@ class ResultLedger:
     """Which commands already have a result, read from the command-results topic itself.
 
     The topic is the record (no local state to lose): read from the beginning at start-up,
-    then caught up before every batch, so results another applier published count too.
+    then read to the end again after a rebalance, and what has arrived taken before every
+    other batch, so results another applier published count too.
     Only results sealed by an applier count (streams/common/signing.py), and not those refusing an
     unsealed command: anyone could publish either under a real command's id.
     """
@@ -582,6 +619,9 @@ class ResultLedger:
         self.consumer: KafkaConsumer = consumer(
             settings.kafka, enable_auto_commit=False, isolation_level="read_committed",
             client_id=f"{settings.worker.app_id}-applier-ledger",
+            # Not one fetch per result: the applier's own results it knows already, and what
+            # other appliers did matters after a rebalance, which reads to the end anyway.
+            fetch_min_bytes=LEDGER_FETCH_BYTES, fetch_max_wait_ms=LEDGER_FETCH_WAIT_MS,
         )
         self.partitions = assign_from_start(self.consumer, [self.topic], wait=timeout)
         self.done: set[str] = set()
@@ -596,6 +636,12 @@ class ResultLedger:
         """Read every result up to the end offsets as they are now."""
         for record in read_to_end(self.consumer, self.partitions, stall=timeout):
             self._read(record.value)
+
+    def take_arrived(self) -> None:
+        """Read the results already fetched, without waiting for more."""
+        for records in self.consumer.poll(timeout_ms=0).values():
+            for record in records:
+                self._read(record.value)
 
     def _read(self, raw: bytes | None) -> None:
         result, problem = open_sealed(CommandResult, raw or b"", "command-result", self.keyring)
@@ -613,6 +659,11 @@ class ResultLedger:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def _log_failed_commit(offsets: Any, response: Any) -> None:
+    if isinstance(response, Exception):  # a rebalance took the partition: the ledger covers it
+        log.warning("commit failed (partition moved?): %s", response)
 
 
 # What one command read comes to: messages to publish first (notification, audit record or
@@ -724,12 +775,13 @@ class _SettleOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]  # kafka
 
     def __init__(self, settle: Callable[[], None]) -> None:
         self.settle = settle
+        self.assigned = False  # partitions came since the ledger last read to its end
 
     def on_partitions_revoked(self, revoked: Any) -> None:
         self.settle()
 
     def on_partitions_assigned(self, assigned: Any) -> None:
-        pass
+        self.assigned = True
 
 
 class Applier:
@@ -757,6 +809,8 @@ class Applier:
         self.event_source = event_source("applier", settings.worker.app_id)  # CloudEvents ``source``
         self.traces = TraceBook()  # each command's trace, carried by what comes of it (docs/integrators.md)
         self.ready = threading.Event()
+        self.uncommitted: dict[Any, int] = {}  # partition → offset past its last released command
+        self.committed_at = time.monotonic()
         self.keyring = settings.signing.keyring()
         if not self.keyring or self.keyring.active is None:
             raise KeyringError("the applier needs the signing keys the worker seals commands with, and one to "
@@ -773,16 +827,26 @@ class Applier:
             # Static membership and the session: back at once after a crash (settings.py).
             **self.settings.worker.client_consumer_settings(),
         )
+        cache = self.kube.cache
         try:
+            if cache is not None:
+                cache.start()
             ledger.catch_up()
+            if cache is not None and not cache.wait_synced(CACHE_SYNC_SECONDS):
+                log.warning("the policy's cache is not listed after %ss: reading live until it is",
+                            CACHE_SYNC_SECONDS)
+            # Joined before the topic is in the client's metadata, the group would assign this
+            # member nothing until the next metadata refresh, minutes later.
+            partitions_of(commands, [self.commands_topic], wait=TOPIC_WAIT_SECONDS)
             log.info("applier ready: %d commands already have a result", len(ledger.done))
             self.ready.set()
             with ThreadPoolExecutor(self.concurrency, thread_name_prefix="apply") as pool:
                 lanes = Lanes(pool, lambda command: self._outputs(command, self.apply_one(command)))
                 # A partition taken away mid-flight: what was read of it is finished, published
                 # and committed first, so its next owner starts where this one stopped.
-                commands.subscribe([self.commands_topic],
-                                   listener=_SettleOnRevoke(lambda: self._release(lanes, commands, out, wait=True)))
+                # (kafka-python calls it on its network thread, where a commit cannot be waited for.)
+                rebalance = _SettleOnRevoke(lambda: self._release(lanes, commands, out, wait=True, sync=False))
+                commands.subscribe([self.commands_topic], listener=rebalance)
                 while not stop.is_set():
                     if lanes.in_flight() >= self.max_in_flight:
                         lanes.wait_for_change(timeout=0.5)
@@ -791,7 +855,14 @@ class Applier:
                         batch = commands.poll(timeout_ms=20 if lanes.pending() else 500,
                                               max_records=self.max_in_flight - lanes.in_flight())
                         if batch:
-                            ledger.catch_up()
+                            # Partitions handed over: what their last owner applied is read
+                            # to the end first. Otherwise the results that have come are
+                            # taken as they are, without a round trip to the broker.
+                            if rebalance.assigned:
+                                ledger.catch_up()
+                                rebalance.assigned = False
+                            else:
+                                ledger.take_arrived()
                             for tp, records in batch.items():
                                 for record in records:
                                     self._admit(tp, record, ledger, lanes)
@@ -802,14 +873,22 @@ class Applier:
             commands.close()
             out.close()
             ledger.close()
+            if cache is not None:
+                cache.stop()
 
     @staticmethod
-    def _commit(commands: KafkaConsumer, offsets: dict[Any, int]) -> None:
+    def _commit(commands: KafkaConsumer, offsets: dict[Any, int], *, wait: bool) -> None:
+        """Commit ``offsets``; without ``wait`` the loop goes on meanwhile: a commit lost (a
+        rebalance, a crash) only means commands read again, which the ledger skips."""
         from kafka.errors import CommitFailedError
         from kafka.structs import OffsetAndMetadata
 
+        committed = {tp: OffsetAndMetadata(offset, "", -1) for tp, offset in offsets.items()}
+        if not wait:
+            commands.commit_async(committed, callback=_log_failed_commit)
+            return
         try:
-            commands.commit({tp: OffsetAndMetadata(offset, "", -1) for tp, offset in offsets.items()})
+            commands.commit(committed)
         except CommitFailedError as exc:  # a rebalance took the partition: the ledger covers it
             log.warning("commit failed (partition moved?): %s", exc)
 
@@ -844,14 +923,20 @@ class Applier:
         first.append((self.kafka.topic(AUDIT), decision.audit.input.key or "", decision.audit))
         return first, [(self.kafka.topic(COMMAND_RESULTS), subject_key(command.target), decision.result)]
 
-    def _release(self, lanes: Lanes, commands: KafkaConsumer, out: KafkaProducer, *, wait: bool = False) -> None:
+    def _release(self, lanes: Lanes, commands: KafkaConsumer, out: KafkaProducer, *, wait: bool = False,
+                 sync: bool = True) -> None:
         """Publish what the commands at the head of each partition came to, and commit past them.
 
         Only a prefix of each partition is released: a command still in flight holds back
         the ones read after it on its partition (their effects are in the API server, their
         results wait), so the committed offset never passes a command that has no result.
         Notifications and audit records first, the results last: they are what marks a
-        command done, for this applier and the next.
+        command done, for this applier and the next. The offsets are committed once the
+        results are acknowledged, at most every :data:`COMMIT_SECONDS`; the loop waits for
+        that commit only when it stops (``wait`` and ``sync``; handing partitions over it
+        cannot: the commit is sent, not waited for). A commit not made when the process dies
+        or a partition moves only means commands read again: the ledger, read to its end at
+        start and after an assignment, skips them.
         """
         if wait:
             lanes.wait_until_idle()
@@ -860,8 +945,10 @@ class Applier:
             self._send(out, first)
         if results:
             self._send(out, results)
-        if offsets:
-            self._commit(commands, offsets)
+        self.uncommitted.update(offsets)
+        if self.uncommitted and (wait or time.monotonic() - self.committed_at >= COMMIT_SECONDS):
+            self._commit(commands, self.uncommitted, wait=wait and sync)
+            self.uncommitted, self.committed_at = {}, time.monotonic()
 
     def _parse(self, record: ConsumerRecord, dead: list[tuple[str, str, BaseModel]]) -> Command | None:
         key = record.key.decode("utf-8", "replace") if record.key else None
@@ -931,8 +1018,9 @@ def _run(args: argparse.Namespace) -> int:
     reach_kafka(settings.kafka)
     ensure_topics(settings.kafka)
     with api:
+        cache = PolicyCache(api) if settings.apply.cache else None
         applier = Applier(settings, KubeApplier(api, subresource_url=args.subresource_url,
-                                                project_label=settings.labels.project))
+                                                project_label=settings.labels.project, cache=cache))
         return run_until_signalled(
             "apply", applier.run,
             lambda stop: ProbeServer(ready=lambda: applier.ready.is_set() and not stop.is_set(),

@@ -379,7 +379,8 @@ def test_a_write_rbac_would_allow_is_still_denied(admin: client.ApiClient, appli
 
 
 def test_subject_access_reviews_for_the_applier(admin: client.ApiClient, applier: client.ApiClient) -> None:
-    """What RBAC lets the applier do: read namespaces by name (for its policy), nothing wider."""
+    """What RBAC lets the applier do: read, list and watch namespaces (for its policy's copy,
+    streams/kube/informing.py), nothing wider."""
     authz = client.AuthorizationV1Api(admin)
 
     def allowed(verb: str, resource: str, group: str = "", namespace: str | None = None) -> bool:
@@ -389,10 +390,13 @@ def test_subject_access_reviews_for_the_applier(admin: client.ApiClient, applier
                                                              namespace=namespace)))
         return bool(authz.create_subject_access_review(review).status.allowed)
 
-    assert allowed("get", "namespaces")
+    for verb in ("get", "list", "watch"):
+        assert allowed(verb, "namespaces")
+        assert allowed(verb, "virtualmachines", "kubevirt.io")
     assert allowed("patch", "nodes")
     assert allowed("patch", "virtualmachines", "kubevirt.io", "kube-system")  # RBAC alone: the policy narrows it
-    for verb, resource, group in (("list", "namespaces", ""), ("update", "namespaces", ""),
+    for verb, resource, group in (("list", "nodes", ""), ("list", "virtualmachineinstances", "kubevirt.io"),
+                                  ("update", "namespaces", ""),
                                   ("patch", "namespaces", ""), ("get", "secrets", ""),
                                   ("delete", "nodes", ""), ("delete", "virtualmachines", "kubevirt.io"),
                                   ("patch", "nodes/status", ""),

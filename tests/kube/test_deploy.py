@@ -70,10 +70,11 @@ WATCH_GRANTS: dict[tuple[str, str], set[str]] = {
     ("nodemaintenance.medik8s.io", "nodemaintenances"): {"list", "watch"},
 }
 APPLY_GRANTS: dict[tuple[str, str], set[str]] = {
-    ("kubevirt.io", "virtualmachines"): {"get", "create", "patch"},
+    # VMs and namespaces also listed and watched: the policy's copy (streams/kube/informing.py)
+    ("kubevirt.io", "virtualmachines"): {"get", "list", "watch", "create", "patch"},
     ("kubevirt.io", "virtualmachineinstances"): {"get", "delete"},
     ("", "nodes"): {"get", "patch"},
-    ("", "namespaces"): {"get"},  # is the target's namespace a project's (handlers/policy.py)
+    ("", "namespaces"): {"get", "list", "watch"},  # is the target's namespace a project's (handlers/policy.py)
     ("subresources.kubevirt.io", "virtualmachines/restart"): {"update"},
     ("subresources.kubevirt.io", "virtualmachines/start"): {"update"},
     ("subresources.kubevirt.io", "virtualmachines/stop"): {"update"},
@@ -937,8 +938,8 @@ def test_requests_made_as_the_service_accounts_are_allowed_or_forbidden(
                 "list vms": 200, "list nodes": 200, "get vm": 403, "patch vm": 403,
                 "patch node": 403, "delete node": 403, "list secrets": 403,
             },
-            APPLY: {
-                "list vms": 403, "list nodes": 403, "get vm": 200, "patch vm": 200,
+            APPLY: {  # VMs listed and watched for its policy's copy (streams/kube/informing.py)
+                "list vms": 200, "list nodes": 403, "get vm": 200, "patch vm": 200,
                 "patch node": 200, "delete node": 403, "list secrets": 403,
             },
             WORKER: {
