@@ -33,8 +33,8 @@ from handlers.tables import (
 
 __all__ = [
     "GLOBAL_TABLES", "KUBEVIRT_KEY", "TABLES", "Change", "DeadlineIndex", "DrainEpisode", "DrainOutcome",
-    "DrainScope", "DrainSource", "MemoryState", "ObservedFate", "Overlay", "StateView", "Table", "TableName",
-    "UsageTotals", "VMTracking", "put_tracking",
+    "DrainScope", "DrainSource", "ExpiryIndex", "MemoryState", "ObservedFate", "Overlay", "StateView", "Table",
+    "TableName", "TimeIndex", "UsageTotals", "VMTracking", "put_tracking",
 ]
 
 V = TypeVar("V")
@@ -47,19 +47,62 @@ class Change:
     value: Any | None  # None deletes the key
 
 
-class DeadlineIndex:
-    """The drain deadlines still to fire, by time: derived from the ``drains`` table alone.
+class TimeIndex:
+    """Keys by a time each, asked which are at or before a moment: a heap with lazy deletion.
 
-    Whoever keeps the table tells the index each row it writes (:meth:`note`), so asking
-    which deadlines are due costs the number of due ones, not the number of episodes. It is
-    a hint, never the truth: :meth:`due` names the nodes whose indexed deadline is due, and
-    the engine checks each against the table before it fires anything. Rebuilt from the
-    table's rows (:meth:`of`), it gives the same answers as the one kept along.
+    Whoever keeps a table tells its index each row it writes, so asking what is due costs
+    the number of due keys, not the number of rows. An index is a hint, never the truth: the
+    engine checks each key it names against the table before acting on it. Entries of keys
+    whose time changed or went stay in the heap until they reach its top, and the heap is
+    rebuilt when they outnumber the current ones.
     """
 
     def __init__(self) -> None:
-        self._deadline: dict[str, datetime] = {}  # node → the deadline of its episode still to fire
+        self._at: dict[str, datetime] = {}  # key → its current time
         self._heap: list[tuple[datetime, str]] = []  # may hold entries no longer current
+
+    def set(self, key: str, at: datetime | None) -> None:
+        """``key``'s time is now ``at`` (None: it has none, and is not indexed)."""
+        if at is None:
+            self._at.pop(key, None)
+            return
+        if self._at.get(key) != at:
+            self._at[key] = at
+            heapq.heappush(self._heap, (at, key))
+            if len(self._heap) > 2 * len(self._at) + 64:
+                self._heap = [(when, name) for name, when in self._at.items()]
+                heapq.heapify(self._heap)
+
+    def earliest(self) -> datetime | None:
+        """The earliest current time (a glance at the heap's top)."""
+        heap = self._heap
+        while heap and self._at.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)  # no longer current
+        return heap[0][0] if heap else None
+
+    def until(self, limit: datetime, *, inclusive: bool) -> list[str]:
+        """The keys whose time is before ``limit`` (or at it, ``inclusive``), earliest first;
+        they stay indexed until their time changes or goes."""
+        heap = self._heap
+        if not heap or heap[0][0] > limit or (not inclusive and heap[0][0] == limit):
+            return []  # the common case, asked before every input
+        found: list[tuple[datetime, str]] = []
+        while heap and (heap[0][0] < limit or (inclusive and heap[0][0] == limit)):
+            entry = heapq.heappop(heap)
+            if self._at.get(entry[1]) == entry[0]:
+                found.append(entry)
+        for entry in found:
+            heapq.heappush(heap, entry)
+        return [key for _, key in found]
+
+    def __len__(self) -> int:
+        return len(self._at)
+
+
+class DeadlineIndex(TimeIndex):
+    """The drain deadlines still to fire, by time: derived from the ``drains`` table alone.
+    Rebuilt from the table's rows (:meth:`of`), it gives the same answers as the one kept
+    along."""
 
     @classmethod
     def of(cls, episodes: Iterable[DrainEpisode | None]) -> DeadlineIndex:
@@ -71,77 +114,41 @@ class DeadlineIndex:
 
     def note(self, node: str, episode: DrainEpisode | None) -> None:
         """The ``drains`` row of ``node`` is now ``episode`` (None: deleted)."""
-        if episode is None or episode.deadline_passed or episode.completed:
-            self._deadline.pop(node, None)
-            return
-        if self._deadline.get(node) != episode.deadline:
-            self._deadline[node] = episode.deadline
-            heapq.heappush(self._heap, (episode.deadline, node))
-            if len(self._heap) > 2 * len(self._deadline) + 64:
-                self._heap = [(at, name) for name, at in self._deadline.items()]
-                heapq.heapify(self._heap)
+        pending = episode is not None and not episode.deadline_passed and not episode.completed
+        self.set(node, episode.deadline if pending and episode is not None else None)
 
     def due(self, now: datetime) -> list[str]:
         """The nodes whose deadline is at or before ``now``, in name order; they stay
         indexed until their row says the deadline passed."""
-        if not self._heap or self._heap[0][0] > now:
-            return []  # the common case, asked before every input
-        due: set[str] = set()
-        while self._heap and self._heap[0][0] <= now:
-            at, node = heapq.heappop(self._heap)
-            if self._deadline.get(node) == at:
-                due.add(node)
-        for node in due:
-            heapq.heappush(self._heap, (self._deadline[node], node))
-        return sorted(due)
-
-    def __len__(self) -> int:
-        return len(self._deadline)
+        return sorted(self.until(now, inclusive=True))
 
 
-class ExpiryIndex:
+class ExpiryIndex(TimeIndex):
     """The ``processed`` rows by the time they were decided: which are past the dedup window.
 
-    Kept along as :class:`DeadlineIndex` is (:meth:`note` for every row written), so the
-    engine forgets old intent ids without a pass over the table. A hint too: the engine
-    deletes only rows whose own time says they are past the window. Rows of before the
-    window (a bare outcome) have no time and are not indexed.
+    The engine forgets old intent ids without a pass over the table, and deletes only rows
+    whose own time says they are past the window. Rows of before the window (a bare
+    outcome) have no time and are not indexed.
     """
 
-    def __init__(self) -> None:
-        self._at: dict[str, datetime] = {}  # intent id → when it was decided
-        self._heap: list[tuple[datetime, str]] = []  # may hold entries no longer current
+    @classmethod
+    def of(cls, rows: Iterable[tuple[str, DecidedIntent | str | None]]) -> ExpiryIndex:
+        index = cls()
+        for intent_id, row in rows:
+            index.note(intent_id, row)
+        return index
 
     def note(self, intent_id: str, row: DecidedIntent | str | None) -> None:
-        if not isinstance(row, DecidedIntent):
-            self._at.pop(intent_id, None)
-            return
-        if self._at.get(intent_id) != row.at:
-            self._at[intent_id] = row.at
-            heapq.heappush(self._heap, (row.at, intent_id))
-            if len(self._heap) > 2 * len(self._at) + 64:
-                self._heap = [(at, name) for name, at in self._at.items()]
-                heapq.heapify(self._heap)
+        self.set(intent_id, row.at if isinstance(row, DecidedIntent) else None)
 
     def any_before(self, at: datetime) -> bool:
-        """Whether some row was decided before ``at`` (a glance at the oldest)."""
-        while self._heap and self._at.get(self._heap[0][1]) != self._heap[0][0]:
-            heapq.heappop(self._heap)  # no longer current
-        return bool(self._heap) and self._heap[0][0] < at
+        """Whether some row was decided before ``at``."""
+        earliest = self.earliest()
+        return earliest is not None and earliest < at
 
     def before(self, at: datetime) -> list[str]:
         """The intent ids decided before ``at``, oldest first; they stay indexed until deleted."""
-        found: list[tuple[datetime, str]] = []
-        while self._heap and self._heap[0][0] < at:
-            entry = heapq.heappop(self._heap)
-            if self._at.get(entry[1]) == entry[0]:
-                found.append(entry)
-        for entry in found:
-            heapq.heappush(self._heap, entry)
-        return [intent_id for _, intent_id in found]
-
-    def __len__(self) -> int:
-        return len(self._at)
+        return self.until(at, inclusive=False)
 
 
 def dedup_window(seconds: int) -> timedelta:
