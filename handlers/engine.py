@@ -18,7 +18,7 @@ import hashlib
 import json
 import logging
 import reprlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -38,7 +38,16 @@ from handlers.catalog import Catalog
 from handlers.config import Config
 from handlers.decisions import Context, Decision, Output, ResidentUpdate, subject_of_key
 from handlers.drains import due_nodes, fire_deadline, is_due
-from handlers.inputs import DeadlineTick, Input, IntentInput, RawInput, ResidentInput, Source, WatchInput
+from handlers.inputs import (
+    DeadlineTick,
+    ForgetTick,
+    Input,
+    IntentInput,
+    RawInput,
+    ResidentInput,
+    Source,
+    WatchInput,
+)
 from handlers.intents import RuleOutcome, create_vm, drain_node, restart_vm, set_gpu, undrain_node
 from handlers.messages import (
     KEY_MAX,
@@ -157,16 +166,19 @@ class Engine:
                 return [self.on_resident(state, update, at)]
             case DeadlineTick(at, node):
                 return self.on_tick(state, at, only=node)
+            case ForgetTick(at, intent_ids):
+                return self._forget_decided(state, at, intent_ids)
 
-    def due(self, state: StateView, now: datetime) -> list[DeadlineTick]:
+    def due(self, state: StateView, now: datetime) -> list[DeadlineTick | ForgetTick]:
         """The ticks to send at ``now``: one per node whose drain deadline may be due (the
         state's :class:`~handlers.state.DeadlineIndex`); each is decided under its node. And
-        one naming no node when intent ids are past the dedup window (the state's
-        :class:`~handlers.state.ExpiryIndex`, where it keeps one): that tick forgets them."""
-        ticks = [DeadlineTick(now, node) for node in due_nodes(state, now)]
+        one that names the intent ids past the dedup window (the state's
+        :class:`~handlers.state.ExpiryIndex`, where it keeps one), to forget them."""
+        ticks: list[DeadlineTick | ForgetTick] = [DeadlineTick(now, node) for node in due_nodes(state, now)]
         index: ExpiryIndex | None = getattr(state, "decided", None)
-        if index is not None and index.any_before(self._horizon(now)):
-            ticks.append(DeadlineTick(now))
+        horizon = self._horizon(now)
+        if index is not None and index.any_before(horizon):
+            ticks.append(ForgetTick(now, tuple(self._expired(state, index.before(horizon), horizon))))
         return ticks
 
     def _horizon(self, now: datetime) -> datetime:
@@ -316,7 +328,9 @@ class Engine:
     def on_tick(self, state: StateView, now: datetime, *, only: str | None = None) -> list[Result]:
         """Fire every drain deadline due at ``now`` (or only ``only``'s); one decision per node.
         Without ``only``, also forget the intent ids past the dedup window."""
-        results = [] if only is not None else self._forget_decided(state, now)
+        index: ExpiryIndex | None = getattr(state, "decided", None)
+        horizon = self._horizon(now)
+        results = [] if only is not None or index is None else self._forget_decided(state, now, index.before(horizon))
         for node in due_nodes(state, now) if only is None else [only]:
             episode = state.get(DRAINS, node)
             if episode is None or not is_due(episode, now):
@@ -328,15 +342,17 @@ class Engine:
             results.append(self._closed(ctx, Source(TIMER_TOPIC, f"node/{node}"), ACCEPTED))
         return results
 
-    def _forget_decided(self, state: StateView, now: datetime) -> list[Result]:
-        """The ``processed`` rows past the dedup window deleted, as one decision with no
-        outputs (housekeeping: no input is decided, so nothing is audited)."""
-        index: ExpiryIndex | None = getattr(state, "decided", None)
-        if index is None:
-            return []
-        horizon = self._horizon(now)
-        expired = [intent_id for intent_id in index.before(horizon)
-                   if isinstance(row := state.get(PROCESSED, intent_id), DecidedIntent) and row.at < horizon]
+    @staticmethod
+    def _expired(state: StateView, intent_ids: Iterable[str], horizon: datetime) -> list[str]:
+        """Those of ``intent_ids`` whose ``processed`` row says it was decided before ``horizon``."""
+        return [intent_id for intent_id in intent_ids
+                if isinstance(row := state.get(PROCESSED, intent_id), DecidedIntent) and row.at < horizon]
+
+    def _forget_decided(self, state: StateView, now: datetime, intent_ids: Iterable[str]) -> list[Result]:
+        """The ``processed`` rows of ``intent_ids`` past the dedup window at ``now`` deleted, as
+        one decision with no outputs (housekeeping: no input is decided, so nothing is
+        audited); the others are kept, whoever named them."""
+        expired = self._expired(state, intent_ids, self._horizon(now))
         if not expired:
             return []
         return [Result(Decision(changes=[Change(PROCESSED, intent_id, None) for intent_id in expired]))]

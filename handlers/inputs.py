@@ -72,7 +72,20 @@ class DeadlineTick:
     node: str | None = None
 
 
-Input = IntentInput | WatchInput | ResidentInput | DeadlineTick
+@dataclass(frozen=True, slots=True)
+class ForgetTick:
+    """The time is ``at``: forget these intent ids if they are past the dedup window.
+
+    The worker names the ids, because it must decide the forgetting in the routed partition
+    whose changelog holds their rows; the engine checks each row's own time, so a tick can
+    forget nothing that is still inside the window, whoever sent it.
+    """
+
+    at: datetime
+    intent_ids: tuple[str, ...]
+
+
+Input = IntentInput | WatchInput | ResidentInput | DeadlineTick | ForgetTick
 
 
 def kind_of(input_: Input) -> InputKind:
@@ -99,13 +112,21 @@ def routed_input(kind: str, raw: RawInput, source: Source, at: datetime) -> Inpu
     if kind == "resident":
         return ResidentInput(RESIDENT_UPDATE.validate_json(_bytes(raw)), at)
     if kind == "tick":
-        return DeadlineTick(at, str(json.loads(_bytes(raw))["node"]))
+        tick = json.loads(_bytes(raw))
+        if "forget" in tick:
+            return ForgetTick(at, tuple(str(intent_id) for intent_id in tick["forget"]))
+        return DeadlineTick(at, str(tick["node"]))
     raise MalformedMessage(f"routed message without a known vmstream-kind header: {kind!r}")
 
 
 def tick_value(node: str) -> dict[str, str]:
     """What a tick for ``node`` carries on the routed topic."""
     return {"node": node}
+
+
+def forget_value(tick: ForgetTick) -> dict[str, list[str]]:
+    """What a tick that forgets intent ids carries on the routed topic."""
+    return {"forget": list(tick.intent_ids)}
 
 
 def _bytes(raw: RawInput) -> bytes | str:

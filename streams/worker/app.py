@@ -37,15 +37,17 @@ from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp.web
+from aiokafka.partitioner import DefaultPartitioner
 from faust.types import EventT
 
 from handlers.capacity import capacity_report
 from handlers.engine import Engine, Result, Source
-from handlers.inputs import kind_of, routed_input, tick_value
+from handlers.inputs import DeadlineTick, ForgetTick, forget_value, kind_of, routed_input, tick_value
 from handlers.messages import KEY_MAX, MalformedMessage
 from handlers.observing import decision_key
 from handlers.restarts import pending_detail
-from handlers.tables import GLOBAL_TABLES, TABLES, TRACKING, VMIS, VMS, Table
+from handlers.rows import DecidedIntent
+from handlers.tables import GLOBAL_TABLES, PROCESSED, TABLES, TRACKING, VMIS, VMS, Table
 from handlers.topics import INTENTS, ROUTED_INPUTS, WORKER_ROUTED, written_by
 from streams.common import metrics
 from streams.common.cloudevents import (
@@ -76,6 +78,9 @@ EXIT_UNPUBLISHED = 75
 _LATEST = 253402300799.0  # 9999-12-31T23:59:59Z, the latest time a datetime holds
 
 PENDING_TABLES: tuple[Table[Any], ...] = (TRACKING, VMS, VMIS)  # the rows /pending reads
+UNROUTABLE_KEY = "malformed"  # the routed key of an input with no usable key of its own
+FORGET_PER_TICK = 1000  # intent ids one forgetting tick names at most (a record well under 1 MB)
+FORGET_AGAIN_SECONDS = 30.0  # an id asked to be forgotten is not asked again sooner
 PUBLIC_PAGES = ("/health", "/ready")  # what probes read; everything else needs the token
 
 
@@ -196,6 +201,9 @@ class Worker:
         )
         self.app.task(self.pages_view.run)
         self.missing_topics: list[str] | None = None  # checked at start, then while any is missing
+        # The routed topic's partitioner (aiokafka's murmur2, Faust's producer's): where a key goes.
+        self._partitioner = DefaultPartitioner()
+        self._asked_to_forget: dict[str, float] = {}  # intent id → when a tick was sent to forget it
         self.app.agent(self.inputs, name="route")(self._route)
         self.app.agent(self.routed, name="decide")(self._decide)
         self.app.timer(conf.tick_seconds)(self._tick)
@@ -262,7 +270,7 @@ class Worker:
                 except Exception:
                     key = ""
             if not key or len(key) > KEY_MAX:
-                key = source.key or "malformed"  # decide dead-letters it, with its source
+                key = source.key or UNROUTABLE_KEY  # decide dead-letters it, with its source
             origin = encode_json({"topic": message.topic, "partition": message.partition,
                                   "offset": message.offset, "key": source.key})
             return [Outgoing(self.routed, key.encode(), event.value, message.timestamp,
@@ -471,20 +479,48 @@ class Worker:
         })
 
     async def _tick(self) -> None:
-        """Ask each node with a due deadline to fire it, through the node's partition: the
-        rules say which are due (``Engine.due``, from the table state's deadline index)."""
-        for tick in self.engine.due(self.state, datetime.now(UTC)):  # the node's decision checks its row
-            node = tick.node or ""
-            await self.routed.send(key=f"node/{node}".encode(), value=encode_json(tick_value(node)),
-                                   headers={KIND_HEADER: b"tick"})
+        """Send what the rules say is due (``Engine.due``, from the table state's indexes)
+        through the routed partition that decides it: a drain deadline to its node's, the
+        intent ids past the dedup window to the partitions whose changelogs hold them."""
+        now = datetime.now(UTC)
+        for tick in self.engine.due(self.state, now):
+            match tick:
+                case DeadlineTick(_, node):  # the node's decision checks its row
+                    await self.routed.send(key=f"node/{node or ''}".encode(), value=encode_json(tick_value(node or "")),
+                                           headers={KIND_HEADER: b"tick"})
+                case ForgetTick():
+                    for key, forgetting in self._forgetting(tick):
+                        await self.routed.send(key=key, value=encode_json(forget_value(forgetting)),
+                                               headers={KIND_HEADER: b"tick"})
         for name, size in self.state.sizes().items():
             metrics.TABLE_ROWS.labels(name).set(size)
         metrics.record_lag(self.app)
 
+    def _forgetting(self, tick: ForgetTick) -> list[tuple[bytes, ForgetTick]]:
+        """``tick``'s intent ids grouped by the routed partition their rows were written in,
+        each group keyed by one of its rows' routed keys (so the worker's own partitioner
+        puts it there) and cut into ticks of at most :data:`FORGET_PER_TICK` ids. An id asked
+        for within :data:`FORGET_AGAIN_SECONDS` is left out: its tick may not be decided yet."""
+        clock = time.monotonic()
+        asked = self._asked_to_forget
+        for intent_id in [i for i, at in asked.items() if clock - at >= FORGET_AGAIN_SECONDS]:
+            del asked[intent_id]
+        partitions = list(range(self.kafka.partitions))
+        groups: dict[int, tuple[bytes, list[str]]] = {}
+        for intent_id in tick.intent_ids:
+            row = self.state.get(PROCESSED, intent_id)
+            if intent_id in asked or not isinstance(row, DecidedIntent):
+                continue
+            asked[intent_id] = clock
+            key = (row.key or UNROUTABLE_KEY).encode()  # the routed key the intent was decided under
+            groups.setdefault(self._partitioner(key, partitions, partitions), (key, []))[1].append(intent_id)
+        return [(key, ForgetTick(tick.at, tuple(ids[at:at + FORGET_PER_TICK])))
+                for key, ids in groups.values() for at in range(0, len(ids), FORGET_PER_TICK)]
+
     async def _partitions_settled(self, sender: Any, /, *args: Any, signal: Any = None, **kwargs: Any) -> None:
         """Partitions came or went and their tables are recovered: the deadline index is
         rebuilt from the rows this instance now holds."""
-        self.state.forget_deadlines()
+        self.state.rebuild_indexes()
 
     async def _tend_heap(self) -> None:
         """Keep full garbage collections off the decision path (streams/common/heap.py)."""

@@ -37,8 +37,8 @@ from pydantic import TypeAdapter, ValidationError
 from handlers.decisions import Decision, ResidentUpdate
 from handlers.engine import Result
 from handlers.messages import AuditRecord, Command, DeadLetter, Notification
-from handlers.state import Change, DeadlineIndex
-from handlers.tables import DRAINS, Table, TableName, table_named
+from handlers.state import Change, DeadlineIndex, ExpiryIndex
+from handlers.tables import DRAINS, PROCESSED, Table, TableName, table_named
 from streams.common.codecs import decode_state, encode_state
 from streams.common.globalview import GlobalView
 
@@ -301,10 +301,11 @@ class TableState:
     — for cluster-wide tables — the :class:`GlobalView` of every partition. Decoded values
     are cached and reused while the stored bytes are the same object.
 
-    It keeps the :class:`~handlers.state.DeadlineIndex` of its ``drains`` rows, so the
-    timer asks the rules what is due (``Engine.due``) without a pass over every episode:
+    It keeps the :class:`~handlers.state.DeadlineIndex` of its ``drains`` rows and the
+    :class:`~handlers.state.ExpiryIndex` of its ``processed`` rows, so the timer asks the
+    rules what is due (``Engine.due``) without a pass over every episode or intent id:
     noted as rows are written, and rebuilt from the rows after the partitions this instance
-    owns changed (:meth:`forget_deadlines`, on every completed rebalance).
+    owns changed (:meth:`rebuild_indexes`, on every completed rebalance).
     """
 
     def __init__(self, tables: Mapping[str, Any], view: GlobalView, journal: Journal | None = None) -> None:
@@ -315,6 +316,7 @@ class TableState:
         self._staged: dict[tuple[str, str], Any] = {}
         self._encoded: dict[int, bytes] = {}  # a change's value as the journal recorded it, by id
         self._deadlines: DeadlineIndex | None = None  # None: to be rebuilt from the rows
+        self._decided: ExpiryIndex | None = None  # likewise
 
     def get(self, table: Table[V], key: str) -> V | None:
         """A row: rows are written through the table's own codec, so of its type."""
@@ -352,10 +354,18 @@ class TableState:
             self._deadlines = DeadlineIndex.of(episodes)
         return self._deadlines
 
-    def forget_deadlines(self) -> None:
+    @property
+    def decided(self) -> ExpiryIndex:
+        """The intent ids this instance's ``processed`` rows hold, by when they were decided."""
+        if self._decided is None:
+            self._decided = ExpiryIndex.of((key, self.get(PROCESSED, key)) for key in list(self.tables[PROCESSED]))
+        return self._decided
+
+    def rebuild_indexes(self) -> None:
         """Rows came or went without :meth:`write` (a rebalance, a recovery): rebuild the
-        index from the rows when it is next asked."""
+        indexes from the rows when they are next asked."""
         self._deadlines = None
+        self._decided = None
 
     def stage(self, changes: Iterable[Change]) -> None:
         """Make a decision's changes visible to the rest of the batch, not yet recorded."""
@@ -370,6 +380,8 @@ class TableState:
                 self._decoded.pop((change.table, change.key), None)
                 if change.table == DRAINS and self._deadlines is not None:
                     self._deadlines.note(change.key, change.value)
+                elif change.table == PROCESSED and self._decided is not None:
+                    self._decided.note(change.key, change.value)
                 if change.value is None:
                     if change.key in target:
                         del target[change.key]

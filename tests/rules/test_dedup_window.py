@@ -7,18 +7,21 @@ pass over the table), so the table of decided ids stays as large as a window's i
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta
 from typing import Any
 
 from handlers.config import Config
 from handlers.engine import Engine, Result
-from handlers.inputs import DeadlineTick, IntentInput, Source, WatchInput
+from handlers.inputs import DeadlineTick, ForgetTick, IntentInput, Source, WatchInput, forget_value, routed_input
 from handlers.outcomes import Accepted, Duplicate, Refused
 from handlers.rows import DecidedIntent
 from handlers.state import Change, MemoryState
-from handlers.tables import PROCESSED
+from handlers.tables import PROCESSED, TABLES
 from harness.scenarios import RTX, node
 from streams.common.codecs import decode_state, encode_state
+from streams.common.globalview import GlobalView
+from streams.worker.tablestate import TableState
 from tests.support.harness import EVENTS_TOPIC, INTENTS_TOPIC, START, config
 
 OPS = "ops@example.com"
@@ -90,7 +93,7 @@ def test_past_the_window_the_tick_forgets_the_id_and_a_redelivery_is_decided_ane
     run.drain()
     run.drain("it-2", after=10)
     run.now += timedelta(seconds=WINDOW)
-    assert run.engine.due(run.state, run.now) == [DeadlineTick(run.now)]  # it-1 only: it-2 is 10 s younger
+    assert run.engine.due(run.state, run.now) == [ForgetTick(run.now, ("it-1",))]  # it-2 is 10 s younger
     [forgetting] = run.engine.decide(run.state, DeadlineTick(run.now))
     assert forgetting.decision.changes == [Change(PROCESSED, "it-1", None)]
     assert forgetting.decision.audit is None and not forgetting.outputs()  # housekeeping: nothing is sent
@@ -129,3 +132,43 @@ def test_a_row_of_before_the_window_stays_a_duplicate_and_is_kept() -> None:
 def test_a_decided_row_survives_its_codec() -> None:
     row = DecidedIntent("rejected", datetime(2026, 12, 1, 8, 0, tzinfo=START.tzinfo), "vm/spx-proj-a/w-1")
     assert decode_state(PROCESSED, encode_state(PROCESSED, row)) == row
+
+
+def test_a_tick_that_names_intent_ids_forgets_only_those_past_the_window() -> None:
+    """The worker's tick names the ids (their rows' partition decides it); whoever sends one,
+    an id still inside the window, or one never decided, is kept or left alone."""
+    run = Run()
+    run.drain()
+    run.drain("it-2", after=10)
+    run.now += timedelta(seconds=WINDOW)
+    [forgetting] = run.engine.decide(run.state, ForgetTick(run.now, ("it-2", "it-1", "it-unknown")))
+    assert forgetting.decision.changes == [Change(PROCESSED, "it-1", None)]
+    assert forgetting.decision.audit is None and not forgetting.outputs()
+    assert run.engine.decide(run.state, ForgetTick(run.now, ("it-2",))) == []  # inside the window: kept
+
+
+def test_a_forgetting_tick_reads_back_from_the_routed_topic() -> None:
+    tick = ForgetTick(START, ("it-1", "it-2"))
+    raw = json.dumps(forget_value(tick)).encode()
+    assert routed_input("tick", raw, Source("t.worker-routed", "vm/spx-proj-a/w-1", 0, 7), START) == tick
+
+
+class _Event:
+    """Stands for the Faust event a row is written under."""
+
+
+def test_the_worker_state_indexes_its_decided_ids_as_written_and_after_a_rebalance() -> None:
+    """Without its index the worker's timer never asks to forget, and ``processed`` grows for ever."""
+    engine = Engine(config(auth={"mode": "none"}, intents={"dedup_window_seconds": WINDOW}))
+    state = TableState({table: {} for table in TABLES}, GlobalView("localhost:9", {}), None)
+    later = START + timedelta(seconds=WINDOW + 1)
+    assert engine.due(state, later) == []
+    row = DecidedIntent("accepted", START, "node/gpu-node-1")
+    state.write([Change(PROCESSED, "it-1", row)], event=_Event())  # type: ignore[arg-type]
+    assert engine.due(state, START + timedelta(seconds=WINDOW)) == []  # exactly one window old: kept
+    assert engine.due(state, later) == [ForgetTick(later, ("it-1",))]
+    state.write([Change(PROCESSED, "it-1", None)], event=_Event())  # type: ignore[arg-type]
+    assert engine.due(state, later) == []
+    state.tables[PROCESSED]["it-3"] = encode_state(PROCESSED, row)  # recovered from the changelog
+    state.rebuild_indexes()  # what the worker does on every completed rebalance
+    assert engine.due(state, later) == [ForgetTick(later, ("it-3",))]

@@ -191,7 +191,7 @@ def test_rows_a_rebalance_brings_are_due_once_the_index_is_rebuilt() -> None:
     assert e.due(state, at) == []  # the index is built, from no rows
     state.tables[DRAINS]["n2"] = encode_state(DRAINS, _episode("n2", 10))  # recovered from the changelog
     assert e.due(state, at) == []
-    state.forget_deadlines()  # what the worker does on every completed rebalance
+    state.rebuild_indexes()  # what the worker does on every completed rebalance
     assert e.due(state, at) == [DeadlineTick(at, "n2")]
 
 
