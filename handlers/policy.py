@@ -133,12 +133,31 @@ def node_refusal(command: Command, *, labels: Mapping[str, str], annotations: Ma
 # ------------------------------------------------------------------------ VM changes
 
 
-def _delete(obj: dict[str, Any], path: Path) -> None:
-    for part in path[:-1]:
-        obj = obj.get(part)  # type: ignore[assignment]
-        if not isinstance(obj, dict):
+class _Owned:
+    """A document copied on write: a change copies only the maps and lists on its way, and
+    everything else stays shared with the original, which is never changed. The policy
+    judges a VM of some 10 KiB per command; whole copies of it were most of that cost."""
+
+    def __init__(self, doc: dict[str, Any]) -> None:
+        self.doc = dict(doc)
+        self._mine = {id(self.doc)}  # the containers this copy made, free to change
+
+    def child(self, node: Any, key: str | int) -> Any:
+        """``node[key]``, copied first if it is a container of the original."""
+        value = node[key]
+        if isinstance(value, (dict, list)) and id(value) not in self._mine:
+            value = node[key] = dict(value) if isinstance(value, dict) else list(value)
+            self._mine.add(id(value))
+        return value
+
+    def delete(self, path: Path) -> None:
+        """Delete ``path`` where it exists (the maps on the way copied, not the rest)."""
+        if not isinstance(parent := _get(self.doc, path[:-1]), dict) or path[-1] not in parent:
             return
-    obj.pop(path[-1], None)
+        node: Any = self.doc
+        for part in path[:-1]:
+            node = self.child(node, part)
+        del node[path[-1]]
 
 
 def _get(obj: Any, path: Path) -> Any:
@@ -151,23 +170,19 @@ def _get(obj: Any, path: Path) -> Any:
 
 def _outside_gpu_paths(vm: dict[str, Any]) -> dict[str, Any]:
     """``vm`` without what vmstream may change: the GPU paths, their annotation, and the maps
-    it creates to hold them when they are left empty."""
-    rest = copy.deepcopy(vm)
-    rest.pop("status", None)
-    metadata = rest.get("metadata")
-    if isinstance(metadata, dict):
-        for key in ("resourceVersion", "generation", "managedFields"):  # the API server's own
-            metadata.pop(key, None)
+    it creates to hold them when they are left empty. ``vm`` itself is left as it is."""
+    rest = _Owned(vm)
+    rest.doc.pop("status", None)
+    for key in ("resourceVersion", "generation", "managedFields"):  # the API server's own
+        rest.delete(("metadata", key))
     for path in VM_PATHS:
-        _delete(rest, path)
-    annotations = _get(rest, ANNOTATIONS)
-    if isinstance(annotations, dict):
-        for key in VM_ANNOTATIONS:
-            annotations.pop(key, None)
+        rest.delete(path)
+    for key in VM_ANNOTATIONS:
+        rest.delete((*ANNOTATIONS, key))
     for path in reversed(CONTAINERS):
-        if _get(rest, path) == {}:
-            _delete(rest, path)
-    return rest
+        if _get(rest.doc, path) == {}:
+            rest.delete(path)
+    return rest.doc
 
 
 def vm_change_refusal(before: dict[str, Any], after: dict[str, Any]) -> str | None:
@@ -183,16 +198,17 @@ def _token(token: str) -> str:
     return token.replace("~1", "/").replace("~0", "~")
 
 
-def _parent(doc: Any, pointer: str) -> tuple[Any, str]:
+def _parent(doc: _Owned, pointer: str) -> tuple[Any, str]:
+    """The container ``pointer`` ends in, copied on the way, and its last token."""
     if not pointer.startswith("/"):
         raise PatchError(f"not a JSON pointer: {pointer!r}")
     parts = [_token(p) for p in pointer[1:].split("/")]
-    node = doc
+    node: Any = doc.doc
     for part in parts[:-1]:
         if isinstance(node, dict) and part in node:
-            node = node[part]
+            node = doc.child(node, part)
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
+            node = doc.child(node, int(part))
         else:
             raise PatchError(f"{pointer}: no such path")
     return node, parts[-1]
@@ -200,14 +216,15 @@ def _parent(doc: Any, pointer: str) -> tuple[Any, str]:
 
 def apply_patch(doc: dict[str, Any], patch: list[dict[str, Any]]) -> dict[str, Any]:
     """RFC 6902 ``add``, ``remove``, ``replace`` and ``test`` on a copy of ``doc`` (vmstream
-    sends nothing else: ``move`` and ``copy`` are refused)."""
-    result = copy.deepcopy(doc)
+    sends nothing else: ``move`` and ``copy`` are refused). ``doc`` is left as it is; the
+    result shares with it what the patch does not touch, so it is for reading."""
+    result = _Owned(doc)
     for op in patch:
         kind, pointer = op.get("op"), op.get("path")
         if kind not in ("add", "remove", "replace", "test") or not isinstance(pointer, str):
             raise PatchError(f"unsupported patch operation {kind!r}")
         parent, key = _parent(result, pointer)
-        value = copy.deepcopy(op.get("value"))
+        value = op.get("value") if kind == "test" else copy.deepcopy(op.get("value"))
         if isinstance(parent, dict):
             if kind != "add" and key not in parent:
                 raise PatchError(f"{pointer}: no such path")
@@ -233,7 +250,7 @@ def apply_patch(doc: dict[str, Any], patch: list[dict[str, Any]]) -> dict[str, A
                 parent[index] = value
         else:
             raise PatchError(f"{pointer}: no such path")
-    return result
+    return result.doc
 
 
 def patch_refusal(live: dict[str, Any], patch: list[dict[str, Any]]) -> str | None:
