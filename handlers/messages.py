@@ -139,7 +139,7 @@ def label_key_problem(key: str) -> str | None:
     if prefix and prefix != "app.kubernetes.io" and any(
             prefix == d or prefix.endswith("." + d) for d in RESERVED_LABEL_DOMAINS):
         return f"label prefix {prefix} is reserved"
-    if not name or (problem := label_value_problem(name)):
+    if not name or label_value_problem(name):
         return "a label key's name is 1 to 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
     return None
 

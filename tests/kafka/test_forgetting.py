@@ -11,8 +11,6 @@ consumer of this test's own.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
@@ -59,13 +57,6 @@ class Changelog:
 
     def close(self) -> None:
         self.reader.close()
-
-
-@pytest.fixture
-def deployment(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Deployment]:
-    deployment = Deployment(kafka_bootstrap, tmp_path)
-    deployment.create_topics()
-    yield deployment
 
 
 def publish_misplaced(deployment: Deployment, value: dict[str, object]) -> None:

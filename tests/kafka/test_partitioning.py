@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -79,14 +77,6 @@ class Audit:
 
     def close(self) -> None:
         self.consumer.close()
-
-
-@pytest.fixture
-def deployment(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Deployment]:
-    deployment = Deployment(kafka_bootstrap, tmp_path)
-    deployment.create_topics()
-    yield deployment
-    deployment.delete_topics()
 
 
 def wait_for_two_members(deployment: Deployment, timeout: float = 90.0) -> None:
