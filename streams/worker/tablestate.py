@@ -44,6 +44,7 @@ from streams.common.globalview import GlobalView
 
 log = logging.getLogger(__name__)
 
+INDEXED_PER_ASK = 10_000  # processed rows read into the rebuilt index each time it is asked
 EXIT_UNJOURNALED = 75  # as a batch whose messages cannot be published: restarted, replayed or decided again
 
 _DELETED = object()
@@ -317,6 +318,7 @@ class TableState:
         self._encoded: dict[int, bytes] = {}  # a change's value as the journal recorded it, by id
         self._deadlines: DeadlineIndex | None = None  # None: to be rebuilt from the rows
         self._decided: ExpiryIndex | None = None  # likewise
+        self._to_index: list[str] = []  # processed keys the index has still to read
 
     def get(self, table: Table[V], key: str) -> V | None:
         """A row: rows are written through the table's own codec, so of its type."""
@@ -356,9 +358,24 @@ class TableState:
 
     @property
     def decided(self) -> ExpiryIndex:
-        """The intent ids this instance's ``processed`` rows hold, by when they were decided."""
+        """The intent ids this instance's ``processed`` rows hold, by when they were decided.
+
+        Rebuilt a slice of :data:`INDEXED_PER_ASK` rows each time it is asked (the timer asks
+        once a tick), so that a table of a week's intents does not stall the event loop after
+        a rebalance; until it is whole it names fewer ids, which only defers their forgetting.
+        Rows written meanwhile are noted as always; a row is read as it is when its turn
+        comes, and decoded without entering the decoded cache.
+        """
         if self._decided is None:
-            self._decided = ExpiryIndex.of((key, self.get(PROCESSED, key)) for key in list(self.tables[PROCESSED]))
+            self._decided = ExpiryIndex()
+            self._to_index = list(self.tables[PROCESSED].keys())
+        if self._to_index:
+            rows = self.tables[PROCESSED]
+            for key in self._to_index[-INDEXED_PER_ASK:]:
+                raw = rows.get(key)
+                if raw is not None:
+                    self._decided.note(key, decode_state(PROCESSED, raw))
+            del self._to_index[-INDEXED_PER_ASK:]
         return self._decided
 
     def rebuild_indexes(self) -> None:

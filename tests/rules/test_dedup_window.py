@@ -21,6 +21,7 @@ from handlers.tables import PROCESSED, TABLES
 from harness.scenarios import RTX, node
 from streams.common.codecs import decode_state, encode_state
 from streams.common.globalview import GlobalView
+from streams.worker import tablestate
 from streams.worker.tablestate import TableState
 from tests.support.harness import EVENTS_TOPIC, INTENTS_TOPIC, START, config
 
@@ -172,3 +173,18 @@ def test_the_worker_state_indexes_its_decided_ids_as_written_and_after_a_rebalan
     state.tables[PROCESSED]["it-3"] = encode_state(PROCESSED, row)  # recovered from the changelog
     state.rebuild_indexes()  # what the worker does on every completed rebalance
     assert engine.due(state, later) == [ForgetTick(later, ("it-3",))]
+
+
+def test_the_rebuilt_index_is_read_a_slice_at_a_time(monkeypatch: Any) -> None:
+    """A week's intents are millions of rows: after a rebalance the index is read back a
+    slice per ask, not in one pause of the event loop."""
+    monkeypatch.setattr(tablestate, "INDEXED_PER_ASK", 2)
+    engine = Engine(config(auth={"mode": "none"}, intents={"dedup_window_seconds": WINDOW}))
+    state = TableState({table: {} for table in TABLES}, GlobalView("localhost:9", {}), None)
+    for number in range(5):
+        state.tables[PROCESSED][f"it-{number}"] = encode_state(PROCESSED, DecidedIntent("accepted", START, None))
+    later = START + timedelta(seconds=WINDOW + 1)
+    asked = [len(state.decided) for _ in range(4)]
+    assert asked == [2, 4, 5, 5]
+    [tick] = engine.due(state, later)
+    assert isinstance(tick, ForgetTick) and sorted(tick.intent_ids) == [f"it-{n}" for n in range(5)]
