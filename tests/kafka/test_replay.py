@@ -120,19 +120,25 @@ def stream(kafka_bootstrap: str, kube: Kube, tmp_path_factory: pytest.TempPathFa
         out.flush()
         out.close()
 
-        def settled() -> bool:
+        def unsettled() -> list[str]:
+            """What the stream still lacks: nothing once it has settled."""
             records = read_all(kafka)
             commands = {r.json()["command_id"] for r in records if r.topic == "commands"}
             results = {r.json()["command_id"] for r in records if r.topic == "command-results"}
             stops = [r for r in records if r.topic == "commands" and r.json()["type"] == "delete_vmi"]
             audited = {r.json()["input"]["ref"] for r in records if r.topic == "audit"}
-            return (len(stops) >= 2 and commands <= results and {f"it-{n}" for _, n, _, _ in VMS} <= audited
-                    and any(r.topic == "dlq" for r in records))
+            lacking = {
+                f"the drain's stops ({len(stops)} of 2)": len(stops) >= 2,
+                f"results of {sorted(commands - results)}": commands <= results,
+                f"audits of {sorted({f'it-{n}' for _, n, _, _ in VMS} - audited)}":
+                    {f"it-{n}" for _, n, _, _ in VMS} <= audited,
+                "the dead letter": any(r.topic == "dlq" for r in records),
+            }
+            return [what for what, there in lacking.items() if not there]
 
         deadline = time.monotonic() + 120
-        while not settled():
-            assert time.monotonic() < deadline, "the stream never settled: every intent decided, the drain's " \
-                                                "stops issued, every command applied"
+        while lacking := unsettled():
+            assert time.monotonic() < deadline, f"the stream never settled: it lacks {'; '.join(lacking)}"
             time.sleep(0.5)  # polling interval
         for process in (*workers, applier):
             process.check_running()
