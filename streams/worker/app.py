@@ -518,8 +518,8 @@ class Worker:
                 for key, ids in groups.values() for at in range(0, len(ids), FORGET_PER_TICK)]
 
     async def _partitions_settled(self, sender: Any, /, *args: Any, signal: Any = None, **kwargs: Any) -> None:
-        """Partitions came or went and their tables are recovered: the deadline index is
-        rebuilt from the rows this instance now holds."""
+        """Partitions came or went and their tables are recovered: the indexes of drain
+        deadlines and decided intent ids are rebuilt from the rows this instance now holds."""
         self.state.rebuild_indexes()
 
     async def _tend_heap(self) -> None:
