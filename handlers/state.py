@@ -80,20 +80,23 @@ class TimeIndex:
             heapq.heappop(heap)  # no longer current
         return heap[0][0] if heap else None
 
-    def until(self, limit: datetime, *, inclusive: bool) -> list[str]:
-        """The keys whose time is before ``limit`` (or at it, ``inclusive``), earliest first;
-        they stay indexed until their time changes or goes."""
+    def until(self, limit: datetime, *, inclusive: bool, most: int | None = None) -> list[str]:
+        """The keys whose time is before ``limit`` (or at it, ``inclusive``), earliest first,
+        each once, and at most ``most`` of them; they stay indexed until their time changes
+        or goes. (A key whose time went back to an earlier one has two current entries.)"""
         heap = self._heap
         if not heap or heap[0][0] > limit or (not inclusive and heap[0][0] == limit):
             return []  # the common case, asked before every input
-        found: list[tuple[datetime, str]] = []
+        found: dict[str, datetime] = {}
         while heap and (heap[0][0] < limit or (inclusive and heap[0][0] == limit)):
-            entry = heapq.heappop(heap)
-            if self._at.get(entry[1]) == entry[0]:
-                found.append(entry)
-        for entry in found:
-            heapq.heappush(heap, entry)
-        return [key for _, key in found]
+            if most is not None and len(found) >= most:
+                break
+            at, key = heapq.heappop(heap)
+            if self._at.get(key) == at:
+                found[key] = at
+        for key, at in found.items():
+            heapq.heappush(heap, (at, key))
+        return list(found)
 
     def __len__(self) -> int:
         return len(self._at)
@@ -146,9 +149,10 @@ class ExpiryIndex(TimeIndex):
         earliest = self.earliest()
         return earliest is not None and earliest < at
 
-    def before(self, at: datetime) -> list[str]:
-        """The intent ids decided before ``at``, oldest first; they stay indexed until deleted."""
-        return self.until(at, inclusive=False)
+    def before(self, at: datetime, most: int | None = None) -> list[str]:
+        """The intent ids decided before ``at``, oldest first (at most ``most``); they stay
+        indexed until deleted."""
+        return self.until(at, inclusive=False, most=most)
 
 
 def dedup_window(seconds: int) -> timedelta:

@@ -242,3 +242,14 @@ def test_an_overlay_lists_rows_of_any_table_by_key() -> None:
     overlay.put(TRACKING, "vm/a/3", VMTracking(pending_episode="p3"))
     assert [t.pending_episode for t in overlay.values(TRACKING)] == ["p1b", "p3"]
     assert overlay.get(VMS, "vm/a/1") is None
+
+
+def test_a_deadline_moved_and_moved_back_is_due_once() -> None:
+    """Its row went t0 → t1 → t0: two current entries in the heap, one node due, one tick."""
+    state, e = MemoryState(), engine()
+    for seconds in (60, 600, 60):
+        state.apply([Change(DRAINS, "n1", _episode("n1", seconds))])
+    at = START + timedelta(seconds=60)
+    assert state.deadlines.due(at) == ["n1"]
+    assert e.due(state, at) == [DeadlineTick(at, "n1")]
+    assert state.deadlines.due(at) == ["n1"]  # still indexed, still once
