@@ -82,6 +82,8 @@ RESIDENTS_TOPIC = topics.RESIDENTS
 
 log = logging.getLogger(__name__)
 
+FORGET_AT_ONCE = 5_000  # intent ids past the window that one call of Engine.due names at most
+
 __all__ = ["Engine", "RawInput", "Result", "Source"]
 
 _RULES: dict[str, Callable[[Context, Any, Principal], RuleOutcome]] = {
@@ -173,12 +175,15 @@ class Engine:
         """The ticks to send at ``now``: one per node whose drain deadline may be due (the
         state's :class:`~handlers.state.DeadlineIndex`); each is decided under its node. And
         one that names the intent ids past the dedup window (the state's
-        :class:`~handlers.state.ExpiryIndex`, where it keeps one), to forget them."""
+        :class:`~handlers.state.ExpiryIndex`, where it keeps one), to forget them: the
+        oldest :data:`FORGET_AT_ONCE`, so that a backlog of them (a first start with a
+        window, a window shortened) costs each tick a bounded pass."""
         ticks: list[DeadlineTick | ForgetTick] = [DeadlineTick(now, node) for node in due_nodes(state, now)]
         index: ExpiryIndex | None = getattr(state, "decided", None)
         horizon = self._horizon(now)
         if index is not None and index.any_before(horizon):
-            ticks.append(ForgetTick(now, tuple(self._expired(state, index.before(horizon), horizon))))
+            oldest = index.before(horizon, most=FORGET_AT_ONCE)
+            ticks.append(ForgetTick(now, tuple(self._expired(state, oldest, horizon))))
         return ticks
 
     def _horizon(self, now: datetime) -> datetime:
@@ -351,7 +356,7 @@ class Engine:
     def _forget_decided(self, state: StateView, now: datetime, intent_ids: Iterable[str]) -> list[Result]:
         """The ``processed`` rows of ``intent_ids`` past the dedup window at ``now`` deleted, as
         one decision with no outputs (housekeeping: no input is decided, so nothing is
-        audited); the others are kept, whoever named them."""
+        audited); the others are kept."""
         expired = self._expired(state, intent_ids, self._horizon(now))
         if not expired:
             return []

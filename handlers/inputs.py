@@ -77,8 +77,10 @@ class ForgetTick:
     """The time is ``at``: forget these intent ids if they are past the dedup window.
 
     The worker names the ids, because it must decide the forgetting in the routed partition
-    whose changelog holds their rows; the engine checks each row's own time, so a tick can
-    forget nothing that is still inside the window, whoever sent it.
+    whose changelog holds their rows; the engine checks each row's own time against ``at``,
+    so a tick forgets nothing decided within a window of its own time. That time is the
+    routed record's timestamp, which only the worker writes (the topic's ACLs), as for a
+    drain deadline's tick.
     """
 
     at: datetime

@@ -37,7 +37,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp.web
-from aiokafka.partitioner import DefaultPartitioner
 from faust.types import EventT
 
 from handlers.capacity import capacity_report
@@ -201,8 +200,6 @@ class Worker:
         )
         self.app.task(self.pages_view.run)
         self.missing_topics: list[str] | None = None  # checked at start, then while any is missing
-        # The routed topic's partitioner (aiokafka's murmur2, Faust's producer's): where a key goes.
-        self._partitioner = DefaultPartitioner()
         self._asked_to_forget: dict[str, float] = {}  # intent id → when a tick was sent to forget it
         self.app.agent(self.inputs, name="route")(self._route)
         self.app.agent(self.routed, name="decide")(self._decide)
@@ -497,23 +494,32 @@ class Worker:
         metrics.record_lag(self.app)
 
     def _forgetting(self, tick: ForgetTick) -> list[tuple[bytes, ForgetTick]]:
-        """``tick``'s intent ids grouped by the routed partition their rows were written in,
-        each group keyed by one of its rows' routed keys (so the worker's own partitioner
-        puts it there) and cut into ticks of at most :data:`FORGET_PER_TICK` ids. An id asked
-        for within :data:`FORGET_AGAIN_SECONDS` is left out: its tick may not be decided yet."""
+        """``tick``'s intent ids grouped by the routed partition their rows were written in —
+        where the worker's producer puts the key each row was decided under, by that
+        producer's own partitioner and its metadata of the topic — each group keyed by one
+        of those keys, so its tick lands there, and cut into ticks of at most
+        :data:`FORGET_PER_TICK` ids. An id asked for within :data:`FORGET_AGAIN_SECONDS` is
+        left out: its tick may not be decided yet. Nothing is sent while the producer does
+        not know the topic's partitions."""
         clock = time.monotonic()
         asked = self._asked_to_forget
         for intent_id in [i for i, at in asked.items() if clock - at >= FORGET_AGAIN_SECONDS]:
             del asked[intent_id]
-        partitions = list(range(self.kafka.partitions))
+        topic = self.routed.get_topic_name()
         groups: dict[int, tuple[bytes, list[str]]] = {}
-        for intent_id in tick.intent_ids:
-            row = self.state.get(PROCESSED, intent_id)
-            if intent_id in asked or not isinstance(row, DecidedIntent):
-                continue
-            asked[intent_id] = clock
-            key = (row.key or UNROUTABLE_KEY).encode()  # the routed key the intent was decided under
-            groups.setdefault(self._partitioner(key, partitions, partitions), (key, []))[1].append(intent_id)
+        try:
+            for intent_id in tick.intent_ids:
+                row = self.state.get(PROCESSED, intent_id)
+                if intent_id in asked or not isinstance(row, DecidedIntent):
+                    continue
+                key = (row.key or UNROUTABLE_KEY).encode()  # the routed key the intent was decided under
+                partition = self.app.producer.key_partition(topic, key).partition
+                groups.setdefault(partition, (key, []))[1].append(intent_id)
+        except Exception as error:  # no metadata of the routed topic yet: asked again next tick
+            log.info("not forgetting yet: %r", error)
+            return []
+        for _, ids in groups.values():
+            asked.update(dict.fromkeys(ids, clock))
         return [(key, ForgetTick(tick.at, tuple(ids[at:at + FORGET_PER_TICK])))
                 for key, ids in groups.values() for at in range(0, len(ids), FORGET_PER_TICK)]
 

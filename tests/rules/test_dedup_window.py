@@ -11,6 +11,7 @@ import json
 from datetime import datetime, timedelta
 from typing import Any
 
+from handlers import engine as engine_module
 from handlers.config import Config
 from handlers.engine import Engine, Result
 from handlers.inputs import DeadlineTick, ForgetTick, IntentInput, Source, WatchInput, forget_value, routed_input
@@ -136,8 +137,8 @@ def test_a_decided_row_survives_its_codec() -> None:
 
 
 def test_a_tick_that_names_intent_ids_forgets_only_those_past_the_window() -> None:
-    """The worker's tick names the ids (their rows' partition decides it); whoever sends one,
-    an id still inside the window, or one never decided, is kept or left alone."""
+    """The worker's tick names the ids (their rows' partition decides it); an id still inside
+    the window at the tick's time, or one never decided, is kept or left alone."""
     run = Run()
     run.drain()
     run.drain("it-2", after=10)
@@ -188,3 +189,15 @@ def test_the_rebuilt_index_is_read_a_slice_at_a_time(monkeypatch: Any) -> None:
     assert asked == [2, 4, 5, 5]
     [tick] = engine.due(state, later)
     assert isinstance(tick, ForgetTick) and sorted(tick.intent_ids) == [f"it-{n}" for n in range(5)]
+
+
+def test_a_backlog_of_expired_ids_is_named_a_bounded_batch_at_a_time(monkeypatch: Any) -> None:
+    """A first start with a window over a table of old ids: each tick names the oldest few,
+    never the whole backlog (a pass over it every second would stall the worker)."""
+    monkeypatch.setattr(engine_module, "FORGET_AT_ONCE", 2)
+    run = Run()
+    for number in range(5):
+        run.drain(f"it-{number}", after=1)
+    run.now += timedelta(seconds=2 * WINDOW)
+    [tick] = run.engine.due(run.state, run.now)
+    assert tick == ForgetTick(run.now, ("it-0", "it-1"))
