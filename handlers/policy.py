@@ -136,7 +136,8 @@ def node_refusal(command: Command, *, labels: Mapping[str, str], annotations: Ma
 class _Owned:
     """A document copied on write: a change copies only the maps and lists on its way, and
     everything else stays shared with the original, which is never changed. The policy
-    judges a VM of some 10 KiB per command; whole copies of it were most of that cost."""
+    judges a whole VM per command; three whole copies of it were most of that cost
+    (benchmarks/policy_cost.py)."""
 
     def __init__(self, doc: dict[str, Any]) -> None:
         self.doc = dict(doc)

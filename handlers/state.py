@@ -117,8 +117,10 @@ class DeadlineIndex(TimeIndex):
 
     def note(self, node: str, episode: DrainEpisode | None) -> None:
         """The ``drains`` row of ``node`` is now ``episode`` (None: deleted)."""
-        pending = episode is not None and not episode.deadline_passed and not episode.completed
-        self.set(node, episode.deadline if pending and episode is not None else None)
+        if episode is None or episode.deadline_passed or episode.completed:
+            self.set(node, None)
+        else:
+            self.set(node, episode.deadline)
 
     def due(self, now: datetime) -> list[str]:
         """The nodes whose deadline is at or before ``now``, in name order; they stay
