@@ -1,7 +1,8 @@
 """Kafka clients configured from settings: one place for bootstrap, TLS and SASL options.
 
-kafka-python serves administration and the CLI's producers and consumers; the worker's
-Faust app gets the same options through streams/worker/broker_credentials.py.
+kafka-python serves administration and the CLI's producers and consumers, librdkafka the
+applier's outputs (streams/common/durable.py); the worker's Faust app gets the same options
+through streams/worker/broker_credentials.py.
 """
 
 from __future__ import annotations
@@ -69,4 +70,17 @@ def aiokafka_options(kafka: KafkaSettings) -> dict[str, Any]:
         options["sasl_mechanism"] = kafka.sasl_mechanism
         options["sasl_plain_username"] = kafka.sasl_username
         options["sasl_plain_password"] = kafka.sasl_password.get_secret_value() if kafka.sasl_password else None
+    return options
+
+
+def librdkafka_options(kafka: KafkaSettings) -> dict[str, Any]:
+    """The same options for a librdkafka client (confluent-kafka: streams/common/durable.py)."""
+    options: dict[str, Any] = {"bootstrap.servers": kafka.bootstrap_servers,
+                               "security.protocol": kafka.security_protocol.lower()}
+    if kafka.sasl_mechanism:
+        options["sasl.mechanism"] = kafka.sasl_mechanism
+        options["sasl.username"] = kafka.sasl_username
+        options["sasl.password"] = kafka.sasl_password.get_secret_value() if kafka.sasl_password else None
+    if kafka.ssl_cafile:
+        options["ssl.ca.location"] = kafka.ssl_cafile
     return options

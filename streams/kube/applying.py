@@ -65,7 +65,8 @@ from handlers.topics import AUDIT, COMMAND_RESULTS, COMMANDS, NOTIFICATIONS
 from streams.common import metrics
 from streams.common.cloudevents import TraceBook, event_source, kafka_headers, ref_of
 from streams.common.codecs import encode_message
-from streams.common.kafka_clients import consumer, producer
+from streams.common.durable import DurableProducer, Record
+from streams.common.kafka_clients import consumer
 from streams.common.probes import ProbeServer, add_probe_arguments
 from streams.common.reading import assign_from_start, partitions_of, read_to_end
 from streams.common.settings import Settings
@@ -74,7 +75,7 @@ from streams.common.topics import ensure_topics
 from streams.kube.informing import UNKNOWN, PolicyCache, Unknown
 
 if TYPE_CHECKING:
-    from kafka import KafkaConsumer, KafkaProducer
+    from kafka import KafkaConsumer
     from kafka.consumer.fetcher import ConsumerRecord
     from pydantic import BaseModel
 
@@ -819,7 +820,7 @@ class Applier:
     def run(self, stop: threading.Event) -> None:
         """Run until ``stop`` is set; ``ready`` is set once the ledger has been read."""
         ledger = ResultLedger(self.settings, keyring=self.keyring)
-        out = producer(self.kafka, client_id=f"{self.settings.worker.app_id}-applier")
+        out = DurableProducer(self.kafka, client_id=f"{self.settings.worker.app_id}-applier")
         commands = consumer(
             self.kafka, group_id=self.group_id, enable_auto_commit=False,
             auto_offset_reset="earliest", isolation_level="read_committed",
@@ -923,7 +924,7 @@ class Applier:
         first.append((self.kafka.topic(AUDIT), decision.audit.input.key or "", decision.audit))
         return first, [(self.kafka.topic(COMMAND_RESULTS), subject_key(command.target), decision.result)]
 
-    def _release(self, lanes: Lanes, commands: KafkaConsumer, out: KafkaProducer, *, wait: bool = False,
+    def _release(self, lanes: Lanes, commands: KafkaConsumer, out: DurableProducer, *, wait: bool = False,
                  sync: bool = True) -> None:
         """Publish what the commands at the head of each partition came to, and commit past them.
 
@@ -986,18 +987,15 @@ class Applier:
                                   decision.notification)
         return decision
 
-    def _send(self, out: KafkaProducer, messages: Sequence[tuple[str, str, BaseModel]]) -> None:
+    def _send(self, out: DurableProducer, messages: Sequence[tuple[str, str, BaseModel]]) -> None:
         """Send and wait for the broker; each record carries the CloudEvents headers and the
         trace of the command it comes of (streams/common/cloudevents.py)."""
-        futures = [
-            out.send(topic, key=key.encode() if key else None, value=encode_message(value, keyring=self.keyring),
-                     headers=list(kafka_headers(value, source=self.event_source, trace=self.traces.trace(ref_of(value)),
-                                                time=self.clock()).items()))
+        out.send_all([
+            Record(topic, key.encode() if key else None, encode_message(value, keyring=self.keyring),
+                   list(kafka_headers(value, source=self.event_source, trace=self.traces.trace(ref_of(value)),
+                                      time=self.clock()).items()))
             for topic, key, value in messages
-        ]
-        out.flush()
-        for future in futures:
-            future.get(timeout=30)
+        ])
         for _, _, value in messages:
             if isinstance(value, CommandResult):  # the command is done: its trace is not needed again
                 self.traces.forget(value.command_id)

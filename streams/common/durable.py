@@ -1,0 +1,108 @@
+"""A producer that sends a batch of records and returns once the broker has every one.
+
+The applier publishes what each command came to before it commits the command's offset
+(streams/kube/applying.py): every send waits for ``acks=all``. kafka-python does that in
+Python, on a sender thread and an I/O thread of its own, about 1.3 ms of the applier's CPU
+per command (two records) on the benchmark of benchmarks/apply_rate.py, more than the API
+call it records; librdkafka (confluent-kafka) does it in C, outside the GIL that the
+applier's API calls share. Idempotent, as every producer of vmstream's: a retried send
+never writes a record twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from streams.common.kafka_clients import librdkafka_options
+from streams.common.settings import KafkaSettings
+
+# librdkafka's own lines, as JSON lines held to a rate with the other Kafka clients' (streams/common/logs.py).
+LIBRDKAFKA_LOG = logging.getLogger("kafka.librdkafka")
+DELIVERY_SECONDS = 30.0  # a record the broker has not acknowledged by then is a failed send
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One record to send: bytes as they go on the wire."""
+
+    topic: str
+    key: bytes | None
+    value: bytes
+    headers: Sequence[tuple[str, bytes]] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """Where the broker put a record."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+class NotDelivered(RuntimeError):
+    """A record of the batch was refused, or not acknowledged in time: the caller must not
+    go on as if it were written (the applier stops before committing its inputs)."""
+
+
+class DurableProducer:
+    """``send_all``: produce a batch, wait for the broker's acknowledgement of every record.
+
+    Keys are partitioned as the Java client and kafka-python do (murmur2), so a key's
+    records land where they did before this producer and where any other client puts them.
+    """
+
+    def __init__(self, kafka: KafkaSettings, *, client_id: str, timeout: float = DELIVERY_SECONDS) -> None:
+        self.timeout = timeout
+        self._producer = Producer({
+            **librdkafka_options(kafka),
+            "client.id": client_id,
+            "enable.idempotence": True,  # acks=all, and retries that never duplicate
+            "partitioner": "murmur2_random",  # the Java client's murmur2; a record without a key anywhere
+            "linger.ms": 0,  # a batch is sent as a whole already
+            "delivery.timeout.ms": int(timeout * 1000),
+        }, logger=LIBRDKAFKA_LOG)
+
+    def send_all(self, records: Sequence[Record]) -> list[Delivered]:
+        """Send ``records`` and wait until the broker has acknowledged every one; where each
+        landed, in the order given. Raises :class:`NotDelivered` when any was not written."""
+        reports: list[Delivered | KafkaError | None] = [None] * len(records)
+
+        def report(index: int) -> Any:
+            def delivered(error: KafkaError | None, message: Message) -> None:
+                reports[index] = error if error is not None else Delivered(
+                    str(message.topic()), int(message.partition() or 0), int(message.offset() or 0))
+            return delivered
+
+        for index, record in enumerate(records):
+            self._produce(record, report(index))
+        left = self._producer.flush(self.timeout)
+        failed = [(record, outcome) for record, outcome in zip(records, reports, strict=True)
+                  if not isinstance(outcome, Delivered)]
+        if failed:
+            record, outcome = failed[0]
+            why = outcome.str() if isinstance(outcome, KafkaError) else f"not acknowledged in {self.timeout:g}s"
+            raise NotDelivered(f"{len(failed)} of {len(records)} records not written ({left} still queued); "
+                               f"first: {record.topic}, {len(record.value)} bytes: {why}")
+        return [outcome for outcome in reports if isinstance(outcome, Delivered)]
+
+    def _produce(self, record: Record, on_delivery: Any) -> None:
+        for _ in range(2):
+            try:
+                self._producer.produce(record.topic, record.value, record.key, headers=list(record.headers),
+                                       on_delivery=on_delivery)
+                return
+            except BufferError:  # the local queue is full: let it drain, then once more
+                self._producer.flush(self.timeout)
+            except KafkaException as error:  # refused at once (too large, unknown topic)
+                raise NotDelivered(f"{record.topic}, {len(record.value)} bytes: {error}") from error
+        raise NotDelivered(f"{record.topic}: the producer's queue stayed full for {self.timeout:g}s")
+
+    def close(self) -> None:
+        """Send what is queued (for at most the delivery timeout)."""
+        self._producer.flush(self.timeout)
