@@ -44,9 +44,12 @@ class KeyringError(ValueError):
 
 def canonical(value: BaseModel) -> bytes:
     """The bytes a MAC covers: the message as data, without its ``mac``, in one spelling."""
-    body = value.model_dump(mode="json", exclude_none=True)
-    body.pop(MAC_FIELD, None)
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return _canonical_body(value.model_dump(mode="json", exclude_none=True))
+
+
+def _canonical_body(body: Mapping[str, Any]) -> bytes:
+    unsealed = {key: item for key, item in body.items() if key != MAC_FIELD}
+    return json.dumps(unsealed, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def _b64(raw: bytes) -> str:
@@ -71,14 +74,22 @@ class Keyring:
         return bool(self.keys)
 
     def mac(self, purpose: Purpose, value: BaseModel, kid: str) -> str:
-        digest = hmac.new(self.keys[kid], DOMAIN + purpose.encode() + b"\n" + canonical(value), hashlib.sha256)
+        return self._mac(purpose, canonical(value), kid)
+
+    def _mac(self, purpose: Purpose, covered: bytes, kid: str) -> str:
+        digest = hmac.new(self.keys[kid], DOMAIN + purpose.encode() + b"\n" + covered, hashlib.sha256)
         return _b64(digest.digest())
 
     def seal(self, purpose: Purpose, value: BaseModel) -> dict[str, str]:
         """The ``mac`` field for ``value``, with the active key."""
+        return self.seal_body(purpose, value.model_dump(mode="json", exclude_none=True))
+
+    def seal_body(self, purpose: Purpose, body: Mapping[str, Any]) -> dict[str, str]:
+        """The ``mac`` field for a message already dumped as data (``model_dump(mode="json",
+        exclude_none=True)``): a message is sealed and written from one dump, not two."""
         if self.active is None:
             raise KeyringError("no active signing key")
-        return {"alg": ALGORITHM, "kid": self.active, "value": self.mac(purpose, value, self.active)}
+        return {"alg": ALGORITHM, "kid": self.active, "value": self._mac(purpose, _canonical_body(body), self.active)}
 
     def problem(self, purpose: Purpose, value: BaseModel) -> str | None:
         """Why ``value``'s ``mac`` does not vouch for it; None when it does."""
@@ -113,7 +124,7 @@ def sealed_json(value: BaseModel, keyring: Keyring) -> bytes | None:
     if purpose is None or not keyring:
         return None
     body = value.model_dump(mode="json", exclude_none=True)
-    body[MAC_FIELD] = keyring.seal(purpose, value)
+    body[MAC_FIELD] = keyring.seal_body(purpose, body)
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
 
 
