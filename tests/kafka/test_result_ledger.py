@@ -1,0 +1,128 @@
+"""The applier's ledger of results (streams/kube/applying.py) on a real broker, and the lines
+it logs per command.
+
+The ledger reads the command-results topic to learn which commands are done. The results
+this applier wrote itself it knows already: they are skipped by where the broker put them
+(the offsets its producer reported), not opened and checked again. Everything else (another
+applier's result, a forgery) is judged as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from handlers import ids
+from handlers.decisions import subject_key
+from handlers.messages import Command, ObjectRef
+from handlers.results import decide_result
+from handlers.topics import COMMAND_RESULTS
+from harness.running import CONFIG, Deployment
+from streams.common.codecs import encode_message
+from streams.common.durable import DurableProducer, Record
+from streams.common.settings import Settings, load_settings
+from streams.common.signing import Keyring
+from streams.kube import applying
+from streams.kube.applying import Applied, Applier, ResultLedger
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.kafka
+
+NOW = datetime(2026, 12, 1, tzinfo=UTC)
+
+
+def command(name: str) -> Command:
+    target = ObjectRef(kind="VirtualMachine", namespace="spx-proj-a", name=name)
+    return Command(command_id=ids.command_id(f"cause-{name}", "restart_vm", subject_key(target)), type="restart_vm",
+                   target=target, cause=f"cause-{name}", issued_at=NOW)
+
+
+def result_record(settings: Settings, keyring: Keyring, name: str) -> tuple[str, Record]:
+    issued = command(name)
+    result = decide_result(issued, outcome="applied", now=NOW, topic="commands").result
+    return issued.command_id, Record(settings.kafka.topic(COMMAND_RESULTS), subject_key(issued.target).encode(),
+                                     encode_message(result, keyring=keyring))
+
+
+def settings_of(deployment: Deployment) -> Settings:
+    return load_settings(CONFIG).model_copy(update={"kafka": deployment.kafka, "signing": deployment.signing})
+
+
+def test_the_ledger_skips_its_own_results_and_judges_the_rest(
+        deployment: Deployment, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = settings_of(deployment)
+    keyring = settings.signing.keyring()
+    opened: list[bytes] = []
+    real_open = applying.open_sealed
+
+    def counting_open(model: Any, raw: bytes, purpose: Any, keys: Keyring) -> Any:
+        opened.append(raw)
+        return real_open(model, raw, purpose, keys)
+
+    monkeypatch.setattr(applying, "open_sealed", counting_open)
+    ledger = ResultLedger(settings, keyring=keyring)
+    producer = DurableProducer(settings.kafka, client_id="vmstream-test")
+    try:
+        own_ids, own = zip(*(result_record(settings, keyring, f"own-{i}") for i in range(5)), strict=True)
+        for command_id in own_ids:  # what the applier does as it reads a command
+            ledger.add(command_id)
+        ledger.wrote(producer.send_all(list(own)))
+        other_id, other = result_record(settings, keyring, "other")  # another applier's
+        forged_id, forged = result_record(settings, Keyring({"k-x": b"y" * 32}, active="k-x"), "forged")
+        producer.send_all([other, forged])
+        eventually(lambda: (ledger.take_arrived(), other_id in ledger)[1], "the other applier's result to count")
+        eventually(lambda: (ledger.take_arrived(), ledger.ignored)[1] == 1, "the forgery to be read")
+    finally:
+        producer.close()
+        ledger.close()
+    assert forged_id not in ledger
+    assert set(own_ids) <= ledger.done
+    assert sorted(opened) == sorted([other.value, forged.value])  # its own five were never opened
+    assert not ledger.written  # each offset forgotten once read back: the set does not grow
+
+
+def test_a_result_at_an_offset_not_its_own_is_opened_even_if_its_command_is_known(deployment: Deployment) -> None:
+    """Only the broker's word on where a record is counts as "own", never what a record says."""
+    settings = settings_of(deployment)
+    keyring = settings.signing.keyring()
+    ledger = ResultLedger(settings, keyring=keyring)
+    producer = DurableProducer(settings.kafka, client_id="vmstream-test")
+    try:
+        command_id, record = result_record(settings, Keyring({"k-x": b"y" * 32}, active="k-x"), "known")
+        ledger.add(command_id)
+        ledger.wrote([])  # it wrote nothing
+        producer.send_all([record])
+        eventually(lambda: (ledger.take_arrived(), ledger.ignored)[1] == 1, "the forged result to be judged")
+    finally:
+        producer.close()
+        ledger.close()
+
+
+class _Answers:
+    """A ``KubeApplier`` stand-in that answers each command with a given outcome."""
+
+    cache = None
+
+    def __init__(self, applied: Applied) -> None:
+        self.applied = applied
+
+    def apply(self, issued: Command) -> Applied:
+        return self.applied
+
+
+@pytest.mark.parametrize(("applied", "level"), [
+    (Applied("applied", resource_version="2"), logging.DEBUG),
+    (Applied("noop", resource_version="2"), logging.DEBUG),
+    (Applied("conflict_retried", resource_version="3"), logging.INFO),
+    (Applied("failed", error="the API server said no"), logging.INFO),
+])
+def test_a_command_that_went_as_planned_is_logged_at_debug_the_rest_at_info(
+        deployment: Deployment, caplog: pytest.LogCaptureFixture, applied: Applied, level: int) -> None:
+    applier = Applier(settings_of(deployment), _Answers(applied))  # type: ignore[arg-type]
+    with caplog.at_level(logging.DEBUG, logger=applying.__name__):
+        applier.apply_one(command("vm-1"))
+    lines = [r for r in caplog.records if r.name == applying.__name__ and f": {applied.outcome}" in r.getMessage()]
+    assert [r.levelno for r in lines] == [level]
