@@ -15,18 +15,22 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from streams.common.settings import KafkaSettings
 
 
-def client_options(kafka: KafkaSettings) -> dict[str, Any]:
-    options: dict[str, Any] = {
-        "bootstrap_servers": kafka.bootstrap_servers.split(","),
-        "security_protocol": kafka.security_protocol,
-    }
+def _credentials(kafka: KafkaSettings, mechanism: str, username: str, password: str, cafile: str) -> dict[str, Any]:
+    """The SASL and TLS settings under a client's own names for them."""
+    options: dict[str, Any] = {}
     if kafka.sasl_mechanism:
-        options["sasl_mechanism"] = kafka.sasl_mechanism
-        options["sasl_plain_username"] = kafka.sasl_username
-        options["sasl_plain_password"] = kafka.sasl_password.get_secret_value() if kafka.sasl_password else None
+        options[mechanism] = kafka.sasl_mechanism
+        options[username] = kafka.sasl_username
+        options[password] = kafka.sasl_password.get_secret_value() if kafka.sasl_password else None
     if kafka.ssl_cafile:
-        options["ssl_cafile"] = kafka.ssl_cafile
+        options[cafile] = kafka.ssl_cafile
     return options
+
+
+def client_options(kafka: KafkaSettings) -> dict[str, Any]:
+    """The options of a kafka-python client."""
+    return {"bootstrap_servers": kafka.bootstrap_servers.split(","), "security_protocol": kafka.security_protocol,
+            **_credentials(kafka, "sasl_mechanism", "sasl_plain_username", "sasl_plain_password", "ssl_cafile")}
 
 
 def admin_client(kafka: KafkaSettings) -> KafkaAdminClient:
@@ -75,12 +79,5 @@ def aiokafka_options(kafka: KafkaSettings) -> dict[str, Any]:
 
 def librdkafka_options(kafka: KafkaSettings) -> dict[str, Any]:
     """The same options for a librdkafka client (confluent-kafka: streams/common/durable.py)."""
-    options: dict[str, Any] = {"bootstrap.servers": kafka.bootstrap_servers,
-                               "security.protocol": kafka.security_protocol.lower()}
-    if kafka.sasl_mechanism:
-        options["sasl.mechanism"] = kafka.sasl_mechanism
-        options["sasl.username"] = kafka.sasl_username
-        options["sasl.password"] = kafka.sasl_password.get_secret_value() if kafka.sasl_password else None
-    if kafka.ssl_cafile:
-        options["ssl.ca.location"] = kafka.ssl_cafile
-    return options
+    return {"bootstrap.servers": kafka.bootstrap_servers, "security.protocol": kafka.security_protocol.lower(),
+            **_credentials(kafka, "sasl.mechanism", "sasl.username", "sasl.password", "ssl.ca.location")}
