@@ -38,7 +38,7 @@ class Record:
 
 @dataclass(frozen=True, slots=True)
 class Delivered:
-    """Where the broker put a record."""
+    """Where the broker put a record (-1: the broker did not say)."""
 
     topic: str
     partition: int
@@ -75,8 +75,9 @@ class DurableProducer:
 
         def report(index: int) -> Any:
             def delivered(error: KafkaError | None, message: Message) -> None:
+                partition, offset = message.partition(), message.offset()
                 reports[index] = error if error is not None else Delivered(
-                    str(message.topic()), int(message.partition() or 0), int(message.offset() or 0))
+                    str(message.topic()), -1 if partition is None else partition, -1 if offset is None else offset)
             return delivered
 
         for index, record in enumerate(records):

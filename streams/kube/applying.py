@@ -639,7 +639,8 @@ class ResultLedger:
         """Results this applier wrote, where the broker says it put them: their commands are
         in :attr:`done` since they were read, so reading them back needs no parse and no MAC
         check, which was a tenth of the loop's own CPU per command."""
-        self.written.update((place.partition, place.offset) for place in delivered if place.topic == self.topic)
+        self.written.update((place.partition, place.offset) for place in delivered
+                            if place.topic == self.topic and place.offset >= 0)
 
     def catch_up(self, timeout: float = 60.0) -> None:
         """Read every result up to the end offsets as they are now."""
