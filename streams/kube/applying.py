@@ -627,7 +627,8 @@ class ResultLedger:
         )
         self.partitions = assign_from_start(self.consumer, [self.topic], wait=timeout)
         self.done: set[str] = set()
-        self.written: set[tuple[int, int]] = set()  # (partition, offset) of results this applier wrote
+        # partition → offsets of the results this applier wrote there, oldest first, until read back
+        self.written: dict[int, deque[int]] = {tp.partition: deque() for tp in self.partitions}
 
     def __contains__(self, command_id: object) -> bool:
         return command_id in self.done
@@ -636,11 +637,26 @@ class ResultLedger:
         self.done.add(command_id)
 
     def wrote(self, delivered: Iterable[Delivered]) -> None:
-        """Results this applier wrote, where the broker says it put them: their commands are
-        in :attr:`done` since they were read, so reading them back needs no parse and no MAC
-        check, which was a tenth of the loop's own CPU per command."""
-        self.written.update((place.partition, place.offset) for place in delivered
-                            if place.topic == self.topic and place.offset >= 0)
+        """Results this applier wrote, where the broker says it put them. Their commands were
+        added to :attr:`done` as they were read (a refusal of an unsealed command marks
+        nothing done, sealed or not), so reading them back needs no parse and no MAC check,
+        which was a tenth of the loop's own CPU per command. Only the partitions this ledger
+        reads, and only offsets the broker reported."""
+        for place in delivered:
+            mine = self.written.get(place.partition)
+            if place.topic == self.topic and place.offset >= 0 and mine is not None:
+                mine.append(place.offset)
+
+    def _own(self, record: ConsumerRecord) -> bool:
+        """Is ``record`` one this applier wrote? Offsets below it that were never read back
+        (compacted away, or skipped) are forgotten on the way: a partition is read in order."""
+        mine = self.written.get(record.partition)
+        while mine and mine[0] < record.offset:
+            mine.popleft()
+        if mine and mine[0] == record.offset:
+            mine.popleft()
+            return True
+        return False
 
     def catch_up(self, timeout: float = 60.0) -> None:
         """Read every result up to the end offsets as they are now."""
@@ -654,9 +670,7 @@ class ResultLedger:
                 self._read(record)
 
     def _read(self, record: ConsumerRecord) -> None:
-        place = (record.partition, record.offset)
-        if place in self.written:  # this applier's own: its command is done already
-            self.written.discard(place)
+        if self._own(record):  # this applier's own: its command is done already
             return
         result, problem = open_sealed(CommandResult, record.value or b"", "command-result", self.keyring)
         if result is None or problem is not None or (result.model_extra or {}).get("refused") == "unauthenticated":
@@ -824,6 +838,7 @@ class Applier:
         self.traces = TraceBook()  # each command's trace, carried by what comes of it (docs/integrators.md)
         self.ready = threading.Event()
         self.uncommitted: dict[Any, int] = {}  # partition → offset past its last released command
+        self.unpublished: BaseException | None = None  # why a release failed: nothing is committed after it
         self.committed_at = time.monotonic()
         self.keyring = settings.signing.keyring()
         if not self.keyring or self.keyring.active is None:
@@ -951,14 +966,25 @@ class Applier:
         cannot: the commit is sent, not waited for). A commit not made when the process dies
         or a partition moves only means commands read again: the ledger, read to its end at
         start and after an assignment, skips them.
+
+        Once a release could not be published, nothing is released or committed again by
+        this process, whoever asks (the loop, or kafka-python's revoke listener as the
+        consumer closes): the commands released with it were taken off their lanes, so a
+        later commit would pass them, and they were applied without a result.
         """
+        if self.unpublished is not None:
+            return
         if wait:
             lanes.wait_until_idle()
         first, results, offsets = lanes.release()
-        if first:
-            self._send(out, first)
-        if results:
-            ledger.wrote(self._send(out, results))
+        try:
+            if first:
+                self._send(out, first)
+            if results:
+                ledger.wrote(self._send(out, results))
+        except BaseException as error:
+            self.unpublished = error
+            raise
         self.uncommitted.update(offsets)
         if self.uncommitted and (wait or time.monotonic() - self.committed_at >= COMMIT_SECONDS):
             self._commit(commands, self.uncommitted, wait=wait and sync)

@@ -10,6 +10,7 @@ applier's result, a forgery) is judged as before.
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,7 +23,7 @@ from handlers.results import decide_result
 from handlers.topics import COMMAND_RESULTS
 from harness.running import CONFIG, Deployment
 from streams.common.codecs import encode_message
-from streams.common.durable import DurableProducer, Record
+from streams.common.durable import Delivered, DurableProducer, Record
 from streams.common.settings import Settings, load_settings
 from streams.common.signing import Keyring
 from streams.kube import applying
@@ -81,7 +82,7 @@ def test_the_ledger_skips_its_own_results_and_judges_the_rest(
     assert forged_id not in ledger
     assert set(own_ids) <= ledger.done
     assert sorted(opened) == sorted([other.value, forged.value])  # its own five were never opened
-    assert not ledger.written  # each offset forgotten once read back: the set does not grow
+    assert not any(ledger.written.values())  # each offset forgotten once read back: nothing grows
 
 
 def test_a_result_at_an_offset_not_its_own_is_opened_even_if_its_command_is_known(deployment: Deployment) -> None:
@@ -126,3 +127,29 @@ def test_a_command_that_went_as_planned_is_logged_at_debug_the_rest_at_info(
         applier.apply_one(command("vm-1"))
     lines = [r for r in caplog.records if r.name == applying.__name__ and f": {applied.outcome}" in r.getMessage()]
     assert [r.levelno for r in lines] == [level]
+
+
+def test_only_offsets_of_its_own_topic_and_partitions_are_kept_and_passed_ones_are_forgotten(
+        deployment: Deployment) -> None:
+    settings = settings_of(deployment)
+    keyring = settings.signing.keyring()
+    ledger = ResultLedger(settings, keyring=keyring)
+    producer = DurableProducer(settings.kafka, client_id="vmstream-test")
+    try:
+        results = settings.kafka.topic(COMMAND_RESULTS)
+        ledger.wrote([Delivered(settings.kafka.topic("audit"), 0, 0),  # another topic
+                      Delivered(results, settings.kafka.partitions + 3, 0),  # a partition it does not read
+                      Delivered(results, 0, -1)])  # an offset the broker did not report
+        assert not any(ledger.written.values())
+        _, record = result_record(settings, keyring, "passed")
+        [place] = producer.send_all([record])
+        ledger.wrote([place])
+        eventually(lambda: (ledger.take_arrived(), not ledger.written[place.partition])[1],
+                   "its own result read back")
+        # An offset it wrote that is never read back (compacted away) goes once a later one is read.
+        ledger.wrote([Delivered(results, 0, 7), Delivered(results, 0, 9)])
+        assert ledger._own(SimpleNamespace(partition=0, offset=9))  # type: ignore[arg-type]
+        assert not ledger.written[0]
+    finally:
+        producer.close()
+        ledger.close()
