@@ -23,7 +23,12 @@ from streams.common.settings import KafkaSettings
 
 # librdkafka's own lines, as JSON lines held to a rate with the other Kafka clients' (streams/common/logs.py).
 LIBRDKAFKA_LOG = logging.getLogger("kafka.librdkafka")
-DELIVERY_SECONDS = 30.0  # a record the broker has not acknowledged by then is a failed send
+DELIVERY_SECONDS = 120.0  # a record not acknowledged by then is a failed send (kafka-python's delivery timeout)
+REQUEST_SECONDS = 15.0  # one produce request: a hung one leaves time to retry within the delivery timeout
+# The largest request, as kafka-python's max_request_size: the broker's default limit on a
+# batch is 1,048,588 bytes, and librdkafka's own default (1,000,000) would refuse records that
+# kafka-python wrote.
+MAX_REQUEST_BYTES = 1_048_576
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +67,14 @@ class DurableProducer:
         self._producer = Producer({
             **librdkafka_options(kafka),
             "client.id": client_id,
-            "enable.idempotence": True,  # acks=all, and retries that never duplicate
+            "enable.idempotence": True,  # acks=all, and retries that never duplicate or reorder
+            # A record lost for good behind others that were written (a gap in a key's results)
+            # is a fatal error of the producer, every later send fails: never a silent gap.
+            "enable.gapless.guarantee": True,
             "partitioner": "murmur2_random",  # the Java client's murmur2; a record without a key anywhere
             "linger.ms": 0,  # a batch is sent as a whole already
+            "message.max.bytes": MAX_REQUEST_BYTES,
+            "request.timeout.ms": int(min(REQUEST_SECONDS, timeout) * 1000),
             "delivery.timeout.ms": int(timeout * 1000),
         }, logger=LIBRDKAFKA_LOG)
 

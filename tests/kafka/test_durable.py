@@ -56,15 +56,21 @@ def test_send_all_returns_where_every_record_is_once_the_broker_has_it(
             assert place.partition == (murmur2(record.key) & 0x7FFFFFFF) % 6
 
 
-def test_a_record_too_large_is_not_delivered_and_says_so(
+def test_what_the_broker_takes_is_sent_and_what_it_does_not_is_not_delivered(
         kafka_bootstrap: str, kafka_topic_factory: TopicFactory) -> None:
+    """A record of 1,040,000 bytes is under the broker's default limit (1,048,588) and was
+    written by kafka-python's producer: it is written here too (librdkafka's own default
+    limit, 1,000,000, would refuse it). Twice the limit is refused, and said so."""
     topic = kafka_topic_factory("durable-large")
     producer = DurableProducer(KafkaSettings(bootstrap_servers=kafka_bootstrap), client_id="vmstream-test")
     try:
+        [large] = producer.send_all([Record(topic, b"k", b"x" * 1_040_000)])
         with pytest.raises(NotDelivered, match=topic):
             producer.send_all([Record(topic, b"k", b"small"), Record(topic, b"k", b"x" * 2_000_000)])
     finally:
         producer.close()
+    assert [(offset, len(value)) for _, offset, _, value, _ in read_back(kafka_bootstrap, topic, 1)][0] == (
+        large.offset, 1_040_000)
 
 
 def test_no_broker_is_a_failed_send_not_a_silent_one() -> None:
