@@ -69,8 +69,10 @@ def read_to_end(
     stop: threading.Event | None = None,
 ) -> Iterator[Any]:
     """The records of ``partitions`` from their positions up to their end offsets as they are
-    now; records written meanwhile are not yielded. ``TimeoutError`` after ``stall`` seconds
-    without a record while a partition is short of its end; ends early when ``stop`` is set."""
+    now. Records written meanwhile are not yielded, and not skipped either: the client is left
+    at the first of them, for its next read (a ledger that reads on would otherwise lose
+    them). ``TimeoutError`` after ``stall`` seconds without a record while a partition is
+    short of its end; ends early when ``stop`` is set."""
     partitions = list(partitions)
     if not partitions:
         return
@@ -82,7 +84,10 @@ def read_to_end(
         batches = client.poll(timeout_ms=POLL_MS)
         for tp, records in batches.items():
             end = ends.get(tp, 0)
-            yield from (record for record in records if record.offset < end)
+            before_end = [record for record in records if record.offset < end]
+            if len(before_end) < len(records):  # written since the end was taken: read next time
+                client.seek(tp, records[len(before_end)].offset)
+            yield from before_end
         if batches:
             progressed = time.monotonic()
         elif time.monotonic() - progressed > stall:
