@@ -15,14 +15,16 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from streams.common.settings import KafkaSettings
 
 
-def _credentials(kafka: KafkaSettings, mechanism: str, username: str, password: str, cafile: str) -> dict[str, Any]:
-    """The SASL and TLS settings under a client's own names for them."""
+def _credentials(kafka: KafkaSettings, mechanism: str, username: str, password: str,
+                 cafile: str | None) -> dict[str, Any]:
+    """The SASL and TLS settings under a client's own names for them (``cafile`` None: the
+    client takes its CA another way)."""
     options: dict[str, Any] = {}
     if kafka.sasl_mechanism:
         options[mechanism] = kafka.sasl_mechanism
         options[username] = kafka.sasl_username
         options[password] = kafka.sasl_password.get_secret_value() if kafka.sasl_password else None
-    if kafka.ssl_cafile:
+    if kafka.ssl_cafile and cafile is not None:
         options[cafile] = kafka.ssl_cafile
     return options
 
@@ -67,13 +69,10 @@ def consumer(kafka: KafkaSettings, *topics: str, **extra: Any) -> KafkaConsumer:
 
 def aiokafka_options(kafka: KafkaSettings) -> dict[str, Any]:
     """The same options for an aiokafka client of the worker's own (not made by Faust)."""
-    options: dict[str, Any] = {"security_protocol": kafka.security_protocol}
+    options: dict[str, Any] = {"security_protocol": kafka.security_protocol,
+                               **_credentials(kafka, "sasl_mechanism", "sasl_plain_username", "sasl_plain_password", None)}
     if kafka.security_protocol in ("SSL", "SASL_SSL"):
         options["ssl_context"] = ssl.create_default_context(cafile=kafka.ssl_cafile)
-    if kafka.sasl_mechanism:
-        options["sasl_mechanism"] = kafka.sasl_mechanism
-        options["sasl_plain_username"] = kafka.sasl_username
-        options["sasl_plain_password"] = kafka.sasl_password.get_secret_value() if kafka.sasl_password else None
     return options
 
 
