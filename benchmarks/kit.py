@@ -134,6 +134,14 @@ def cpu_of(pid: int) -> Cpu:
     return Cpu(int(fields[11]) / tick, int(fields[12]) / tick)
 
 
+def machine_busy() -> float:
+    """CPU-seconds every core of the machine has spent busy since boot, whoever ran
+    (``/proc/stat``: user, nice, system, irq, softirq, steal)."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def own_cpu() -> Cpu:
     times = os.times()
     return Cpu(times.user, times.system)
