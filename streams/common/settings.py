@@ -122,6 +122,11 @@ class ApplySettings(BaseModel):
 
     concurrency: int = Field(default=8, ge=1, le=256)  # API calls in flight, at most (one per key)
     max_in_flight: int = Field(default=200, ge=1)  # commands read and not yet released, at most
+    # What settled is published at most this often while commands keep coming (sooner once
+    # max_in_flight are unreleased, and when partitions go): each release is two produce
+    # requests, which on a broker cost more CPU than the records in them (benchmarks/README.md,
+    # apply_rate.py). It delays results, never an API call; 0: a release at every turn.
+    release_seconds: float = Field(default=0.05, ge=0, le=60)
     cache: bool = True  # the policy's reads from a watched copy (streams/kube/informing.py); false: live
 
 

@@ -840,6 +840,7 @@ class Applier:
         self.uncommitted: dict[Any, int] = {}  # partition → offset past its last released command
         self.unpublished: BaseException | None = None  # why a release failed: nothing is committed after it
         self.committed_at = time.monotonic()
+        self.released_at = 0.0  # when the loop last released (monotonic): releases are paced
         self.keyring = settings.signing.keyring()
         if not self.keyring or self.keyring.active is None:
             raise KeyringError("the applier needs the signing keys the worker seals commands with, and one to "
@@ -895,7 +896,9 @@ class Applier:
                             for tp, records in batch.items():
                                 for record in records:
                                     self._admit(tp, record, ledger, lanes)
-                    self._release(lanes, commands, out, ledger)
+                    if (lanes.in_flight() >= self.max_in_flight
+                            or time.monotonic() - self.released_at >= self.settings.apply.release_seconds):
+                        self._release(lanes, commands, out, ledger)
                     metrics.record_client_lag(commands)
                 self._release(lanes, commands, out, ledger, wait=True)
         finally:
@@ -967,6 +970,10 @@ class Applier:
         or a partition moves only means commands read again: the ledger, read to its end at
         start and after an assignment, skips them.
 
+        The loop releases at most every ``apply.release_seconds`` while commands keep
+        settling, and at once when ``max_in_flight`` are unreleased: commands that arrive one
+        by one share the two produce requests of a release (tests/kube/test_applier_release.py).
+
         Once a release could not be published, nothing is released or committed again by
         this process, whoever asks (the loop, or kafka-python's revoke listener as the
         consumer closes): the commands released with it were taken off their lanes, so a
@@ -977,6 +984,8 @@ class Applier:
         if wait:
             lanes.wait_until_idle()
         first, results, offsets = lanes.release()
+        if first or results:
+            self.released_at = time.monotonic()
         try:
             if first:
                 self._send(out, first)
