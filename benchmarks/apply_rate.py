@@ -23,7 +23,7 @@ its template; a rate is VMs / (last patch seen − first request or command sent
 Before the rounds, ``--warmup`` VMs more go through the anchor and both appliers, not
 counted: a broker just started spends four times the CPU on a produce request that it
 spends once its JVM has compiled its hot paths, some thousands of requests later
-(``benchmarks/broker_warmup.py``), and on two cores that CPU is taken from the API server.
+(``benchmarks/broker_cost.py``), and on two cores that CPU is taken from the API server.
 ``--warmup 0`` measures cold parts.
 
 The CPU the machine spent per VM patched is printed by process for each run, beside the

@@ -34,6 +34,7 @@ import argparse
 import http.client
 import json
 import logging
+import math
 import sys
 import threading
 import time
@@ -840,7 +841,7 @@ class Applier:
         self.uncommitted: dict[Any, int] = {}  # partition → offset past its last released command
         self.unpublished: BaseException | None = None  # why a release failed: nothing is committed after it
         self.committed_at = time.monotonic()
-        self.released_at = 0.0  # when the loop last released (monotonic): releases are paced
+        self.released_at = -math.inf  # when the loop last released (monotonic): the first one is not held
         self.keyring = settings.signing.keyring()
         if not self.keyring or self.keyring.active is None:
             raise KeyringError("the applier needs the signing keys the worker seals commands with, and one to "
@@ -896,6 +897,8 @@ class Applier:
                             for tp, records in batch.items():
                                 for record in records:
                                     self._admit(tp, record, ledger, lanes)
+                    # At the bound, at once: wait_for_change does not wait while a settled
+                    # command heads a partition, so holding it back would spin the loop.
                     if (lanes.in_flight() >= self.max_in_flight
                             or time.monotonic() - self.released_at >= self.settings.apply.release_seconds):
                         self._release(lanes, commands, out, ledger)

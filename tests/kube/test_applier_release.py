@@ -130,8 +130,8 @@ def test_commands_arriving_one_by_one_are_released_together(
     assert not thread.is_alive() and not failure, failure
 
     results_topic = settings.kafka.topic("command-results")
-    # The first settled command is released at once (nothing had been for longer than the
-    # interval), the five after it together when the applier stops: two round trips each.
+    # The first settled command is released at once (the first release is never held), the
+    # five after it together when the applier stops: two round trips each.
     assert [results_topic in topics for topics in sends.calls] == [False, True, False, True], sends.calls
     assert [len(topics) for topics in sends.calls] == [1, 1, 5, 5], sends.calls
     results = results_of(kafka_bootstrap, results_topic, len(commands))
