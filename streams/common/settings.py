@@ -124,8 +124,9 @@ class ApplySettings(BaseModel):
     max_in_flight: int = Field(default=200, ge=1)  # commands read and not yet released, at most
     # What settled is published at most this often while commands keep coming (sooner once
     # max_in_flight are unreleased, and when partitions go): each release is two produce
-    # requests, which on a broker cost more CPU than the records in them (benchmarks/README.md,
-    # apply_rate.py). It delays results, never an API call; 0: a release at every turn.
+    # requests, and a request that comes alone costs the broker three to four times one of a
+    # stream (benchmarks/README.md, broker_cost.py). It delays results, never an API call;
+    # 0: a release at every turn.
     release_seconds: float = Field(default=0.05, ge=0, le=60)
     cache: bool = True  # the policy's reads from a watched copy (streams/kube/informing.py); false: live
 
