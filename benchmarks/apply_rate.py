@@ -110,7 +110,7 @@ def add_split(into: dict[str, float], before: dict[str, float], after: dict[str,
 
 
 def split_line(split: dict[str, float], count: int) -> str:
-    """``ms per VM patched``: each process, the machine, and what neither of them names (other jobs)."""
+    """The machine's CPU per VM patched, each process's, and the rest of the machine's (other jobs)."""
     named = sum(split.get(name, 0.0) for name in PROCESSES)
     cells = [f"{name} {1000 * split[name] / count:.1f}" for name in PROCESSES if split.get(name, 0.0) * 1000 / count >= 0.05]
     return (f"machine {1000 * split['machine'] / count:.1f} ms per VM patched: " + ", ".join(cells)
@@ -306,7 +306,7 @@ def main() -> int:
                   f"the machine {split['machine'] / took / (os.cpu_count() or 1):.0%} busy")
         print("\nThe machine's CPU per VM patched, by process (other: the jobs the benchmark did not start)")
         for part, title in (("anchor", "anchor"), ("reads", "anchor with reads"), ("applier", "applier"),
-                            ("live", "applier, live reads"), ("paced", "paced at half"), ("quarter", "paced at a quarter")):
+                            ("live", "applier, live reads"), ("paced", "paced"), ("quarter", "paced, half as fast")):
             split = splits[part] if part in splits else paced[part][2]
             print(f"  {title:<20} {split_line(split, count)}")
     return 0
