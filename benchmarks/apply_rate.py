@@ -125,9 +125,7 @@ def paced_run(sender: Any, topic: str, watcher: PatchWatcher, paced: list[tuple[
     before = cpu_split(pids)
     first = time.monotonic()
     for index, (name, key, value) in enumerate(paced):
-        due = first + index / rate
-        while (now := time.monotonic()) < due:
-            time.sleep(min(due - now, 0.005))  # pacing the producer, not synchronising
+        kit.sleep_until(first + index / rate)
         sent[name] = time.monotonic()
         sender.send(topic, key=key.encode(), value=value)
         sender.flush()

@@ -39,9 +39,7 @@ def round_trips(out: DurableProducer, pid: int, count: int, records: int,
     before, started = kit.cpu_of(pid).total, time.monotonic()
     for number in range(count):
         if rate is not None:
-            due = started + number / rate
-            while (now := time.monotonic()) < due:
-                time.sleep(min(due - now, 0.005))  # pacing the producer, not synchronising
+            kit.sleep_until(started + number / rate)
         out.send_all([Record("audit" if index % 2 else "results", f"k{number}-{index}".encode(), VALUE)
                       for index in range(records)])
     return 1000 * (kit.cpu_of(pid).total - before) / count, count / (time.monotonic() - started)

@@ -117,9 +117,7 @@ def main() -> int:
         interval = 1.0 / args.rate
         first, first_wall = time.monotonic(), time.time()
         for index, name in enumerate(names):
-            due = first + index * interval
-            while (now := time.monotonic()) < due:
-                time.sleep(min(due - now, 0.005))  # pacing the producer, not synchronising
+            kit.sleep_until(first + index * interval)
             value = {"intent_id": f"bench-{name}", "type": "set_gpu", "requested_by": "bench@example.com",
                      "project": "bench", "spec": {"namespace": NAMESPACE, "name": name, "gpu_class": "nvidia-a100"}}
             sent[name], sent_wall[name] = time.monotonic(), time.time()

@@ -102,6 +102,13 @@ def print_load(when: str) -> None:
     print(f"{load_average()} ({when}; {os.cpu_count()} CPUs)", flush=True)
 
 
+def sleep_until(due: float) -> None:
+    """Until ``time.monotonic()`` reaches ``due``, in steps of at most 5 ms: pacing a
+    producer, not synchronising."""
+    while (now := time.monotonic()) < due:
+        time.sleep(min(due - now, 0.005))
+
+
 def load1() -> float:
     return os.getloadavg()[0]
 
