@@ -76,6 +76,16 @@ def aiokafka_options(kafka: KafkaSettings) -> dict[str, Any]:
     return options
 
 
+def pace_fetches(consumer: Any, *, min_bytes: int, max_wait_ms: int) -> None:
+    """Set an aiokafka consumer's next fetches' ``fetch_min_bytes`` and ``fetch_max_wait_ms``:
+    its fetcher reads both for each fetch it builds (aiokafka 0.14), so the pace can follow
+    what the consumer is doing (the worker's, streams/worker/faustfixes.py and routing.py)."""
+    fetcher = getattr(consumer, "_fetcher", None)
+    if fetcher is not None:
+        fetcher._fetch_min_bytes = min_bytes
+        fetcher._fetch_max_wait_ms = max_wait_ms
+
+
 def librdkafka_options(kafka: KafkaSettings) -> dict[str, Any]:
     """The same options for a librdkafka client (confluent-kafka: streams/common/durable.py)."""
     return {"bootstrap.servers": kafka.bootstrap_servers, "security.protocol": kafka.security_protocol.lower(),

@@ -54,6 +54,8 @@ from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
 from faust.types.transports import TransportT
 
+from streams.common.kafka_clients import pace_fetches
+
 log = logging.getLogger(__name__)
 
 
@@ -148,10 +150,7 @@ class ShortPollConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
             self._pace(1, app.fetch_idle_wait_ms)
 
     def _pace(self, min_bytes: int, max_wait_ms: int) -> None:
-        fetcher = getattr(self._consumer, "_fetcher", None)
-        if fetcher is not None:
-            fetcher._fetch_min_bytes = min_bytes
-            fetcher._fetch_max_wait_ms = max_wait_ms
+        pace_fetches(self._consumer, min_bytes=min_bytes, max_wait_ms=max_wait_ms)
 
 
 class WorkerConsumer(aiokafka_driver.Consumer):
