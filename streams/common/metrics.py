@@ -114,5 +114,24 @@ def record_client_lag(consumer: Any) -> None:
         set_lag(tp.topic, tp.partition, consumer.highwater(tp), position)
 
 
+def record_aiokafka_lag(consumer: Any) -> None:
+    """The lag of an aiokafka consumer of the worker's own (the route stage) on its assigned
+    partitions. Position is the offset after the last record it returned, read from its
+    subscription state (aiokafka 0.14): the public ``position()`` waits for one to be known."""
+    try:
+        subscription = consumer._subscription.subscription
+        assignment = subscription.assignment if subscription is not None else None
+        if assignment is None:
+            return  # not assigned yet: nothing to say
+        assigned = list(assignment.tps)
+    except AttributeError as error:  # another aiokafka
+        _lag_failed("aiokafka", error)
+        return
+    for tp in assigned:
+        state = assignment.state_value(tp)
+        position = state.position if state is not None and state.has_valid_position else None
+        set_lag(tp.topic, tp.partition, consumer.highwater(tp), position)
+
+
 def exposition() -> bytes:
     return generate_latest()

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from handlers.topics import INTENTS, Process, read_by, written_by
 from streams.common.settings import KafkaSettings
+from streams.common.topics import ROUTE_GROUP
 
 if TYPE_CHECKING:
     from kafka.admin import ACL
@@ -46,7 +47,7 @@ def _grants(process: Process, *, groups: tuple[str, ...] = (), owned_prefix: str
 
 
 PRINCIPALS: dict[str, Grants] = {
-    "vmstream-worker": _grants("worker", groups=("{app_id}",), owned_prefix="{app_id}-"),
+    "vmstream-worker": _grants("worker", groups=("{app_id}", ROUTE_GROUP), owned_prefix="{app_id}-"),
     "vmstream-watch": _grants("watch-bridge"),
     "vmstream-apply": _grants("applier", groups=("{app_id}-applier",)),
     # vmstream notify: notifications in; its ledger of deliveries, and dead letters, out.

@@ -82,7 +82,8 @@ class WorkerSettings(BaseModel):
     # fences the older one). Without one, a dead member's partitions wait for its session to
     # time out. The session also bounds how long a replica that is gone for good (a pod
     # replaced under a new name) keeps its partitions: 10 s (Faust's default was 60 s).
-    group_instance_id: str | None = Field(default=None, min_length=1, max_length=249)
+    # At most 243 characters: the route stage joins its group as "<id>-route", and Kafka takes 249.
+    group_instance_id: str | None = Field(default=None, min_length=1, max_length=243)
     session_timeout_seconds: float = Field(default=10.0, ge=6, le=300)  # the broker's minimum is 6 s
     heartbeat_interval_seconds: float = Field(default=1.0, gt=0)  # well under a third of the session
 

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 # or a watch event, where it was first read (JSON: topic, partition, offset, key).
 KIND_HEADER = "vmstream-kind"
 SOURCE_HEADER = "vmstream-source"
+# The route stage's consumer group (streams/worker/routing.py); ``{app_id}`` is the worker's.
+ROUTE_GROUP = "{app_id}-route"
 # Logical names (strings) of handlers/topics.py's declarations, for the shell's callers.
 ROUTED = topics.WORKER_ROUTED.name
 ROUTED_INPUTS = tuple(topic.name for topic in topics.ROUTED_INPUTS)

@@ -1,6 +1,6 @@
 """``vmstream worker``: the decision engine as a Faust stream processor.
 
-Topology (declared once, in :func:`build`)::
+Topology (declared once, in :class:`Worker`)::
 
     vmstream.intents ────┐
     vmstream.k8s-events ─┴─route──► vmstream.worker-routed ──decide──► commands, notifications,
@@ -11,7 +11,8 @@ Topology (declared once, in :func:`build`)::
 ``decide`` consumes only the routed topic, which the worker partitions itself (murmur2 of
 the decision key, ``vm/<ns>/<name>`` or ``node/<name>``, by its own producer): whatever
 partitioner wrote an intent or a watch event, one instance owns a key's inputs and table
-rows at once. Table rows are written under the partition of the message being decided,
+rows at once. ``decide`` is a Faust agent, for its tables; ``route``, which keeps no state,
+reads on a consumer group of its own (streams/worker/routing.py). Table rows are written under the partition of the message being decided,
 which is what keeps each row with its key. The rules run in
 :class:`~handlers.engine.Engine`; this module only moves bytes.
 
@@ -34,7 +35,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import aiohttp.web
 from faust.types import EventT
@@ -67,6 +68,7 @@ from streams.common.settings import Settings
 from streams.common.topics import KIND_HEADER, ROUTED, SOURCE_HEADER, changelog_topic, missing_topics
 from streams.worker import faustfixes
 from streams.worker.broker_credentials import faust_credentials
+from streams.worker.routing import Read, Router
 from streams.worker.tablestate import Journal, TableState
 
 log = logging.getLogger(__name__)
@@ -101,29 +103,33 @@ def pages_guard(token: str | None) -> Any:
     return guard
 
 
-def _headers(event: EventT[Any]) -> dict[str, bytes]:
-    headers = event.message.headers or {}
+# What the shell reads of a record, routed (``Read``) or decided (Faust's ``Message``): both
+# have topic, partition, offset, key, value, timestamp in seconds and headers.
+Record = Any
+
+
+def _headers(message: Record) -> dict[str, bytes]:
+    headers = message.headers or {}
     items = headers.items() if isinstance(headers, Mapping) else headers
     return {str(k): (v if isinstance(v, bytes) else str(v).encode()) for k, v in items}
 
 
-def _key(event: EventT[Any]) -> str | None:
-    key = event.key
+def _key(message: Record) -> str | None:
+    key = message.key
     return key.decode("utf-8", "replace") if isinstance(key, bytes) else key
 
 
-def _origin(event: EventT[Any]) -> Source:
+def _origin(message: Record) -> Source:
     """Where an input was first read: a routed intent or watch event names its record on
     intents or k8s-events (KIND_HEADER, SOURCE_HEADER: streams/common/topics.py)."""
-    message = event.message
     try:
-        headers = _headers(event) if message.topic.endswith(ROUTED) else {}
+        headers = _headers(message) if message.topic.endswith(ROUTED) else {}
         if headers.get(KIND_HEADER) in (b"event", b"intent"):
             origin = json.loads(headers[SOURCE_HEADER])
             return Source(str(origin["topic"]), origin["key"], int(origin["partition"]), int(origin["offset"]))
     except (KeyError, TypeError, ValueError):
         pass  # not ours: it is dead-lettered as read on the routed topic
-    return Source(message.topic, _key(event), message.partition, message.offset)
+    return Source(message.topic, _key(message), message.partition, message.offset)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +180,12 @@ class Worker:
         # rows of the batch before, a request that spans up to 60 partitions.
         self.output_producer: Any = self.app.add_dependency(self.app.transport.create_producer(beacon=self.app.beacon))
         self.routed = self._topic(ROUTED)
-        self.inputs = self._topic(*(topic.name for topic in ROUTED_INPUTS))  # route's: re-keyed onto the routed topic
+        # route: re-keys intents and watch events onto the routed topic, on a group of its
+        # own; added after the outputs' producer, it is stopped before it.
+        self.router = Router(settings, [self.kafka.topic(topic.name) for topic in ROUTED_INPUTS],
+                             route=self._route_one, deliver=self._deliver_routed,
+                             commit_interval=self.app.conf.broker_commit_interval, beacon=self.app.beacon)
+        self.app.add_dependency(self.router)
         self.outputs = {topic.name: self._topic(topic.name) for topic in written_by("worker") if topic is not WORKER_ROUTED}
         self.tables: dict[str, Any] = {  # by table name
             table: self.app.Table(table.stored_as, key_type=str, value_type=bytes,
@@ -201,7 +212,6 @@ class Worker:
         self.app.task(self.pages_view.run)
         self.missing_topics: list[str] | None = None  # checked at start, then while any is missing
         self._asked_to_forget: dict[str, float] = {}  # intent id → when a tick was sent to forget it
-        self.app.agent(self.inputs, name="route")(self._route)
         self.app.agent(self.routed, name="decide")(self._decide)
         self.app.timer(conf.tick_seconds)(self._tick)
         self.heap = Heap(full_every=conf.gc_full_seconds)
@@ -224,25 +234,14 @@ class Worker:
 
     # ------------------------------------------------------------------ agents
 
-    async def _route(self, stream: Any) -> None:
-        """Re-key each intent and watch event by the key it is decided under, a batch at a time.
+    def _route_one(self, message: Read) -> list[Outgoing]:
+        """The routed message of one intent or watch event, or its dead letter; never raises.
 
         The routed topic is partitioned by the worker's own producer, so an intent a Go
         (FNV-1a) or librdkafka (CRC32) producer put on another partition than murmur2 would
         meets its VM's state all the same. What no rule could read (no value, too large, not
         a JSON object, an oversized key) is dead-lettered here, with its own topic, partition
-        and offset; the rest goes on, and ``decide`` validates it in full. A batch is
-        acknowledged once the broker has all it led to (``_deliver``).
-        """
-        async for events in stream.take_events(self.settings.worker.batch_size,
-                                               within=self.settings.worker.batch_seconds):
-            outgoing: list[Outgoing] = []
-            for event in events:
-                outgoing += self._route_one(event)
-            await self._deliver(outgoing)
-
-    def _route_one(self, event: EventT[Any]) -> list[Outgoing]:
-        """The routed message of one intent or watch event, or its dead letter; never raises.
+        and offset; the rest goes on, and ``decide`` validates it in full.
 
         An intent's decision key is its Kafka key (docs/contracts.md; one naming another VM or
         node than its spec is dead-lettered by ``decide``), so the same intent always lands
@@ -251,14 +250,13 @@ class Worker:
         is decided at), and names its origin in ``SOURCE_HEADER``; of the input's own headers
         only its trace context goes on.
         """
-        message = event.message
-        source = Source(message.topic, _key(event), message.partition, message.offset)
+        source = Source(message.topic, _key(message), message.partition, message.offset)
         intent = message.topic == self.kafka.topic(INTENTS)
         try:
             try:
-                value = self.engine.screen(event.value, source)
+                value = self.engine.screen(message.value, source)
             except MalformedMessage as exc:  # as ``on_intent`` / ``on_event`` would dead-letter it
-                return self._dead_end(event, source, str(exc))
+                return self._dead_end(message, source, str(exc))
             if intent:
                 key = source.key or ""
             else:
@@ -270,18 +268,23 @@ class Worker:
                 key = source.key or UNROUTABLE_KEY  # decide dead-letters it, with its source
             origin = encode_json({"topic": message.topic, "partition": message.partition,
                                   "offset": message.offset, "key": source.key})
-            return [Outgoing(self.routed, key.encode(), event.value, message.timestamp,
+            return [Outgoing(self.routed, key.encode(), cast(bytes, message.value), message.timestamp,  # screened: not None
                              {KIND_HEADER: b"intent" if intent else b"event", SOURCE_HEADER: origin,
                               **trace_headers(message.headers)})]  # its trace goes on (docs/integrators.md)
         except Exception as error:  # a bug here must cost this event only
             log.exception("routing failed", extra={"topic": message.topic, "offset": message.offset})
-            return self._dead_end(event, source, f"internal error: {type(error).__name__}: {error}")
+            return self._dead_end(message, source, f"internal error: {type(error).__name__}: {error}")
 
-    def _dead_end(self, event: EventT[Any], source: Source, error: str) -> list[Outgoing]:
-        result = self.engine.fitted(self.engine.dead_letter(event.value, error, source, self._time(event)),
-                                    event.value, source, self._time(event), encode=self._encode)
+    def _dead_end(self, message: Read, source: Source, error: str) -> list[Outgoing]:
+        now = self._time(message)
+        result = self.engine.fitted(self.engine.dead_letter(message.value, error, source, now),
+                                    message.value, source, now, encode=self._encode)
         self._log(result)
-        return self._outgoing(event, result)
+        return self._outgoing(message, result)
+
+    async def _deliver_routed(self, outgoing: list[Outgoing]) -> None:
+        """A route batch's messages, outside any transaction (route reads no Faust event)."""
+        await self._deliver(outgoing, transactional=False)
 
     async def _decide(self, stream: Any) -> None:
         """Decide in batches: journal, messages, then rows (group commit, streams/worker/tablestate.py).
@@ -322,7 +325,7 @@ class Worker:
         """Decide one input, staging its changes; a bug dead-letters the input, never stops us."""
         started = time.perf_counter()
         kind = "unknown"
-        source, now = _origin(event), self._time(event)
+        source, now = _origin(event.message), self._time(event.message)
         try:
             kind, results = self._decide_one(event, source, now)
             # Each output encoded now, while a decision too large for the broker can still
@@ -340,7 +343,7 @@ class Worker:
 
     def _decide_one(self, event: EventT[Any], source: Source, now: datetime) -> tuple[str, list[Result]]:
         """A routed record read as its input (handlers/inputs.py), decided by the one entry."""
-        kind = _headers(event).get(KIND_HEADER, b"").decode("utf-8", "replace")
+        kind = _headers(event.message).get(KIND_HEADER, b"").decode("utf-8", "replace")
         input_ = routed_input(kind, event.value, source, now)
         return kind_of(input_), self.engine.decide(self.state, input_)
 
@@ -352,14 +355,14 @@ class Worker:
         drop. Were state recorded first, a re-decision would find the intent ``processed``
         (or the owner told) and the lost messages would never be sent.
         """
-        await self._deliver([message for event, result in decided for message in self._outgoing(event, result)])
+        await self._deliver([message for event, result in decided for message in self._outgoing(event.message, result)])
 
-    def _outgoing(self, event: EventT[Any], result: Result) -> list[Outgoing]:
+    def _outgoing(self, message: Record, result: Result) -> list[Outgoing]:
         """A result's messages: its outputs as ``Engine.fitted`` encoded them, and what it tells nodes."""
         wire = result.wire
         if wire is None:  # not fitted here: decided before, by another instance or run
             wire = [(o.topic, o.key.encode(), self._encode(o.value)) for o in result.outputs()]
-        trace, when = self._trace(event, result)
+        trace, when = self._trace(message, result)
         outgoing = [Outgoing(self.outputs[topic], key, value, headers=self._ce_headers(output.value, trace, when))
                     for output, (topic, key, value) in zip(result.outputs(), wire, strict=True)]
         for topic, _, _ in wire:
@@ -370,16 +373,16 @@ class Worker:
             if trace.state:
                 headers[TRACESTATE] = trace.state.encode()
             outgoing.append(Outgoing(self.routed, f"node/{update.node}".encode(), encode_resident_update(update),
-                                     event.message.timestamp, headers))
+                                     message.timestamp, headers))
         return outgoing
 
-    def _trace(self, event: EventT[Any], result: Result) -> tuple[Trace, datetime]:
+    def _trace(self, message: Record, result: Result) -> tuple[Trace, datetime]:
         """The trace a result's messages carry and the time it was decided at: the input's
         ``traceparent``, else one derived from the input's id (its audit record's ``ref``),
         so a decision taken again yields the same headers (handlers/tracing.py)."""
-        audit, message = result.decision.audit, event.message
+        audit = result.decision.audit
         input_id = audit.input.ref if audit is not None else f"{message.topic}:{message.partition}:{message.offset}"
-        return trace_of(message.headers, input_id), audit.at if audit is not None else self._time(event)
+        return trace_of(message.headers, input_id), audit.at if audit is not None else self._time(message)
 
     def _ce_headers(self, value: Any, trace: Trace, when: datetime) -> dict[str, bytes]:
         """An output's CloudEvents headers; a bug here costs the headers, never the message."""
@@ -392,7 +395,7 @@ class Worker:
     def _encode(self, value: Any) -> bytes:
         return encode_message(value, keyring=self.keyring)
 
-    async def _deliver(self, outgoing: list[Outgoing]) -> None:
+    async def _deliver(self, outgoing: list[Outgoing], *, transactional: bool = True) -> None:
         """Send messages and wait until the broker has every one; what failed is sent again,
         after a backoff that doubles, up to ``worker.publish_attempts`` times.
 
@@ -402,7 +405,7 @@ class Worker:
         its agents, and Faust acknowledges the batch of a cancelled agent: the delivery is
         finished first.
         """
-        delivery = asyncio.ensure_future(self._deliver_now(outgoing))
+        delivery = asyncio.ensure_future(self._deliver_now(outgoing, transactional))
         try:
             await asyncio.shield(delivery)
         except asyncio.CancelledError:
@@ -410,11 +413,11 @@ class Worker:
                 await delivery
             raise
 
-    async def _deliver_now(self, outgoing: list[Outgoing]) -> None:
+    async def _deliver_now(self, outgoing: list[Outgoing], transactional: bool) -> None:
         conf = self.settings.worker
         pending, delay = outgoing, conf.publish_backoff_seconds
         for attempt in range(1, conf.publish_attempts + 1):
-            futures = [await self._send_one(message) for message in pending]
+            futures = [await self._send_one(message, transactional) for message in pending]
             outcomes = await asyncio.gather(*futures, return_exceptions=True)
             failed = [(m, o) for m, o in zip(pending, outcomes) if isinstance(o, BaseException)]
             if not failed:
@@ -428,11 +431,11 @@ class Worker:
                 delay *= 2
         self._stop_unpublished(failed)
 
-    async def _send_one(self, message: Outgoing) -> Any:
+    async def _send_one(self, message: Outgoing, transactional: bool) -> Any:
         """The send's future; a send refused at once (too large, no buffer) as a failed one."""
         try:
-            return await self._send(message.topic, message.key, message.value,
-                                    timestamp=message.timestamp, headers=message.headers)
+            return await self._send(message.topic, message.key, message.value, timestamp=message.timestamp,
+                                    headers=message.headers, transactional=transactional)
         except Exception as error:
             refused: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             refused.set_exception(error)
@@ -452,11 +455,12 @@ class Worker:
         os._exit(EXIT_UNPUBLISHED)
 
     async def _send(self, topic: Any, key: bytes, value: bytes, *, timestamp: float | None = None,
-                    headers: dict[str, bytes] | None = None) -> Any:
+                    headers: dict[str, bytes] | None = None, transactional: bool = True) -> Any:
         """Straight to the outputs' producer: the bytes are ready, and Faust's per-message
         topic machinery (serializers, callbacks, sensors) is most of a send's cost. Under
-        exactly-once the send must join Faust's transaction, so it goes through the topic."""
-        if self.settings.worker.exactly_once:
+        exactly-once a decision's send must join Faust's transaction, so it goes through the
+        topic; route's, outside any Faust event, never does."""
+        if transactional and self.settings.worker.exactly_once:
             return await topic.send(key=key, value=value, timestamp=timestamp, headers=headers, force=True)
         return await self.output_producer.send(topic.get_topic_name(), key, value, None, timestamp, headers)
 
@@ -492,6 +496,7 @@ class Worker:
         for name, size in self.state.sizes().items():
             metrics.TABLE_ROWS.labels(name).set(size)
         metrics.record_lag(self.app)
+        self.router.record_lag()
 
     def _forgetting(self, tick: ForgetTick) -> list[tuple[bytes, ForgetTick]]:
         """``tick``'s intent ids grouped by the routed partition their rows were written in —
@@ -533,10 +538,10 @@ class Worker:
         self.heap.tend()
 
     @staticmethod
-    def _time(event: EventT[Any]) -> datetime:
+    def _time(message: Record) -> datetime:
         """Decisions take the input's own time, so replaying it decides the same; a
         timestamp no date can show (a producer may set any) is taken as the nearest one."""
-        stamp = event.message.timestamp
+        stamp = message.timestamp
         seconds = float(stamp) if isinstance(stamp, (int, float)) and stamp == stamp else 0.0  # NaN is not a time
         return datetime.fromtimestamp(min(max(seconds, 0.0), _LATEST), UTC)
 

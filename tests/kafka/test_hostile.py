@@ -186,8 +186,9 @@ def test_an_output_the_broker_refuses_stops_the_worker_before_its_input_is_commi
 
 
 def event(topic: str, headers: dict[str, bytes], *, timestamp: Any = 1.0) -> Any:
-    message = SimpleNamespace(topic=topic, partition=4, offset=99, headers=headers, timestamp=timestamp)
-    return SimpleNamespace(message=message, key=b"node/gpu-node-1")
+    """A record as the shell reads it (a Faust ``Message`` or the route stage's ``Read``)."""
+    return SimpleNamespace(topic=topic, partition=4, offset=99, key=b"node/gpu-node-1", headers=headers,
+                           timestamp=timestamp)
 
 
 def test_a_routed_event_is_dead_lettered_under_its_k8s_events_record_and_only_it() -> None:

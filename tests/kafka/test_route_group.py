@@ -1,0 +1,163 @@
+"""The route stage's consumer group (streams/worker/routing.py): it routes nothing twice and
+skips nothing, across an upgrade from the worker that routed in its Faust group and across
+a graceful stop.
+
+What was routed is counted by the test's own reader of the routed topic (each record names
+its origin in ``vmstream-source``), and the offsets from the broker's own record of the
+groups, never from the worker.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.structs import OffsetAndMetadata
+
+from harness.running import Deployment, Outputs, WorkerProcess
+from streams.common.kafka_clients import admin_client
+from streams.common.topics import ROUTE_GROUP, ROUTED, SOURCE_HEADER
+
+pytestmark = pytest.mark.kafka
+
+
+def intent(ident: str) -> tuple[str, dict[str, Any]]:
+    """A ``restart_vm`` of a VM that does not exist: decided (refused) without any cluster."""
+    name = f"vm-{ident}"
+    return f"vm/ns/{name}", {"intent_id": ident, "type": "restart_vm", "requested_by": "alice@example.com",
+                             "project": "proj-a", "spec": {"namespace": "ns", "name": name}}
+
+
+def publish(deployment: Deployment, idents: list[str]) -> None:
+    """One intent per id, spread over every partition of the intents topic."""
+    kafka = deployment.kafka
+    out = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
+    try:
+        for n, ident in enumerate(idents):
+            key, value = intent(ident)
+            out.send(kafka.topic("intents"), key=key.encode(), value=json.dumps(value).encode(),
+                     partition=n % kafka.partitions)
+        out.flush(timeout=30)
+    finally:
+        out.close()
+
+
+def intents_partitions(deployment: Deployment) -> list[TopicPartition]:
+    kafka = deployment.kafka
+    return [TopicPartition(kafka.topic("intents"), p) for p in range(kafka.partitions)]
+
+
+def end_offsets(deployment: Deployment, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+    reader = KafkaConsumer(bootstrap_servers=deployment.kafka.bootstrap_servers)
+    try:
+        return dict(reader.end_offsets(partitions))
+    finally:
+        reader.close()
+
+
+def committed(deployment: Deployment, group: str, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+    admin = admin_client(deployment.kafka)
+    try:
+        found = admin.list_group_offsets({group: partitions}).get(group, {})
+    finally:
+        admin.close()
+    return {tp: meta.offset for tp, meta in found.items() if meta.offset >= 0}
+
+
+def routed_origins(deployment: Deployment) -> list[tuple[str, int, int]]:
+    """(topic, partition, offset) of every intent or event on the routed topic, to its end."""
+    kafka = deployment.kafka
+    reader = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False)
+    partitions = [TopicPartition(kafka.topic(ROUTED), p) for p in range(kafka.partitions)]
+    reader.assign(partitions)
+    reader.seek_to_beginning(*partitions)
+    ends = reader.end_offsets(partitions)
+    origins = []
+    try:
+        while any(reader.position(tp) < ends[tp] for tp in partitions):
+            for records in reader.poll(timeout_ms=500).values():
+                for record in records:
+                    source = dict(record.headers or ()).get(SOURCE_HEADER)
+                    if source is not None:
+                        origin = json.loads(source)
+                        origins.append((origin["topic"], origin["partition"], origin["offset"]))
+    finally:
+        reader.close()
+    return origins
+
+
+def test_an_upgraded_worker_routes_from_where_its_faust_group_left_off(deployment: Deployment) -> None:
+    """Intents the worker routed in its Faust group (before the route stage had a group of its
+    own) are not routed again; those after are routed once each."""
+    old = [f"old-{n}" for n in range(12)]
+    new = [f"new-{n}" for n in range(12)]
+    publish(deployment, old)
+    partitions = intents_partitions(deployment)
+    handed = end_offsets(deployment, partitions)
+    assert all(handed[tp] > 0 for tp in partitions)  # every partition has some of the old ones
+    # The older worker's group, as it left the intents: committed past the old ones.
+    former = KafkaConsumer(bootstrap_servers=deployment.kafka.bootstrap_servers, group_id=deployment.app_id,
+                           enable_auto_commit=False)
+    former.assign(partitions)
+    former.commit({tp: OffsetAndMetadata(offset, "", -1) for tp, offset in handed.items()})
+    former.close()
+    publish(deployment, new)
+
+    outputs = Outputs(deployment)
+    worker = WorkerProcess(deployment, "w1").start()
+    try:
+        outputs.wait_for(lambda o: set(new) <= {a["input"]["ref"] for a in o.seen["audit"]},
+                         what="the new intents decided")
+        intents = deployment.kafka.topic("intents")
+        ends = end_offsets(deployment, partitions)
+        outputs.wait_for(lambda o: committed(deployment, ROUTE_GROUP.format(app_id=deployment.app_id),
+                                             partitions) == ends, what="the route group to commit every intent")
+        worker.check_running()
+    finally:
+        outputs.close()
+        assert worker.stop() == 0, worker.tail()
+    routed = sorted((p, offset) for topic, p, offset in routed_origins(deployment) if topic == intents)
+    expected = sorted((tp.partition, offset) for tp in partitions for offset in range(handed[tp], ends[tp]))
+    assert routed == expected  # the new ones, once each; none of the old
+    assert not {a["input"]["ref"] for a in outputs.seen["audit"]} & set(old)
+
+
+def test_a_stopped_worker_has_committed_all_it_routed_and_its_successor_routes_none_again(
+    deployment: Deployment
+) -> None:
+    """Intents routed just before a graceful stop are committed by the stop: the worker started
+    next routes only what came after, each once."""
+    partitions = intents_partitions(deployment)
+    outputs = Outputs(deployment)
+    first = [f"a-{n}" for n in range(12)]
+    second = [f"b-{n}" for n in range(12)]
+    worker = WorkerProcess(deployment, "w1").start()
+    try:
+        # Two bursts back to back: the second lands within the commit interval of the first's
+        # commit, so only the stop commits it.
+        publish(deployment, first)
+        outputs.wait_for(lambda o: set(first) <= {a["input"]["ref"] for a in o.seen["audit"]}, what="the first burst")
+        publish(deployment, second)
+        outputs.wait_for(lambda o: set(second) <= {a["input"]["ref"] for a in o.seen["audit"]},
+                         what="the second burst")
+    finally:
+        assert worker.stop() == 0, worker.tail()
+    ends = end_offsets(deployment, partitions)
+    assert committed(deployment, ROUTE_GROUP.format(app_id=deployment.app_id), partitions) == ends
+
+    third = [f"c-{n}" for n in range(6)]
+    successor = WorkerProcess(deployment, "w1").start()
+    try:
+        publish(deployment, third)
+        outputs.wait_for(lambda o: set(third) <= {a["input"]["ref"] for a in o.seen["audit"]}, what="the third burst")
+        successor.check_running()
+    finally:
+        outputs.close()
+        assert successor.stop() == 0, successor.tail()
+    intents = deployment.kafka.topic("intents")
+    routed = [(p, offset) for topic, p, offset in routed_origins(deployment) if topic == intents]
+    assert len(routed) == len(set(routed)) == len(first) + len(second) + len(third)  # each once
+    audited = [a["input"]["ref"] for a in outputs.seen["audit"]]
+    assert sorted(audited) == sorted(first + second + third)  # one decision each, no duplicate
