@@ -40,7 +40,7 @@ from kafka.admin import NewTopic  # noqa: E402
 from harness.running import Deployment, WorkerProcess  # noqa: E402
 from streams.common.kafka_clients import admin_client  # noqa: E402
 from streams.common.settings import KafkaSettings  # noqa: E402
-from streams.common.topics import ROUTED, TOPICS  # noqa: E402
+from streams.common.topics import ROUTE_GROUP, ROUTED, TOPICS  # noqa: E402
 
 PARTITIONS = KafkaSettings().partitions
 
@@ -284,19 +284,24 @@ def new_deployment(bootstrap: str, workdir: Path) -> Deployment:
 
 
 def behind(deployment: Deployment) -> int:
-    """Messages the deployment's worker group has not committed yet, over every topic it reads."""
+    """Messages the deployment's worker has not committed yet, over every topic it reads: the
+    routed topic in its Faust group, intents and watch events in its route group (or, for a
+    tree from before the route stage had a group of its own, in the Faust group)."""
     kafka = deployment.kafka
     partitions = [SyncTopicPartition(kafka.topic(name), p) for name in ("intents", "k8s-events", ROUTED)
                   for p in range(kafka.partitions)]
+    groups = [deployment.app_id, ROUTE_GROUP.format(app_id=deployment.app_id)]
     admin = admin_client(kafka)
     consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers)
     try:
-        committed = admin.list_group_offsets({deployment.app_id: None}).get(deployment.app_id, {})
+        found = {group: admin.list_group_offsets({group: None}).get(group, {}) for group in groups}
         ends = consumer.end_offsets(partitions)
     finally:
         consumer.close()
         admin.close()
-    return sum(end - (committed[tp].offset if tp in committed else 0) for tp, end in ends.items())
+    committed = {tp: max((found.get(group, {})[tp].offset for group in groups if tp in found.get(group, {})),
+                         default=0) for tp in partitions}
+    return sum(end - committed[tp] for tp, end in ends.items())
 
 
 async def wait_until_caught_up(deployment: Deployment, timeout: float) -> None:

@@ -691,7 +691,7 @@ def at_rate(rate: float) -> Callable[[str, Options], Awaitable[Row]]:
 
 async def burst(kind: str, options: Options) -> Row:
     """Everything sent as fast as the driver can, the process running: a queue's latency."""
-    setup = await new_setup(kind, options, f"{RUN_PREFIX[kind]}-burst",
+    setup = await new_setup(kind, options, f"{RUN_PREFIX[kind]}-burst{options.run_suffix}",
                             options.saturation, started=True)
     arrivals = await Arrivals(options.bootstrap, setup.output_topic, setup.ident).start()
     producer = await new_producer(options.bootstrap)
@@ -779,12 +779,13 @@ async def preloaded(kind: str, options: Options) -> Row:
     return row
 
 
-def of_tree(tree: Path | None, suffix: str) -> Callable[[str, Options], Awaitable[Row]]:
-    """A preloaded run of the worker of ``tree`` (``None``: this one's)."""
+def of_tree(tree: Path | None, suffix: str,
+            how: Callable[[str, Options], Awaitable[Row]] | None = None) -> Callable[[str, Options], Awaitable[Row]]:
+    """A preloaded (or ``how``) run of the worker of ``tree`` (``None``: this one's)."""
 
     async def run(kind: str, options: Options) -> Row:
         options.baseline, options.run_suffix = tree, suffix
-        return await preloaded(kind, options)
+        return await (how or preloaded)(kind, options)
 
     return run
 
@@ -1110,7 +1111,12 @@ async def measure(args: argparse.Namespace, bootstrap: str, workdir: Path) -> in
             suffix = "" if rate == args.rate else f"-{rate:.0f}"
             plan += [(f"pt-steady{suffix}", "pass-through", run_at), (f"wk-steady{suffix}", "worker", run_at)]
         if not args.skip_burst:
-            plan += [("pt-burst", "pass-through", burst), ("wk-burst", "worker", burst)]
+            plan += [("pt-burst", "pass-through", of_tree(None, "", burst))]
+            for round_ in range(args.repeat):  # a change's before and after, taking turns
+                again = f"-{round_ + 1}" if round_ else ""
+                plan.append((f"wk-burst{again}", "worker", of_tree(None, again, burst)))
+                plan += [(f"wk0-burst-{i}{again}", "baseline", of_tree(tree.resolve(), f"-{i}{again}", burst))
+                         for i, tree in enumerate(args.baseline)]
         drains: list[tuple[str, str, Callable[[str, Options], Awaitable[Row]]]] = []
         for round_ in range(args.repeat):
             again = f"-{round_ + 1}" if round_ else ""
