@@ -40,7 +40,7 @@ from kafka.admin import NewTopic  # noqa: E402
 from harness.running import Deployment, WorkerProcess  # noqa: E402
 from streams.common.kafka_clients import admin_client  # noqa: E402
 from streams.common.settings import KafkaSettings  # noqa: E402
-from streams.common.topics import ROUTE_GROUP, ROUTED, TOPICS  # noqa: E402
+from streams.common.topics import ROUTED, TOPICS, route_group  # noqa: E402
 
 PARTITIONS = KafkaSettings().partitions
 
@@ -290,7 +290,7 @@ def behind(deployment: Deployment) -> int:
     kafka = deployment.kafka
     partitions = [SyncTopicPartition(kafka.topic(name), p) for name in ("intents", "k8s-events", ROUTED)
                   for p in range(kafka.partitions)]
-    groups = [deployment.app_id, ROUTE_GROUP.format(app_id=deployment.app_id)]
+    groups = [deployment.app_id, route_group(deployment.app_id)]
     admin = admin_client(kafka)
     consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers)
     try:

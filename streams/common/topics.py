@@ -37,6 +37,11 @@ DELIVERIES = topics.DELIVERIES.name
 GPU_CLASSES = topics.GPU_CLASSES.name
 
 
+def route_group(app_id: str) -> str:
+    """The route stage's consumer group of the worker ``app_id``."""
+    return ROUTE_GROUP.format(app_id=app_id)
+
+
 def changelog_topic(app_id: str, table: str) -> str:
     """The name Faust gives a table's changelog."""
     return f"{app_id}-{table}-changelog"

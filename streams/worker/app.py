@@ -12,9 +12,9 @@ Topology (declared once, in :class:`Worker`)::
 the decision key, ``vm/<ns>/<name>`` or ``node/<name>``, by its own producer): whatever
 partitioner wrote an intent or a watch event, one instance owns a key's inputs and table
 rows at once. ``decide`` is a Faust agent, for its tables; ``route``, which keeps no state,
-reads on a consumer group of its own (streams/worker/routing.py). Table rows are written under the partition of the message being decided,
-which is what keeps each row with its key. The rules run in
-:class:`~handlers.engine.Engine`; this module only moves bytes.
+reads on a consumer group of its own (streams/worker/routing.py). Table rows are written
+under the partition of the message being decided, which is what keeps each row with its
+key. The rules run in :class:`~handlers.engine.Engine`; this module only moves bytes.
 
 Effectively once without Faust's exactly-once: intents are deduplicated by ``intent_id``
 in the ``processed`` table, every output carries an id derived from its cause, and a batch's

@@ -45,7 +45,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_expone
 from streams.common import metrics
 from streams.common.kafka_clients import admin_client, aiokafka_options, pace_fetches
 from streams.common.settings import Settings
-from streams.common.topics import ROUTE_GROUP
+from streams.common.topics import route_group
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class Router(Service):
         self.route = route
         self.deliver = deliver
         self.commit_interval = commit_interval
-        self.group_id = ROUTE_GROUP.format(app_id=settings.worker.app_id)
+        self.group_id = route_group(settings.worker.app_id)
         self.consumer: AIOKafkaConsumer | None = None
         self.delivered: dict[TopicPartition, int] = {}  # the next offset, delivered, not committed
         self._committed_at = time.monotonic()

@@ -18,7 +18,7 @@ from kafka.structs import OffsetAndMetadata
 
 from harness.running import Deployment, Outputs, WorkerProcess
 from streams.common.kafka_clients import admin_client
-from streams.common.topics import ROUTE_GROUP, ROUTED, SOURCE_HEADER
+from streams.common.topics import ROUTED, SOURCE_HEADER, route_group
 
 pytestmark = pytest.mark.kafka
 
@@ -112,7 +112,7 @@ def test_an_upgraded_worker_routes_from_where_its_faust_group_left_off(deploymen
                          what="the new intents decided")
         intents = deployment.kafka.topic("intents")
         ends = end_offsets(deployment, partitions)
-        outputs.wait_for(lambda o: committed(deployment, ROUTE_GROUP.format(app_id=deployment.app_id),
+        outputs.wait_for(lambda o: committed(deployment, route_group(deployment.app_id),
                                              partitions) == ends, what="the route group to commit every intent")
         worker.check_running()
     finally:
@@ -145,7 +145,7 @@ def test_a_stopped_worker_has_committed_all_it_routed_and_its_successor_routes_n
     finally:
         assert worker.stop() == 0, worker.tail()
     ends = end_offsets(deployment, partitions)
-    assert committed(deployment, ROUTE_GROUP.format(app_id=deployment.app_id), partitions) == ends
+    assert committed(deployment, route_group(deployment.app_id), partitions) == ends
 
     third = [f"c-{n}" for n in range(6)]
     successor = WorkerProcess(deployment, "w1").start()
