@@ -17,7 +17,8 @@ An *episode*, level-based on every later observation of the node:
    KubeVirt will do once its VMI is deleted (:func:`restarts_by_itself`): it stays off,
    or it starts again by itself — and then competes for the free cards of its class with
    every other VM of the drain that restarts, which the owner is told in numbers;
-3. at the deadline the GPU VMIs in scope still there are deleted;
+3. at the deadline the GPU VMIs in scope still there are deleted — for a ``node`` drain
+   not before the node is seen cordoned (:func:`nothing_new_can_start`);
 4. once none is left and what became of each announced VM was observed (its VM reports it:
    running elsewhere, waiting for a card, or off), whoever asked gets ``drain_completed``.
 
@@ -36,7 +37,7 @@ from datetime import datetime, timedelta
 
 from handlers import ids
 from handlers.capacity import capacity
-from handlers.cluster import Resident
+from handlers.cluster import NodeRecord, Resident
 from handlers.decisions import Context, node_subject, vm_subject
 from handlers.messages import ObjectRef
 from handlers.state import DeadlineIndex, DrainEpisode, DrainOutcome, DrainScope, DrainSource, ObservedFate, StateView
@@ -211,12 +212,27 @@ def reconcile_drain(ctx: Context, node: str) -> None:
         )
     if newcomers and not episode.completed:
         episode = _announce(ctx, episode, newcomers)
-    if episode.deadline_passed:
+    if episode.deadline_passed and nothing_new_can_start(episode, observed):
         episode = _stop(ctx, episode, on_node)
     if not on_node and not episode.completed and all(k in episode.observed for k in episode.announced):
         episode = _complete(ctx, episode)
     if episode != before:  # a node's heartbeat during its drain changes no row
         ctx.state.put(DRAINS, node, episode)
+
+
+def nothing_new_can_start(episode: DrainEpisode, observed: NodeRecord | None) -> bool:
+    """Whether a VMI stopped now cannot be started again on the node itself.
+
+    A whole-node drain stops its GPU VMs only once the node is seen unschedulable (or gone):
+    a VM that restarts by itself, stopped while the cordon is still on its way to the API
+    server, would be scheduled straight back onto the node being drained and then be left
+    there as already stopped. ``kubectl drain`` keeps the same order: cordon, then evict.
+    The notice may therefore end after its deadline, when the cordon lands. A single
+    eviction cordons nothing and stops at its deadline.
+    """
+    if episode.scope == "evictions":
+        return True
+    return observed is None or observed.unschedulable
 
 
 def observe_fate(ctx: Context, node: str, vm_key: str, fate: ObservedFate) -> None:

@@ -33,11 +33,19 @@ def az(*, spare_rtx: int = 1) -> Harness:
     return h
 
 
-def drain(h: Harness, *, by: str = OPS, notice: int | None = 600) -> None:
+def drain(h: Harness, *, by: str = OPS, notice: int | None = 600, cordon_lands: bool = True) -> None:
+    """An operator drains gpu-node-1; unless told otherwise the applier's cordon lands and
+    the watch shows it, as in a cluster."""
     spec: dict[str, object] = {"node": "gpu-node-1", "reason": "firmware upgrade"}
     if notice is not None:
         spec["notice_seconds"] = notice
     h.intent("drain_node", spec, by=by, project=None)
+    if cordon_lands:
+        cordoned(h)
+
+
+def cordoned(h: Harness, *, rv: int = 2) -> None:
+    h.observe(node("gpu-node-1", gpus={RTX: 2, A100: 1}, unschedulable=True, rv=rv), "MODIFIED")
 
 
 def fates(h: Harness) -> dict[str, str]:
@@ -129,6 +137,33 @@ def test_at_the_deadline_the_gpu_vms_left_are_stopped() -> None:
     assert fired.decision.audit is not None and fired.decision.audit.input.topic == TIMER
     h.wait(60)
     assert h.tick() == []  # fires once
+
+
+def test_a_deadline_before_the_cordon_lands_stops_nothing_until_it_does() -> None:
+    """Stopped while the node still takes VMs, an Always VM would be started again right
+    there — and left on the drained node as already stopped."""
+    h = az()
+    drain(h, cordon_lands=False)
+    h.wait(600)
+    [fired] = h.tick()
+    assert fired.decision.commands == []
+    assert h.state.get("drains", "gpu-node-1").deadline_passed
+    h.observe(node("gpu-node-1", gpus={RTX: 2, A100: 1}, rv=2), "MODIFIED")  # a heartbeat: still schedulable
+    assert h.commands("delete_vmi") == []
+    landed = h.observe(node("gpu-node-1", gpus={RTX: 2, A100: 1}, unschedulable=True, rv=3), "MODIFIED")
+    assert sorted(c.target.name for c in landed.decision.commands) == ["always-1", "always-2", "rerun-1"]
+    assert {c.type for c in landed.decision.commands} == {"delete_vmi"}
+    h.wait(60)
+    assert h.tick() == [] and len(h.commands("delete_vmi")) == 3
+
+
+def test_a_drained_node_that_is_gone_has_its_gpu_vmis_stopped_at_the_deadline() -> None:
+    h = az()
+    drain(h, cordon_lands=False)
+    h.observe(node("gpu-node-1", gpus={RTX: 2, A100: 1}, rv=2), "DELETED")
+    h.wait(600)
+    [fired] = h.tick()
+    assert sorted(c.target.name for c in fired.decision.commands) == ["always-1", "always-2", "rerun-1"]
 
 
 def test_vms_stopped_by_their_owners_before_the_deadline_are_not_stopped_again() -> None:
@@ -311,7 +346,7 @@ def test_undrain_of_a_node_not_being_drained_is_rejected() -> None:
 
 def test_uncordoning_after_a_cordon_calls_the_drain_off() -> None:
     h = az()
-    drain(h)
+    drain(h, cordon_lands=False)
     h.observe(node("gpu-node-1", gpus={RTX: 2, A100: 1}, rv=1), "MODIFIED")  # before the cordon lands
     assert h.state.get("drains", "gpu-node-1") is not None
     h.observe(node("gpu-node-1", gpus={RTX: 2, A100: 1}, unschedulable=True, rv=2), "MODIFIED")

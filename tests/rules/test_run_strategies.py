@@ -29,6 +29,7 @@ def drained(*vms: tuple[str, dict[str, Any], str], spare: dict[str, int]) -> Har
         h.observe(vm("p", name, project="proj-a", owner=ALICE, gpu=device, **kwargs))
         h.observe(vmi("p", name, node_name="gpu-node-1", gpu=device))
     h.intent("drain_node", {"node": "gpu-node-1", "reason": "kernel", "notice_seconds": 60}, by=OPS, project=None)
+    h.observe(node("gpu-node-1", gpus={RTX: 8, A100: 8}, unschedulable=True, rv=2), "MODIFIED")  # the cordon lands
     return h
 
 
