@@ -21,6 +21,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Self
 
@@ -212,6 +213,7 @@ class Outputs:
         self.consumer.seek_to_beginning(*partitions)
         self.seen: dict[str, list[dict[str, Any]]] = {name: [] for name in OUTPUTS}
         self.keys: dict[str, list[str]] = {name: [] for name in OUTPUTS}
+        self.arrivals: list[tuple[datetime, str, dict[str, Any]]] = []  # (read at, topic, value)
 
     def poll(self) -> list[tuple[str, bytes]]:
         """Read what arrived; returns it as (logical topic, raw value) in arrival order."""
@@ -219,7 +221,9 @@ class Outputs:
         for records in self.consumer.poll(timeout_ms=200).values():
             for record in records:
                 name = self.topics[record.topic]
-                self.seen[name].append(json.loads(record.value))
+                value = json.loads(record.value)
+                self.seen[name].append(value)
+                self.arrivals.append((datetime.now(UTC), name, value))
                 self.keys[name].append(record.key.decode() if record.key else "")
                 arrived.append((name, record.value))
         if self.on_arrival is not None:

@@ -157,10 +157,29 @@ def loop(control_plane: LocalKube, kafka_bootstrap: str, tmp_path: Path) -> Iter
             applier.start()
             yield Loop(api, deployment, outputs, worker, applier, simulator, signer)
         finally:
+            print(_timeline(outputs, simulator))  # shown only when the test fails
             outputs.close()
             for process in (bridge, applier, worker):
                 process.stop()
             _clean(api)
+
+
+def _timeline(outputs: Outputs, simulator: KubeVirtSimulator) -> str:
+    """What vmstream wrote and what the stand-in controller did, in the order seen."""
+    lines = [line for line in simulator.history]
+    for at, topic, value in outputs.arrivals:
+        if topic == "audit":
+            what = f"{value['input']['key']} {value['outcome']} commands={value['commands']}"
+        elif topic == "commands":
+            what = f"{value['command_id']} {value['type']} {value['target'].get('name')}"
+        elif topic == "command-results":
+            what = f"{value['command_id']} {value['outcome']}"
+        elif topic == "notifications":
+            what = f"{value['type']} {value['subject'].get('name')}"
+        else:
+            what = json.dumps(value)[:200]
+        lines.append(f"{at.isoformat(timespec='milliseconds')} {topic}: {what}")
+    return "\n".join(["timeline:", *sorted(lines)])
 
 
 def _clean(api: client.ApiClient) -> None:

@@ -119,6 +119,7 @@ class KubeVirtSimulator:
         self.core = client.CoreV1Api(api)
         self.passes = 0
         self.errors: list[str] = []
+        self.history: list[str] = []  # what it did, timestamped: a failing test prints it
         self._stop = threading.Event()
         self._pass_done = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -232,8 +233,8 @@ class KubeVirtSimulator:
         created: dict[str, Any] = self.custom.create_namespaced_custom_object(
             GROUP, VERSION, metadata["namespace"], "virtualmachineinstances", vmi)
         vmis.append(created)
-        log.info("sim: created VMI %s/%s (%s)", metadata["namespace"], metadata["name"],
-                 created["status"].get("nodeName") or "unschedulable")
+        self._did(f"created VMI {metadata['namespace']}/{metadata['name']} "
+                  f"({created['status'].get('nodeName') or 'unschedulable'})")
         return created
 
     def _delete_vmi(self, vmi: dict[str, Any], vmis: list[dict[str, Any]]) -> None:
@@ -246,7 +247,7 @@ class KubeVirtSimulator:
             if exc.status != 404:
                 raise
         vmis[:] = [v for v in vmis if v["metadata"]["uid"] != meta["uid"]]
-        log.info("sim: deleted VMI %s/%s", meta["namespace"], meta["name"])
+        self._did(f"deleted VMI {meta['namespace']}/{meta['name']}")
 
     def _place(self, vmi: dict[str, Any], nodes: list[dict[str, Any]],
                vmis: list[dict[str, Any]]) -> dict[str, Any]:
@@ -297,6 +298,10 @@ class KubeVirtSimulator:
                 "lastTransitionTime": now,
             }],
         }
+
+    def _did(self, what: str) -> None:
+        self.history.append(f"{datetime.now(UTC).isoformat(timespec='milliseconds')} sim: {what}")
+        log.info("sim: %s", what)
 
     # --- VM status -------------------------------------------------------------------------
 
