@@ -758,3 +758,57 @@ def test_a_killed_applier_restarted_at_once_applies_again_within_its_session(
             stop(process)
         results.close()
         own.delete_topics()
+
+
+def test_partitions_taken_away_while_a_command_is_in_flight_leave_the_applier_applying(
+    api: client.ApiClient, kube: Kube, kube_namespace: str, kafka_bootstrap: str,
+    tmp_path_factory: pytest.TempPathFactory, make_node: Callable[..., str], virt_api: VirtApiStandIn,
+) -> None:
+    """A second applier joins while the first one's restart is held at virt-api: the first
+    finishes what it read before it gives its partitions up (its revoke listener waits for
+    the restart), and afterwards both go on applying — every command gets its result."""
+    from kafka.admin import KafkaAdminClient
+
+    make_node()
+    manifest = minimal_vm("vm-r")
+    manifest["spec"]["runStrategy"] = "Always"
+    client.CustomObjectsApi(api).create_namespaced_custom_object(*KUBEVIRT, kube_namespace, "virtualmachines", manifest)
+    with KubeVirtSimulator(api, kube_namespace):
+        running_vmi(api, kube_namespace, "vm-r")
+    own = Deployment(kafka_bootstrap, tmp_path_factory.mktemp("handover"))  # its own topics and group
+    own.create_topics()
+    results = Published(own)
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    group = f"{own.app_id}-applier"
+    held = threading.Event()
+    processes = [spawn_applier(own, kube, virt_api, "applier-1")]
+    try:
+        virt_api.before_answering("restart", lambda: held.wait(DEADLINE))
+        restart = command("restart_vm", vm_ref(kube_namespace, "vm-r")).model_copy(update={"issued_at": datetime.now(UTC)})
+        publish(own, restart)
+        eventually(lambda: any(r[:3] == (kube_namespace, "vm-r", "restart") for r in virt_api.requests) or None,
+                   "the restart to reach virt-api", timeout=DEADLINE)
+        processes.append(spawn_applier(own, kube, virt_api, "applier-2"))
+
+        def rebalancing() -> bool:
+            state = admin.describe_groups([group])[group].get("group_state")
+            return state in ("PreparingRebalance", "CompletingRebalance")
+
+        eventually(rebalancing, "the group to rebalance while the restart is held", timeout=DEADLINE)
+        held.set()
+        assert results.result(restart)["outcome"] == "applied"
+
+        nodes = [make_node() for _ in range(6)]  # keys over the partitions of both appliers
+        cordons = [command("cordon_node", ObjectRef(kind="Node", name=n), requested_by=OPERATOR) for n in nodes]
+        for cordon in cordons:
+            publish(own, cordon)
+        assert [results.result(c)["outcome"] for c in cordons] == ["applied"] * len(cordons)
+        assert all(unschedulable(api, n) for n in nodes)
+        assert len(results.results(restart.command_id)) == 1
+    finally:
+        held.set()
+        for process in processes:
+            stop(process)
+        admin.close()
+        results.close()
+        own.delete_topics()
