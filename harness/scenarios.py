@@ -359,9 +359,10 @@ def demo_phases(notice_seconds: int = 15) -> list[tuple[str, Script]]:
     drain_ = Script(restarted.now, "demo-drain")
     drain_.intent("demo-drain-1", "drain_node", {"node": "gpu-node-1", "reason": "firmware upgrade",
                                                   "notice_seconds": notice_seconds}, by=OPS)
+    # The cordon lands: the deadline stops the GPU VMs only on a node that takes no new ones.
+    drain_.event("MODIFIED", node("gpu-node-1", gpus={RTX: 2}, unschedulable=True, rv=2))
     phases.append((f"ops drains gpu-node-1 with {notice_seconds}s notice", drain_))
     stopped = Script(drain_.now, "demo-stopped")
-    stopped.event("MODIFIED", node("gpu-node-1", gpus={RTX: 2}, unschedulable=True, rv=2))
     stopped.event("DELETED", vmi("spx-proj-a", "train-1", node_name="gpu-node-1", phase="Succeeded", gpu=RTX))
     stopped.event("DELETED", vmi("spx-proj-a", "batch-1", node_name="gpu-node-1", phase="Succeeded", gpu=RTX))
     stopped.event("ADDED", vmi("spx-proj-a", "train-1", node_name="gpu-node-2", gpu=RTX,
