@@ -296,6 +296,14 @@ def drain() -> Script:
     return s
 
 
+def cordon_landed(node_name: str = "gpu-node-1") -> list[str]:
+    """The watch event of the cordon a drain of the scripted AZ's node asked for, landed: a
+    whole-node drain stops its GPU VMs only on a node seen cordoned (handlers/drains.py)."""
+    s = Script(cluster().now, f"cordon-{node_name}")
+    s.event("MODIFIED", node(node_name, gpus={RTX: 2}, unschedulable=True, rv=2))
+    return list(s.jsonl())
+
+
 def maintenance() -> Script:
     """No intent: a NodeMaintenance created by an operator starts the same announcements."""
     s = cluster().wait(60)

@@ -26,7 +26,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.partitioner.default import murmur2
 
 from harness.running import CONFIG, Deployment, VmstreamProcess, WorkerProcess
-from harness.scenarios import cluster
+from harness.scenarios import cluster, cordon_landed
 from streams.common.settings import KafkaSettings
 from streams.common.topics import KIND_HEADER, SOURCE_HEADER
 from tests.support.kube_apiserver import Kube
@@ -119,6 +119,7 @@ def stream(kafka_bootstrap: str, kube: Kube, tmp_path_factory: pytest.TempPathFa
         out.send(kafka.topic("intents"), key=b"node/gpu-node-1", value=json.dumps(drain).encode())
         out.flush()
         out.close()
+        deployment.publish_lines(cordon_landed())  # no watch bridge here: the applier's cordon, as watched
 
         def unsettled() -> list[str]:
             """What the stream still lacks: nothing once it has settled."""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.scenarios import cluster
+from harness.scenarios import cluster, cordon_landed
 from harness.running import Deployment, Outputs, WorkerProcess
 
 pytestmark = pytest.mark.kafka
@@ -146,6 +146,7 @@ def test_two_instances_decide_a_drain(deployment: Deployment, outputs: Outputs) 
         drain = {"intent_id": "it-drain-1", "type": "drain_node", "requested_by": "ops@example.com",
                  "spec": {"node": "gpu-node-1", "reason": "firmware upgrade", "notice_seconds": 2}}
         deployment.publish_lines([intent_line(drain, "node/gpu-node-1")])
+        deployment.publish_lines(cordon_landed())  # no applier here: the cluster's cordon, as watched
         outputs.wait_for(lambda o: len(o.notifications("drain_will_stop_gpu_vm")) >= 2, what="announcements")
         fates = {n["subject"]["name"]: n["details"]["outcome"] for n in outputs.notifications("drain_will_stop_gpu_vm")}
         assert fates == {"train-1": "returns_automatically", "batch-1": "needs_manual_start"}
