@@ -166,7 +166,7 @@ def loop(control_plane: LocalKube, kafka_bootstrap: str, tmp_path: Path) -> Iter
 
 def _timeline(outputs: Outputs, simulator: KubeVirtSimulator) -> str:
     """What vmstream wrote and what the stand-in controller did, in the order seen."""
-    lines = [line for line in simulator.history]
+    lines = list(simulator.history)
     for at, topic, value in outputs.arrivals:
         if topic == "audit":
             what = f"{value['input']['key']} {value['outcome']} commands={value['commands']}"
