@@ -44,8 +44,9 @@ def drain(h: Harness, *, by: str = OPS, notice: int | None = 600, cordon_lands: 
         cordoned(h)
 
 
-def cordoned(h: Harness, *, rv: int = 2) -> None:
-    h.observe(node("gpu-node-1", gpus={RTX: 2, A100: 1}, unschedulable=True, rv=rv), "MODIFIED")
+def cordoned(h: Harness) -> None:
+    """The watch shows gpu-node-1 cordoned."""
+    h.observe(node("gpu-node-1", gpus={RTX: 2, A100: 1}, unschedulable=True, rv=2), "MODIFIED")
 
 
 def fates(h: Harness) -> dict[str, str]:
