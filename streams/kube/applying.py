@@ -46,7 +46,6 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar, assert_never
 
 import urllib3
-from kafka import ConsumerRebalanceListener
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
@@ -67,9 +66,10 @@ from streams.common import metrics
 from streams.common.cloudevents import TraceBook, event_source, kafka_headers, ref_of
 from streams.common.codecs import encode_message
 from streams.common.durable import Delivered, DurableProducer, Record
+from streams.common.group_reading import GroupReader, Partition, Received
 from streams.common.kafka_clients import consumer
 from streams.common.probes import ProbeServer, add_probe_arguments
-from streams.common.reading import assign_from_start, partitions_of, read_to_end
+from streams.common.reading import assign_from_start, read_to_end
 from streams.common.settings import Settings
 from streams.common.signing import Keyring, KeyringError, open_sealed
 from streams.common.topics import ensure_topics
@@ -91,7 +91,6 @@ MERGE_PATCH = "application/merge-patch+json"
 RESTART_ANNOTATION = "vmstream.io/restart"
 MAX_REPLANS = 5  # a VM that changes under us this often is being fought over: give up, say so
 CACHE_SYNC_SECONDS = 60.0  # at start, how long to wait for the policy's cache before reading live
-TOPIC_WAIT_SECONDS = 60.0  # at start, how long the commands topic may take to show its partitions
 # Commands whose write the API server's admission policy judges against the namespace
 # (deploy/base/admission-apply.yaml): only for these may the policy read the namespace from
 # its copy. Start, stop and restart go through virt-api, which that policy does not see.
@@ -690,11 +689,6 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def _log_failed_commit(offsets: Any, response: Any) -> None:
-    if isinstance(response, Exception):  # a rebalance took the partition: the ledger covers it
-        log.warning("commit failed (partition moved?): %s", response)
-
-
 # What one command read comes to: messages to publish first (notification, audit record or
 # dead letter), then its result.
 Outputs = tuple[list[tuple[str, str, "BaseModel"]], list[tuple[str, str, "BaseModel"]]]
@@ -799,20 +793,6 @@ class Lanes:
         return first, results, offsets
 
 
-class _SettleOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]  # kafka-python has no types
-    """Before a partition is taken away: everything read is finished and committed."""
-
-    def __init__(self, settle: Callable[[], None]) -> None:
-        self.settle = settle
-        self.assigned = False  # partitions came since the ledger last read to its end
-
-    def on_partitions_revoked(self, revoked: Any) -> None:
-        self.settle()
-
-    def on_partitions_assigned(self, assigned: Any) -> None:
-        self.assigned = True
-
-
 class Applier:
     """The loop: consume commands, apply each once, publish what came of it, commit."""
 
@@ -851,13 +831,6 @@ class Applier:
         """Run until ``stop`` is set; ``ready`` is set once the ledger has been read."""
         ledger = ResultLedger(self.settings, keyring=self.keyring)
         out = DurableProducer(self.kafka, client_id=f"{self.settings.worker.app_id}-applier")
-        commands = consumer(
-            self.kafka, group_id=self.group_id, enable_auto_commit=False,
-            auto_offset_reset="earliest", isolation_level="read_committed",
-            client_id=f"{self.settings.worker.app_id}-applier",
-            # Static membership and the session: back at once after a crash (settings.py).
-            **self.settings.worker.client_consumer_settings(),
-        )
         cache = self.kube.cache
         try:
             if cache is not None:
@@ -866,68 +839,69 @@ class Applier:
             if cache is not None and not cache.wait_synced(CACHE_SYNC_SECONDS):
                 log.warning("the policy's cache is not listed after %ss: reading live until it is",
                             CACHE_SYNC_SECONDS)
-            # Joined before the topic is in the client's metadata, the group would assign this
-            # member nothing until the next metadata refresh, minutes later.
-            partitions_of(commands, [self.commands_topic], wait=TOPIC_WAIT_SECONDS)
-            log.info("applier ready: %d commands already have a result", len(ledger.done))
-            self.ready.set()
             with ThreadPoolExecutor(self.concurrency, thread_name_prefix="apply") as pool:
                 lanes = Lanes(pool, lambda command: self._outputs(command, self.apply_one(command)))
-                # A partition taken away mid-flight: what was read of it is finished, published
-                # and committed first, so its next owner starts where this one stopped.
-                # (kafka-python calls it on its network thread, where a commit cannot be waited for.)
-                rebalance = _SettleOnRevoke(lambda: self._release(lanes, commands, out, ledger, wait=True, sync=False))
-                commands.subscribe([self.commands_topic], listener=rebalance)
-                while not stop.is_set():
-                    if lanes.in_flight() >= self.max_in_flight:
-                        lanes.wait_for_change(timeout=0.5)
-                    else:
-                        # While commands are in flight, back soon to publish what they came to.
-                        batch = commands.poll(timeout_ms=20 if lanes.pending() else 500,
-                                              max_records=self.max_in_flight - lanes.in_flight())
-                        if batch:
-                            # Partitions handed over: what their last owner applied is read
-                            # to the end first. Otherwise the results that have come are
-                            # taken as they are, without a round trip to the broker.
-                            if rebalance.assigned:
-                                ledger.catch_up()
-                                rebalance.assigned = False
-                            else:
-                                ledger.take_arrived()
-                            for tp, records in batch.items():
-                                for record in records:
-                                    self._admit(tp, record, ledger, lanes)
-                    # At the bound, at once: wait_for_change does not wait while a settled
-                    # command heads a partition, so holding it back would spin the loop.
-                    if (lanes.in_flight() >= self.max_in_flight
-                            or time.monotonic() - self.released_at >= self.settings.apply.release_seconds):
-                        self._release(lanes, commands, out, ledger)
-                    metrics.record_client_lag(commands)
-                self._release(lanes, commands, out, ledger, wait=True)
+                self._consume(stop, lanes, ledger, out)
         finally:
-            commands.close()
             out.close()
             ledger.close()
             if cache is not None:
                 cache.stop()
 
-    @staticmethod
-    def _commit(commands: KafkaConsumer, offsets: dict[Any, int], *, wait: bool) -> None:
-        """Commit ``offsets``; without ``wait`` the loop goes on meanwhile: a commit lost (a
-        rebalance, a crash) only means commands read again, which the ledger skips."""
-        from kafka.errors import CommitFailedError
-        from kafka.structs import OffsetAndMetadata
+    def _consume(self, stop: threading.Event, lanes: Lanes, ledger: ResultLedger, out: DurableProducer) -> None:
+        """The loop proper: read commands, set them going, release what they came to."""
+        assigned = threading.Event()  # partitions came since the ledger last read to its end
+        failed = False  # the loop stopped on an error: nothing is released on the way out
 
-        committed = {tp: OffsetAndMetadata(offset, "", -1) for tp, offset in offsets.items()}
-        if not wait:
-            commands.commit_async(committed, callback=_log_failed_commit)
-            return
+        def settle(revoked: list[Partition]) -> None:
+            # A partition taken away mid-flight: what was read of it is finished, published
+            # and committed first, so its next owner starts where this one stopped. Called
+            # inside commands.poll() and commands.close(), on this thread.
+            if not failed:
+                self._release(lanes, commands, out, ledger, wait=True)
+
+        commands = GroupReader(
+            self.kafka, group_id=self.group_id, client_id=f"{self.settings.worker.app_id}-applier",
+            topic=self.commands_topic, on_revoke=settle, on_assign=lambda _: assigned.set(),
+            # Static membership and the session: back at once after a crash (settings.py).
+            membership=self.settings.worker.librdkafka_membership(),
+        )
+        log.info("applier ready: %d commands already have a result", len(ledger.done))
+        self.ready.set()
         try:
-            commands.commit(committed)
-        except CommitFailedError as exc:  # a rebalance took the partition: the ledger covers it
-            log.warning("commit failed (partition moved?): %s", exc)
+            while not stop.is_set():
+                if lanes.in_flight() >= self.max_in_flight:
+                    lanes.wait_for_change(timeout=0.5)
+                else:
+                    # While commands are in flight, back soon to publish what they came to.
+                    batch = commands.poll(0.02 if lanes.pending() else 0.5,
+                                          max_records=self.max_in_flight - lanes.in_flight())
+                    if batch:
+                        # Partitions handed over: what their last owner applied is read to the
+                        # end first. Otherwise the results that have come are taken as they
+                        # are, without a round trip to the broker.
+                        if assigned.is_set():
+                            assigned.clear()
+                            ledger.catch_up()
+                        else:
+                            ledger.take_arrived()
+                        for tp, records in batch.items():
+                            for record in records:
+                                self._admit(tp, record, ledger, lanes)
+                # At the bound, at once: wait_for_change does not wait while a settled command
+                # heads a partition, so holding it back would spin the loop.
+                if (lanes.in_flight() >= self.max_in_flight
+                        or time.monotonic() - self.released_at >= self.settings.apply.release_seconds):
+                    self._release(lanes, commands, out, ledger)
+                commands.record_lag()
+            self._release(lanes, commands, out, ledger, wait=True)
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            commands.close()  # leaves the group: settle() runs once more, with nothing left
 
-    def _admit(self, tp: Any, record: ConsumerRecord, ledger: ResultLedger, lanes: Lanes) -> None:
+    def _admit(self, tp: Partition, record: Received, ledger: ResultLedger, lanes: Lanes) -> None:
         """One command read: set going behind the commands of its key, or settled at once
         (malformed: a dead letter; not sealed by the worker: refused; already done: skipped)."""
         dead: list[tuple[str, str, BaseModel]] = []
@@ -958,8 +932,8 @@ class Applier:
         first.append((self.kafka.topic(AUDIT), decision.audit.input.key or "", decision.audit))
         return first, [(self.kafka.topic(COMMAND_RESULTS), subject_key(command.target), decision.result)]
 
-    def _release(self, lanes: Lanes, commands: KafkaConsumer, out: DurableProducer, ledger: ResultLedger, *,
-                 wait: bool = False, sync: bool = True) -> None:
+    def _release(self, lanes: Lanes, commands: GroupReader, out: DurableProducer, ledger: ResultLedger, *,
+                 wait: bool = False) -> None:
         """Publish what the commands at the head of each partition came to, and commit past them.
 
         Only a prefix of each partition is released: a command still in flight holds back
@@ -968,8 +942,8 @@ class Applier:
         Notifications and audit records first, the results last: they are what marks a
         command done, for this applier and the next. The offsets are committed once the
         results are acknowledged, at most every :data:`COMMIT_SECONDS`; the loop waits for
-        that commit only when it stops (``wait`` and ``sync``; handing partitions over it
-        cannot: the commit is sent, not waited for). A commit not made when the process dies
+        that commit only with ``wait``: when partitions are taken away (the revoke callback)
+        and when it stops. A commit not made when the process dies
         or a partition moves only means commands read again: the ledger, read to its end at
         start and after an assignment, skips them.
 
@@ -978,8 +952,8 @@ class Applier:
         by one share the two produce requests of a release (tests/kube/test_applier_release.py).
 
         Once a release could not be published, nothing is released or committed again by
-        this process, whoever asks (the loop, or kafka-python's revoke listener as the
-        consumer closes): the commands released with it were taken off their lanes, so a
+        this process, whoever asks (the loop, or the revoke callback as the consumer
+        closes): the commands released with it were taken off their lanes, so a
         later commit would pass them, and they were applied without a result.
         """
         if self.unpublished is not None:
@@ -999,10 +973,10 @@ class Applier:
             raise
         self.uncommitted.update(offsets)
         if self.uncommitted and (wait or time.monotonic() - self.committed_at >= COMMIT_SECONDS):
-            self._commit(commands, self.uncommitted, wait=wait and sync)
+            commands.commit(self.uncommitted, wait=wait)
             self.uncommitted, self.committed_at = {}, time.monotonic()
 
-    def _parse(self, record: ConsumerRecord, dead: list[tuple[str, str, BaseModel]]) -> Command | None:
+    def _parse(self, record: Received, dead: list[tuple[str, str, BaseModel]]) -> Command | None:
         key = record.key.decode("utf-8", "replace") if record.key else None
         raw: bytes = record.value or b""
         try:

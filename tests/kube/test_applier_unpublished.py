@@ -2,9 +2,9 @@
 API server).
 
 The broker refuses the result of the first command of a partition while a second command,
-of another key, is still being applied. The applier stops; on its way out kafka-python's
-consumer, closing, calls the revoke listener, which used to release the second command and
-commit the partition past both: the first command was then applied, had no result, and
+of another key, is still being applied. The applier stops; on its way out its consumer,
+closing, calls the revoke callback, which used to release the second command and commit the
+partition past both: the first command was then applied, had no result, and
 would never be read again. The committed offset is read by the test's own consumer.
 """
 

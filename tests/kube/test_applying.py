@@ -52,6 +52,7 @@ pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 
 KUBEVIRT = ("kubevirt.io", "v1")
 DEADLINE = 60.0
+HANDOVER_WATCH_SECONDS = 5.0  # how long a rebalance is watched for ending too early (a few ms when it does)
 OWNER = "alice@example.com"
 OPERATOR = "ops@example.com"
 IMAGE = "quay.io/containerdisks/ubuntu:24.04"
@@ -764,37 +765,63 @@ def test_partitions_taken_away_while_a_command_is_in_flight_leave_the_applier_ap
     api: client.ApiClient, kube: Kube, kube_namespace: str, kafka_bootstrap: str,
     tmp_path_factory: pytest.TempPathFactory, make_node: Callable[..., str], virt_api: VirtApiStandIn,
 ) -> None:
-    """A second applier joins while the first one's restart is held at virt-api: the first
-    finishes what it read before it gives its partitions up (its revoke listener waits for
-    the restart), and afterwards both go on applying — every command gets its result."""
-    from kafka.admin import KafkaAdminClient
+    """A second applier joins while the first one's restart is held at virt-api, and the
+    restart's partition goes to it: the first finishes what it read before it gives the
+    partition up (its revoke callback waits for the restart, publishes the result and commits),
+    so the second starts past the restart and applies it no second time; afterwards both go
+    on applying — every command gets one result.
 
+    The members are static, ``apply-a`` and ``apply-b``: the range assignor hands out
+    partitions in the order of the member ids, which begin with the instance ids, so the
+    last partition is the second member's. The VM is named so that its key lands there."""
+    from kafka.admin import KafkaAdminClient
+    from kafka.partitioner.default import murmur2
+
+    own = Deployment(kafka_bootstrap, tmp_path_factory.mktemp("handover"))  # its own topics and group
+    partitions = own.kafka.partitions
+    name = next(f"vm-r{i}" for i in range(10_000)
+                if (murmur2(subject_key(vm_ref(kube_namespace, f"vm-r{i}")).encode()) & 0x7FFFFFFF) % partitions
+                == partitions - 1)
     make_node()
-    manifest = minimal_vm("vm-r")
+    manifest = minimal_vm(name)
     manifest["spec"]["runStrategy"] = "Always"
     client.CustomObjectsApi(api).create_namespaced_custom_object(*KUBEVIRT, kube_namespace, "virtualmachines", manifest)
     with KubeVirtSimulator(api, kube_namespace):
-        running_vmi(api, kube_namespace, "vm-r")
-    own = Deployment(kafka_bootstrap, tmp_path_factory.mktemp("handover"))  # its own topics and group
+        running_vmi(api, kube_namespace, name)
     own.create_topics()
     results = Published(own)
     admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
     group = f"{own.app_id}-applier"
-    held = threading.Event()
-    processes = [spawn_applier(own, kube, virt_api, "applier-1")]
+    arrived, held = threading.Event(), threading.Event()
+
+    def hold() -> None:  # the restart took effect; its answer waits (under the client's 30 s read timeout)
+        arrived.set()
+        held.wait(DEADLINE)
+
+    def member(instance: str) -> dict[str, str]:
+        return {"VMSTREAM_WORKER__GROUP_INSTANCE_ID": instance}
+
+    processes = [spawn_applier(own, kube, virt_api, "applier-1", env=member("apply-a"))]
     try:
-        virt_api.before_answering("restart", lambda: held.wait(DEADLINE))
-        restart = command("restart_vm", vm_ref(kube_namespace, "vm-r")).model_copy(update={"issued_at": datetime.now(UTC)})
+        virt_api.before_answering("restart", hold)
+        restart = command("restart_vm", vm_ref(kube_namespace, name)).model_copy(update={"issued_at": datetime.now(UTC)})
         publish(own, restart)
-        eventually(lambda: any(r[:3] == (kube_namespace, "vm-r", "restart") for r in virt_api.requests) or None,
-                   "the restart to reach virt-api", timeout=DEADLINE)
-        processes.append(spawn_applier(own, kube, virt_api, "applier-2"))
+        assert arrived.wait(DEADLINE), "the restart never reached virt-api"
+        processes.append(spawn_applier(own, kube, virt_api, "applier-2", env=member("apply-b")))
 
-        def rebalancing() -> bool:
-            state = admin.describe_groups([group])[group].get("group_state")
-            return state in ("PreparingRebalance", "CompletingRebalance")
+        def state() -> str:
+            return str(admin.describe_groups([group])[group].get("group_state"))
 
-        eventually(rebalancing, "the group to rebalance while the restart is held", timeout=DEADLINE)
+        eventually(lambda: state() in ("PreparingRebalance", "CompletingRebalance"),
+                   "the group to rebalance while the restart is held", timeout=DEADLINE)
+        # The broker's view, for a while: the rebalance cannot end while the first applier
+        # is still finishing the restart in its revoke callback.
+        watched_until = time.monotonic() + HANDOVER_WATCH_SECONDS
+        seen = {state()}
+        while "Stable" not in seen and time.monotonic() < watched_until:
+            time.sleep(0.05)
+            seen.add(state())
+        assert "Stable" not in seen, "the partitions were handed over while a command read from them was in flight"
         held.set()
         assert results.result(restart)["outcome"] == "applied"
 
@@ -805,6 +832,8 @@ def test_partitions_taken_away_while_a_command_is_in_flight_leave_the_applier_ap
         assert [results.result(c)["outcome"] for c in cordons] == ["applied"] * len(cordons)
         assert all(unschedulable(api, n) for n in nodes)
         assert len(results.results(restart.command_id)) == 1
+        restarts = [code for ns, vm, action, code in virt_api.requests if (ns, vm, action) == (kube_namespace, name, "restart")]
+        assert restarts == [202], "one restart reached virt-api, and only one"
     finally:
         held.set()
         for process in processes:
