@@ -97,23 +97,6 @@ def record_lag(app: Any) -> None:
         set_lag(tp.topic, tp.partition, highwater, position)
 
 
-def record_client_lag(consumer: Any) -> None:
-    """The lag of a kafka-python ``KafkaConsumer`` on its assigned partitions (the applier).
-
-    Called between polls, once the records returned have been handled: the position then is
-    what has been handled. Read from the subscription state (kafka-python 3.0): the public
-    ``position()`` may ask the coordinator, a network round trip per partition.
-    """
-    try:
-        states = consumer._subscription.assignment
-    except AttributeError as error:
-        _lag_failed("client", error)
-        return
-    for tp, state in list(states.items()):
-        position = state.position.offset if state.position is not None else None
-        set_lag(tp.topic, tp.partition, consumer.highwater(tp), position)
-
-
 def record_aiokafka_lag(consumer: Any) -> None:
     """The lag of an aiokafka consumer of the worker's own (the route stage) on its assigned
     partitions. Position is the offset after the last record it returned, read from its

@@ -96,19 +96,11 @@ class WorkerSettings(BaseModel):
         }
 
     def librdkafka_membership(self) -> dict[str, Any]:
-        """The membership settings as librdkafka takes them (the applier's GroupReader)."""
+        """The membership settings as librdkafka takes them (the GroupReader of the applier and notify)."""
         return {
             **({"group.instance.id": self.group_instance_id} if self.group_instance_id else {}),
             "session.timeout.ms": int(self.session_timeout_seconds * 1000),
             "heartbeat.interval.ms": int(self.heartbeat_interval_seconds * 1000),
-        }
-
-    def client_consumer_settings(self) -> dict[str, Any]:
-        """The membership settings as kafka-python's KafkaConsumer takes them (vmstream notify)."""
-        return {
-            "group_instance_id": self.group_instance_id,
-            "session_timeout_ms": int(self.session_timeout_seconds * 1000),
-            "heartbeat_interval_ms": int(self.heartbeat_interval_seconds * 1000),
         }
 
     def page_token(self) -> str | None:

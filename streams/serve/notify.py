@@ -53,8 +53,8 @@ from handlers.delivery import Bucket, Endpoint, Target, Verdict
 from handlers.messages import DeadLetter, DeadLetterSource, Notification, clip, describe_validation_error
 from handlers.topics import DLQ, NOTIFICATIONS
 from handlers.tracing import TYPE_PREFIX, ce_headers, dead_letter_id
-from streams.common import metrics
 from streams.common.cloudevents import TRACEPARENT, TRACESTATE, Trace, event_source, trace_of
+from streams.common.group_reading import GroupReader, Received
 from streams.common.kafka_clients import consumer, producer
 from streams.common.probes import ProbeServer, add_probe_arguments
 from streams.common.reading import assign_from_start, read_to_end
@@ -64,7 +64,6 @@ from streams.common.topics import ensure_topics
 
 if TYPE_CHECKING:
     from kafka import KafkaConsumer, KafkaProducer
-    from kafka.consumer.fetcher import ConsumerRecord
 
 log = logging.getLogger(__name__)
 
@@ -330,17 +329,20 @@ class Notifier:
         self.stop = stop
         ledger = DeliveryLedger(self.settings)
         out = producer(self.kafka, client_id=self.notify.group_id)
-        notifications = consumer(
-            self.kafka, self.kafka.topic(NOTIFICATIONS), group_id=self.notify.group_id,
-            enable_auto_commit=False, auto_offset_reset="earliest", client_id=self.notify.group_id,
-            **self.settings.worker.client_consumer_settings(),
-        )
+        notifications: GroupReader | None = None
         try:
             ledger.catch_up()
+            # The same group member as the applier's (streams/common/group_reading.py): what was
+            # handled is committed after each batch, so a partition taken away needs nothing more.
+            notifications = GroupReader(
+                self.kafka, group_id=self.notify.group_id, client_id=self.notify.group_id,
+                topic=self.kafka.topic(NOTIFICATIONS), on_revoke=lambda _: None, on_assign=lambda _: None,
+                membership=self.settings.worker.librdkafka_membership(),
+            )
             log.info("notify ready: %d deliveries in the ledger", len(ledger.done))
             self.ready.set()
             while not stop.is_set():
-                batch = notifications.poll(timeout_ms=500, max_records=self.batch_size)
+                batch = notifications.poll(0.5, max_records=self.batch_size)
                 if batch:
                     ledger.catch_up()
                     for records in batch.values():
@@ -350,27 +352,18 @@ class Notifier:
                                 break
                     if stop.is_set():
                         break  # offsets of what was not handled stay uncommitted
-                    self._commit(notifications, {tp: records[-1].offset + 1 for tp, records in batch.items()})
+                    notifications.commit({tp: records[-1].offset + 1 for tp, records in batch.items()}, wait=True)
                 else:
                     self.transport.idle()
-                metrics.record_client_lag(notifications)
+                notifications.record_lag()
         finally:
             self.transport.idle()
-            notifications.close()
+            if notifications is not None:
+                notifications.close()
             out.close()
             ledger.close()
 
-    @staticmethod
-    def _commit(notifications: KafkaConsumer, offsets: dict[Any, int]) -> None:
-        from kafka.errors import CommitFailedError
-        from kafka.structs import OffsetAndMetadata
-
-        try:
-            notifications.commit({tp: OffsetAndMetadata(offset, "", -1) for tp, offset in offsets.items()})
-        except CommitFailedError as exc:  # a rebalance took the partition: the ledger covers it
-            log.warning("commit failed (partition moved?): %s", exc)
-
-    def handle(self, record: ConsumerRecord, ledger: DeliveryLedger, out: KafkaProducer) -> None:
+    def handle(self, record: Received, ledger: DeliveryLedger, out: KafkaProducer) -> None:
         """One notification: every pending delivery made or dead-lettered, each recorded."""
         raw: bytes = record.value or b""
         try:
@@ -476,7 +469,7 @@ class Notifier:
                  headers=self._envelope(key, f"{TYPE_PREFIX}delivery", at, trace)).get(timeout=30)
         ledger.done.add(key)
 
-    def _dead_letter(self, out: KafkaProducer, record: ConsumerRecord, reason: str, *, trace: Trace | None = None,
+    def _dead_letter(self, out: KafkaProducer, record: Received, reason: str, *, trace: Trace | None = None,
                      **about: Any) -> None:
         """A dead letter of ``record``: in ``trace`` (a malformed one: derived from where it was
         read); named by where it was read and, one per delivery, the delivery's channel and recipient."""
