@@ -33,6 +33,7 @@ from streams.common.settings import KafkaSettings
 log = logging.getLogger(__name__)
 LIBRDKAFKA_LOG = logging.getLogger("kafka.librdkafka")
 TOPIC_WAIT_SECONDS = 60.0  # how long a subscribed topic may take to show its partitions
+PREFETCH_KIB = 8192
 LAG_QUERY_SECONDS = 5.0  # where a partition just assigned starts: its committed offset, else its first
 
 
@@ -83,6 +84,9 @@ class GroupReader:
             "isolation.level": "read_committed",
             # The Java client's and kafka-python's default: a group of older appliers agrees.
             "partition.assignment.strategy": "range",
+            # What librdkafka fetches ahead, for all partitions together: its default is 64 MiB,
+            # kafka-python held a fetch of at most 1 MiB per partition.
+            "queued.max.messages.kbytes": PREFETCH_KIB,
             "on_commit": _log_failed_commit,
             **(membership or {}),
         }, logger=LIBRDKAFKA_LOG)
