@@ -119,8 +119,17 @@ class GroupReader:
     def poll(self, timeout: float, max_records: int) -> dict[Partition, list[Received]]:
         """What has arrived, at most ``max_records``, each partition's in offset order;
         waits up to ``timeout`` seconds for a first record. Rebalance callbacks run here."""
+        # consume() waits for all of num_messages or the timeout, not for a first record:
+        # a command arriving alone would wait the whole timeout. poll() returns with the first
+        # one, and consume() without a timeout takes what has been fetched behind it.
+        first = self._consumer.poll(timeout)
+        if first is None:
+            return {}
+        messages = [first]
+        if max_records > 1:
+            messages.extend(self._consumer.consume(num_messages=max_records - 1, timeout=0))
         batch: dict[Partition, list[Received]] = {}
-        for message in self._consumer.consume(num_messages=max(1, max_records), timeout=timeout):
+        for message in messages:
             error = message.error()
             if error is not None:
                 if error.fatal():  # its instance id fenced by another member, say: this member is done

@@ -138,3 +138,25 @@ def test_members_joining_and_leaving_hand_over_exactly_where_the_last_owner_stop
     everything = [n for m in members for n in m.read]
     assert sorted(everything) == list(range(total)), "each record read once, by one member"
     assert all(m.read for m in members)
+
+
+def test_a_record_arriving_alone_is_returned_without_waiting_for_a_full_batch(
+    kafka_bootstrap: str, kafka_topic_factory: Callable[..., str]
+) -> None:
+    """One command on its own comes back from a poll that would take 200: librdkafka's
+    ``consume()`` waits for all of them or the whole timeout (30 s here), which held each
+    command arriving alone for the applier's 0.5 s poll."""
+    kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
+    topic = kafka_topic_factory("alone", partitions=1)
+    reader = GroupReader(kafka, group_id=f"g-{uuid.uuid4().hex[:8]}", client_id="alone", topic=topic,
+                         on_revoke=lambda _: None, on_assign=lambda _: None)
+    try:
+        publish(kafka, records(topic, range(1)))
+        got: list[int] = []
+        polling = threading.Thread(target=lambda: got.extend(  # joins the group, then finds the record
+            int(record.value or b"-1") for batch in reader.poll(30.0, max_records=200).values() for record in batch))
+        polling.start()
+        eventually(lambda: not polling.is_alive() or None, "the poll to return long before its 30 s", timeout=15)
+        assert got == [0]
+    finally:
+        reader.close()
