@@ -11,18 +11,15 @@ never writes a record twice.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from streams.common.kafka_clients import librdkafka_options
+from streams.common.kafka_clients import LIBRDKAFKA_LOG, librdkafka_options
 from streams.common.settings import KafkaSettings
 
-# librdkafka's own lines, as JSON lines held to a rate with the other Kafka clients' (streams/common/logs.py).
-LIBRDKAFKA_LOG = logging.getLogger("kafka.librdkafka")
 DELIVERY_SECONDS = 120.0  # a record not acknowledged by then is a failed send (kafka-python's delivery timeout)
 REQUEST_SECONDS = 15.0  # one produce request: a hung one leaves time to retry within the delivery timeout
 # The largest request, as kafka-python's max_request_size: the broker's default limit on a

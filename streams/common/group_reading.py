@@ -1,4 +1,5 @@
-"""A member of a consumer group on librdkafka: the applier reads its commands with it.
+"""A member of a consumer group on librdkafka: the applier reads its commands with it, notify
+its notifications.
 
 kafka-python 3.0.12 stalls a member for good when a short ``poll()`` runs out while the group
 is joining: the join finished a millisecond after the poll gave up, the next poll went
@@ -27,13 +28,12 @@ from typing import Any, NamedTuple
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from streams.common import metrics
-from streams.common.kafka_clients import librdkafka_options
+from streams.common.kafka_clients import LIBRDKAFKA_LOG, librdkafka_options
 from streams.common.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
-LIBRDKAFKA_LOG = logging.getLogger("kafka.librdkafka")
 TOPIC_WAIT_SECONDS = 60.0  # how long a subscribed topic may take to show its partitions
-PREFETCH_KIB = 8192
+PREFETCH_KIB = 8192  # what librdkafka fetches ahead, all partitions together
 LAG_QUERY_SECONDS = 5.0  # where a partition just assigned starts: its committed offset, else its first
 
 

@@ -7,12 +7,17 @@ through streams/worker/broker_credentials.py.
 
 from __future__ import annotations
 
+import logging
 import ssl
 from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 
 from streams.common.settings import KafkaSettings
+
+# librdkafka's own lines (confluent-kafka's clients: durable.py, group_reading.py), as JSON lines
+# held to a rate with the other Kafka clients' (streams/common/logs.py).
+LIBRDKAFKA_LOG = logging.getLogger("kafka.librdkafka")
 
 
 def _credentials(kafka: KafkaSettings, mechanism: str, username: str, password: str,
