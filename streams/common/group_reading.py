@@ -158,9 +158,6 @@ class GroupReader:
         except KafkaException as error:  # a rebalance took the partition: the caller's ledger covers it
             log.warning("commit failed (partition moved?): %s", error)
 
-    def assignment(self) -> list[Partition]:
-        return _partitions(self._consumer.assignment())
-
     def record_lag(self) -> None:
         """Lag of each assigned partition: the highwater of the last fetch response minus the
         offset past the last record returned. A partition nothing was read from yet starts at
