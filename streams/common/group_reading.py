@@ -63,13 +63,14 @@ class GroupReader:
     """Subscribe ``topic`` in ``group_id``; read, and commit what the caller says is done.
 
     ``on_revoke`` is called with the partitions about to be taken away (a rebalance, or
-    :meth:`close`), ``on_assign`` with those given, both from inside :meth:`poll` or
+    :meth:`close`), ``on_assign`` with those given (either may be left out), both from inside :meth:`poll` or
     :meth:`close`: the caller's own thread. Partitions lost instead (the session ran out)
     go to ``on_revoke`` too; a commit there fails, and is only a warning.
     """
 
     def __init__(self, kafka: KafkaSettings, *, group_id: str, client_id: str, topic: str,
-                 on_revoke: Callback, on_assign: Callback, membership: dict[str, Any] | None = None,
+                 on_revoke: Callback | None = None, on_assign: Callback | None = None,
+                 membership: dict[str, Any] | None = None,
                  topic_wait: float = TOPIC_WAIT_SECONDS) -> None:
         self.topic = topic
         self._positions: dict[Partition, int] = {}  # the next offset to read, where known: the lag's
@@ -94,18 +95,21 @@ class GroupReader:
         self._consumer.subscribe([topic], on_assign=self._told(on_assign, "assigned"),
                                  on_revoke=self._told(on_revoke, "revoked"), on_lost=self._told(on_revoke, "lost"))
 
-    def _told(self, callback: Callback, what: str) -> Callable[[Any, list[TopicPartition]], None]:
+    def _told(self, callback: Callback | None, what: str) -> Callable[[Any, list[TopicPartition]], None]:
         def told(_: Any, tps: list[TopicPartition]) -> None:
             partitions = _partitions(tps)
             for tp in partitions:
                 self._positions.pop(tp, None)
             log.info("partitions %s: %s", what, ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions) or "none")
-            callback(partitions)
+            if callback is not None:
+                callback(partitions)
         return told
 
     def _wait_for_topic(self, timeout: float) -> None:
-        """A topic the group's leader does not know yet gets no assignment until librdkafka
-        refreshes its metadata, minutes later: wait for it to be listed with partitions."""
+        """Wait for the topic to be listed with partitions: a member subscribed before the
+        group's leader knows the topic is assigned nothing until a metadata refresh (kafka-python
+        asked again five minutes later), and a topic that never comes is an error at start,
+        not a member idle for good."""
         deadline = time.monotonic() + timeout
         while True:
             listed = self._consumer.list_topics(self.topic, timeout=max(0.1, min(5.0, deadline - time.monotonic())))

@@ -336,8 +336,7 @@ class Notifier:
             # handled is committed after each batch, so a partition taken away needs nothing more.
             notifications = GroupReader(
                 self.kafka, group_id=self.notify.group_id, client_id=self.notify.group_id,
-                topic=self.kafka.topic(NOTIFICATIONS), on_revoke=lambda _: None, on_assign=lambda _: None,
-                membership=self.settings.worker.librdkafka_membership(),
+                topic=self.kafka.topic(NOTIFICATIONS), membership=self.settings.worker.librdkafka_membership(),
             )
             log.info("notify ready: %d deliveries in the ledger", len(ledger.done))
             self.ready.set()

@@ -98,7 +98,7 @@ def test_a_topic_that_never_shows_up_is_an_error_not_an_idle_member(kafka_bootst
     kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
     with pytest.raises(TimeoutError, match="has no partitions"):
         GroupReader(kafka, group_id="g-none", client_id="none", topic=f"absent-{uuid.uuid4().hex[:8]}",
-                    on_revoke=lambda _: None, on_assign=lambda _: None, topic_wait=2.0)
+                    topic_wait=2.0)
 
 
 def test_members_joining_and_leaving_hand_over_exactly_where_the_last_owner_stopped(
@@ -148,8 +148,7 @@ def test_a_record_arriving_alone_is_returned_without_waiting_for_a_full_batch(
     command arriving alone for the applier's 0.5 s poll."""
     kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
     topic = kafka_topic_factory("alone", partitions=1)
-    reader = GroupReader(kafka, group_id=f"g-{uuid.uuid4().hex[:8]}", client_id="alone", topic=topic,
-                         on_revoke=lambda _: None, on_assign=lambda _: None)
+    reader = GroupReader(kafka, group_id=f"g-{uuid.uuid4().hex[:8]}", client_id="alone", topic=topic)
     try:
         publish(kafka, records(topic, range(1)))
         got: list[int] = []
