@@ -1,8 +1,9 @@
 """Kafka clients configured from settings: one place for bootstrap, TLS and SASL options.
 
 kafka-python serves administration and the CLI's producers and consumers, librdkafka the
-applier's outputs (streams/common/durable.py); the worker's Faust app gets the same options
-through streams/worker/broker_credentials.py.
+applier's and the worker's writes (streams/common/durable.py) and the group readers of the
+applier and notify (streams/common/group_reading.py); the worker's Faust app gets the same
+options through streams/worker/broker_credentials.py.
 """
 
 from __future__ import annotations

@@ -32,8 +32,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -61,6 +60,8 @@ from streams.common.cloudevents import (
 )
 from streams.common.codecs import encode_json, encode_message, encode_resident_update
 from streams.common.credentials import key_source
+from streams.common.durable import Delivered, DurableProducer
+from streams.common.durable import Record as Outgoing  # a message to send, as bytes on the wire
 from streams.common.globalview import GlobalView
 from streams.common.heap import Heap
 from streams.common.kafka_clients import aiokafka_options
@@ -132,15 +133,10 @@ def _origin(message: Record) -> Source:
     return Source(message.topic, _key(message), message.partition, message.offset)
 
 
-@dataclass(frozen=True, slots=True)
-class Outgoing:
-    """One message to send, kept until the broker has acknowledged it."""
-
-    topic: Any  # a Faust topic
-    key: bytes
-    value: bytes
-    timestamp: float | None = None
-    headers: dict[str, bytes] | None = None
+def _ms(seconds: float) -> int:
+    """A record's timestamp as the wire has it, from a message's seconds (Faust's ``Message``,
+    ``Read``): rounded, so the routed record keeps its input's very millisecond."""
+    return round(seconds * 1000)
 
 
 class Worker:
@@ -175,18 +171,19 @@ class Worker:
             topic_allow_declare=self.kafka.create_topics,  # else the platform's KafkaTopics
             **conf.faust_consumer_settings(),  # static membership, session: back at once after a crash
         )
-        # Outputs on a producer (a connection) of their own: aiokafka sends one request at a
-        # time per connection, and a batch's outputs must not queue behind the changelog
-        # rows of the batch before, a request that spans up to 60 partitions.
-        self.output_producer: Any = self.app.add_dependency(self.app.transport.create_producer(beacon=self.app.beacon))
+        # The batch's journal, messages and rows through librdkafka (streams/common/durable.py),
+        # their reports served off the loop: 4 µs of CPU per record, aiokafka's producer on the
+        # loop 17 (benchmarks/README.md). Faust's producer sends the ticks.
+        self.durable = DurableProducer(self.kafka, client_id=f"{conf.app_id}-outputs")
         self.routed = self._topic(ROUTED)
-        # route: re-keys intents and watch events onto the routed topic, on a group of its
-        # own; added after the outputs' producer, it is stopped before it.
+        # route: re-keys intents and watch events onto the routed topic, on a group of its own.
         self.router = Router(settings, [self.kafka.topic(topic.name) for topic in ROUTED_INPUTS],
                              route=self._route_one, deliver=self._deliver_routed,
                              commit_interval=self.app.conf.broker_commit_interval, beacon=self.app.beacon)
         self.app.add_dependency(self.router)
         self.outputs = {topic.name: self._topic(topic.name) for topic in written_by("worker") if topic is not WORKER_ROUTED}
+        # By the name on the wire: what a message sent inside Faust's transaction goes through.
+        self.faust_topics = {self.kafka.topic(name): topic for name, topic in [*self.outputs.items(), (ROUTED, self.routed)]}
         self.tables: dict[str, Any] = {  # by table name
             table: self.app.Table(table.stored_as, key_type=str, value_type=bytes,
                                   partitions=self.kafka.partitions, help=table.help)
@@ -199,7 +196,7 @@ class Worker:
         )
         journal = self.app.Table("state-journal", key_type=str, value_type=bytes, partitions=self.kafka.partitions,
                                  help="input topic:partition:offset → its decision, until the offset is committed")
-        self.state = TableState(self.tables, self.view, Journal(journal))
+        self.state = TableState(self.tables, self.view, Journal(journal), rows_through_faust=conf.exactly_once)
         self.app.on_rebalance_complete.connect(self._partitions_settled)
         self.app.task(self.view.run)
         # What /pending shows, for the whole cluster from any instance (kept as bytes).
@@ -268,9 +265,10 @@ class Worker:
                 key = source.key or UNROUTABLE_KEY  # decide dead-letters it, with its source
             origin = encode_json({"topic": message.topic, "partition": message.partition,
                                   "offset": message.offset, "key": source.key})
-            return [Outgoing(self.routed, key.encode(), cast(bytes, message.value), message.timestamp,  # screened: not None
-                             {KIND_HEADER: b"intent" if intent else b"event", SOURCE_HEADER: origin,
-                              **trace_headers(message.headers)})]  # its trace goes on (docs/integrators.md)
+            headers = {KIND_HEADER: b"intent" if intent else b"event", SOURCE_HEADER: origin,
+                       **trace_headers(message.headers)}  # its trace goes on (docs/integrators.md)
+            return [Outgoing(self.routed_topic, key.encode(), cast(bytes, message.value),  # screened: not None
+                             list(headers.items()), timestamp_ms=_ms(message.timestamp))]
         except Exception as error:  # a bug here must cost this event only
             log.exception("routing failed", extra={"topic": message.topic, "offset": message.offset})
             return self._dead_end(message, source, f"internal error: {type(error).__name__}: {error}")
@@ -282,9 +280,18 @@ class Worker:
         self._log(result)
         return self._outgoing(message, result)
 
+    @property
+    def routed_topic(self) -> str:
+        return str(self.routed.get_topic_name())
+
     async def _deliver_routed(self, outgoing: list[Outgoing]) -> None:
         """A route batch's messages, outside any transaction (route reads no Faust event)."""
         await self._deliver(outgoing, transactional=False)
+
+    async def _deliver_own(self, records: Sequence[Outgoing]) -> list[Delivered]:
+        """The worker's own records — journal entries, table rows, their tombstones — never
+        in a transaction: the journal must be there before anything of its batch."""
+        return await self._deliver(records, transactional=False)
 
     async def _decide(self, stream: Any) -> None:
         """Decide in batches: journal, messages, then rows (group commit, streams/worker/tablestate.py).
@@ -303,9 +310,9 @@ class Worker:
                 decided += [(event, result) for result in results]
 
             async def settle() -> None:
-                await self.state.record(fresh, producer=self.output_producer)
+                await self.state.record(fresh, deliver=self._deliver_own)
                 await self._publish(decided)
-                self.state.write_all(decided)
+                await self.state.send_rows(self.state.write_all(decided), deliver=self._deliver_own)
 
             # Faust acknowledges the batch however this loop is left, a cancellation too (a
             # graceful stop, the app crashing on a failed commit), and commits on its way
@@ -318,8 +325,8 @@ class Worker:
                 raise
             finally:
                 self.state.unstage()
-            if self.state.journal is not None:
-                self.state.journal.prune()
+            if self.state.journal is not None and (tombstones := self.state.journal.prune()):
+                await self._deliver_own(tombstones)
 
     def _decide_safely(self, event: EventT[Any]) -> list[Result]:
         """Decide one input, staging its changes; a bug dead-letters the input, never stops us."""
@@ -363,7 +370,7 @@ class Worker:
         if wire is None:  # not fitted here: decided before, by another instance or run
             wire = [(o.topic, o.key.encode(), self._encode(o.value)) for o in result.outputs()]
         trace, when = self._trace(message, result)
-        outgoing = [Outgoing(self.outputs[topic], key, value, headers=self._ce_headers(output.value, trace, when))
+        outgoing = [Outgoing(self.kafka.topic(topic), key, value, list(self._ce_headers(output.value, trace, when).items()))
                     for output, (topic, key, value) in zip(result.outputs(), wire, strict=True)]
         for topic, _, _ in wire:
             metrics.OUTPUTS.labels(topic).inc()
@@ -372,8 +379,8 @@ class Worker:
                        TRACEPARENT: trace.child(f"{update.cause}@{update.node}/{update.vm_key}").encode()}
             if trace.state:
                 headers[TRACESTATE] = trace.state.encode()
-            outgoing.append(Outgoing(self.routed, f"node/{update.node}".encode(), encode_resident_update(update),
-                                     message.timestamp, headers))
+            outgoing.append(Outgoing(self.routed_topic, f"node/{update.node}".encode(), encode_resident_update(update),
+                                     list(headers.items()), timestamp_ms=_ms(message.timestamp)))
         return outgoing
 
     def _trace(self, message: Record, result: Result) -> tuple[Trace, datetime]:
@@ -395,9 +402,10 @@ class Worker:
     def _encode(self, value: Any) -> bytes:
         return encode_message(value, keyring=self.keyring)
 
-    async def _deliver(self, outgoing: list[Outgoing], *, transactional: bool = True) -> None:
-        """Send messages and wait until the broker has every one; what failed is sent again,
-        after a backoff that doubles, up to ``worker.publish_attempts`` times.
+    async def _deliver(self, outgoing: Sequence[Outgoing], *, transactional: bool = True) -> list[Delivered]:
+        """Send messages and wait until the broker has every one; where each landed, in the
+        order given. What failed is sent again, after a backoff that doubles, up to
+        ``worker.publish_attempts`` times (librdkafka retries a send itself meanwhile).
 
         A message the broker still refuses then stops the process (exit status 75) before
         the inputs that led to it are acknowledged: after the restart they are decided
@@ -407,62 +415,72 @@ class Worker:
         """
         delivery = asyncio.ensure_future(self._deliver_now(outgoing, transactional))
         try:
-            await asyncio.shield(delivery)
+            return await asyncio.shield(delivery)
         except asyncio.CancelledError:
             if not delivery.done():
                 await delivery
             raise
 
-    async def _deliver_now(self, outgoing: list[Outgoing], transactional: bool) -> None:
+    async def _deliver_now(self, outgoing: Sequence[Outgoing], transactional: bool) -> list[Delivered]:
         conf = self.settings.worker
-        pending, delay = outgoing, conf.publish_backoff_seconds
+        placed: list[Delivered | str] = ["not sent"] * len(outgoing)
+        pending, delay = list(range(len(outgoing))), conf.publish_backoff_seconds
         for attempt in range(1, conf.publish_attempts + 1):
-            futures = [await self._send_one(message, transactional) for message in pending]
-            outcomes = await asyncio.gather(*futures, return_exceptions=True)
-            failed = [(m, o) for m, o in zip(pending, outcomes) if isinstance(o, BaseException)]
-            if not failed:
-                return
+            outcomes = await self._send_batch([outgoing[index] for index in pending], transactional)
+            for index, outcome in zip(pending, outcomes, strict=True):
+                placed[index] = outcome
+            pending = [index for index in pending if not isinstance(placed[index], Delivered)]
+            if not pending:
+                return cast(list[Delivered], placed)
             log.warning("publishing failed", extra={
-                "attempt": attempt, "failed": len(failed), "of": len(pending),
-                "topic": failed[0][0].topic.get_topic_name(), "error": repr(failed[0][1])})
-            pending = [message for message, _ in failed]
+                "attempt": attempt, "failed": len(pending), "of": len(outgoing),
+                "topic": outgoing[pending[0]].topic, "error": placed[pending[0]]})
             if attempt < conf.publish_attempts:
                 await asyncio.sleep(delay)  # a backoff before the next attempt
                 delay *= 2
-        self._stop_unpublished(failed)
+        self._stop_unpublished([(outgoing[index], str(placed[index])) for index in pending])
+        raise AssertionError("not reached")  # the process has exited
 
-    async def _send_one(self, message: Outgoing, transactional: bool) -> Any:
-        """The send's future; a send refused at once (too large, no buffer) as a failed one."""
-        try:
-            return await self._send(message.topic, message.key, message.value, timestamp=message.timestamp,
-                                    headers=message.headers, transactional=transactional)
-        except Exception as error:
-            refused: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            refused.set_exception(error)
-            return refused
+    async def _send_batch(self, outgoing: Sequence[Outgoing], transactional: bool) -> list[Delivered | str]:
+        """Send and wait: where each message landed, or why it did not. Under exactly-once a
+        decision's messages must join Faust's transaction, so they go through Faust's topics;
+        everything else (route's, outside any Faust event; the journal; the rows) through
+        librdkafka."""
+        if not (transactional and self.settings.worker.exactly_once):
+            return await self.durable.deliver(outgoing)
+        sent: list[Any] = []
+        for message in outgoing:
+            try:
+                sent.append(await self.faust_topics[message.topic].send(
+                    key=message.key, value=message.value, headers=dict(message.headers), force=True,
+                    timestamp=None if message.timestamp_ms is None else message.timestamp_ms / 1000))
+            except Exception as error:  # refused at once (too large, no buffer)
+                sent.append(repr(error))
+        outcomes = await asyncio.gather(*(s for s in sent if not isinstance(s, str)), return_exceptions=True)
+        landed = iter(outcomes)
+        results: list[Delivered | str] = []
+        for message, send in zip(outgoing, sent, strict=True):
+            outcome = send if isinstance(send, str) else next(landed)
+            if isinstance(outcome, BaseException):
+                results.append(repr(outcome))
+            elif isinstance(outcome, str):
+                results.append(outcome)
+            else:
+                results.append(Delivered(message.topic, outcome.partition, outcome.offset))
+        return results
 
-    def _stop_unpublished(self, failed: list[tuple[Outgoing, BaseException]]) -> None:
+    def _stop_unpublished(self, failed: list[tuple[Outgoing, str]]) -> None:
         """Stop the process at once: neither Faust's acknowledgement of the batch nor its
         commit on a graceful stop may run, or the batch's inputs would be skipped."""
         log.critical("messages not published after %d attempts: stopping before their inputs are acknowledged",
                      self.settings.worker.publish_attempts, extra={
                          "failed": len(failed),
-                         "topics": sorted({m.topic.get_topic_name() for m, _ in failed}),
-                         "sizes": sorted({len(m.key) + len(m.value) for m, _ in failed})[-3:],
-                         "error": repr(failed[0][1])})
+                         "topics": sorted({m.topic for m, _ in failed}),
+                         "sizes": sorted({len(m.key or b"") + len(m.value or b"") for m, _ in failed})[-3:],
+                         "error": failed[0][1]})
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         os._exit(EXIT_UNPUBLISHED)
-
-    async def _send(self, topic: Any, key: bytes, value: bytes, *, timestamp: float | None = None,
-                    headers: dict[str, bytes] | None = None, transactional: bool = True) -> Any:
-        """Straight to the outputs' producer: the bytes are ready, and Faust's per-message
-        topic machinery (serializers, callbacks, sensors) is most of a send's cost. Under
-        exactly-once a decision's send must join Faust's transaction, so it goes through the
-        topic; route's, outside any Faust event, never does."""
-        if transactional and self.settings.worker.exactly_once:
-            return await topic.send(key=key, value=value, timestamp=timestamp, headers=headers, force=True)
-        return await self.output_producer.send(topic.get_topic_name(), key, value, None, timestamp, headers)
 
     def _log(self, result: Result) -> None:
         audit = result.decision.audit

@@ -5,7 +5,12 @@ A batch of inputs is decided one after the other; each decision's state changes 
 acknowledged, and only then are the changes written to the tables — each to the changelog
 partition of the input that made it. One broker round trip per batch instead of one per
 input, and still: no state is recorded whose messages might have been lost (see
-``docs/worker.md``, "Effectively once").
+``docs/worker.md``, "Effectively once"). The rows go to the changelogs as records of the
+worker's own producer, sent with the batch's and waited for before its inputs are
+acknowledged; the local store is written as Faust's table would write it. (Faust's own way,
+a table's ``__setitem__``, queues each row in its changelog buffer, a task and a future per
+row: about a tenth of the worker's CPU, benchmarks/README.md. Under ``worker.exactly_once``
+rows take that way still, inside Faust's transaction.)
 
 The rows of one decision go to several changelogs (one per table), and a worker can die
 between any two of them. So before anything of a batch leaves, the :class:`Journal` records
@@ -17,7 +22,6 @@ and its rows written again, instead of a new decision over half-written state.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
@@ -25,10 +29,10 @@ import os
 import sys
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from faust.streams import _current_event
 from faust.types import TP, EventT
@@ -40,6 +44,7 @@ from handlers.messages import AuditRecord, Command, DeadLetter, Notification
 from handlers.state import Change, DeadlineIndex, ExpiryIndex
 from handlers.tables import DRAINS, PROCESSED, Table, TableName, table_named
 from streams.common.codecs import decode_state, encode_state
+from streams.common.durable import Delivered, Record
 from streams.common.globalview import GlobalView
 
 log = logging.getLogger(__name__)
@@ -49,6 +54,23 @@ EXIT_UNJOURNALED = 75  # as a batch whose messages cannot be published: restarte
 
 _DELETED = object()
 V = TypeVar("V")
+
+# Sends records and returns once the broker has every one, where each landed; never returns
+# otherwise (the worker's ``_deliver`` stops the process first).
+Deliver = Callable[[Sequence[Record]], Awaitable[list[Delivered]]]
+
+
+class Row(NamedTuple):
+    """A table row as its changelog gets it, with the input whose decision wrote it."""
+
+    event: EventT[Any]
+    table: str  # the table's name (handlers/tables.py)
+    record: Record
+
+
+def row_key(key: str) -> bytes:
+    """A row's key as Faust's tables serialize a ``str`` key (``json``), which recovery reads."""
+    return json.dumps(key).encode()
 
 
 @contextmanager
@@ -192,15 +214,17 @@ class Journal:
 
     # ------------------------------------------------------------------ writing
 
-    async def record(self, decided: Sequence[tuple[EventT[Any], list[Result]]], *, producer: Any,
+    async def record(self, decided: Sequence[tuple[EventT[Any], list[Result]]], *, deliver: Deliver,
                      encoded: dict[int, bytes]) -> None:
-        """Write the entries of freshly decided inputs and wait until the broker has them all.
+        """Write the entries of freshly decided inputs and wait until the broker has them all
+        (``deliver`` stops the process otherwise, before the batch is acknowledged: restarted,
+        it decides the batch again).
 
         ``encoded`` receives each change's encoded value (by ``id``) so the rows written
         afterwards are the very bytes recorded. Inputs without any effect are not recorded:
         deciding them again can only decide what nobody has seen yet.
         """
-        pending, refused = [], []
+        topic = self.topic
         stored: list[tuple[EventT[Any], list[tuple[str, bytes]]]] = []
         for event, results in decided:
             if not any(r.dead_letters or r.decision.changes or r.decision.forwards or r.decision.outputs()
@@ -208,22 +232,9 @@ class Journal:
                 continue
             fingerprint = _fingerprint(event)
             entry = _ENTRY.dump_json(_Entry(fingerprint, [_recorded(r, encoded) for r in results]))
-            records = self._records(input_ref(event), fingerprint, entry)
-            for key, value in records:
-                try:
-                    pending.append(await producer.send(self.topic, json.dumps(key).encode(), value,
-                                                       event.message.partition, None, None))
-                except Exception as error:  # refused at once (no buffer, no metadata)
-                    refused.append(error)
-            stored.append((event, records))
-        outcomes = await asyncio.gather(*pending, return_exceptions=True)
-        failed = refused + [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
-        if failed:
-            # Not raised: Faust would acknowledge the batch on the way out, and its inputs
-            # would be skipped. Stopped, the process decides them again after its restart.
-            log.critical("journal not written: stopping before the batch is acknowledged",
-                         extra={"failed": len(failed), "of": len(pending), "error": repr(failed[0])})
-            _stop()
+            stored.append((event, self._records(input_ref(event), fingerprint, entry)))
+        await deliver([Record(topic, row_key(key), value, partition=event.message.partition)
+                       for event, records in stored for key, value in records])
         for event, records in stored:  # the local copy of what the changelog now holds
             with deciding(event):
                 for key, value in records:
@@ -239,17 +250,17 @@ class Journal:
 
     # ------------------------------------------------------------------ pruning
 
-    def prune(self) -> int:
+    def prune(self) -> list[Record]:
         """Delete the entries of inputs whose offsets this process committed (at most once
-        per ``prune_seconds``); returns how many records were deleted.
+        per ``prune_seconds``); returns their tombstones, for the caller to send.
 
-        Faust flushes the changelog rows before it commits, so a committed input's rows are
-        all written. Entries of inputs committed by a predecessor stay until this process
-        commits their partition past them.
+        An input is acknowledged only after its rows are (:meth:`TableState.send_rows`), so a
+        committed input's rows are all written. Entries of inputs committed by a predecessor
+        stay until this process commits their partition past them.
         """
         now = time.monotonic()
         if now - self._pruned_at < self.prune_seconds:
-            return 0
+            return []
         self._pruned_at = now
         done = []
         for key in list(self.table.keys()):
@@ -258,10 +269,26 @@ class Journal:
             upto = self._committed.get(tp)
             if upto is not None and int(offset) < upto:
                 done.append((key, tp.partition))
-        for key, partition in done:
-            self.table.send_changelog(partition, key, None, value_serializer="raw")
+        for key, _ in done:
             self.table.data.pop(key, None)
-        return len(done)
+        topic = self.topic
+        return [Record(topic, row_key(key), None, partition=partition) for key, partition in done]
+
+
+def _store(table: Any, key: str, raw: bytes | None, partition: int) -> None:
+    """Write a row into a Faust table's local store only, as its ``__setitem__`` would
+    before it sends the row (the store of the current event's partition), and keep the
+    row's partition where the in-memory store's fix looks for it (streams/worker/faustfixes.py)."""
+    store = getattr(table, "data", table)  # a Faust table's store; a plain mapping in tests
+    owners = getattr(store, "_key_partition", None)
+    if raw is None:
+        store.pop(key, None)
+        if owners is not None:
+            owners.pop(key, None)
+        return
+    store[key] = raw
+    if owners is not None:
+        owners[key] = partition
 
 
 def _stop() -> None:
@@ -309,10 +336,13 @@ class TableState:
     owns changed (:meth:`rebuild_indexes`, on every completed rebalance).
     """
 
-    def __init__(self, tables: Mapping[str, Any], view: GlobalView, journal: Journal | None = None) -> None:
+    def __init__(self, tables: Mapping[str, Any], view: GlobalView, journal: Journal | None = None, *,
+                 rows_through_faust: bool = False) -> None:
         self.tables = tables
         self.view = view
         self.journal = journal
+        self.rows_through_faust = rows_through_faust  # under exactly-once: in Faust's transaction
+        self._changelogs: dict[str, str] = {}  # table name → its changelog topic
         self._decoded: dict[tuple[str, str], tuple[bytes, Any]] = {}
         self._staged: dict[tuple[str, str], Any] = {}
         self._encoded: dict[int, bytes] = {}  # a change's value as the journal recorded it, by id
@@ -389,8 +419,11 @@ class TableState:
         for change in changes:
             self._staged[(change.table, change.key)] = _DELETED if change.value is None else change.value
 
-    def write(self, changes: Iterable[Change], *, event: EventT[Any]) -> None:
-        """Record changes in the tables, in the changelog partition of their input."""
+    def write(self, changes: Iterable[Change], *, event: EventT[Any]) -> list[Row]:
+        """Record changes in the local tables; the rows their changelogs get, in the
+        partition of their input (none under exactly-once: Faust's table sends them)."""
+        rows: list[Row] = []
+        partition = event.message.partition
         with deciding(event):
             for change in changes:
                 target = self.tables[change.table]
@@ -399,29 +432,56 @@ class TableState:
                     self._deadlines.note(change.key, change.value)
                 elif change.table == PROCESSED and self._decided is not None:
                     self._decided.note(change.key, change.value)
-                if change.value is None:
-                    if change.key in target:
-                        del target[change.key]
-                else:
+                raw = None
+                if change.value is not None:
                     raw = self._encoded.pop(id(change), None) or encode_state(change.table, change.value)
-                    target[change.key] = raw
                     self._decoded[(change.table, change.key)] = (raw, change.value)
+                if self.rows_through_faust:
+                    if raw is not None:
+                        target[change.key] = raw
+                    elif change.key in target:
+                        del target[change.key]
+                    continue
+                _store(target, change.key, raw, partition)
+                rows.append(Row(event, change.table, Record(self._changelog(change.table), row_key(change.key), raw,
+                                                            partition=partition)))
+        return rows
 
-    def write_all(self, decided: Sequence[tuple[EventT[Any], Result]]) -> None:
-        """Write a batch's rows, each input's in its own partition. The batch is journaled
-        and its messages are out: if a row cannot be written, the process stops before the
-        batch is acknowledged, and its restart replays the batch from the journal."""
+    def write_all(self, decided: Sequence[tuple[EventT[Any], Result]]) -> list[Row]:
+        """Write a batch's rows, each input's in its own partition; the rows to send
+        (:meth:`send_rows`). The batch is journaled and its messages are out: if a row
+        cannot be written, the process stops before the batch is acknowledged, and its
+        restart replays the batch from the journal."""
         try:
-            for event, result in decided:
-                self.write(result.decision.changes, event=event)
+            return [row for event, result in decided for row in self.write(result.decision.changes, event=event)]
         except Exception:
             log.critical("rows not written: stopping before the batch is acknowledged", exc_info=True)
             _stop()
+            raise  # not reached
 
-    async def record(self, decided: Sequence[tuple[EventT[Any], list[Result]]], *, producer: Any) -> None:
+    async def send_rows(self, rows: Sequence[Row], *, deliver: Deliver) -> None:
+        """Send a batch's rows and wait for the broker; then tell each table's store the
+        changelog offset it holds rows up to (what Faust's own sends tell a RocksDB store,
+        whose recovery starts there)."""
+        delivered = await deliver([row.record for row in rows])
+        upto: dict[tuple[str, int], tuple[Any, int]] = {}
+        for row, place in zip(rows, delivered, strict=True):
+            upto[(place.topic, place.partition)] = (self.tables[row.table], place.offset)
+        for (topic, partition), (table, offset) in upto.items():
+            persisted = getattr(getattr(table, "data", None), "set_persisted_offset", None)
+            if persisted is not None:
+                persisted(TP(topic, partition), offset)
+
+    def _changelog(self, table: str) -> str:
+        topic = self._changelogs.get(table)
+        if topic is None:
+            topic = self._changelogs[table] = str(self.tables[table].changelog_topic.get_topic_name())
+        return topic
+
+    async def record(self, decided: Sequence[tuple[EventT[Any], list[Result]]], *, deliver: Deliver) -> None:
         """Journal a batch's fresh decisions before any of their messages is sent."""
         if self.journal is not None:
-            await self.journal.record(decided, producer=producer, encoded=self._encoded)
+            await self.journal.record(decided, deliver=deliver, encoded=self._encoded)
 
     def recorded(self, event: EventT[Any]) -> list[Result] | None:
         """An input's journaled results, staged for the rest of the batch; ``None``: decide it."""

@@ -9,6 +9,7 @@ a record made for another message at the same offset is not replayed.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 
 from handlers.engine import Engine, Result, Source
 from streams.common.codecs import encode_message
+from streams.common.durable import Delivered, Record
 from harness.locations import REPO_ROOT
 from streams.common.settings import load_settings
 from streams.cli.simulating import Simulation
@@ -70,29 +72,25 @@ class Table:
     data: dict[str, bytes] = field(default_factory=dict)
     changelog_topic: ChangelogTopic = field(default_factory=ChangelogTopic)
 
-    tombstones: list[tuple[int, str]] = field(default_factory=list)
-
     def get(self, key: str) -> bytes | None:
         return self.data.get(key)
 
     def keys(self) -> list[str]:
         return list(self.data)
 
-    def send_changelog(self, partition: int, key: str, value: None, value_serializer: str) -> None:
-        self.tombstones.append((partition, key))
-
 
 class Producer:
-    """Records what is sent; the broker's acknowledgement is an already completed future."""
+    """Records what is sent, as the broker would have it at once."""
 
     def __init__(self) -> None:
-        self.sent: list[tuple[str, bytes, bytes, int]] = []
+        self.sent: list[tuple[str, bytes | None, bytes | None, int | None]] = []
 
-    async def send(self, topic: str, key: bytes, value: bytes, partition: int, timestamp: Any, headers: Any) -> Any:
-        self.sent.append((topic, key, value, partition))
-        done = asyncio.get_running_loop().create_future()
-        done.set_result(None)
-        return done
+    async def deliver(self, records: Sequence[Record]) -> list[Delivered]:
+        placed = []
+        for record in records:
+            placed.append(Delivered(record.topic, record.partition or 0, len(self.sent)))
+            self.sent.append((record.topic, record.key, record.value, record.partition))
+        return placed
 
 
 def wire(result: Result) -> list[tuple[str, str, bytes]]:
@@ -104,7 +102,7 @@ def test_every_result_of_the_examples_comes_back_from_the_journal_unchanged() ->
     assert len(results) > 50 and any(r.dead_letters for r in results) and any(r.decision.forwards for r in results)
     journal, producer = Journal(Table()), Producer()
     events = [Event(Message("t.intents", n % 3, n, b"k", f"input {n}".encode())) for n in range(len(results))]
-    asyncio.run(journal.record([(e, [r]) for e, r in zip(events, results)], producer=producer, encoded={}))
+    asyncio.run(journal.record([(e, [r]) for e, r in zip(events, results)], deliver=producer.deliver, encoded={}))
     for event, result in zip(events, results):
         effects = result.dead_letters or result.decision.changes or result.decision.outputs()
         back = journal.recorded(event)
@@ -124,7 +122,7 @@ def test_an_entry_is_split_when_large_and_read_whole(copies: int) -> None:
     results = [result] * copies
     journal, producer = Journal(Table()), Producer()
     event = Event(Message("t.intents", 1, 42, b"k", b"v"))
-    asyncio.run(journal.record([(event, results)], producer=producer, encoded={}))
+    asyncio.run(journal.record([(event, results)], deliver=producer.deliver, encoded={}))
     assert max(len(value) for _, _, value, _ in producer.sent) <= Journal.PART_BYTES
     assert len(producer.sent) == (1 if copies == 1 else 4)
     assert journal.recorded(event) == results
@@ -137,7 +135,7 @@ def test_a_record_is_replayed_only_for_the_message_it_was_made_for() -> None:
     [result] = [r for r in example_results() if r.dead_letters]
     journal = Journal(Table())
     event = Event(Message("t.intents", 0, 7, b"k", b"the first message"))
-    asyncio.run(journal.record([(event, [result])], producer=Producer(), encoded={}))
+    asyncio.run(journal.record([(event, [result])], deliver=Producer().deliver, encoded={}))
     assert journal.recorded(event) == [result]
     other = Event(Message("t.intents", 0, 7, b"k", b"another message at the same offset"))
     assert journal.recorded(other) is None
@@ -160,10 +158,11 @@ def test_entries_are_deleted_once_the_broker_acknowledged_the_commit_past_them()
     journal, manager = Journal(Table(), prune_seconds=0), TableManager()
     journal._hear_commits(manager)
     events = [Event(Message("t.intents", 2, offset, b"k", b"v")) for offset in (5, 6, 7)]
-    asyncio.run(journal.record([(e, [result]) for e in events], producer=Producer(), encoded={}))
-    assert journal.prune() == 0  # nothing committed yet
+    asyncio.run(journal.record([(e, [result]) for e in events], deliver=Producer().deliver, encoded={}))
+    assert journal.prune() == []  # nothing committed yet
     manager.on_commit({TP("t.intents", 2): 7, TP("t.intents", 3): 100})
     assert manager.heard == [{TP("t.intents", 2): 7, TP("t.intents", 3): 100}]  # Faust's own call still made
-    assert journal.prune() == 2
-    assert journal.table.tombstones == [(2, "t.intents:2:5"), (2, "t.intents:2:6")]
+    topic = "app-state-journal-changelog"
+    assert journal.prune() == [Record(topic, b'"t.intents:2:5"', None, partition=2),
+                               Record(topic, b'"t.intents:2:6"', None, partition=2)]  # keys as Faust's json
     assert list(journal.table.data) == ["t.intents:2:7"]

@@ -18,13 +18,12 @@ from handlers.inputs import DeadlineTick, ForgetTick, IntentInput, Source, Watch
 from handlers.outcomes import Accepted, Duplicate, Refused
 from handlers.rows import DecidedIntent
 from handlers.state import Change, MemoryState
-from handlers.tables import PROCESSED, TABLES
+from handlers.tables import PROCESSED
 from harness.scenarios import RTX, node
 from streams.common.codecs import decode_state, encode_state
-from streams.common.globalview import GlobalView
 from streams.worker import tablestate
-from streams.worker.tablestate import TableState
 from tests.support.harness import EVENTS_TOPIC, INTENTS_TOPIC, START, config
+from tests.support.worker_state import RowEvent, worker_table_state
 
 OPS = "ops@example.com"
 WINDOW = 3600
@@ -155,21 +154,17 @@ def test_a_forgetting_tick_reads_back_from_the_routed_topic() -> None:
     assert routed_input("tick", raw, Source("t.worker-routed", "vm/spx-proj-a/w-1", 0, 7), START) == tick
 
 
-class _Event:
-    """Stands for the Faust event a row is written under."""
-
-
 def test_the_worker_state_indexes_its_decided_ids_as_written_and_after_a_rebalance() -> None:
     """Without its index the worker's timer never asks to forget, and ``processed`` grows for ever."""
     engine = Engine(config(auth={"mode": "none"}, intents={"dedup_window_seconds": WINDOW}))
-    state = TableState({table: {} for table in TABLES}, GlobalView("localhost:9", {}), None)
+    state = worker_table_state()
     later = START + timedelta(seconds=WINDOW + 1)
     assert engine.due(state, later) == []
     row = DecidedIntent("accepted", START, "node/gpu-node-1")
-    state.write([Change(PROCESSED, "it-1", row)], event=_Event())  # type: ignore[arg-type]
+    state.write([Change(PROCESSED, "it-1", row)], event=RowEvent())  # type: ignore[arg-type]
     assert engine.due(state, START + timedelta(seconds=WINDOW)) == []  # exactly one window old: kept
     assert engine.due(state, later) == [ForgetTick(later, ("it-1",))]
-    state.write([Change(PROCESSED, "it-1", None)], event=_Event())  # type: ignore[arg-type]
+    state.write([Change(PROCESSED, "it-1", None)], event=RowEvent())  # type: ignore[arg-type]
     assert engine.due(state, later) == []
     state.tables[PROCESSED]["it-3"] = encode_state(PROCESSED, row)  # recovered from the changelog
     state.rebuild_indexes()  # what the worker does on every completed rebalance
@@ -181,7 +176,7 @@ def test_the_rebuilt_index_is_read_a_slice_at_a_time(monkeypatch: Any) -> None:
     slice per ask, not in one pause of the event loop."""
     monkeypatch.setattr(tablestate, "INDEXED_PER_ASK", 2)
     engine = Engine(config(auth={"mode": "none"}, intents={"dedup_window_seconds": WINDOW}))
-    state = TableState({table: {} for table in TABLES}, GlobalView("localhost:9", {}), None)
+    state = worker_table_state()
     for number in range(5):
         state.tables[PROCESSED][f"it-{number}"] = encode_state(PROCESSED, DecidedIntent("accepted", START, None))
     later = START + timedelta(seconds=WINDOW + 1)

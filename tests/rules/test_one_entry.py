@@ -23,10 +23,9 @@ from handlers.state import Change, MemoryState, Overlay
 from handlers.tables import DRAINS, GLOBAL_TABLES, TABLES, TRACKING, VMS, table_named
 from harness.scenarios import RTX, node, vm, vmi
 from streams.common.codecs import encode_resident_update, encode_state
-from streams.common.globalview import GlobalView
 from streams.kube import applying
-from streams.worker.tablestate import TableState
 from tests.support.harness import EVENTS_TOPIC, INTENTS_TOPIC, START, config
+from tests.support.worker_state import RowEvent, worker_table_state
 
 ALICE = "alice@example.com"
 KEY = "vm/spx-proj-a/w-1"
@@ -167,26 +166,18 @@ def test_what_is_due_comes_from_the_deadline_index_without_a_scan() -> None:
     assert e.due(state, START + timedelta(seconds=60)) == [DeadlineTick(START + timedelta(seconds=60), "n1")]
 
 
-def _table_state() -> TableState:
-    return TableState({table: {} for table in TABLES}, GlobalView("localhost:9", {}), None)
-
-
-class _Event:
-    """Stands for the Faust event a row is written under."""
-
-
 def test_the_worker_state_keeps_its_deadline_index_as_rows_are_written() -> None:
-    state, e = _table_state(), engine()
+    state, e = worker_table_state(), engine()
     at = START + timedelta(seconds=60)
     assert e.due(state, at) == []
-    state.write([Change(DRAINS, "n1", _episode("n1", 60))], event=_Event())  # type: ignore[arg-type]
+    state.write([Change(DRAINS, "n1", _episode("n1", 60))], event=RowEvent())  # type: ignore[arg-type]
     assert e.due(state, at) == [DeadlineTick(at, "n1")]
-    state.write([Change(DRAINS, "n1", _episode("n1", 60, deadline_passed=True))], event=_Event())  # type: ignore[arg-type]
+    state.write([Change(DRAINS, "n1", _episode("n1", 60, deadline_passed=True))], event=RowEvent())  # type: ignore[arg-type]
     assert e.due(state, at) == []
 
 
 def test_rows_a_rebalance_brings_are_due_once_the_index_is_rebuilt() -> None:
-    state, e = _table_state(), engine()
+    state, e = worker_table_state(), engine()
     at = START + timedelta(seconds=60)
     assert e.due(state, at) == []  # the index is built, from no rows
     state.tables[DRAINS]["n2"] = encode_state(DRAINS, _episode("n2", 10))  # recovered from the changelog

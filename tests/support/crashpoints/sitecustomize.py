@@ -4,8 +4,8 @@ Put this directory first on ``PYTHONPATH`` of a worker process and set the varia
 the fault wanted.
 
 ``VMSTREAM_TEST_CRASH_AFTER_ROWS=<n>``: the process dies (``os._exit(86)``) right after the
-*n*-th table row written while deciding an intent has reached the broker: that row is sent
-synchronously and acknowledged, and nothing after it. Rows of other inputs (the cluster's
+*n*-th table row written while deciding an intent has reached the broker: the rows of its
+batch up to that one are sent synchronously and acknowledged, and nothing after it. Rows of other inputs (the cluster's
 events) do not count. The crash a decision's rows fear most: some of its changelogs have
 the decision, others not.
 
@@ -60,39 +60,34 @@ CRASH_EXIT_CODE = 86
 _crash_after = int(os.environ.get("VMSTREAM_TEST_CRASH_AFTER_ROWS", "0") or 0)
 
 if _crash_after > 0:
-    from faust.streams import current_event
-    from faust.tables.table import Table
+    from streams.worker.tablestate import TableState
 
-    _on_key_set = Table.on_key_set
+    _send_rows = TableState.send_rows
     _rows = 0
 
-    def _write_and_die(table: Table, key: object, value: object) -> None:
-        """Send the row ourselves, wait for the broker's acknowledgement, and die."""
+    def _write_and_die(rows: list) -> None:  # type: ignore[type-arg]
+        """Send the rows up to the fatal one ourselves, in order, each acknowledged, and die."""
         from kafka import KafkaProducer
 
         try:
-            event = current_event()
-            serializers = table.app.serializers
             producer = KafkaProducer(bootstrap_servers=os.environ["VMSTREAM_KAFKA__BOOTSTRAP_SERVERS"], acks="all")
-            producer.send(
-                table.changelog_topic.get_topic_name(),
-                key=serializers.dumps_key(table.key_type, key, serializer=table.key_serializer),
-                value=serializers.dumps_value(table.value_type, value, serializer=table.value_serializer),
-                partition=event.message.partition,
-            ).get(timeout=30)
-        finally:  # the row written or not (a broker down), the process dies here
+            for row in rows:
+                record = row.record
+                producer.send(record.topic, key=record.key, value=record.value,
+                              partition=record.partition).get(timeout=30)
+        finally:  # the rows written or not (a broker down), the process dies here
             os._exit(CRASH_EXIT_CODE)
 
-    def _on_key_set_then_crash(self: Table, key: object, value: object) -> None:
+    async def _send_rows_then_crash(self: TableState, rows: list, **kwargs: object) -> None:  # type: ignore[type-arg]
         global _rows
-        event = current_event()
-        if event is not None and _is_intent(event):
-            _rows += 1
-            if _rows >= _crash_after:
-                _write_and_die(self, key, value)
-        _on_key_set(self, key, value)
+        for index, row in enumerate(rows):
+            if _is_intent(row.event):
+                _rows += 1
+                if _rows >= _crash_after:
+                    _write_and_die(rows[:index + 1])
+        await _send_rows(self, rows, **kwargs)  # type: ignore[arg-type]
 
-    Table.on_key_set = _on_key_set_then_crash  # type: ignore[method-assign]
+    TableState.send_rows = _send_rows_then_crash  # type: ignore[method-assign]
 
 
 _slow_publish = float(os.environ.get("VMSTREAM_TEST_SLOW_PUBLISH", "0") or 0)

@@ -1,0 +1,28 @@
+"""The worker's table state (streams/worker/tablestate.py) over plain dicts: its indexes and
+rows tested without Faust or a broker."""
+
+from __future__ import annotations
+
+from handlers.tables import TABLES
+from streams.common.globalview import GlobalView
+from streams.worker.tablestate import TableState
+
+
+class RowEvent:
+    """Stands for the Faust event a row is written under: what rows take of it, its partition."""
+
+    class message:  # noqa: N801  # as Faust's event names it
+        partition = 0
+
+
+class LocalTable(dict):  # type: ignore[type-arg]
+    """Stands for a Faust table: its local rows and its changelog's name."""
+
+    class changelog_topic:  # noqa: N801  # as Faust's table names it
+        @staticmethod
+        def get_topic_name() -> str:
+            return "app-state-changelog"
+
+
+def worker_table_state() -> TableState:
+    return TableState({table: LocalTable() for table in TABLES}, GlobalView("localhost:9", {}), None)
