@@ -74,7 +74,7 @@ def test_a_crash_between_the_rows_of_a_decision_changes_no_content(
     second = WorkerProcess(deployment, "w2", env=worker_env()).start()
     try:
         ledger.wait_until(lambda l: not l.missing(workload.intent_ids), timeout=120, what="every intent audited")
-        ledger.poll()
+        ledger.read_to_end()
         assert ledger.two_contents() == {}
         told = [ident for ident in ledger.contents if ident.startswith("ntf-")]
         assert len(told) == 2 * workload.vms  # the RTX and the A100 change each waits for a restart
@@ -103,7 +103,7 @@ def test_a_graceful_stop_while_a_batch_is_in_flight_loses_nothing(
     second = WorkerProcess(deployment, "w2", env=worker_env()).start()
     try:
         ledger.wait_until(lambda l: not l.missing(workload.intent_ids), timeout=120, what="every intent audited")
-        ledger.poll()
+        ledger.read_to_end()
         assert ledger.two_contents() == {}
     finally:
         second.stop()
@@ -131,7 +131,7 @@ def test_kill_9_at_random_points_loses_nothing_and_changes_no_content(
         publisher.join(timeout=120)
         ledger.wait_until(lambda l: not l.missing(workload.intent_ids), timeout=180,
                           what=f"every intent audited (seed {seed})")
-        ledger.poll()
+        ledger.read_to_end()
         assert ledger.two_contents() == {}, f"seed {seed}"
         assert len(workload.intent_ids) == 3 * 300 + 2
     finally:
@@ -176,7 +176,7 @@ def test_a_broker_stopped_and_started_on_its_data_loses_nothing_and_changes_no_c
         publisher.join(timeout=180)
         ledger.wait_until(lambda l: not l.missing(workload.intent_ids), timeout=240,
                           what=f"every intent audited (seed {seed})", while_waiting=supervise)
-        ledger.poll()
+        ledger.read_to_end()
         assert ledger.two_contents() == {}, f"seed {seed}"
     finally:
         worker.stop()

@@ -188,6 +188,7 @@ class Ledger:
         self.records = 0
         self.audited: dict[str, set[str]] = {}  # input ref → audit outcomes
         self.event_audits = 0  # distinct audit ids of watch events
+        self.named: set[str] = set()  # ids of the commands and notifications audit records name
 
     def poll(self, timeout_ms: int = 200) -> None:
         for records in self.consumer.poll(timeout_ms=timeout_ms).values():
@@ -200,6 +201,7 @@ class Ledger:
                 self.records += 1
                 if name == "audit":
                     self.audited.setdefault(value["input"]["ref"], set()).add(value["outcome"])
+                    self.named.update([*(value.get("commands") or ()), *(value.get("notifications") or ())])
                     if first and value["input"]["topic"].endswith("k8s-events"):
                         self.event_audits += 1
 
@@ -212,6 +214,25 @@ class Ledger:
             if while_waiting is not None:
                 while_waiting()
             self.poll()
+
+    def read_to_end(self, timeout: float = 60.0) -> None:
+        """Read everything the topics hold now (every partition up to its end offset, asked
+        once) and every command and notification an audit record names. The worker sends
+        a decision's audit record and its messages in one batch, but Kafka makes no two
+        partitions' records visible at once: the audits can all be in while a message they
+        name is not yet. A named message that never comes fails the test here."""
+        partitions = list(self.consumer.assignment())
+        ends = self.consumer.end_offsets(partitions)
+        deadline = time.monotonic() + timeout
+        while any(self.consumer.position(tp) < end for tp, end in ends.items()) or self.unseen():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not read to the end in {timeout:.0f}s: {len(self.unseen())} messages named "
+                                     f"by audit records never seen; {self.summary()}")
+            self.poll()
+
+    def unseen(self) -> set[str]:
+        """The ids of commands and notifications named by audit records but not read."""
+        return self.named - self.contents.keys()
 
     def missing(self, intent_ids: Iterable[str]) -> list[str]:
         return [i for i in intent_ids if i not in self.audited]
