@@ -360,9 +360,8 @@ class Stream:
     """One kind of record the worker writes for its inputs, per input: how many, how large.
 
     ``phase`` is when the worker writes it in a batch: 1 the journal (acknowledged before
-    anything else leaves), 2 the messages and 3 the table rows (the worker sends both in one
-    delivery, acknowledged before the offsets are committed; the pass-through waits for its
-    messages at once and for its rows before each commit)."""
+    anything else leaves), 2 the messages (acknowledged before the rows), 3 the table rows
+    (acknowledged before the offsets are committed)."""
 
     kind: str  # "audit", "commands", …, "changelog state-vms", "journal"
     topic: str  # the worker's topic it was read from

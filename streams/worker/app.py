@@ -18,9 +18,9 @@ key. The rules run in :class:`~handlers.engine.Engine`; this module only moves b
 
 Effectively once without Faust's exactly-once: intents are deduplicated by ``intent_id``
 in the ``processed`` table, every output carries an id derived from its cause, and a batch's
-decisions are journaled before its messages and rows leave (group commit,
-``streams/worker/tablestate.py``), so a redelivered input reissues the same ids and values,
-and consumers drop repeats.
+state is recorded only after its messages are acknowledged (group commit,
+``streams/worker/tablestate.py``), so a redelivered input reissues the same ids and consumers drop
+repeats.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ from streams.common.topics import KIND_HEADER, ROUTED, SOURCE_HEADER, changelog_
 from streams.worker import faustfixes
 from streams.worker.broker_credentials import faust_credentials
 from streams.worker.routing import Read, Router
-from streams.worker.tablestate import Journal, Row, TableState
+from streams.worker.tablestate import Journal, TableState
 
 log = logging.getLogger(__name__)
 
@@ -289,13 +289,12 @@ class Worker:
         await self._deliver(outgoing, transactional=False)
 
     async def _deliver_own(self, records: Sequence[Outgoing]) -> list[Delivered]:
-        """Records sent outside any transaction: journal entries (which must be there before
-        anything of their batch) and their tombstones, and without ``worker.exactly_once`` a
-        batch's messages and rows."""
+        """The worker's own records — journal entries, table rows, their tombstones — never
+        in a transaction: the journal must be there before anything of its batch."""
         return await self._deliver(records, transactional=False)
 
     async def _decide(self, stream: Any) -> None:
-        """Decide in batches: the journal, then messages and rows in one delivery (group commit, streams/worker/tablestate.py).
+        """Decide in batches: journal, messages, then rows (group commit, streams/worker/tablestate.py).
 
         An input whose decision is journaled already (delivered again after a crash) is not
         decided again: its recorded results are sent and written as they were.
@@ -312,7 +311,8 @@ class Worker:
 
             async def settle() -> None:
                 await self.state.record(fresh, deliver=self._deliver_own)
-                await self._publish(decided, self.state.write_all(decided))
+                await self._publish(decided)
+                await self.state.send_rows(self.state.write_all(decided), deliver=self._deliver_own)
 
             # Faust acknowledges the batch however this loop is left, a cancellation too (a
             # graceful stop, the app crashing on a failed commit), and commits on its way
@@ -354,22 +354,15 @@ class Worker:
         input_ = routed_input(kind, event.value, source, now)
         return kind_of(input_), self.engine.decide(self.state, input_)
 
-    async def _publish(self, decided: list[tuple[EventT[Any], Result]], rows: Sequence[Row]) -> None:
-        """Send a batch's messages and its rows, and wait until the broker has them all:
-        one delivery, the messages first (streams/worker/tablestate.py, ``send_rows``).
+    async def _publish(self, decided: list[tuple[EventT[Any], Result]]) -> None:
+        """Send a batch's messages and wait until the broker has them all.
 
-        The batch is journaled before (``TableState.record``), so no order between its
-        messages and its rows is needed: after a crash, whichever of them reached the
-        broker, its inputs get their recorded decisions back and send and write them
-        again, the same ids and the same values. Under ``worker.exactly_once`` the messages
-        join Faust's transaction (its topics) and so do the rows (its tables).
+        Only then are the batch's state changes recorded: if the worker dies before, its
+        inputs are decided again from the old state and yield the same ids, which consumers
+        drop. Were state recorded first, a re-decision would find the intent ``processed``
+        (or the owner told) and the lost messages would never be sent.
         """
-        messages = [message for event, result in decided for message in self._outgoing(event.message, result)]
-        if self.settings.worker.exactly_once:
-            await self._deliver(messages)
-            await self.state.send_rows(rows, deliver=self._deliver_own)  # none: Faust's tables sent them
-        else:
-            await self.state.send_rows(rows, deliver=self._deliver_own, after=messages)
+        await self._deliver([message for event, result in decided for message in self._outgoing(event.message, result)])
 
     def _outgoing(self, message: Record, result: Result) -> list[Outgoing]:
         """A result's messages: its outputs as ``Engine.fitted`` encoded them, and what it tells nodes."""

@@ -1,13 +1,13 @@
 """The handlers' state, kept in Faust tables, written by group commit.
 
 A batch of inputs is decided one after the other; each decision's state changes are
-*staged* (later decisions in the batch read them), the batch is journaled, and then its
-messages and its rows are sent in one delivery — each row to the changelog partition of
-the input that made it — and acknowledged before its inputs are. Two broker round trips
-per batch instead of several per input, and still: no state is kept whose messages might
-be lost, since the journal replays both (see ``docs/worker.md``, "Effectively once"). The
-rows go to the changelogs as records of the worker's own producer; the local store is
-written as Faust's table would write it. (Faust's own way,
+*staged* (later decisions in the batch read them), the batch's messages are sent and
+acknowledged, and only then are the changes written to the tables — each to the changelog
+partition of the input that made it. One broker round trip per batch instead of one per
+input, and still: no state is recorded whose messages might have been lost (see
+``docs/worker.md``, "Effectively once"). The rows go to the changelogs as records of the
+worker's own producer, sent with the batch's and waited for before its inputs are
+acknowledged; the local store is written as Faust's table would write it. (Faust's own way,
 a table's ``__setitem__``, queues each row in its changelog buffer, a task and a future per
 row: about a tenth of the worker's CPU, benchmarks/README.md. Under ``worker.exactly_once``
 rows take that way still, inside Faust's transaction.)
@@ -449,9 +449,9 @@ class TableState:
 
     def write_all(self, decided: Sequence[tuple[EventT[Any], Result]]) -> list[Row]:
         """Write a batch's rows, each input's in its own partition; the rows to send
-        (:meth:`send_rows`). The batch is journaled: if a row cannot be written, the
-        process stops before the batch is acknowledged, and its restart replays the batch
-        from the journal."""
+        (:meth:`send_rows`). The batch is journaled and its messages are out: if a row
+        cannot be written, the process stops before the batch is acknowledged, and its
+        restart replays the batch from the journal."""
         try:
             return [row for event, result in decided for row in self.write(result.decision.changes, event=event)]
         except Exception:
@@ -459,17 +459,13 @@ class TableState:
             _stop()
             raise  # not reached
 
-    async def send_rows(self, rows: Sequence[Row], *, deliver: Deliver, after: Sequence[Record] = ()) -> None:
-        """Send a batch's rows, behind its messages (``after``) in the same delivery, and
-        wait for the broker; then tell each table's store the changelog offset it holds
-        rows up to (what Faust's own sends tell a RocksDB store, whose recovery starts there).
-
-        One delivery for both is safe because the batch is journaled first: whichever of
-        its records reached the broker before a crash, the restarted worker replays the
-        batch from the journal, the same messages and the same rows (:class:`Journal`)."""
-        delivered = await deliver([*after, *(row.record for row in rows)])
+    async def send_rows(self, rows: Sequence[Row], *, deliver: Deliver) -> None:
+        """Send a batch's rows and wait for the broker; then tell each table's store the
+        changelog offset it holds rows up to (what Faust's own sends tell a RocksDB store,
+        whose recovery starts there)."""
+        delivered = await deliver([row.record for row in rows])
         upto: dict[tuple[str, int], tuple[Any, int]] = {}
-        for row, place in zip(rows, delivered[len(after):], strict=True):
+        for row, place in zip(rows, delivered, strict=True):
             upto[(place.topic, place.partition)] = (self.tables[row.table], place.offset)
         for (topic, partition), (table, offset) in upto.items():
             persisted = getattr(getattr(table, "data", None), "set_persisted_offset", None)

@@ -5,15 +5,12 @@ the fault wanted.
 
 ``VMSTREAM_TEST_CRASH_AFTER_ROWS=<n>``: the process dies (``os._exit(86)``) right after the
 *n*-th table row written while deciding an intent has reached the broker: the rows of its
-batch up to that one are sent synchronously and acknowledged, and nothing after it. Rows of
-other inputs (the cluster's events) do not count. The crash a decision's rows fear most:
-some of its changelogs have the decision, others not. The batch's messages go in the same
-delivery, before its rows: with ``VMSTREAM_TEST_CRASH_WITH_MESSAGES=1`` they are sent first
-and acknowledged, else they never leave (rows whose messages are lost: only the journal's
-replay can make that right).
+batch up to that one are sent synchronously and acknowledged, and nothing after it. Rows of other inputs (the cluster's
+events) do not count. The crash a decision's rows fear most: some of its changelogs have
+the decision, others not.
 
 ``VMSTREAM_TEST_SLOW_PUBLISH=<seconds>``: the first batch with an intent waits that long
-before its messages and rows are sent, having created the file named by
+before its messages are published, having created the file named by
 ``VMSTREAM_TEST_SLOW_PUBLISH_MARK``: a test stops the worker while a batch is in flight.
 
 ``VMSTREAM_TEST_SEEK_DELAY`` (seconds): the first fetch answers before the seek to the
@@ -68,29 +65,27 @@ if _crash_after > 0:
     _send_rows = TableState.send_rows
     _rows = 0
 
-    _with_messages = os.environ.get("VMSTREAM_TEST_CRASH_WITH_MESSAGES") == "1"
-
-    def _write_and_die(records: list) -> None:  # type: ignore[type-arg]
-        """Send the records ourselves, in order, each acknowledged, and die."""
+    def _write_and_die(rows: list) -> None:  # type: ignore[type-arg]
+        """Send the rows up to the fatal one ourselves, in order, each acknowledged, and die."""
         from kafka import KafkaProducer
 
         try:
             producer = KafkaProducer(bootstrap_servers=os.environ["VMSTREAM_KAFKA__BOOTSTRAP_SERVERS"], acks="all")
-            for record in records:
-                producer.send(record.topic, key=record.key, value=record.value, headers=list(record.headers),
-                              partition=record.partition, timestamp_ms=record.timestamp_ms).get(timeout=30)
-        finally:  # the records written or not (a broker down), the process dies here
+            for row in rows:
+                record = row.record
+                producer.send(record.topic, key=record.key, value=record.value,
+                              partition=record.partition).get(timeout=30)
+        finally:  # the rows written or not (a broker down), the process dies here
             os._exit(CRASH_EXIT_CODE)
 
-    async def _send_rows_then_crash(self: TableState, rows: list, *, after: object = (), **kwargs: object) -> None:  # type: ignore[type-arg]
+    async def _send_rows_then_crash(self: TableState, rows: list, **kwargs: object) -> None:  # type: ignore[type-arg]
         global _rows
         for index, row in enumerate(rows):
             if _is_intent(row.event):
                 _rows += 1
                 if _rows >= _crash_after:
-                    messages = list(after) if _with_messages else []  # type: ignore[call-overload]
-                    _write_and_die([*messages, *(r.record for r in rows[:index + 1])])
-        await _send_rows(self, rows, after=after, **kwargs)  # type: ignore[arg-type]
+                    _write_and_die(rows[:index + 1])
+        await _send_rows(self, rows, **kwargs)  # type: ignore[arg-type]
 
     TableState.send_rows = _send_rows_then_crash  # type: ignore[method-assign]
 
@@ -103,12 +98,12 @@ if _slow_publish > 0:
     _publish = Worker._publish
     _slowed: list[bool] = []
 
-    async def _publish_slowly(self: Worker, decided: list, rows: list) -> None:  # type: ignore[type-arg]
+    async def _publish_slowly(self: Worker, decided: list) -> None:  # type: ignore[type-arg]
         if not _slowed and any(_is_intent(event) for event, _ in decided):
             _slowed.append(True)
             with open(os.environ["VMSTREAM_TEST_SLOW_PUBLISH_MARK"], "w"):
                 pass
             await asyncio.sleep(_slow_publish)
-        await _publish(self, decided, rows)
+        await _publish(self, decided)
 
     Worker._publish = _publish_slowly  # type: ignore[method-assign]
