@@ -52,7 +52,7 @@ class GPURuleViolation(ValueError):
 def copied(value: Any) -> Any:
     """A copy of JSON data (a VM as the API server or a changelog gives it: dicts, lists and
     scalars) that shares no dict or list with ``value``. ``copy.deepcopy`` does the same for
-    any object, memo and dispatch per node: 3.5× slower on a VM, and 3 % of the worker's
+    any object, memo and dispatch per node: 3.4× slower on a VM, and 3.7 % of the worker's
     samples at saturation (benchmarks/README.md)."""
     kind = type(value)
     if kind is dict:
