@@ -115,12 +115,7 @@ class DurableProducer:
 
         def report(index: int) -> Any:
             def delivered(error: KafkaError | None, message: Message) -> None:
-                if error is not None:
-                    reports[index] = error.str()
-                    return
-                partition, offset = message.partition(), message.offset()
-                reports[index] = Delivered(str(message.topic()), -1 if partition is None else partition,
-                                           -1 if offset is None else offset)
+                reports[index] = _outcome(error, message)
             return delivered
 
         unsent = f"not acknowledged in {self.timeout:g}s"
@@ -217,12 +212,7 @@ class _Batch:
 
     def reporter(self, index: int) -> Any:
         def delivered(error: KafkaError | None, message: Message) -> None:
-            if error is not None:
-                self.report(index, error.str())
-                return
-            partition, offset = message.partition(), message.offset()
-            self.report(index, Delivered(str(message.topic()), -1 if partition is None else partition,
-                                         -1 if offset is None else offset))
+            self.report(index, _outcome(error, message))
         return delivered
 
     def report(self, index: int, outcome: Delivered | str) -> None:
@@ -253,6 +243,15 @@ class _Batch:
 def _resolve(done: asyncio.Future[None]) -> None:
     if not done.done():
         done.set_result(None)
+
+
+def _outcome(error: KafkaError | None, message: Message) -> Delivered | str:
+    """A delivery report as ``send_each`` and ``deliver`` give it: where the record landed,
+    or why it was not written."""
+    if error is not None:
+        return str(error.str())
+    partition, offset = message.partition(), message.offset()
+    return Delivered(str(message.topic()), -1 if partition is None else partition, -1 if offset is None else offset)
 
 
 def _size(record: Record) -> int:

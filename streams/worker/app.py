@@ -176,6 +176,7 @@ class Worker:
         # loop 17 (benchmarks/README.md). Faust's producer sends the ticks.
         self.durable = DurableProducer(self.kafka, client_id=f"{conf.app_id}-outputs")
         self.routed = self._topic(ROUTED)
+        self.routed_topic = self.kafka.topic(ROUTED)  # its name on the wire, for the worker's own producer
         # route: re-keys intents and watch events onto the routed topic, on a group of its own.
         self.router = Router(settings, [self.kafka.topic(topic.name) for topic in ROUTED_INPUTS],
                              route=self._route_one, deliver=self._deliver_routed,
@@ -279,10 +280,6 @@ class Worker:
                                     message.value, source, now, encode=self._encode)
         self._log(result)
         return self._outgoing(message, result)
-
-    @property
-    def routed_topic(self) -> str:
-        return str(self.routed.get_topic_name())
 
     async def _deliver_routed(self, outgoing: list[Outgoing]) -> None:
         """A route batch's messages, outside any transaction (route reads no Faust event)."""
