@@ -11,12 +11,22 @@ from harness import demo
 pytestmark = [pytest.mark.kafka]
 
 
+def run_demo(*, kubernetes: bool) -> str:
+    """The demo's printed output; printed here too when it fails, so that the failure shows
+    what the demo saw up to then (every output, as the README's command prints it)."""
+    out = io.StringIO()
+    try:
+        assert demo.run(out, kubernetes=kubernetes, notice_seconds=3, show_audit=False, timeout=90) == 0
+    except BaseException:
+        print(out.getvalue())
+        raise
+    return out.getvalue()
+
+
 @pytest.mark.kube
 def test_the_demo_with_kubernetes_in_the_loop(kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
-    out = io.StringIO()
-    assert demo.run(out, kubernetes=True, notice_seconds=3, show_audit=False, timeout=90) == 0
-    text = out.getvalue()
+    text = run_demo(kubernetes=True)
     assert "in Kubernetes now: gpus=['nvidia.com/GB202GL_RTX_PRO_6000_BLACKWELL_SERVER_EDITION'] " \
            "cpu.model=host-passthrough requests.memory=32Gi evictionStrategy=External" in text
     assert "→ bob@example.com: VM spx-proj-b/dev-1 will have GPU" in text
@@ -29,9 +39,7 @@ def test_the_demo_with_kubernetes_in_the_loop(kafka_bootstrap: str, monkeypatch:
 
 def test_the_demo_on_kafka_alone(kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap)
-    out = io.StringIO()
-    assert demo.run(out, kubernetes=False, notice_seconds=3, show_audit=False, timeout=90) == 0
-    text = out.getvalue()
+    text = run_demo(kubernetes=False)
     assert "command restart_vm VirtualMachine spx-proj-b/dev-1" in text
     assert text.count("is being drained") == 2 and "has no GPU VM left" in text
     # The scripted AZ (harness.scenarios.cluster) runs an A100 VM on gpu-node-2 too.
