@@ -36,6 +36,8 @@ Run it from the repository root::
     # the previous commit side by side, in a snapshot of it:
     mkdir -p /tmp/before && git archive HEAD~1 | tar -x -C /tmp/before
     .venv/bin/python benchmarks/engine_grid.py --quick --baseline /tmp/before
+    # each part three times, the trees taking turns; a cell's rate is the median of its rounds
+    .venv/bin/python benchmarks/engine_grid.py --quick --repeat 3
 
 ``--baseline DIR`` copies this script and simulate_throughput.py into ``DIR/benchmarks/``
 (overwriting them there) and runs each part in DIR right after the same part here.
@@ -325,11 +327,6 @@ def child(tree: Path, args: list[str]) -> dict[str, Any]:
         return parsed
 
 
-def median_of(result: dict[str, Any]) -> str:
-    """A result's median slice rate; '–' from a copy of this script that did not time slices."""
-    return f"{result['median_cpu_rate']:,.0f}" if "median_cpu_rate" in result else "–"
-
-
 def spread(rates: list[float]) -> float:
     return (max(rates) - min(rates)) / max(rates)
 
@@ -349,6 +346,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="cProfile the largest-drain cell of each row and the mix; top N by tottime "
                              "(timed in CPU seconds: on a loaded machine wall-clock profiles blame whatever ran "
                              "when the process was descheduled)")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="run every part N times, the trees taking turns; each cell reports the median "
+                             "of its N rates (a cell's rate moves by up to a quarter from one run to the "
+                             "next on this shared machine, more than the cells differ)")
     kit.add_json_option(parser)
     parser.add_argument("--part", help=argparse.SUPPRESS)  # a child: which part
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -385,67 +386,100 @@ def main(argv: list[str] | None = None) -> int:
                   "--drains", *map(str, args.drains), "--config", str(config), "--profile", str(args.profile)]
         if args.quick:
             common.append("--quick")
-        results: dict[str, dict[str, Any]] = {label: {} for label, _ in trees}
+        results: dict[str, dict[str, list[dict[str, Any]]]] = {label: {} for label, _ in trees}
         parts = [f"grid:{v}" for v in grid_vms] if "grid" in args.parts else []
         parts += [p for p in ("mix", "scale") if p in args.parts]
-        for part in parts:
-            for label, tree in trees:
-                print(f"{part} in {label} … ({kit.load_average()})", flush=True)
-                results[label][part] = child(tree, ["--part", part, *common])
+        for round_ in range(args.repeat):
+            for part in parts:
+                # the trees take turns going first, so that neither always runs on a warmer machine
+                for label, tree in trees if round_ % 2 == 0 else trees[::-1]:
+                    print(f"{part} in {label}, round {round_ + 1} of {args.repeat} … ({kit.load_average()})", flush=True)
+                    results[label].setdefault(part, []).append(child(tree, ["--part", part, *common]))
         report(results, grid_vms, inputs, mix_events)
     print(f"end: {kit.load_average()}")
     kit.write_json(args.json, {"inputs": inputs, "mix_events": mix_events, "results": results})
     return 0
 
 
-def report(results: dict[str, dict[str, Any]], grid_vms: list[int], inputs: int, mix_events: int) -> None:
+def report(results: dict[str, dict[str, list[dict[str, Any]]]], grid_vms: list[int], inputs: int,
+           mix_events: int) -> None:
+    """The tables; with ``--repeat`` each rate is the median of a part's rounds (their CPU
+    rates listed beside it), the counts those of its first round (the same in every round)."""
     labels = list(results)
-    if any(p.startswith("grid") for p in results[labels[0]]):
-        print(f"\n== grid: {inputs:,} timed inputs a cell (background traffic after the drains opened)")
+    first = results[labels[0]]
+    if any(p.startswith("grid") for p in first):
+        rounds = len(first[f"grid:{grid_vms[0]}"])
+        print(f"\n== grid: {inputs:,} timed inputs a cell (background traffic after the drains opened)"
+              + (f", median of {rounds} rounds" if rounds > 1 else ""))
         print("   inputs/s wall | per CPU-second; episodes = drain rows (of them, deadlines still to fire)")
         header = ["VMs", "nodes", "drains", "episodes (to fire)"]
         for label in labels:
             header += [f"{label} wall/s", f"{label} cpu/s", f"{label} median"]
+            if rounds > 1:
+                header.append(f"{label} cpu/s by round")
         body = []
         for vms in grid_vms:
-            rows = [results[label][f"grid:{vms}"] for label in labels]
-            for i, cell in enumerate(rows[0]["cells"]):
+            for i, cell in enumerate(first[f"grid:{vms}"][0]["cells"]):
                 line = [f"{vms:,}", f"{cell['nodes']:,}", f"{cell['drains']:,}", f"{cell['episodes']:,} ({cell['to_fire']:,})"]
-                for row in rows:
-                    c = row["cells"][i]
-                    line += [f"{c['rate']:,.0f}", f"{c['cpu_rate']:,.0f}", median_of(c)]
+                for label in labels:
+                    line += _cell_columns([r["cells"][i] for r in results[label][f"grid:{vms}"]])
                 body.append([*line, f"[{cell['load']}]"])
         print(kit.table([*header, "load"], body))
         for label in labels:
-            cells = [c for vms in grid_vms for c in results[label][f"grid:{vms}"]["cells"]]
-            rss = {vms: results[label][f"grid:{vms}"]["peak_rss_mib"] for vms in grid_vms}
-            medians = [c["median_cpu_rate"] for c in cells if "median_cpu_rate" in c]
-            print(f"{label}: spread across the grid (max−min)/max: wall {spread([c['rate'] for c in cells]):.0%}, "
-                  f"CPU {spread([c['cpu_rate'] for c in cells]):.0%}"
-                  + (f", CPU median of slices {spread(medians):.0%}" if len(medians) == len(cells) else "")
+            rows = [results[label][f"grid:{vms}"] for vms in grid_vms]
+            cells = [[r["cells"][i] for r in row] for row in rows for i in range(len(row[0]["cells"]))]
+            rss = {vms: max(r["peak_rss_mib"] for r in row) for vms, row in zip(grid_vms, rows, strict=True)}
+            sliced = all("median_cpu_rate" in c for rs in cells for c in rs)
+            by_round = ", ".join(f"{spread([rs[r]['cpu_rate'] for rs in cells]):.0%}" for r in range(rounds))
+            print(f"{label}: spread across the grid (max−min)/max: wall {spread([_median(rs, 'rate') for rs in cells]):.0%}, "
+                  f"CPU {spread([_median(rs, 'cpu_rate') for rs in cells]):.0%}"
+                  + (f", CPU median of slices {spread([_median(rs, 'median_cpu_rate') for rs in cells]):.0%}"
+                     if sliced else "")
+                  + (f"; by round, CPU {by_round}" if rounds > 1 else "")
                   + f" (target ≤ {TARGET_SPREAD:.0%}); "
                   "peak RSS MiB by VMs (engine, state and one timed phase's lines): "
                   + ", ".join(f"{v:,}: {m:,.0f}" for v, m in rss.items()) + f" (target < {TARGET_RSS_MIB:,.0f})")
-    if "mix" in results[labels[0]]:
+    if "mix" in first:
         print(f"\n== simulate_throughput.py's mix, 10,000 VMs / 1,000 nodes, {mix_events:,} lines, a drain every 100 "
               "lines as far as GPU nodes are free")
         for label in labels:
-            m = results[label]["mix"]
-            print(f"{label:>9}: {m['rate']:>8,.0f} inputs/s wall, {m['cpu_rate']:>8,.0f} per CPU-second "
-                  f"(median of {SLICES} slices {median_of(m)}) "
+            ms = results[label]["mix"]
+            m = ms[0]
+            by_round = " (rounds: " + ", ".join(f"{r['cpu_rate']:,.0f}" for r in ms) + ")" if len(ms) > 1 else ""
+            print(f"{label:>9}: {_median(ms, 'rate'):>8,.0f} inputs/s wall, {_median(ms, 'cpu_rate'):>8,.0f} per "
+                  f"CPU-second{by_round} (median of {SLICES} slices {_median_text(ms)}) "
                   f"(target ≥ {TARGET_MIX_RATE:,.0f}); drain lines {m['drain_lines']:,} "
                   f"({m['drain_lines'] / m['inputs']:.1%}), episodes at the end "
-                  f"{m['episodes']:,} ({m['to_fire']:,} to fire)  [{m['load']}]")
-    if "scale" in results[labels[0]]:
+                  f"{m['episodes']:,} ({m['to_fire']:,} to fire)  [{ms[-1]['load']}]")
+    if "scale" in first:
         print("\n== drains at scale: engine CPU time of the decision (state applied, the node told of its residents)")
         for label in labels:
-            s = results[label]["scale"]
-            big, nm = s["big_node"], s["maintenance"]
-            print(f"{label:>9}: a node with 500 GPU VMs drained: {big['seconds'] * 1000:,.0f} ms, "
+            ss = results[label]["scale"]
+            s, big, nm = ss[0], ss[0]["big_node"], ss[0]["maintenance"]
+            big_ms = statistics.median(r["big_node"]["seconds"] for r in ss) * 1000
+            nm_ms = statistics.median(r["maintenance"]["total_seconds"] for r in ss) * 1000
+            slowest = max(r["maintenance"]["max_seconds"] for r in ss) * 1000
+            print(f"{label:>9}: a node with 500 GPU VMs drained: {big_ms:,.0f} ms, "
                   f"{big['told']} owners' notices in {big['decisions']} decision(s); "
-                  f"NodeMaintenance on {nm['nodes']} nodes: {nm['total_seconds'] * 1000:,.0f} ms in all, "
-                  f"slowest node {nm['max_seconds'] * 1000:,.1f} ms, {nm['told']} notices in {nm['decisions']} "
+                  f"NodeMaintenance on {nm['nodes']} nodes: {nm_ms:,.0f} ms in all, "
+                  f"slowest node {slowest:,.1f} ms, {nm['told']} notices in {nm['decisions']} "
                   f"decisions (≥ {nm['told_min_per_node']} a node)  [{s['load']}]")
+
+
+def _median(rounds: list[dict[str, Any]], field: str) -> float:
+    return statistics.median(r[field] for r in rounds)
+
+
+def _median_text(rounds: list[dict[str, Any]]) -> str:
+    """The median slice rate over the rounds; '–' from a copy of this script that did not time slices."""
+    return f"{_median(rounds, 'median_cpu_rate'):,.0f}" if all("median_cpu_rate" in r for r in rounds) else "–"
+
+
+def _cell_columns(rounds: list[dict[str, Any]]) -> list[str]:
+    columns = [f"{_median(rounds, 'rate'):,.0f}", f"{_median(rounds, 'cpu_rate'):,.0f}", _median_text(rounds)]
+    if len(rounds) > 1:
+        columns.append(" ".join(f"{r['cpu_rate']:,.0f}" for r in rounds))
+    return columns
 
 
 if __name__ == "__main__":
