@@ -68,6 +68,7 @@ import simulate_throughput as st  # noqa: E402
 
 from handlers.engine import Engine  # noqa: E402
 from handlers.state import MemoryState  # noqa: E402
+from handlers.tables import DRAINS  # noqa: E402
 from harness.scenarios import RTX, Script, node, node_maintenance, vm, vmi  # noqa: E402
 from streams.cli.simulating import Simulation  # noqa: E402
 from streams.common.settings import load_settings  # noqa: E402
@@ -146,7 +147,7 @@ def timed(sim: Simulation, lines: list[str], profiler: cProfile.Profile | None =
 
 def episodes(state: MemoryState) -> tuple[int, int]:
     """Drain episodes in the table, and those of them whose deadline is still to fire."""
-    rows = list(state.values("drains"))
+    rows = list(state.values(DRAINS))
     return len(rows), sum(1 for e in rows if not e.deadline_passed and not e.completed)
 
 
