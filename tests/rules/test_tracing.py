@@ -7,9 +7,12 @@ from the output itself.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from handlers.messages import (
     AuditInput,
@@ -150,6 +153,17 @@ def test_ce_time_is_rfc3339_in_utc() -> None:
     assert ce_time(datetime(2026, 11, 30, 10, 0, 0, 250000, tzinfo=UTC)) == "2026-11-30T10:00:00.25Z"
     paris = datetime.fromisoformat("2026-11-30T11:00:00+01:00")
     assert ce_time(paris) == "2026-11-30T10:00:00Z"
+    assert ce_time(datetime(999, 1, 2, 3, 4, 5, tzinfo=UTC)) == "0999-01-02T03:04:05Z"  # four digits, always
+
+
+RFC3339_UTC = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{0,5}[1-9])?Z")
+
+
+@given(st.datetimes(min_value=datetime(2, 1, 1), max_value=datetime(9998, 12, 31), timezones=st.timezones()))
+def test_ce_time_is_the_same_moment_in_rfc3339_for_any_aware_time(moment: datetime) -> None:
+    text = ce_time(moment)
+    assert RFC3339_UTC.fullmatch(text), text
+    assert datetime.fromisoformat(text) == moment
 
 
 def test_the_asyncapi_examples_are_what_the_headers_and_payloads_promise() -> None:
