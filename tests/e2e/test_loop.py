@@ -233,7 +233,10 @@ def test_a_drain_tells_owners_cordons_stops_and_reports(loop: Loop) -> None:
     loop.node("gpu-node-2", gpus={RTX: 1})
     loop.seen_by_worker("train-1")
     loop.seen_by_worker("batch-1")
-    loop.worker.wait_until("/capacity", lambda c: c["nvidia-rtx-pro-6000-bse"]["free"] == 1)
+    # Both nodes' cards and both VMIs on gpu-node-1: one free card alone is also what
+    # gpu-node-1 shows with one of its VMIs counted before gpu-node-2 is seen.
+    loop.worker.wait_until("/capacity", lambda c: (c["nvidia-rtx-pro-6000-bse"]["total"],
+                                                   c["nvidia-rtx-pro-6000-bse"]["free"]) == (3, 1))
 
     loop.intent("drain_node", {"node": "gpu-node-1", "reason": "firmware upgrade", "notice_seconds": 3}, by=OPS)
     loop.outputs.wait_for(lambda o: len(o.notifications("drain_will_stop_gpu_vm")) == 2, what="announcements")

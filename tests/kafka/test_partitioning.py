@@ -61,7 +61,10 @@ class Audit:
 
     def __init__(self, deployment: Deployment) -> None:
         kafka = deployment.kafka
-        self.consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False)
+        # Committed records only: a batch a worker aborted (a rebalance) and decided again
+        # would otherwise count twice.
+        self.consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False,
+                                      isolation_level="read_committed")
         partitions = [TopicPartition(kafka.topic("audit"), p) for p in range(kafka.partitions)]
         self.consumer.assign(partitions)
         self.consumer.seek_to_beginning(*partitions)
@@ -116,6 +119,12 @@ def test_misplaced_intents_are_decided_on_their_vms_state_and_pending_is_cluster
         events = kafka.topic("k8s-events")
         audit.wait_for(lambda rs: sum(r["input"]["topic"] == events for r in rs) >= len(CLUSTER), 90,
                        "the cluster's events decided")
+        # Usage is a global table: every GPU node's cards and VMIs seen by both workers, or an
+        # intent's worker could find no card of its class in the AZ (tests/kafka/test_replay.py).
+        everything = {"nvidia-rtx-pro-6000-bse": (4, 2), "nvidia-a100": (1, 0)}  # class → (total, free)
+        for worker in workers:
+            worker.wait_until("/capacity", lambda c: all(
+                (c[gpu]["total"], c[gpu]["free"]) == figures for gpu, figures in everything.items()), 90)
 
         out = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
         placed = {}

@@ -126,7 +126,9 @@ def test_state_survives_a_restart(deployment: Deployment, outputs: Outputs, stor
         outputs.wait_for(lambda o: o.audits(input__ref="it-gpu-1"), what="the intent's audit")
         [audit] = outputs.audits(input__ref="it-gpu-1")
         assert audit["outcome"] == "accepted", audit  # the VM is known: recovered, not re-read
-        outputs.wait_for(lambda o: o.notifications("gpu_change_pending_restart"), what="pending notice")
+        # One transaction, two partitions: the reader may see either first.
+        outputs.wait_for(lambda o: o.notifications("gpu_change_pending_restart") and o.commands("patch_vm"),
+                         what="pending notice and the patch")
         [command] = outputs.commands("patch_vm")
         assert command["base_resource_version"] == "1"
     finally:
@@ -140,13 +142,21 @@ def test_two_instances_decide_a_drain(deployment: Deployment, outputs: Outputs) 
         for worker in workers:
             worker.start()
         start_cluster(deployment, outputs)
-        # Usage is a global table: each instance must see the other's nodes before deciding.
+        # Usage is a global table: each instance must see the other's nodes before deciding,
+        # both GPU nodes' cards (total) and the GPU VMIs on them (free): free cards alone are
+        # reached too by gpu-node-1 before its VMIs are known, or by gpu-node-2 alone.
+        everything = {"nvidia-rtx-pro-6000-bse": (4, 2), "nvidia-a100": (1, 0)}  # class → (total, free)
         for worker in workers:
-            worker.wait_until("/capacity", lambda c: c["nvidia-rtx-pro-6000-bse"]["free"] == 2)
+            worker.wait_until("/capacity", lambda c: all(
+                (c[gpu]["total"], c[gpu]["free"]) == figures for gpu, figures in everything.items()))
         drain = {"intent_id": "it-drain-1", "type": "drain_node", "requested_by": "ops@example.com",
                  "spec": {"node": "gpu-node-1", "reason": "firmware upgrade", "notice_seconds": 2}}
         deployment.publish_lines([intent_line(drain, "node/gpu-node-1")])
-        deployment.publish_lines(cordon_landed())  # no applier here: the cluster's cordon, as watched
+        # No applier here: the cluster's cordon, as watched, once the drain asked for it (the
+        # route stage reads intents and events apart: published at once, the cordon could be
+        # decided first, and the drain would find the node cordoned already).
+        outputs.wait_for(lambda o: o.commands("cordon_node"), what="the drain's cordon command")
+        deployment.publish_lines(cordon_landed())
         outputs.wait_for(lambda o: len(o.notifications("drain_will_stop_gpu_vm")) >= 2, what="announcements")
         fates = {n["subject"]["name"]: n["details"]["outcome"] for n in outputs.notifications("drain_will_stop_gpu_vm")}
         assert fates == {"train-1": "returns_automatically", "batch-1": "needs_manual_start"}
