@@ -117,10 +117,12 @@ class Loop:
         return intent_id
 
     def seen_by_worker(self, name: str) -> None:
-        """The worker has decided a watch event showing the VM's VMI running."""
-        key = f"VirtualMachineInstance/{NAMESPACE}/{name}"
-        self.outputs.wait_for(lambda o: any(a["input"]["key"] == key for a in o.seen["audit"]),
-                              timeout=90, what=f"the worker to observe {key}")
+        """The worker has decided watch events showing the VM and its VMI running: the VM's
+        and the VMI's watches and partitions are apart, and a drain's outcome for the VM
+        reads both (its run strategy, where its VMI runs)."""
+        keys = {f"VirtualMachine/{NAMESPACE}/{name}", f"VirtualMachineInstance/{NAMESPACE}/{name}"}
+        self.outputs.wait_for(lambda o: keys <= {a["input"]["key"] for a in o.seen["audit"]},
+                              timeout=90, what=f"the worker to observe {sorted(keys)}")
 
     def result_of(self, intent_id: str) -> list[dict[str, Any]]:
         """The results of every command the intent caused, once all have one."""
