@@ -163,7 +163,9 @@ RFC3339_UTC = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{0,5}[1-9])?Z
 def test_ce_time_is_the_same_moment_in_rfc3339_for_any_aware_time(moment: datetime) -> None:
     text = ce_time(moment)
     assert RFC3339_UTC.fullmatch(text), text
-    assert datetime.fromisoformat(text) == moment
+    # Compared in UTC: an ambiguous or missing local time (a DST change) never equals a time
+    # of another zone (PEP 495), though its UTC instant is well defined.
+    assert datetime.fromisoformat(text) == moment.astimezone(UTC)
 
 
 def test_the_asyncapi_examples_are_what_the_headers_and_payloads_promise() -> None:
