@@ -173,6 +173,9 @@ def run(out: TextIO, stack: ExitStack, workdir: Path, bootstrap: str, printer: A
     cluster.say("KubeVirt replaces dev-1's VMI: the new one has the GPU, on gpu-node-2")
     cluster.delete_vmi("spx-proj-b", "dev-1")
     cluster.start_vmi("spx-proj-b", "dev-1", "gpu-node-2", RTX, generation=2)
+    # The new VMI observed, its card counted on gpu-node-2: the old one's deletion alone
+    # clears /pending too.
+    worker.wait_for_capacity({"nvidia-rtx-pro-6000-bse": (4, 1)}, timeout)
     outputs.wait_for(lambda _: worker.page("/pending") == [], timeout=timeout, what="the restart observed")
     out.write("  nothing waits for a restart any more\n")
 

@@ -23,17 +23,20 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, cast
 
 from kafka import KafkaConsumer, TopicPartition
 from pydantic import SecretStr
 
+from handlers.capacity import capacity_report
+from handlers.engine import Engine
 from handlers.topics import AUDIT, COMMANDS, NOTIFICATIONS, outputs
 from harness.locations import REPO_ROOT
 from harness.processes import free_ports
 from harness.publishing import publish, scenario_records
 from streams.common.kafka_clients import admin_client
-from streams.common.settings import KafkaSettings, SigningSettings
+from streams.cli.simulating import Simulation
+from streams.common.settings import KafkaSettings, SigningSettings, load_settings
 from streams.common.topics import ensure_topics
 
 CONFIG = REPO_ROOT / "examples" / "config.yaml"
@@ -194,6 +197,24 @@ class WorkerProcess(VmstreamProcess):
             if time.monotonic() > deadline:
                 raise AssertionError(f"{self.name} {path} never satisfied the condition: {body}")
             time.sleep(0.1)  # polling interval
+
+    def wait_for_capacity(self, figures: dict[str, tuple[int, int]], timeout: float = 30.0) -> None:
+        """Poll ``/capacity`` until each class shows its (total, free) cards of ``figures``
+        (:func:`capacity_after`). Usage is a global table: an instance sees the other's nodes
+        late, and free cards alone are reached by a partial view too (a node before its VMIs)."""
+        self.wait_until("/capacity", lambda c: all((c.get(gpu, {}).get("total"), c.get(gpu, {}).get("free")) == pair
+                                                   for gpu, pair in figures.items()), timeout)
+
+
+def capacity_after(lines: Iterable[str], config: Path = CONFIG) -> dict[str, tuple[int, int]]:
+    """Each GPU class's (total, free) cards once every line is decided, as ``simulate`` decides
+    them: one process, state in memory — what every worker must show before an intent that
+    reads capacity is sent."""
+    simulation = Simulation(Engine(load_settings(config).rules()))
+    for _ in simulation.feed(lines):
+        pass
+    report = capacity_report(simulation.state, simulation.engine.catalog)
+    return {gpu: (cast(int, figures["total"]), cast(int, figures["free"])) for gpu, figures in report.items()}
 
 
 class Outputs:

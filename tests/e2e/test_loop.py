@@ -223,6 +223,8 @@ def test_a_gpu_change_lands_in_kubernetes_waits_for_a_restart_and_the_restart_ap
     assert [r["outcome"] for r in loop.result_of(restart)] == ["applied"]
     second = loop.running_vmi("dev-1", other_than=first["metadata"]["uid"])
     assert second["spec"]["domain"]["devices"]["gpus"] == [{"name": "gpu-0", "deviceName": RTX}]
+    # The new VMI observed, its card counted: the old one's deletion alone clears /pending too.
+    loop.worker.wait_for_capacity({"nvidia-rtx-pro-6000-bse": (2, 1)}, timeout=90)
     loop.worker.wait_until("/pending", lambda pending: pending == [])
 
 

@@ -21,7 +21,7 @@ from kafka.partitioner.default import murmur2
 
 from handlers.engine import Engine
 from streams.common.kafka_clients import admin_client
-from harness.running import CONFIG, Deployment, WorkerProcess
+from harness.running import CONFIG, Deployment, WorkerProcess, capacity_after
 from harness.scenarios import cluster
 from streams.common.settings import load_settings
 from streams.cli.simulating import Simulation
@@ -120,11 +120,9 @@ def test_misplaced_intents_are_decided_on_their_vms_state_and_pending_is_cluster
         audit.wait_for(lambda rs: sum(r["input"]["topic"] == events for r in rs) >= len(CLUSTER), 90,
                        "the cluster's events decided")
         # Usage is a global table: every GPU node's cards and VMIs seen by both workers, or an
-        # intent's worker could find no card of its class in the AZ (tests/kafka/test_replay.py).
-        everything = {"nvidia-rtx-pro-6000-bse": (4, 2), "nvidia-a100": (1, 0)}  # class → (total, free)
+        # intent's worker could find no card of its class in the AZ.
         for worker in workers:
-            worker.wait_until("/capacity", lambda c: all(
-                (c[gpu]["total"], c[gpu]["free"]) == figures for gpu, figures in everything.items()), 90)
+            worker.wait_for_capacity(capacity_after(CLUSTER), 90)
 
         out = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
         placed = {}

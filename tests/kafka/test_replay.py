@@ -25,7 +25,7 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.partitioner.default import murmur2
 
-from harness.running import CONFIG, Deployment, VmstreamProcess, WorkerProcess
+from harness.running import CONFIG, Deployment, VmstreamProcess, WorkerProcess, capacity_after
 from harness.scenarios import cluster, cordon_landed
 from streams.common.settings import KafkaSettings
 from streams.common.topics import KIND_HEADER, SOURCE_HEADER
@@ -102,10 +102,8 @@ def stream(kafka_bootstrap: str, kube: Kube, tmp_path_factory: pytest.TempPathFa
         # both GPU nodes' cards (total) and the GPU VMIs on them (free). Free cards alone were
         # reached by gpu-node-1 before its VMIs were known, and a drain decided before
         # gpu-node-2 was seen counted 0 cards where replay, in record time order, counted 2.
-        everything = {"nvidia-rtx-pro-6000-bse": (4, 2), "nvidia-a100": (1, 0)}  # class → (total, free)
         for worker in workers:
-            worker.wait_until("/capacity", lambda c: all(
-                (c[gpu]["total"], c[gpu]["free"]) == figures for gpu, figures in everything.items()), 90)
+            worker.wait_for_capacity(capacity_after(CLUSTER), 90)
         out = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
         for i, (ns, name, project, by) in enumerate(VMS):
             key = f"vm/{ns}/{name}"

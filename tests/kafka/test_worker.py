@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness.scenarios import cluster, cordon_landed
-from harness.running import Deployment, Outputs, WorkerProcess
+from harness.running import Deployment, Outputs, WorkerProcess, capacity_after
 
 pytestmark = pytest.mark.kafka
 
@@ -142,13 +142,9 @@ def test_two_instances_decide_a_drain(deployment: Deployment, outputs: Outputs) 
         for worker in workers:
             worker.start()
         start_cluster(deployment, outputs)
-        # Usage is a global table: each instance must see the other's nodes before deciding,
-        # both GPU nodes' cards (total) and the GPU VMIs on them (free): free cards alone are
-        # reached too by gpu-node-1 before its VMIs are known, or by gpu-node-2 alone.
-        everything = {"nvidia-rtx-pro-6000-bse": (4, 2), "nvidia-a100": (1, 0)}  # class → (total, free)
+        # Usage is a global table: each instance must see the other's nodes before deciding.
         for worker in workers:
-            worker.wait_until("/capacity", lambda c: all(
-                (c[gpu]["total"], c[gpu]["free"]) == figures for gpu, figures in everything.items()))
+            worker.wait_for_capacity(capacity_after(CLUSTER))
         drain = {"intent_id": "it-drain-1", "type": "drain_node", "requested_by": "ops@example.com",
                  "spec": {"node": "gpu-node-1", "reason": "firmware upgrade", "notice_seconds": 2}}
         deployment.publish_lines([intent_line(drain, "node/gpu-node-1")])
