@@ -206,13 +206,19 @@ class WorkerProcess(VmstreamProcess):
                                                    for gpu, pair in figures.items()), timeout)
 
 
-def capacity_after(lines: Iterable[str], config: Path = CONFIG) -> dict[str, tuple[int, int]]:
-    """Each GPU class's (total, free) cards once every line is decided, as ``simulate`` decides
-    them: one process, state in memory — what every worker must show before an intent that
-    reads capacity is sent."""
+def simulated(lines: Iterable[str], config: Path = CONFIG) -> Simulation:
+    """``lines`` decided as ``simulate`` decides them: one process, state in memory, no
+    partitions — what a deployment's workers must agree with."""
     simulation = Simulation(Engine(load_settings(config).rules()))
     for _ in simulation.feed(lines):
         pass
+    return simulation
+
+
+def capacity_after(lines: Iterable[str], config: Path = CONFIG) -> dict[str, tuple[int, int]]:
+    """Each GPU class's (total, free) cards once every line is decided (:func:`simulated`):
+    what every worker must show before an intent that reads capacity is sent."""
+    simulation = simulated(lines, config)
     report = capacity_report(simulation.state, simulation.engine.catalog)
     return {gpu: (cast(int, figures["total"]), cast(int, figures["free"])) for gpu, figures in report.items()}
 

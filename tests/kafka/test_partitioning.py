@@ -19,12 +19,9 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.partitioner.default import murmur2
 
-from handlers.engine import Engine
 from streams.common.kafka_clients import admin_client
-from harness.running import CONFIG, Deployment, WorkerProcess, capacity_after
+from harness.running import Deployment, WorkerProcess, capacity_after, simulated
 from harness.scenarios import cluster
-from streams.common.settings import load_settings
-from streams.cli.simulating import Simulation
 
 pytestmark = pytest.mark.kafka
 
@@ -49,10 +46,9 @@ def murmur2_partition(key: str, partitions: int) -> int:
 def expected_pending() -> list[str]:
     """The VMs whose GPU change waits for a restart after the scenario and the intents, as
     ``simulate`` decides them: one process, state in memory, no partitions at all."""
-    simulation = Simulation(Engine(load_settings(CONFIG).rules()))
     lines = CLUSTER + [json.dumps({"topic": "vmstream.intents", "key": key, "value": value})
                        for key, value in intents()]
-    list(simulation.feed(lines))
+    simulation = simulated(lines)
     return sorted(key for key, tracking in simulation.state.tables["tracking"].items() if tracking.pending_episode)
 
 
