@@ -23,7 +23,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from handlers.messages import object_key
-from handlers.topics import COMMAND_RESULTS, K8S_EVENTS
+from handlers.topics import K8S_EVENTS
 from harness.demo_people import ApiProcess, Console, MailSink, NotifyProcess, mails_due, start_together
 from harness.localkube import LocalKube
 from harness.publishing import publish, scenario_records
@@ -162,8 +162,9 @@ def run(out: TextIO, stack: ExitStack, workdir: Path, bootstrap: str, printer: A
     publish_signed(deployment, signer, [_intent("demo-gpu-1", "set_gpu", {"namespace": "spx-proj-b", "name": "dev-1",
                                                                "gpu_class": "nvidia-rtx-pro-6000-bse"},
                                       by=BOB, project="proj-b")])
-    outputs.wait_for(lambda o: bool(o.seen[COMMAND_RESULTS.name] and o.notifications("gpu_change_pending_restart"))
-                     and mailed(o), timeout=timeout, what="the patch applied and bob told, by mail too")
+    outputs.wait_for(lambda o: bool(o.results(cause="demo-gpu-1", type="patch_vm", outcome="applied")
+                                    and o.notifications("gpu_change_pending_restart")) and mailed(o),
+                     timeout=timeout, what="bob's patch applied and bob told, by mail too")
     out.write(f"  in Kubernetes now: {cluster.gpu_fields('spx-proj-b', 'dev-1')}\n")
     out.write(f"  waiting for a restart: {[p['vm'] for p in worker.page('/pending')]}\n")
     console.show_badge("spx-proj-b", "dev-1", timeout)

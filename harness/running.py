@@ -30,7 +30,7 @@ from pydantic import SecretStr
 
 from handlers.capacity import capacity_report
 from handlers.engine import Engine
-from handlers.topics import AUDIT, COMMANDS, NOTIFICATIONS, outputs
+from handlers.topics import AUDIT, COMMAND_RESULTS, COMMANDS, NOTIFICATIONS, outputs
 from harness.locations import REPO_ROOT
 from harness.processes import free_ports
 from harness.publishing import publish, scenario_records
@@ -274,6 +274,10 @@ class Outputs:
 
     def commands(self, type_: str) -> list[dict[str, Any]]:
         return [c for c in self.seen[COMMANDS.name] if c["type"] == type_]
+
+    def results(self, **match: Any) -> list[dict[str, Any]]:
+        """The applier's command results whose fields match (``target__name="dev-1"``)."""
+        return [r for r in self.seen[COMMAND_RESULTS.name] if all(_field(r, k) == v for k, v in match.items())]
 
     def close(self) -> None:
         self.consumer.close()
