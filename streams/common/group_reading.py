@@ -34,6 +34,8 @@ from streams.common.settings import KafkaSettings
 log = logging.getLogger(__name__)
 TOPIC_WAIT_SECONDS = 60.0  # how long a subscribed topic may take to show its partitions
 PREFETCH_KIB = 8192  # what librdkafka fetches ahead, all partitions together
+# What a held fetch waits for (``fetch_wait_ms``): some 40 of the applier's commands.
+FETCH_MIN_BYTES = 64 * 1024
 LAG_QUERY_SECONDS = 5.0  # where a partition just assigned starts: its committed offset, else its first
 
 
@@ -66,11 +68,17 @@ class GroupReader:
     :meth:`close`), ``on_assign`` with those given (either may be left out), both from inside :meth:`poll` or
     :meth:`close`: the caller's own thread. Partitions lost instead (the session ran out)
     go to ``on_revoke`` too; a commit there fails, and is only a warning.
+
+    ``fetch_wait_ms`` 0 (librdkafka's default): the broker answers a fetch at the first
+    record, so records arriving one by one cost a fetch request each. Otherwise it holds a
+    fetch until :data:`FETCH_MIN_BYTES` have come or that many milliseconds have passed: a
+    record arriving alone waits up to that long, records in a stream come several to a
+    request (benchmarks/README.md, ``apply_rate.py``).
     """
 
     def __init__(self, kafka: KafkaSettings, *, group_id: str, client_id: str, topic: str,
                  on_revoke: Callback | None = None, on_assign: Callback | None = None,
-                 membership: dict[str, Any] | None = None,
+                 membership: dict[str, Any] | None = None, fetch_wait_ms: int = 0,
                  topic_wait: float = TOPIC_WAIT_SECONDS) -> None:
         self.topic = topic
         self._positions: dict[Partition, int] = {}  # the next offset to read, where known: the lag's
@@ -88,6 +96,7 @@ class GroupReader:
             # What librdkafka fetches ahead, for all partitions together: its default is 64 MiB,
             # kafka-python held a fetch of at most 1 MiB per partition.
             "queued.max.messages.kbytes": PREFETCH_KIB,
+            **({"fetch.min.bytes": FETCH_MIN_BYTES, "fetch.wait.max.ms": fetch_wait_ms} if fetch_wait_ms else {}),
             "on_commit": _log_failed_commit,
             **(membership or {}),
         }, logger=LIBRDKAFKA_LOG)

@@ -865,6 +865,7 @@ class Applier:
             topic=self.commands_topic, on_revoke=settle, on_assign=lambda _: assigned.set(),
             # Static membership and the session: back at once after a crash (settings.py).
             membership=self.settings.worker.librdkafka_membership(),
+            fetch_wait_ms=self.settings.apply.fetch_wait_ms,
         )
         log.info("applier ready: %d commands already have a result", len(ledger.done))
         self.ready.set()

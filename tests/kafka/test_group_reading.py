@@ -18,6 +18,7 @@ import pytest
 
 from harness.publishing import publish
 from streams.common.group_reading import GroupReader, Partition
+from streams.common.kafka_clients import producer
 from streams.common.settings import KafkaSettings
 from tests.support.waiting import eventually
 
@@ -159,3 +160,46 @@ def test_a_record_arriving_alone_is_returned_without_waiting_for_a_full_batch(
         assert got == [0]
     finally:
         reader.close()
+
+
+def read_in_polls(reader: GroupReader, count: int, timeout: float = 60.0) -> list[list[int]]:
+    """Poll as the applier does until ``count`` records are in: what each poll returned."""
+    polls: list[list[int]] = []
+    deadline = time.monotonic() + timeout
+    while sum(map(len, polls)) < count:
+        assert time.monotonic() < deadline, f"{sum(map(len, polls))} of {count} records read"
+        got = [int(record.value or b"-1") for batch in reader.poll(0.02, max_records=200).values() for record in batch]
+        if got:
+            polls.append(got)
+    return polls
+
+
+@pytest.mark.parametrize("wait_ms", [0, 250])
+def test_records_arriving_one_by_one_come_several_to_a_fetch_when_the_broker_may_hold_it(
+    kafka_bootstrap: str, kafka_topic_factory: Callable[..., str], wait_ms: int
+) -> None:
+    """Each record is acknowledged by the broker before the next is sent, as the worker's
+    commands come at a low rate. With ``fetch_wait_ms`` the broker holds a fetch until more
+    have come, so the 60 records arrive in a few fetches; without it, in many more (each
+    fetch is a request the broker pays for). Both read every record, in order."""
+    kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
+    topic = kafka_topic_factory("held", partitions=1)
+    assigned = threading.Event()
+    reader = GroupReader(kafka, group_id=f"g-{uuid.uuid4().hex[:8]}", client_id="held", topic=topic,
+                         on_assign=lambda _: assigned.set(), fetch_wait_ms=wait_ms)
+    sender = producer(kafka)
+    try:
+        eventually(lambda: reader.poll(0.05, max_records=1) == {} and assigned.is_set() or None, "the assignment")
+        one_by_one = threading.Thread(target=lambda: [
+            sender.send(topic, value=str(n).encode()).get(timeout=30) for n in range(60)])
+        one_by_one.start()
+        polls = read_in_polls(reader, 60)
+        one_by_one.join(30)
+    finally:
+        sender.close()
+        reader.close()
+    assert [n for got in polls for n in got] == list(range(60))
+    if wait_ms:
+        assert len(polls) <= 10, [len(got) for got in polls]
+    else:  # what the held fetch is measured against: librdkafka answers at the first record
+        assert len(polls) > 10, [len(got) for got in polls]
