@@ -49,22 +49,29 @@ from pathlib import Path
 from typing import Any
 
 import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
-from intent_to_patch import NAMESPACE, PatchWatcher, vm_body  # noqa: E402
 from kubernetes import client  # noqa: E402
+from patching import (  # noqa: E402
+    MUTATION,
+    NAMESPACE,
+    PatchWatcher,
+    add_split,
+    anchor_request,
+    cpu_split,
+    create_vms,
+    planned,
+    split_line,
+    wait_patched,
+    watch_patches,
+)
 
 from handlers import ids  # noqa: E402
 from handlers.decisions import subject_key  # noqa: E402
-from handlers.enforcement import FIELD_MANAGER  # noqa: E402
-from handlers.gpus import desired_vm, plan_patch  # noqa: E402
-from handlers.messages import Command, GPUMutation, ObjectRef  # noqa: E402
+from handlers.messages import Command, ObjectRef  # noqa: E402
 from harness.localkube import LocalKube  # noqa: E402
 from harness.running import CONFIG, VmstreamProcess  # noqa: E402
-from harness.scenarios import A100, PROJECT_LABEL  # noqa: E402
 from streams.common.codecs import encode_message  # noqa: E402
 from streams.common.kafka_clients import producer  # noqa: E402
-from streams.kube.applying import JSON_PATCH, KUBEVIRT  # noqa: E402
-
-MUTATION = GPUMutation(device_name=A100, eviction_strategy="External")
+from streams.kube.applying import KUBEVIRT  # noqa: E402
 
 
 class ApplierProcess(VmstreamProcess):
@@ -77,44 +84,7 @@ class ApplierProcess(VmstreamProcess):
             time.sleep(0.2)  # polling its log
 
 
-def planned(custom: client.CustomObjectsApi, names: list[str]) -> dict[str, tuple[list[dict[str, Any]], str]]:
-    """name → (the GPU rules' JSON patch for the live VM, its resourceVersion), as the worker plans it."""
-    listed = custom.list_namespaced_custom_object(*KUBEVIRT, NAMESPACE, "virtualmachines")
-    live = {vm["metadata"]["name"]: vm for vm in listed["items"]}
-    return {name: (plan_patch(live[name], desired_vm(live[name], MUTATION)), live[name]["metadata"]["resourceVersion"])
-            for name in names}
-
-
-def wait_patched(watcher: PatchWatcher, names: list[str], timeout: float = 900.0) -> float:
-    """When the last of ``names`` was seen patched."""
-    deadline = time.monotonic() + timeout
-    while any(name not in watcher.patched for name in names):
-        if time.monotonic() > deadline:
-            missing = sum(name not in watcher.patched for name in names)
-            raise TimeoutError(f"{missing} of {len(names)} VMs not patched in {timeout}s")
-        time.sleep(0.1)  # waiting for the watch thread's record
-    return max(watcher.patched[name] for name in names)
-
-
 PROCESSES = ("kube-apiserver", "etcd", "broker", "applier", "live", "benchmark")
-
-
-def cpu_split(pids: dict[str, int]) -> dict[str, float]:
-    """CPU-seconds so far of each process in ``pids``, and of the whole machine."""
-    return {**{name: kit.cpu_of(pid).total for name, pid in pids.items()}, "machine": kit.machine_busy()}
-
-
-def add_split(into: dict[str, float], before: dict[str, float], after: dict[str, float]) -> None:
-    for name, value in after.items():
-        into[name] = into.get(name, 0.0) + value - before[name]
-
-
-def split_line(split: dict[str, float], count: int) -> str:
-    """The machine's CPU per VM patched, each process's, and the rest of the machine's (other jobs)."""
-    named = sum(split.get(name, 0.0) for name in PROCESSES)
-    cells = [f"{name} {1000 * split[name] / count:.1f}" for name in PROCESSES if split.get(name, 0.0) * 1000 / count >= 0.05]
-    return (f"machine {1000 * split['machine'] / count:.1f} ms per VM patched: " + ", ".join(cells)
-            + f", other {1000 * max(split['machine'] - named, 0.0) / count:.1f}")
 
 
 def paced_run(sender: Any, topic: str, watcher: PatchWatcher, paced: list[tuple[str, str, bytes]], rate: float,
@@ -157,16 +127,12 @@ def main() -> int:
         api = kube.api_client()
         api.configuration.connection_pool_maxsize = args.threads
         api = client.ApiClient(api.configuration)  # its pool sized for the anchor's threads
-        client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE, "labels": {PROJECT_LABEL: "bench"}}})
         custom = client.CustomObjectsApi(api)
         parts = ("anchor", "reads", "applier", "live", "paced", "quarter")
         sets = {part: [f"{part}-{i:05d}" for i in range(count)] for part in parts}
         warm = {part: [f"warm-{part}-{i:05d}" for i in range(warmup)] for part in ("anchor", "applier", "live")}
         started = time.monotonic()
-        with ThreadPoolExecutor(args.threads) as pool:
-            list(pool.map(lambda n: custom.create_namespaced_custom_object(*KUBEVIRT, NAMESPACE, "virtualmachines",
-                                                                            vm_body(n)),
-                          [name for names in (*sets.values(), *warm.values()) for name in names]))
+        create_vms(api, [name for names in (*sets.values(), *warm.values()) for name in names], args.threads)
         print(f"created {len(parts) * count + len(warm) * warmup} VMs in {time.monotonic() - started:.1f}s")
         patches = planned(custom, [name for names in (*sets.values(), *warm.values()) for name in names])
 
@@ -189,19 +155,10 @@ def main() -> int:
         live_applier.start()
         stack.callback(live_applier.stop)
 
-        listed = custom.list_namespaced_custom_object(*KUBEVIRT, NAMESPACE, "virtualmachines", limit=1)
-        watcher = PatchWatcher(api, listed["metadata"]["resourceVersion"])
-        watcher.start()
+        watcher = watch_patches(api)
         stack.callback(watcher.stop.set)
 
-        # The anchor: the applier's own request (_json_patch_vm), straight from a plain client.
-        def send(name: str) -> None:
-            patch, rv = patches[name]
-            custom.patch_namespaced_custom_object(
-                *KUBEVIRT, NAMESPACE, "virtualmachines", name,
-                [{"op": "replace", "path": "/metadata/resourceVersion", "value": rv}, *patch],
-                _content_type=JSON_PATCH, field_manager=FIELD_MANAGER)
-
+        send = anchor_request(custom, patches)
         core = client.CoreV1Api(api)
 
         def read_and_send(name: str) -> None:
@@ -306,7 +263,7 @@ def main() -> int:
         for part, title in (("anchor", "anchor"), ("reads", "anchor with reads"), ("applier", "applier"),
                             ("live", "applier, live reads"), ("paced", "paced"), ("quarter", "paced, half as fast")):
             split = splits[part] if part in splits else paced[part][2]
-            print(f"  {title:<20} {split_line(split, count)}")
+            print(f"  {title:<20} {split_line(split, count, PROCESSES)}")
     return 0
 
 

@@ -1,23 +1,45 @@
-"""How long from a ``set_gpu`` intent to the VM patched in the API server, for 1,000 VMs.
+"""From a ``set_gpu`` intent to the VM patched in the API server, against the API server's own
+rate for the same patches.
 
-The whole loop, each part its own process: a real kube-apiserver (local control plane
-with KubeVirt's CRDs), a real Kafka broker, ``vmstream watch``, ``vmstream worker`` and
-``vmstream apply``. The benchmark creates the VMs, waits until the worker has observed them
-through the bridge, then publishes one ``set_gpu`` per VM at a steady rate and watches the
-API server: a VM counts as patched when a watch event shows the GPU in its template.
-Latency = that moment − the moment the intent was handed to the producer.
+The whole loop, each part its own process: a real kube-apiserver (local control plane with
+KubeVirt's CRDs), a real Kafka broker, ``vmstream watch``, ``vmstream worker`` and ``vmstream
+apply``. The benchmark creates three sets of ``--vms`` VMs (and ``--warmup`` more), waits
+until the worker has observed every one through the bridge, then:
 
-    .venv/bin/python benchmarks/intent_to_patch.py [--vms 1000] [--rate 100]
+* **anchor** — the JSON patches the worker plans for the anchor set (the GPU rules' patch
+  guarded by the VM's ``resourceVersion``, ``patching.py``) sent straight to the API server by
+  a plain kubernetes client from ``--threads`` threads, vmstream's three processes frozen
+  meanwhile (SIGSTOP): left running, the bridge and the worker react to every one of these
+  patches and take the API server's CPU (the anchor fell from 270 to 147/s in one run);
+* **loop** — one ``set_gpu`` intent per VM of the loop set, all on the intents topic at once:
+  intent → route → decide → command → applier → API server;
+* the two take turns over ``--rounds`` rounds, a share of each set per round, so a load that
+  changes meanwhile weighs on both; a rate is VMs / (last patch seen − first request or
+  intent sent);
+* **paced** — one intent at a time at half the anchor's rate (``--rate`` to choose): each
+  intent's latency from the producer to its VM seen patched, and where the time went, from
+  the Kafka timestamps of the worker's command and the applier's result.
+
+A VM counts as patched when the benchmark's own watch shows the GPU in its template. Before
+the rounds, ``--warmup`` VMs go through the anchor and the loop, not counted (a broker just
+started costs four times the CPU per request, ``broker_cost.py``). The CPU each process
+spent per VM patched is printed beside the machine's whole busy time, from ``/proc``.
+
+    .venv/bin/python benchmarks/intent_to_patch.py               # 600 VMs per set
+    .venv/bin/python benchmarks/intent_to_patch.py --small       # 100 per set, a quick run
+    .venv/bin/python benchmarks/intent_to_patch.py --rate 40     # paced at 40 intents/s
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 import tempfile
-import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
@@ -25,131 +47,176 @@ from typing import Any
 
 import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
 from kit import percentile  # noqa: E402
-from kubernetes import client, watch  # noqa: E402
+from kubernetes import client  # noqa: E402
+from patching import (  # noqa: E402
+    NAMESPACE,
+    PatchWatcher,
+    add_split,
+    anchor_request,
+    cpu_split,
+    create_vms,
+    planned,
+    split_line,
+    wait_patched,
+    watch_patches,
+)
 
+from handlers.messages import object_key  # noqa: E402
 from harness.localkube import LocalKube  # noqa: E402
 from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess  # noqa: E402
-from harness.scenarios import PROJECT_LABEL  # noqa: E402
 from streams.common.kafka_clients import producer  # noqa: E402
 
-NAMESPACE = "spx-bench"
-KUBEVIRT = ("kubevirt.io", "v1")
+PROCESSES = ("kube-apiserver", "etcd", "broker", "worker", "watch", "apply", "benchmark")
 
 
-def vm_body(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
-        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {PROJECT_LABEL: "bench"},
-                     "annotations": {"vmstream.io/owner": "bench@example.com"}},
-        "spec": {"runStrategy": "Manual", "template": {"spec": {
-            "domain": {"cpu": {"cores": 2}, "memory": {"guest": "4Gi"},
-                       "devices": {"disks": [{"name": "root", "disk": {"bus": "virtio"}}]}},
-            "volumes": [{"name": "root", "containerDisk": {"image": "quay.io/containerdisks/ubuntu:24.04"}}]}}},
-    }
-
-
-class PatchWatcher(threading.Thread):
-    """Records when each VM's template first shows a GPU, from a watch on the API server."""
-
-    def __init__(self, api: client.ApiClient, resource_version: str) -> None:
-        super().__init__(daemon=True)
-        self.custom = client.CustomObjectsApi(api)
-        self.resource_version = resource_version
-        self.patched: dict[str, float] = {}
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        stream = watch.Watch()
-        while not self.stop.is_set():
-            for event in stream.stream(self.custom.list_namespaced_custom_object, *KUBEVIRT, NAMESPACE,
-                                       "virtualmachines", resource_version=self.resource_version,
-                                       timeout_seconds=5):
-                obj = event["object"]
-                self.resource_version = obj["metadata"]["resourceVersion"]
-                gpus = obj["spec"]["template"]["spec"]["domain"].get("devices", {}).get("gpus")
-                if gpus and obj["metadata"]["name"] not in self.patched:
-                    self.patched[obj["metadata"]["name"]] = time.monotonic()
+def intent(name: str) -> dict[str, bytes]:
+    """The ``set_gpu`` of one VM: its key and value on the intents topic."""
+    value = {"intent_id": f"bench-{name}", "type": "set_gpu", "requested_by": "bench@example.com",
+             "project": "bench", "spec": {"namespace": NAMESPACE, "name": name, "gpu_class": "nvidia-a100"}}
+    return {"key": f"vm/{NAMESPACE}/{name}".encode(), "value": json.dumps(value).encode()}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--vms", type=int, default=1000)
-    parser.add_argument("--rate", type=float, default=100.0, help="intents per second")
-    kit.add_small_option(parser, vms=100, rate=20.0)
+    parser.add_argument("--vms", type=int, default=600, help="VMs per set (three sets)")
+    parser.add_argument("--threads", type=int, default=8, help="the anchor's threads")
+    parser.add_argument("--rate", type=float, help="intents/s of the paced run (default: half the anchor's rate)")
+    parser.add_argument("--rounds", type=int, default=3, help="the anchor and the loop take turns this many times")
+    parser.add_argument("--warmup", type=int, help="VMs through the anchor and the loop first, not counted "
+                                                   "(default 300; 50 with --small)")
+    kit.add_small_option(parser, vms=100)
     args = kit.parse(parser)
+    count = args.vms
+    warmup = args.warmup if args.warmup is not None else 50 if args.small else 300
     with ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vmstream-bench-")))
-        bootstrap = stack.enter_context(kit.broker()).bootstrap
+        broker = stack.enter_context(kit.broker())
         kube = stack.enter_context(LocalKube())
         api = kube.api_client()
-        # A project namespace: the applier writes nowhere else (docs/security.md).
-        client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE, "labels": {PROJECT_LABEL: "bench"}}})
+        api.configuration.connection_pool_maxsize = args.threads
+        api = client.ApiClient(api.configuration)  # its pool sized for the anchor's threads
         custom = client.CustomObjectsApi(api)
-        names = [f"vm-{i:05d}" for i in range(args.vms)]
+        sets = {part: [f"{part}-{i:05d}" for i in range(count)] for part in ("anchor", "loop", "paced")}
+        warm = {part: [f"warm-{part}-{i:05d}" for i in range(warmup)] for part in ("anchor", "loop")}
+        everything = [name for names in (*sets.values(), *warm.values()) for name in names]
         started = time.monotonic()
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda n: custom.create_namespaced_custom_object(*KUBEVIRT, NAMESPACE, "virtualmachines",
-                                                                            vm_body(n)), names))
-        print(f"created {args.vms} VMs in {time.monotonic() - started:.1f}s")
+        create_vms(api, everything, args.threads)
+        print(f"created {len(everything)} VMs in {time.monotonic() - started:.1f}s")
+        send = anchor_request(custom, planned(custom, [*sets["anchor"], *warm["anchor"]]))
 
-        deployment = kit.new_deployment(bootstrap, workdir)
+        deployment = kit.new_deployment(broker.bootstrap, workdir)
         kubeconfig = str(kube.kubeconfig)
         worker = WorkerProcess(deployment, "worker").start()
         stack.callback(worker.stop)
+        processes: dict[str, VmstreamProcess] = {"worker": worker}
         for name in ("watch", "apply"):
             process = VmstreamProcess(deployment, name, [name, "--config", str(CONFIG), "--kubeconfig", kubeconfig])
             process.start()
             stack.callback(process.stop)
+            processes[name] = process
         outputs = Outputs(deployment)
         stack.callback(outputs.close)
         events = deployment.kafka.topic("k8s-events")
+        keys = {object_key("VirtualMachine", NAMESPACE, name) for name in everything}
         started = time.monotonic()
-        outputs.wait_for(lambda o: len(o.audits(input__topic=events)) >= args.vms, timeout=600,
-                         what="the VMs observed")
-        print(f"worker observed {args.vms} VMs through the bridge in {time.monotonic() - started:.1f}s")
+        outputs.wait_for(lambda o: keys <= {a["input"]["key"] for a in o.audits(input__topic=events)},
+                         timeout=600, what="every VM observed")
+        print(f"the worker observed the {len(keys)} VMs through the bridge in {time.monotonic() - started:.1f}s")
 
-        listed = custom.list_namespaced_custom_object(*KUBEVIRT, NAMESPACE, "virtualmachines", limit=1)
-        watcher = PatchWatcher(api, listed["metadata"]["resourceVersion"])
-        watcher.start()
+        watcher = watch_patches(api)
+        stack.callback(watcher.stop.set)
         sender = producer(deployment.kafka, linger_ms=0)
+        stack.callback(sender.close)
+        topic = deployment.kafka.topic("intents")
+        state = kube.state
+        assert state is not None
+        pids = {"kube-apiserver": state.apiserver_pid, "etcd": state.etcd_pid, "benchmark": os.getpid(),
+                **{name: p.process.pid for name, p in processes.items() if p.process is not None},
+                **({"broker": broker.pid} if broker.pid else {})}
+
+        def through_loop(names: list[str]) -> tuple[float, dict[str, float]]:
+            """Every intent of ``names`` at once: when the last VM was seen patched, the CPU then."""
+            for name in names:
+                sender.send(topic, **intent(name))
+            sender.flush()
+            return wait_patched(watcher, names), cpu_split(pids)
+
+        def through_anchor(names: list[str]) -> tuple[float, dict[str, float]]:
+            """The plain client with vmstream's processes frozen (SIGSTOP, for less than a group
+            session): the API server has the machine as it has it in apply_rate.py's anchor.
+            Thawed, the bridge and the worker catch up on these VMs' events before the loop runs."""
+            frozen = [p.process.pid for p in processes.values() if p.process is not None]
+            for pid in frozen:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                with ThreadPoolExecutor(args.threads) as pool:
+                    list(pool.map(send, names))
+                last, after = wait_patched(watcher, names), cpu_split(pids)
+            finally:
+                for pid in frozen:
+                    os.kill(pid, signal.SIGCONT)
+            wanted = {object_key("VirtualMachine", NAMESPACE, name) for name in names}
+            outputs.wait_for(lambda o: wanted <= {key for key, n in Counter(
+                a["input"]["key"] for a in o.audits(input__topic=events)).items() if n >= 2},
+                timeout=300, what="the worker to decide the anchor's patches")
+            return last, after
+
+        if warmup:
+            started = time.monotonic()
+            through_anchor(warm["anchor"])
+            through_loop(warm["loop"])
+            print(f"warm-up: {warmup} VMs each through the anchor and the loop in "
+                  f"{time.monotonic() - started:.1f}s, not counted")
+
+        spent = {"anchor": 0.0, "loop": 0.0}
+        splits: dict[str, dict[str, float]] = {"anchor": {}, "loop": {}, "paced": {}}
+        for round_ in range(args.rounds):
+            print(f"round {round_ + 1}/{args.rounds}: {len(sets['anchor'][round_::args.rounds])} VMs each, "
+                  f"{kit.load_average()}")
+            for part, run in (("anchor", through_anchor), ("loop", through_loop)):
+                before, first = cpu_split(pids), time.monotonic()
+                last, after = run(sets[part][round_::args.rounds])
+                spent[part] += last - first
+                add_split(splits[part], before, after)
+        anchor_rate, loop_rate = count / spent["anchor"], count / spent["loop"]
+
+        rate = args.rate or anchor_rate / 2
+        print(f"paced: {count} intents at {rate:.0f}/s, {kit.load_average()}")
         sent: dict[str, float] = {}
         sent_wall: dict[str, float] = {}
-        interval = 1.0 / args.rate
-        first, first_wall = time.monotonic(), time.time()
-        for index, name in enumerate(names):
-            kit.sleep_until(first + index * interval)
-            value = {"intent_id": f"bench-{name}", "type": "set_gpu", "requested_by": "bench@example.com",
-                     "project": "bench", "spec": {"namespace": NAMESPACE, "name": name, "gpu_class": "nvidia-a100"}}
+        before, first, first_wall = cpu_split(pids), time.monotonic(), time.time()
+        for index, name in enumerate(sets["paced"]):
+            kit.sleep_until(first + index / rate)
             sent[name], sent_wall[name] = time.monotonic(), time.time()
-            sender.send(deployment.kafka.topic("intents"), key=f"vm/{NAMESPACE}/{name}".encode(),
-                        value=json.dumps(value).encode())
-        sender.flush()
-        deadline = time.monotonic() + 600
-        while len(watcher.patched) < args.vms and time.monotonic() < deadline:
-            time.sleep(0.2)  # waiting for the watch thread's count
-        watcher.stop.set()
-        latencies = [1000 * (watcher.patched[n] - sent[n]) for n in names if n in watcher.patched]
-        last = max(watcher.patched.values()) if watcher.patched else first
-        print(f"\nset_gpu → VM patched in the API server, {len(latencies)}/{args.vms} VMs, "
-              f"offered {args.rate:.0f} intents/s, {kit.load_average()}")
-        if latencies:
-            print(f"  p50 {percentile(latencies, 0.5):.0f} ms   p90 {percentile(latencies, 0.9):.0f} ms   "
-                  f"p99 {percentile(latencies, 0.99):.0f} ms   max {max(latencies):.0f} ms")
-            print(f"  throughput {len(latencies) / (last - first):.0f} VMs patched/s "
-                  f"(first intent → last patch {last - first:.1f}s)")
-            stages = stage_latencies(deployment, sent_wall, watcher.patched, first_wall - first)
-            for stage, values in stages.items():
-                if values:
-                    print(f"  {stage:<34} p50 {percentile(values, 0.5):6.0f} ms   "
-                          f"p99 {percentile(values, 0.99):6.0f} ms")
-        sender.close()
-    return 0 if len(latencies) == args.vms else 1
+            sender.send(topic, **intent(name))
+            sender.flush()
+        last = wait_patched(watcher, sets["paced"])
+        add_split(splits["paced"], before, cpu_split(pids))
+        latencies = [1000 * (watcher.patched[n] - sent[n]) for n in sets["paced"]]
+
+        print(f"\nset_gpu → VM patched in the API server, {count} VMs per set, anchor {args.threads} threads, "
+              f"{kit.load_average()}")
+        print(f"  anchor (plain client → API server)   {anchor_rate:5.0f} VMs patched/s")
+        print(f"  loop (intents → API server)          {loop_rate:5.0f} VMs patched/s   "
+              f"ratio {loop_rate / anchor_rate:.2f} (target ≥ 0.8)")
+        busy = splits["paced"]["machine"] / (last - first) / (os.cpu_count() or 1)
+        print(f"  paced at {rate:.0f} intents/s: intent → VM patched  p50 {percentile(latencies, 0.5):.0f} ms   "
+              f"p90 {percentile(latencies, 0.9):.0f} ms   p99 {percentile(latencies, 0.99):.0f} ms   "
+              f"max {max(latencies):.0f} ms{' (target p99 ≤ 250 ms)' if not args.rate else ''}; "
+              f"the machine {busy:.0%} busy")
+        for stage, values in stage_latencies(deployment, sent_wall, watcher, first_wall - first).items():
+            if values:
+                print(f"    {stage:<34} p50 {percentile(values, 0.5):6.0f} ms   p99 {percentile(values, 0.99):6.0f} ms")
+        print("\nThe machine's CPU per VM patched, by process (other: the jobs the benchmark did not start)")
+        for part in ("anchor", "loop", "paced"):
+            print(f"  {part:<8} {split_line(splits[part], count, PROCESSES)}")
+    return 0
 
 
-def stage_latencies(deployment: Deployment, sent_wall: dict[str, float], patched: dict[str, float],
+def stage_latencies(deployment: Deployment, sent_wall: dict[str, float], watcher: PatchWatcher,
                     offset: float) -> dict[str, list[float]]:
-    """Where the time goes, from the Kafka timestamps of the worker's commands and the
-    applier's results (producer clocks: the same machine)."""
+    """Where the time of the paced intents went, from the Kafka timestamps of the worker's
+    commands and the applier's results (producer clocks: the same machine)."""
     from kafka import KafkaConsumer, TopicPartition
 
     kafka = deployment.kafka
@@ -163,16 +230,17 @@ def stage_latencies(deployment: Deployment, sent_wall: dict[str, float], patched
     command_vm: dict[str, str] = {}
     result_at: dict[str, float] = {}
     for record in reader:
-        value = json.loads(record.value)
-        if record.topic == topics[0] and value["type"] == "patch_vm":
+        value: dict[str, Any] = json.loads(record.value)
+        if record.topic == topics[0] and value["type"] == "patch_vm" and value["target"]["name"] in sent_wall:
             command_at[value["target"]["name"]] = record.timestamp / 1000
             command_vm[value["command_id"]] = value["target"]["name"]
         elif record.topic == topics[1] and value["command_id"] in command_vm:
             result_at[command_vm[value["command_id"]]] = record.timestamp / 1000
     reader.close()
+    patched = watcher.patched
     return {
-        "intent → command sent (worker)": [1000 * (command_at[n] - sent_wall[n]) for n in command_at if n in sent_wall],
-        "command → result sent (applier)": [1000 * (result_at[n] - command_at[n]) for n in result_at if n in command_at],
+        "intent → command sent (worker)": [1000 * (command_at[n] - sent_wall[n]) for n in command_at],
+        "command → result sent (applier)": [1000 * (result_at[n] - command_at[n]) for n in result_at],
         "result sent → patch watched": [1000 * (patched[n] + offset - result_at[n]) for n in result_at if n in patched],
     }
 
