@@ -131,7 +131,7 @@ class ApplySettings(BaseModel):
     release_seconds: float = Field(default=0.05, ge=0, le=60)
     # How long the broker may hold the commands' fetch for more of them (GroupReader's
     # ``fetch_wait_ms``): a command arriving alone waits up to this long; commands arriving
-    # one by one come several to a fetch instead of a fetch request each, which at 60–140
+    # one by one come several to a fetch instead of a fetch request each, which at 53–137
     # commands/s took a fifth to a half off the broker's CPU per command (benchmarks/README.md,
     # apply_rate.py, lever 11). 0: every fetch is answered at the first command.
     fetch_wait_ms: int = Field(default=20, ge=0, le=500)
