@@ -267,7 +267,7 @@ class Outputs:
             self.poll()
 
     def audits(self, **match: Any) -> list[dict[str, Any]]:
-        return [a for a in self.seen[AUDIT.name] if all(_field(a, k) == v for k, v in match.items())]
+        return self._matching(AUDIT.name, match)
 
     def notifications(self, type_: str) -> list[dict[str, Any]]:
         return [n for n in self.seen[NOTIFICATIONS.name] if n["type"] == type_]
@@ -276,8 +276,11 @@ class Outputs:
         return [c for c in self.seen[COMMANDS.name] if c["type"] == type_]
 
     def results(self, **match: Any) -> list[dict[str, Any]]:
-        """The applier's command results whose fields match (``target__name="dev-1"``)."""
-        return [r for r in self.seen[COMMAND_RESULTS.name] if all(_field(r, k) == v for k, v in match.items())]
+        return self._matching(COMMAND_RESULTS.name, match)
+
+    def _matching(self, topic: str, match: dict[str, Any]) -> list[dict[str, Any]]:
+        """The records seen on ``topic`` whose fields match (``input__topic=…``: a nested field)."""
+        return [r for r in self.seen[topic] if all(_field(r, k) == v for k, v in match.items())]
 
     def close(self) -> None:
         self.consumer.close()
