@@ -14,8 +14,8 @@ from handlers import ids
 from handlers.capacity import capacity
 from handlers.cluster import VMIRecord, VMRecord
 from handlers.decisions import Context, vm_subject
-from handlers.state import VMTracking, put_tracking
-from handlers.tables import TRACKING, VMIS
+from handlers.state import put_tracking, tracking_of
+from handlers.tables import VMIS
 
 
 def waiting_for_gpu(vm: VMRecord, vmi: VMIRecord | None) -> bool:
@@ -28,7 +28,7 @@ def waiting_for_gpu(vm: VMRecord, vmi: VMIRecord | None) -> bool:
 
 def reconcile_availability(ctx: Context, vm: VMRecord) -> None:
     vmi = ctx.state.get(VMIS, vm.key)
-    tracking = ctx.state.get(TRACKING, vm.key) or VMTracking()
+    tracking = tracking_of(ctx.state, vm.key)
     if not waiting_for_gpu(vm, vmi):
         if tracking.unavailable_episode is not None:
             put_tracking(ctx.state, vm.key, replace(tracking, unavailable_episode=None))

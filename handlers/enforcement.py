@@ -45,8 +45,8 @@ from handlers.gpus import (
 )
 from handlers.messages import GPUMutation, Severity
 from handlers.policy import is_system_namespace
-from handlers.state import KUBEVIRT_KEY, VMTracking, put_tracking
-from handlers.tables import KUBEVIRT, TRACKING, VMIS
+from handlers.state import KUBEVIRT_KEY, VMTracking, put_tracking, tracking_of
+from handlers.tables import KUBEVIRT, VMIS
 
 # The field manager of every write the applier makes (streams/kube/applying.py), so managedFields —
 # and the GitOps tools that read them (docs/gitops.md) — show which fields vmstream set.
@@ -80,14 +80,14 @@ def rules_content(obj: dict[str, Any]) -> str:
 
 def mark_in_flight(ctx: Context, vm: VMRecord) -> None:
     """A GPU patch planned from ``vm`` is on its way: plan no other until the VM changes."""
-    tracking = ctx.state.get(TRACKING, vm.key) or VMTracking()
+    tracking = tracking_of(ctx.state, vm.key)
     put_tracking(ctx.state, vm.key, replace(tracking, gpu_rules_episode=rules_content(vm.object)))
 
 
 def reconcile_gpu_rules(ctx: Context, vm: VMRecord) -> None:
     """Bring an observed GPU VM under the GPU rules (or tell its owner), once per content."""
     policy = ctx.config.gpu_vm
-    tracking = ctx.state.get(TRACKING, vm.key) or VMTracking()
+    tracking = tracking_of(ctx.state, vm.key)
     deleting = bool((vm.object.get("metadata") or {}).get("deletionTimestamp"))
     if len(vm.gpu_devices) != 1 or policy.enforce == "off" or is_system_namespace(vm.namespace) or deleting:
         if tracking.gpu_rules_episode is not None or tracking.unpinned_episode is not None:
@@ -95,7 +95,7 @@ def reconcile_gpu_rules(ctx: Context, vm: VMRecord) -> None:
         return
     device = vm.gpu_devices[0]
     warn_unpinned(ctx, vm, device)
-    tracking = ctx.state.get(TRACKING, vm.key) or VMTracking()
+    tracking = tracking_of(ctx.state, vm.key)
     gaps = rule_gaps(vm.object, eviction_strategy=policy.eviction_strategy)
     if not gaps:
         _forget(ctx, vm, tracking)
@@ -171,7 +171,7 @@ def unpinned_message(vm_name: str, gpu_name: str, overcommit: int) -> str:
 def warn_unpinned(ctx: Context, vm: VMRecord, device: str) -> bool:
     """Tell the owner once that this GPU VM's memory is not pinned; True if it is not."""
     overcommit = unpinned_overcommit(ctx, vm.object)
-    tracking = ctx.state.get(TRACKING, vm.key) or VMTracking()
+    tracking = tracking_of(ctx.state, vm.key)
     if overcommit is None:
         if tracking.unpinned_episode is not None:
             put_tracking(ctx.state, vm.key, replace(tracking, unpinned_episode=None))

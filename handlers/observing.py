@@ -32,7 +32,7 @@ from handlers.enforcement import reconcile_gpu_rules
 from handlers.messages import WatchEvent, node_key, vm_key
 from handlers.outcomes import ACCEPTED, Accepted, Ignored
 from handlers.restarts import reconcile_pending
-from handlers.state import KUBEVIRT_KEY, ObservedFate, VMTracking, put_tracking
+from handlers.state import KUBEVIRT_KEY, ObservedFate, put_tracking, tracking_of
 from handlers.tables import DRAINS, KUBEVIRT, MAINTENANCES, NAMESPACES, NODES, RESIDENTS, TRACKING, VMIS, VMS
 
 CLUSTER_KEY = "cluster/kubevirt"
@@ -117,7 +117,7 @@ def _tell_nodes(ctx: Context, key: str, before: tuple[str, Resident] | None) -> 
             ctx.forward(before[0], key, None)
         if after is not None:
             ctx.forward(after[0], key, after[1])
-    tracking = ctx.state.get(TRACKING, key) or VMTracking()
+    tracking = tracking_of(ctx.state, key)
     if left:
         assert before is not None
         tracking = replace(tracking, left_node=before[0], left_fate=None)

@@ -21,7 +21,7 @@ from handlers import ids
 from handlers.cluster import VMIRecord, VMRecord
 from handlers.decisions import Context, vm_subject
 from handlers.outcomes import ACCEPTED, Accepted, Refused
-from handlers.state import StateView, VMTracking, put_tracking
+from handlers.state import StateView, put_tracking, tracking_of
 from handlers.tables import TRACKING, VMIS, VMS
 
 RESTART_REFUSED = {
@@ -40,7 +40,7 @@ def change_pending(vm: VMRecord, vmi: VMIRecord | None) -> bool:
 def reconcile_pending(ctx: Context, vm: VMRecord) -> None:
     """Tell the owner once that a change waits for a restart; forget it once it doesn't."""
     vmi = ctx.state.get(VMIS, vm.key)
-    tracking = ctx.state.get(TRACKING, vm.key) or VMTracking()
+    tracking = tracking_of(ctx.state, vm.key)
     if not change_pending(vm, vmi):
         if tracking.pending_episode is not None:
             put_tracking(ctx.state, vm.key, replace(tracking, pending_episode=None))

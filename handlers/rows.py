@@ -33,6 +33,10 @@ class VMTracking:
                 and self.gpu_rules_episode is None and self.unpinned_episode is None)
 
 
+# What a VM without a ``tracking`` row reads: one shared value (frozen), not a new one per rule.
+NOTHING_TOLD = VMTracking()
+
+
 @dataclass(frozen=True, slots=True)
 class DrainEpisode:
     """One drain of one node, from its first signal until no GPU VM is left on it."""

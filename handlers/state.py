@@ -18,7 +18,16 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
 from handlers.cluster import NodeUsage
-from handlers.rows import DecidedIntent, DrainEpisode, DrainOutcome, DrainScope, DrainSource, ObservedFate, VMTracking
+from handlers.rows import (
+    NOTHING_TOLD,
+    DecidedIntent,
+    DrainEpisode,
+    DrainOutcome,
+    DrainScope,
+    DrainSource,
+    ObservedFate,
+    VMTracking,
+)
 from handlers.tables import (
     DRAINS,
     GLOBAL_TABLES,
@@ -34,7 +43,7 @@ from handlers.tables import (
 __all__ = [
     "GLOBAL_TABLES", "KUBEVIRT_KEY", "TABLES", "Change", "DeadlineIndex", "DrainEpisode", "DrainOutcome",
     "DrainScope", "DrainSource", "ExpiryIndex", "MemoryState", "ObservedFate", "Overlay", "StateView", "Table",
-    "TableName", "TimeIndex", "UsageTotals", "VMTracking", "put_tracking",
+    "TableName", "TimeIndex", "UsageTotals", "VMTracking", "put_tracking", "tracking_of",
 ]
 
 V = TypeVar("V")
@@ -289,6 +298,11 @@ class Overlay:
 
     def changes(self) -> list[Change]:
         return [Change(table, key, value) for (table, key), value in self._changes.items()]
+
+
+def tracking_of(state: StateView, key: str) -> VMTracking:
+    """What VM ``key``'s owner was told (nothing, without a row)."""
+    return state.get(TRACKING, key) or NOTHING_TOLD
 
 
 def put_tracking(state: Overlay, key: str, tracking: VMTracking) -> None:

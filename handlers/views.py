@@ -24,8 +24,8 @@ from handlers.capacity import capacity_report
 from handlers.catalog import Catalog
 from handlers.messages import vm_key
 from handlers.restarts import change_pending
-from handlers.state import DrainEpisode, DrainOutcome, ObservedFate, StateView, VMTracking
-from handlers.tables import DRAINS, NAMESPACES, TRACKING, VMIS, VMS
+from handlers.state import DrainEpisode, DrainOutcome, ObservedFate, StateView, tracking_of
+from handlers.tables import DRAINS, NAMESPACES, VMIS, VMS
 
 WaitsFor = Literal["restart", "gpu"]
 BADGES: dict[WaitsFor, str] = {"restart": "(applies after restart)", "gpu": "(waiting for a free GPU)"}
@@ -131,7 +131,7 @@ def vm_badge(state: StateView, catalog: Catalog, namespace: str, name: str) -> V
     if vm is None:
         return None
     vmi = state.get(VMIS, key)
-    tracking = state.get(TRACKING, key) or VMTracking()
+    tracking = tracking_of(state, key)
     running = vmi is not None and vmi.active
     waits_for: WaitsFor | None = None
     if waiting_for_gpu(vm, vmi):
