@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from handlers.admission import permitted
 from handlers.catalog import Catalog
 from handlers.cluster import NodeUsage
+from handlers.frozen import direct_init
 from handlers.state import Overlay, StateView, UsageTotals
 from handlers.tables import NODES, RESIDENTS, USAGE
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Capacity:
     device_name: str

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from handlers.frozen import direct_init
 from handlers.messages import vm_key
 
 HOST_PASSTHROUGH = "host-passthrough"
@@ -54,6 +55,7 @@ def effective_run_strategy(spec: dict[str, Any]) -> str:
     return "Halted"
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class VMRecord:
     key: str
@@ -108,6 +110,7 @@ class VMRecord:
         return [f"project:{self.project}"] if self.project else []
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class VMIRecord:
     key: str  # the VM's key: a VMI is named after its VM
@@ -152,6 +155,7 @@ class VMIRecord:
         return self.phase not in ENDED_PHASES
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class NodeRecord:
     name: str
@@ -183,6 +187,7 @@ class NodeRecord:
         return self.ready and not self.unschedulable
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class MaintenanceRecord:
     name: str
@@ -200,6 +205,7 @@ class MaintenanceRecord:
         )
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class NamespaceRecord:
     """A namespace and the project its label names (None: no project's namespace)."""
@@ -213,6 +219,7 @@ class NamespaceRecord:
         return cls(name=obj["metadata"]["name"], project=project if isinstance(project, str) and project else None)
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class KubeVirtRecord:
     """What the rules read of the KubeVirt CR's ``spec.configuration``.
@@ -257,6 +264,7 @@ class KubeVirtRecord:
         return self.permitted_devices is None or device_name in self.permitted_devices
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Resident:
     """A GPU VMI on a node, with what a drain needs to know of its VM.
@@ -294,6 +302,7 @@ def resident_of(vm: VMRecord | None, vmi: VMIRecord | None) -> tuple[str, Reside
     )
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class NodeUsage:
     """One node's GPU cards: what it offers and what its residents hold.

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from handlers.frozen import direct_init
 from handlers.messages import Notification, NotificationType, Severity
 
 Channel = Literal["email", "webhook"]
@@ -79,6 +80,7 @@ class Route(BaseModel):
                 and (not self.types or notification.type in self.types))
 
 
+@direct_init
 @dataclass(frozen=True, slots=True, order=True)
 class Target:
     """One delivery: a channel and who on it (an address, or an endpoint's name)."""
@@ -91,6 +93,7 @@ class Target:
         return f"{notification_id}|{self.channel}|{self.recipient}"
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Resolution:
     targets: tuple[Target, ...]
@@ -153,6 +156,7 @@ def pending(notification_id: str, wanted: Iterable[Target], done: Iterable[str] 
 # ------------------------------------------------------------------------------ rendering
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Email:
     subject: str
@@ -251,6 +255,7 @@ def classify_smtp(code: int) -> Verdict:
 # ----------------------------------------------------------------------------- rate limits
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Bucket:
     """A token bucket's state: ``tokens`` left at ``at`` (seconds on any monotonic clock)."""

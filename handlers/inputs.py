@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import TypeAdapter
 
 from handlers.decisions import ResidentUpdate
+from handlers.frozen import direct_init
 from handlers.messages import MalformedMessage
 
 # Whatever a topic may hold: bytes, or None for a tombstone (simulate and the tests also pass
@@ -28,6 +29,7 @@ KINDS: tuple[InputKind, ...] = ("intent", "event", "resident", "tick")
 RESIDENT_UPDATE: TypeAdapter[ResidentUpdate] = TypeAdapter(ResidentUpdate)
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Source:
     """Where an input came from; partition and offset are known only on Kafka."""
@@ -38,6 +40,7 @@ class Source:
     offset: int | None = None
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class IntentInput:
     """An intent as read, not parsed yet: malformed ones are decided too (a dead letter)."""
@@ -47,6 +50,7 @@ class IntentInput:
     at: datetime
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class WatchInput:
     """A watch event as read (``vmstream.k8s-events``)."""
@@ -56,6 +60,7 @@ class WatchInput:
     at: datetime
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class ResidentInput:
     """A node learns that a GPU VMI came, changed or went (sent by a VM's decision)."""
@@ -64,6 +69,7 @@ class ResidentInput:
     at: datetime
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class DeadlineTick:
     """The time is ``at``: fire the drain deadlines due (only ``node``'s, when named)."""
@@ -72,6 +78,7 @@ class DeadlineTick:
     node: str | None = None
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class ForgetTick:
     """The time is ``at``: forget these intent ids if they are past the dedup window.

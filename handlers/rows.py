@@ -7,12 +7,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
+from handlers.frozen import direct_init
+
 DrainSource = Literal["intent", "maintenance", "cordon", "eviction"]
 DrainOutcome = Literal["returns_automatically", "waits_for_gpu", "needs_manual_start"]
 DrainScope = Literal["node", "evictions"]
 ObservedFate = Literal["came_back", "waits_for_gpu", "off"]
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class VMTracking:
     """What vmstream has told a VM's owner, so that each fact is told once."""
@@ -37,6 +40,7 @@ class VMTracking:
 NOTHING_TOLD = VMTracking()
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class DrainEpisode:
     """One drain of one node, from its first signal until no GPU VM is left on it."""
@@ -60,6 +64,7 @@ class DrainEpisode:
     observed: dict[str, ObservedFate] = field(default_factory=dict)  # what became of each announced VM
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class DecidedIntent:
     """An intent id already decided: a redelivery within ``intents.dedup_window_seconds`` of

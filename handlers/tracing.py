@@ -16,6 +16,7 @@ import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from handlers.frozen import direct_init
 from handlers.messages import AuditRecord, Command, CommandResult, DeadLetter, Notification
 
 SPEC_VERSION = "1.0"
@@ -31,6 +32,7 @@ _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Trace:
     """A trace-id with the parent span and flags it was received with (W3C Trace Context)."""
