@@ -12,6 +12,7 @@ and applying the same mutation twice changes nothing the second time.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator
 from decimal import Decimal, InvalidOperation
@@ -216,10 +217,19 @@ _SUFFIXES: dict[str, int | Decimal] = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "T
              "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "m": Decimal("0.001")}
 
 
+_LONGEST_FIRST = tuple(sorted(_SUFFIXES, key=len, reverse=True))  # "Mi" is tried before "M"
+
+
 def quantity(value: Any) -> Decimal | None:
     """A Kubernetes quantity ("32Gi", "34359738368", "1e3") as a number; None if it is none."""
-    text = str(value).strip()
-    for suffix in sorted(_SUFFIXES, key=len, reverse=True):
+    return _quantity(str(value).strip())
+
+
+@functools.lru_cache(maxsize=1024)
+def _quantity(text: str) -> Decimal | None:
+    """A GPU VM's memory is checked on each of its events, and an AZ's VMs use a few sizes:
+    each text is read once (a Decimal is immutable, so the one read is shared)."""
+    for suffix in _LONGEST_FIRST:
         if text.endswith(suffix) and len(text) > len(suffix):
             number, factor = text[: -len(suffix)], Decimal(_SUFFIXES[suffix])
             break
