@@ -359,20 +359,43 @@ def rule_view(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
     own value is absent: a GPU patch that creates ``.../domain/cpu`` adds it under the same
     parent on the view as on the whole object, so the two patches are the same.
     """
-    view: dict[str, Any] = {}
-    for path in (*_ALWAYS, *RULE_PATHS.get(kind, ())):
-        source: Any = obj
-        target = view
+    return _reduced(obj, _VIEW_TREES.get(kind, _ALWAYS_TREE))
+
+
+PathTree = dict[str, "PathTree | None"]  # None: a path ends here, its whole value is kept
+
+
+def path_tree(paths: tuple[tuple[str, ...], ...]) -> PathTree:
+    """``paths`` as one tree of keys, in the order they first appear: each object is walked
+    once, not once per path (every VM's view is taken on each of its events)."""
+    tree: PathTree = {}
+    for path in paths:
+        node = tree
         for part in path[:-1]:
-            source = source.get(part)
-            if not isinstance(source, dict):
-                break
-            target = target.setdefault(part, {})
-        else:
-            value = source.get(path[-1])
+            child = node.setdefault(part, {})
+            if child is None:
+                raise ValueError(f"path {path}: a prefix of it is kept whole")
+            node = child
+        if node.get(path[-1]) is not None:
+            raise ValueError(f"path {path}: kept whole, and some of it by another path")
+        node[path[-1]] = None
+    return tree
+
+
+def _reduced(obj: dict[str, Any], tree: PathTree) -> dict[str, Any]:
+    view: dict[str, Any] = {}
+    for key, subtree in tree.items():
+        value = obj.get(key)
+        if subtree is None:
             if value is not None:
-                target[path[-1]] = value
+                view[key] = value
+        elif isinstance(value, dict):
+            view[key] = _reduced(value, subtree)
     return view
+
+
+_ALWAYS_TREE = path_tree(_ALWAYS)
+_VIEW_TREES = {kind: path_tree((*_ALWAYS, *paths)) for kind, paths in RULE_PATHS.items()}
 
 
 def stored_view(kind: str, obj: dict[str, Any]) -> dict[str, Any]:

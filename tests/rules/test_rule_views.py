@@ -14,6 +14,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from handlers.capacity import capacity_report
 from handlers.cluster import (
@@ -112,6 +114,39 @@ def test_the_view_yields_the_same_record_and_is_much_smaller(obj: dict[str, Any]
     assert RECORDS[obj["kind"]](view) == RECORDS[obj["kind"]](obj)
     assert len(json.dumps(view)) < len(json.dumps(obj)) / 10
     assert obj == rich_objects()[[o["kind"] for o in rich_objects()].index(obj["kind"])]  # untouched
+
+
+def view_path_by_path(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+    """The view as it was first taken, one path at a time: what the path tree must give."""
+    view: dict[str, Any] = {}
+    for path in ((("apiVersion",), ("kind",), ("metadata",)) + RULE_PATHS.get(kind, ())):
+        source: Any = obj
+        target = view
+        for part in path[:-1]:
+            source = source.get(part)
+            if not isinstance(source, dict):
+                break
+            target = target.setdefault(part, {})
+        else:
+            value = source.get(path[-1])
+            if value is not None:
+                target[path[-1]] = value
+    return view
+
+
+RULE_KEYS = sorted({part for paths in RULE_PATHS.values() for path in paths for part in path}
+                   | {"apiVersion", "kind", "metadata", "other", "more"})
+SCALARS = st.none() | st.booleans() | st.integers() | st.text(max_size=5)
+OBJECTS = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3)
+                       | st.dictionaries(st.sampled_from(RULE_KEYS), inner, max_size=6), max_leaves=40)
+
+
+@settings(max_examples=400, deadline=None)
+@given(kind=st.sampled_from([*RULE_PATHS, "Pod"]), obj=st.dictionaries(st.sampled_from(RULE_KEYS), OBJECTS, max_size=8))
+def test_the_path_tree_takes_the_view_each_path_takes(kind: str, obj: dict[str, Any]) -> None:
+    view = rule_view(kind, obj)
+    assert view == view_path_by_path(kind, obj)
+    assert json.dumps(view) == json.dumps(view_path_by_path(kind, obj))  # the same order of keys too
 
 
 @pytest.mark.parametrize("device", [RTX, None])
