@@ -218,17 +218,16 @@ _SUFFIXES: dict[str, int | Decimal] = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "T
 
 
 _LONGEST_FIRST = tuple(sorted(_SUFFIXES, key=len, reverse=True))  # "Mi" is tried before "M"
+_CACHED_TEXT = 64  # characters: a real quantity is far shorter, a forged one is not kept
 
 
 def quantity(value: Any) -> Decimal | None:
     """A Kubernetes quantity ("32Gi", "34359738368", "1e3") as a number; None if it is none."""
-    return _quantity(str(value).strip())
+    text = str(value).strip()
+    return _known_quantity(text) if len(text) <= _CACHED_TEXT else _read_quantity(text)
 
 
-@functools.lru_cache(maxsize=1024)
-def _quantity(text: str) -> Decimal | None:
-    """A GPU VM's memory is checked on each of its events, and an AZ's VMs use a few sizes:
-    each text is read once (a Decimal is immutable, so the one read is shared)."""
+def _read_quantity(text: str) -> Decimal | None:
     for suffix in _LONGEST_FIRST:
         if text.endswith(suffix) and len(text) > len(suffix):
             number, factor = text[: -len(suffix)], Decimal(_SUFFIXES[suffix])
@@ -239,6 +238,11 @@ def _quantity(text: str) -> Decimal | None:
         return Decimal(number) * factor
     except InvalidOperation:
         return None
+
+
+# A GPU VM's memory is checked on each of its events, and an AZ's VMs use a few sizes: each
+# short text is read once (a Decimal is immutable, so the one read is shared).
+_known_quantity = functools.lru_cache(maxsize=1024)(_read_quantity)
 
 
 def same_quantity(a: Any, b: Any) -> bool:
