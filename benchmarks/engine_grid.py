@@ -19,7 +19,9 @@ own, and so that ``--baseline`` runs the very same script in another tree):
    by the same number of inputs of background traffic (the MIX of simulate_throughput.py:
    heartbeats, VM and VMI updates, restarts, intents, follow-ups), which alone are timed;
 2. **mix** — simulate_throughput.py's stream of 10,000 VMs / 1,000 nodes with a drain every
-   100 lines (as far as GPU nodes are free for one), through ``Simulation.feed``;
+   100 lines (as far as GPU nodes are free for one), through ``Simulation.feed``; with
+   ``--by-kind`` its lines are then decided again on a fresh engine, one at a time, and what
+   an input of each kind costs is printed (an intent's type, a watch event's kind and type);
 3. **scale** — a node with 500 GPU VMs drained by one intent, then NodeMaintenances on 50
    nodes of 8 GPU VMs one after the other: the engine time (decision, its state applied,
    the node learning of its residents) and the owners told by that decision.
@@ -38,6 +40,8 @@ Run it from the repository root::
     .venv/bin/python benchmarks/engine_grid.py --quick --baseline /tmp/before
     # each part three times, the trees taking turns; a cell's rate is the median of its rounds
     .venv/bin/python benchmarks/engine_grid.py --quick --repeat 3
+    # what each kind of input costs in the mix, beside another commit
+    .venv/bin/python benchmarks/engine_grid.py --parts mix --by-kind --baseline /tmp/before
 
 ``--baseline DIR`` copies this script and simulate_throughput.py into ``DIR/benchmarks/``
 (overwriting them there) and runs each part in DIR right after the same part here.
@@ -233,7 +237,42 @@ def run_grid_row(vms: int, drains: list[int], inputs: int, config: Path, seed: i
 # ------------------------------------------------------------------------------- mix
 
 
-def run_mix(events: int, config: Path, seed: int, every: int, profile: int) -> dict[str, Any]:
+def input_kind(text: str) -> str:
+    """What a line of the mix carries: ``intent:<type>``, ``event:<kind>:<type>``, ``topic:<name>``
+    for a topic vmstream does not read, or ``malformed`` (the mix's hostile lines)."""
+    try:
+        line = json.loads(text)
+        value, topic = line["value"], str(line["topic"]).rsplit(".", 1)[-1]
+    except (ValueError, TypeError, KeyError):
+        return "malformed"
+    if not isinstance(value, dict):
+        return "malformed"
+    if topic == "intents":
+        return f"intent:{value.get('type')}"
+    if topic == "k8s-events":
+        return f"event:{value.get('kind')}:{value.get('type')}"
+    return f"topic:{topic}"
+
+
+def costs_by_kind(config: Path, lines: list[str]) -> dict[str, dict[str, float]]:
+    """Each line of the mix decided alone on a fresh engine, its CPU time summed by its kind:
+    what an input of each kind costs, parse and output line included (the clock read around
+    each line adds about a microsecond to each)."""
+    sim = simulation(config)
+    sink = st.CountingSink()
+    kinds = [input_kind(text) for text in lines]
+    costs: dict[str, dict[str, float]] = {}
+    for number, (text, kind) in enumerate(zip(lines, kinds, strict=True), start=1):
+        started = time.process_time()
+        for output in sim.feed_line(text, number):
+            sink.write(output)
+        cost = costs.setdefault(kind, {"inputs": 0, "seconds": 0.0})
+        cost["inputs"] += 1
+        cost["seconds"] += time.process_time() - started
+    return costs
+
+
+def run_mix(events: int, config: Path, seed: int, every: int, profile: int, by_kind: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="vmstream-grid-") as tmp:
         path = Path(tmp) / "mix.jsonl"
         mix = az.generate(path, vms=10_000, nodes=1_000, events=events, seed=seed, events_per_drain=every)
@@ -247,6 +286,8 @@ def run_mix(events: int, config: Path, seed: int, every: int, profile: int) -> d
         pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(profile)
     result["episodes"], result["to_fire"] = episodes(sim.state)
     result["drain_lines"] = drains
+    if by_kind:
+        result["by_kind"] = costs_by_kind(config, lines)
     result["load"] = kit.load_average()
     return result
 
@@ -347,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="cProfile the largest-drain cell of each row and the mix; top N by tottime "
                              "(timed in CPU seconds: on a loaded machine wall-clock profiles blame whatever ran "
                              "when the process was descheduled)")
+    parser.add_argument("--by-kind", action="store_true",
+                        help="after the mix, decide its lines again one at a time and print what an input of "
+                             "each kind costs")
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="run every part N times, the trees taking turns; each cell reports the median "
                              "of its N rates (a cell's rate moves by up to a quarter from one run to the "
@@ -366,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         if kind == "grid":
             result = run_grid_row(int(value), args.drains, inputs, config, args.seed, args.profile)
         elif kind == "mix":
-            result = run_mix(mix_events, config, args.seed, 100, args.profile)
+            result = run_mix(mix_events, config, args.seed, 100, args.profile, by_kind=args.by_kind)
         else:
             result = run_scale(10_000 if not args.quick else 1_000, config, args.seed)
         Path(args.result).write_text(json.dumps(result))
@@ -387,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
                   "--drains", *map(str, args.drains), "--config", str(config), "--profile", str(args.profile)]
         if args.quick:
             common.append("--quick")
+        if args.by_kind:
+            common.append("--by-kind")
         results: dict[str, dict[str, list[dict[str, Any]]]] = {label: {} for label, _ in trees}
         parts = [f"grid:{v}" for v in grid_vms] if "grid" in args.parts else []
         parts += [p for p in ("mix", "scale") if p in args.parts]
@@ -452,6 +498,8 @@ def report(results: dict[str, dict[str, list[dict[str, Any]]]], grid_vms: list[i
                   f"(target ≥ {TARGET_MIX_RATE:,.0f}); drain lines {m['drain_lines']:,} "
                   f"({m['drain_lines'] / m['inputs']:.1%}), episodes at the end "
                   f"{m['episodes']:,} ({m['to_fire']:,} to fire)  [{ms[-1]['load']}]")
+    if "mix" in first and "by_kind" in first["mix"][0]:
+        print_costs_by_kind({label: results[label]["mix"][0]["by_kind"] for label in labels})
     if "scale" in first:
         print("\n== drains at scale: engine CPU time of the decision (state applied, the node told of its residents)")
         for label in labels:
@@ -465,6 +513,26 @@ def report(results: dict[str, dict[str, list[dict[str, Any]]]], grid_vms: list[i
                   f"NodeMaintenance on {nm['nodes']} nodes: {nm_ms:,.0f} ms in all, "
                   f"slowest node {slowest:,.1f} ms, {nm['told']} notices in {nm['decisions']} "
                   f"decisions (≥ {nm['told_min_per_node']} a node)  [{s['load']}]")
+
+
+def print_costs_by_kind(costs: dict[str, dict[str, dict[str, float]]]) -> None:
+    """µs of CPU per input of each kind of the mix (first round), and its share of the whole."""
+    labels = list(costs)
+    totals = {label: sum(c["seconds"] for c in costs[label].values()) for label in labels}
+    first = costs[labels[0]]
+    print("\n== the mix by kind of input, each line decided alone (first round): µs of CPU per input, share of all")
+    header = ["kind", "inputs"] + [f"{label} {what}" for label in labels for what in ("µs", "share")]
+    body = []
+    for kind in sorted(first, key=lambda k: first[k]["seconds"], reverse=True):
+        row = [kind, f"{int(first[kind]['inputs']):,}"]
+        for label in labels:
+            cost = costs[label].get(kind, {"inputs": 1, "seconds": float("nan")})
+            row += [f"{1e6 * cost['seconds'] / cost['inputs']:,.1f}", f"{cost['seconds'] / totals[label]:.1%}"]
+        body.append(row)
+    print(kit.table(header, body))
+    for label in labels:
+        inputs = sum(c["inputs"] for c in costs[label].values())
+        print(f"{label:>9}: {inputs:,} inputs, {1e6 * totals[label] / inputs:,.1f} µs each on average")
 
 
 def _median(rounds: list[dict[str, Any]], field: str) -> float:
