@@ -48,6 +48,16 @@ def test_a_sealed_command_verifies_after_the_wire() -> None:
     assert json.loads(sealed)["mac"]["kid"] == "k1"
 
 
+def test_the_wire_is_the_message_and_its_mac_each_key_once() -> None:
+    value = command("patch_vm", VM, patch=[{"op": "add", "path": "/x", "value": "é"}])
+    sealed = encode_message(value, keyring=KEYS)
+    body = json.loads(sealed)
+    assert body == {**value.model_dump(mode="json", exclude_none=True), "mac": KEYS.seal("command", value)}
+    assert sealed.count(b'"mac":') == 1 and "é".encode() in sealed  # UTF-8 as it is, not escaped
+    carried = Command.model_validate(body)  # a message that carries a mac already (an extra field)
+    assert encode_message(carried, keyring=KEYS) == sealed  # replaced, not written twice
+
+
 @pytest.mark.parametrize("tamper", [
     lambda v: v["target"].update(namespace="kube-system"),
     lambda v: v.update(requested_by="mallory@example.com"),
