@@ -349,7 +349,7 @@ RULE_PATHS: dict[str, tuple[tuple[str, ...], ...]] = {
     "Namespace": (),  # its project label: kept with the metadata
 }
 # Kept for every kind: identity, labels and annotations (bounded by the API server to 256 KiB).
-_ALWAYS: tuple[tuple[str, ...], ...] = (("apiVersion",), ("kind",), ("metadata",))
+KEPT_FOR_EVERY_KIND: tuple[tuple[str, ...], ...] = (("apiVersion",), ("kind",), ("metadata",))
 
 
 def rule_view(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
@@ -394,8 +394,8 @@ def _reduced(obj: dict[str, Any], tree: PathTree) -> dict[str, Any]:
     return view
 
 
-_ALWAYS_TREE = path_tree(_ALWAYS)
-_VIEW_TREES = {kind: path_tree((*_ALWAYS, *paths)) for kind, paths in RULE_PATHS.items()}
+_ALWAYS_TREE = path_tree(KEPT_FOR_EVERY_KIND)
+_VIEW_TREES = {kind: path_tree((*KEPT_FOR_EVERY_KIND, *paths)) for kind, paths in RULE_PATHS.items()}
 
 
 def stored_view(kind: str, obj: dict[str, Any]) -> dict[str, Any]:

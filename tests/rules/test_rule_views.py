@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from handlers.capacity import capacity_report
 from handlers.cluster import (
+    KEPT_FOR_EVERY_KIND,
     RULE_PATHS,
     KubeVirtRecord,
     MaintenanceRecord,
@@ -119,7 +120,7 @@ def test_the_view_yields_the_same_record_and_is_much_smaller(obj: dict[str, Any]
 def view_path_by_path(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
     """The view as it was first taken, one path at a time: what the path tree must give."""
     view: dict[str, Any] = {}
-    for path in ((("apiVersion",), ("kind",), ("metadata",)) + RULE_PATHS.get(kind, ())):
+    for path in (*KEPT_FOR_EVERY_KIND, *RULE_PATHS.get(kind, ())):
         source: Any = obj
         target = view
         for part in path[:-1]:
@@ -134,8 +135,8 @@ def view_path_by_path(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
     return view
 
 
-RULE_KEYS = sorted({part for paths in RULE_PATHS.values() for path in paths for part in path}
-                   | {"apiVersion", "kind", "metadata", "other", "more"})
+RULE_KEYS = sorted({part for paths in (*RULE_PATHS.values(), KEPT_FOR_EVERY_KIND) for path in paths for part in path}
+                   | {"other", "more"})
 SCALARS = st.none() | st.booleans() | st.integers() | st.text(max_size=5)
 OBJECTS = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3)
                        | st.dictionaries(st.sampled_from(RULE_KEYS), inner, max_size=6), max_leaves=40)
