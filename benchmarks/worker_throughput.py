@@ -8,11 +8,18 @@ driver:
 (a) **pass-through** — an aiokafka consumer (a consumer group, 6 partitions) that per input
     writes what the worker writes per intent: as many records, of the same sizes, on topics
     of the same kinds, acknowledged in the worker's order (journal, messages, rows; acks=all,
-    committed about once a second, as Faust does), in one asyncio process: the ceiling for
-    a Python consume→produce loop doing the worker's writes. What the worker writes is read
-    back from its topics and changelogs after its preloaded drain, which runs first;
+    committed about once a second, as Faust does), reading at most the worker's
+    ``batch_size`` inputs at a time, in one asyncio process: the ceiling for a Python
+    consume→produce loop doing the worker's writes. What the worker writes is read back from
+    its topics and changelogs after its preloaded drain, which runs first;
 (b) **the worker end to end** — ``vmstream worker`` as its own process, from an intent's
-    send to its audit record (``input.ref == intent_id``) read back with read_committed.
+    send to its audit record (``input.ref == intent_id``) read back with read_committed;
+(c) **the engine alone** — the same intents through ``Simulation.step`` in the driver, no
+    Kafka: what the worker spends beyond it is its shell;
+(d) **the engine in a thin shell** — the pass-through (a) deciding each input with the
+    engine first, state in memory as in (c), outputs encoded and sealed as the worker's, then
+    writing what (a) writes (preloaded only): what a shell no heavier than (a) would make of
+    the engine.
 
 Each side is measured three ways, each on a fresh :class:`~harness.running.Deployment`
 (its own topics, group and changelogs):
@@ -59,6 +66,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -97,8 +105,9 @@ from kafka import KafkaConsumer  # noqa: E402
 from streams.common.kafka_clients import admin_client  # noqa: E402
 from kafka import TopicPartition as SyncTopicPartition  # noqa: E402
 
-from harness.running import Deployment, WorkerProcess  # noqa: E402
+from harness.running import CONFIG, Deployment, WorkerProcess, simulated  # noqa: E402
 from harness.scenarios import RTX, Script, iso, kubevirt_cr, node, vm, vmi  # noqa: E402
+from streams.common.settings import load_settings  # noqa: E402
 from streams.common.topics import changelog_topic  # noqa: E402
 
 TARGET_RATIO = 0.5  # the worker's saturation throughput over the pass-through's
@@ -112,7 +121,7 @@ IDLE_LEAVES = ("EpollSelector.select (", "Condition.wait (threading.py", "Queue.
                "_worker (concurrent/futures/thread.py", "Event.wait (threading.py")
 ROOT_SHARE = 0.7  # a frame on more stacks than this is the event loop or the entry point
 STALL_SECONDS = 15.0  # a preloaded drain with no output for this long is over
-RUN_PREFIX = {"pass-through": "pt", "worker": "wk", "baseline": "wk0"}
+RUN_PREFIX = {"pass-through": "pt", "thin-shell": "ts", "worker": "wk", "baseline": "wk0"}
 
 
 # ------------------------------------------------------------------------- workload
@@ -240,13 +249,14 @@ class Process:
 
 
 class PassThrough(Process):
-    """``--pass-through-child`` of this script in its own interpreter, as the worker runs."""
+    """``--pass-through-child`` of this script in its own interpreter, as the worker runs;
+    with ``cluster`` (the watch events of the cluster, JSON Lines), the thin shell (d)."""
 
-    name = "(a) pass-through"
-
-    def __init__(self, bootstrap: str, source: str, target: str, group: str, log: Path, recipe: Path | None) -> None:
+    def __init__(self, bootstrap: str, source: str, target: str, group: str, log: Path, recipe: Path | None,
+                 cluster: Path | None = None) -> None:
         self.argv = [sys.executable, str(Path(__file__).resolve()), "--pass-through-child",
-                     bootstrap, source, target, group, str(recipe or "")]
+                     bootstrap, source, target, group, str(recipe or ""), str(cluster or "")]
+        self.name = "(d) pass-through + engine" if cluster else "(a) pass-through"
         self.log = log
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -458,7 +468,8 @@ def _padded(size: float, ident: str | None = None) -> bytes:
     return json.dumps({**head, "pad": "x" * max(0, round(size) - len(body))}).encode()
 
 
-async def pass_through(bootstrap: str, source: str, target: str, group: str, recipe: str = "") -> None:
+async def pass_through(bootstrap: str, source: str, target: str, group: str, recipe: str = "",
+                       cluster: str = "") -> None:
     """Per input read, write what the recipe says (or the input once), at least once.
 
     With a recipe (the worker's :class:`Stream` s, measured), each input becomes the same
@@ -466,8 +477,21 @@ async def pass_through(bootstrap: str, source: str, target: str, group: str, rec
     worker's order per batch: the journal's first, then the messages, then the rows before the
     offsets are committed (about once a second, as Faust does). The first audit record
     of an input carries its id, as the worker's does.
+
+    It reads at most the worker's ``batch_size`` inputs at a time, as the worker decides
+    them. Unbounded, one read took all 10,000 preloaded intents at once, and their journal
+    records were written before the first audit record: outside the timed window, which
+    opens at the first output, so the anchor was timed on part of its work
+    (benchmarks/README.md has the figures of both).
+
+    With ``cluster`` (a file of the cluster's watch events), each batch is first decided by
+    the engine, as ``simulate`` decides (state in memory, the same rules and policy as the
+    worker's), and every output encoded as the worker encodes it, commands sealed: a shell
+    as thin as the pass-through around the worker's engine (:func:`thin_engine`).
     """
     streams = [Stream(**s) for s in json.loads(Path(recipe).read_text())] if recipe else []
+    decide = thin_engine(Path(cluster)) if cluster else None
+    batch_size = load_settings(CONFIG).worker.batch_size
     owed = [0.0] * len(streams)
     values = [_padded(s.value_bytes) for s in streams]
     keys = [b"k" * round(s.key_bytes) for s in streams]
@@ -488,8 +512,11 @@ async def pass_through(bootstrap: str, source: str, target: str, group: str, rec
         committed = time.monotonic()
         rows: list[Any] = []
         while not stopping.is_set():
-            batches = await consumer.getmany(timeout_ms=100)
+            batches = await consumer.getmany(timeout_ms=100, max_records=batch_size)
             records = [record for part in batches.values() for record in part]
+            if decide is not None:
+                for record in records:
+                    decide(record.key, record.value)
             if not streams:
                 sent = [await producer.send(target, key=record.key, value=record.value) for record in records]
                 if sent:
@@ -523,6 +550,27 @@ async def pass_through(bootstrap: str, source: str, target: str, group: str, rec
     finally:
         await producer.stop()
         await consumer.stop()
+
+
+def thin_engine(cluster: Path) -> Callable[[bytes | None, bytes], list[bytes]]:
+    """One intent decided as the worker decides it, with nothing of Kafka around it: the
+    engine over state in memory that holds ``cluster``, each output encoded as the worker
+    encodes it (``encode_message``, commands sealed with the worker's keyring)."""
+    from handlers.engine import Source
+    from handlers.topics import INTENTS
+    from streams.common.codecs import encode_message
+    from streams.common.signing import keyring_from
+
+    simulation = simulated(cluster.read_text().splitlines())
+    keyring = keyring_from(keys={"bench": secrets.token_urlsafe(32)}, keys_file=None, key_id="bench")
+    topic = simulation.kafka.topic(INTENTS.name)
+
+    def decide(key: bytes | None, value: bytes) -> list[bytes]:
+        source = Source(topic, key.decode() if key is not None else None)
+        return [encode_message(output.value, keyring=keyring)
+                for output in simulation.step(value, source, simulation.now)]
+
+    return decide
 
 
 # ---------------------------------------------------------------------- the runs
@@ -589,9 +637,13 @@ async def new_setup(kind: str, options: Options, run: str, count: int, *, starte
     options.deployments.append(deployment)
     cluster = bench_cluster(options.vms, options.nodes, prefix=f"{run}-ev")
     intents = cluster.intents(count, run)
-    if kind == "pass-through":
+    if kind in ("pass-through", "thin-shell"):
         source, target = deployment.kafka.topic("pt-in"), deployment.kafka.topic("pt-out")
         deployment.workdir.mkdir(parents=True, exist_ok=True)
+        script = None
+        if kind == "thin-shell":  # the cluster the worker's engine holds, for its own
+            script = deployment.workdir / "cluster.jsonl"
+            script.write_text("\n".join(cluster.script().jsonl()))
         recipe = None
         if options.recipe:  # the fair anchor: the worker's records, on topics of their own
             recipe = deployment.workdir / "recipe.json"
@@ -604,7 +656,7 @@ async def new_setup(kind: str, options: Options, run: str, count: int, *, starte
             create_topics(options.bootstrap, [source, target])
             ident, output = intent_id_of, target
         pt = PassThrough(options.bootstrap, source, target, f"pt-{deployment.ident}",
-                         deployment.workdir / "pass-through.log", recipe)
+                         deployment.workdir / "pass-through.log", recipe, script)
         if started:
             await asyncio.to_thread(pt.start)
         return Setup(pt, source, output, ident, intents, deployment)
@@ -796,14 +848,10 @@ def engine_alone(options: Options) -> Row:
     ``Simulation`` runs the rules the worker runs, with state in memory, and each output is
     encoded as the worker encodes it; what the worker spends beyond this is its Kafka shell.
     """
-    from handlers.engine import Engine, Source
-    from streams.cli.simulating import Simulation
-    from streams.common.settings import load_settings
+    from handlers.engine import Source
 
     cluster = bench_cluster(options.vms, options.nodes, prefix="engine-ev")
-    simulation = Simulation(Engine(load_settings(REPO / "examples" / "config.yaml").rules()))
-    for _ in simulation.feed(cluster.script().jsonl()):
-        pass
+    simulation = simulated(cluster.script().jsonl())
     intents = cluster.intents(options.saturation, "engine")
     before, started = os.times(), time.perf_counter()
     for intent in intents:
@@ -1018,6 +1066,10 @@ def verdict(rows: dict[str, Row]) -> tuple[list[str], bool]:
         ok &= ratio >= TARGET_RATIO
         lines.append(f"(b)/(a) at saturation (preloaded): {b.rate:,.0f} / {a.rate:,.0f} msgs/s = {ratio:.2f}  "
                      f"(target ≥ {TARGET_RATIO:.2f}: {yes(ratio >= TARGET_RATIO)})")
+    a, d = rows.get("pt-preloaded"), rows.get("ts-preloaded")
+    if a and d:
+        lines.append(f"(d)/(a) at saturation (preloaded): {d.rate:,.0f} / {a.rate:,.0f} msgs/s = {d.rate / a.rate:.2f}  "
+                     f"(the engine in a shell as thin as the pass-through)")
     a, b = rows.get("pt-burst"), rows.get("wk-burst")
     if a and b:
         lines.append(f"(b)/(a) at saturation (burst):     {b.rate:,.0f} / {a.rate:,.0f} msgs/s = "
@@ -1034,6 +1086,10 @@ def verdict(rows: dict[str, Row]) -> tuple[list[str], bool]:
         if a and a.cpu and a.messages:
             lines.append(f"CPU per intent of the pass-through (a): {1000 * a.cpu.total / a.messages:.3f} ms; "
                          f"the shell over it: {shell / (a.cpu.total / a.messages):.1f}x")
+        d = rows.get("ts-preloaded")
+        if d and d.cpu and d.messages:
+            lines.append(f"CPU per intent of the thin shell (d): {1000 * d.cpu.total / d.messages:.3f} ms, of it "
+                         f"the shell (d - engine) {1000 * (d.cpu.total / d.messages - alone):.3f} ms")
     steady_row = rows.get("wk-steady")
     if steady_row and steady_row.latencies:
         p99 = 1000 * percentile(steady_row.latencies, 0.99)
@@ -1084,7 +1140,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep", type=Path, metavar="DIR", help="keep the workers' logs in DIR (default: removed)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     kit.add_json_option(parser)
-    parser.add_argument("--pass-through-child", nargs=5, metavar=("BOOTSTRAP", "SOURCE", "TARGET", "GROUP", "RECIPE"),
+    parser.add_argument("--pass-through-child", nargs=6,
+                        metavar=("BOOTSTRAP", "SOURCE", "TARGET", "GROUP", "RECIPE", "CLUSTER"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
@@ -1123,8 +1180,10 @@ async def measure(args: argparse.Namespace, bootstrap: str, workdir: Path) -> in
             drains.append((f"wk-preloaded{again}", "worker", of_tree(None, again)))
             drains += [(f"wk0-preloaded-{i}{again}", "baseline", of_tree(tree.resolve(), f"-{i}{again}"))
                        for i, tree in enumerate(args.baseline)]
-        plan = [*drains, ("pt-preloaded", "pass-through", preloaded), *plan]
+        plan = [*drains, ("pt-preloaded", "pass-through", preloaded), ("ts-preloaded", "thin-shell", preloaded), *plan]
         for key, kind, run in plan:
+            if kind == "thin-shell" and not options.recipe:
+                continue  # it writes what the worker wrote: measured by the worker's preloaded run
             started = time.perf_counter()
             rows[key] = await run(kind, options)
             row = rows[key]
