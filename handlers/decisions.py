@@ -101,6 +101,11 @@ class Decision:
     def has_effects(self) -> bool:
         return bool(self.commands or self.notifications)
 
+    @property
+    def has_outputs(self) -> bool:
+        """Whether :meth:`outputs` would give any, without building them."""
+        return bool(self.commands or self.notifications or self.audit is not None)
+
     def outputs(self) -> list[Output]:
         """Commands, then notifications, then the audit record that names them."""
         commands, notifications, audit = _output_topics()

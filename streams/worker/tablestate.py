@@ -187,7 +187,7 @@ class Journal:
         """The results recorded for this very input, or ``None`` if it must be decided."""
         ref = input_ref(event)
         with deciding(event):
-            raw = self.table.get(ref)
+            raw = _rows(self.table).get(ref)
             if raw is None:
                 return None
             try:
@@ -206,7 +206,8 @@ class Journal:
 
     def _joined(self, ref: str, head: _Parts) -> bytes | None:
         """An entry's parts joined, if all of them are there and are the ones the head names."""
-        parts = [self.table.get(f"{ref}#{index}") for index in range(1, head.parts + 1)]
+        rows = _rows(self.table)
+        parts = [rows.get(f"{ref}#{index}") for index in range(1, head.parts + 1)]
         if any(part is None for part in parts):
             return None
         joined = b"".join(parts)
@@ -227,7 +228,7 @@ class Journal:
         topic = self.topic
         stored: list[tuple[EventT[Any], list[tuple[str, bytes]]]] = []
         for event, results in decided:
-            if not any(r.dead_letters or r.decision.changes or r.decision.forwards or r.decision.outputs()
+            if not any(r.dead_letters or r.decision.changes or r.decision.forwards or r.decision.has_outputs
                        for r in results):
                 continue
             fingerprint = _fingerprint(event)
@@ -275,11 +276,18 @@ class Journal:
         return [Record(topic, row_key(key), None, partition=partition) for key, partition in done]
 
 
+def _rows(table: Any) -> Any:
+    """A Faust table's store, read as a mapping: the rows without Faust's per-read sensor
+    calls (a read through the table costs 0.5 µs, a miss 1 µs; through its store 0.1 and
+    0.35, ``timeit``); a plain mapping in tests is its own store."""
+    return getattr(table, "data", table)
+
+
 def _store(table: Any, key: str, raw: bytes | None, partition: int) -> None:
     """Write a row into a Faust table's local store only, as its ``__setitem__`` would
     before it sends the row (the store of the current event's partition), and keep the
     row's partition where the in-memory store's fix looks for it (streams/worker/faustfixes.py)."""
-    store = getattr(table, "data", table)  # a Faust table's store; a plain mapping in tests
+    store = _rows(table)
     owners = getattr(store, "_key_partition", None)
     if raw is None:
         store.pop(key, None)
@@ -357,7 +365,7 @@ class TableState:
         if staged is not None:
             value = None if staged is _DELETED else staged
             return value
-        raw = self.tables[table].get(key)
+        raw = _rows(self.tables[table]).get(key)
         if raw is None:
             return self.view.get(table, key) if table in self.view.tables else None
         cached = self._decoded.get((table, key))
