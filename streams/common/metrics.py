@@ -8,6 +8,7 @@ applier and the watch bridge. Names follow Prometheus conventions (``_total`` co
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -52,6 +53,13 @@ API_ERRORS = Counter("vmstream_kube_api_errors_total",
 
 log = logging.getLogger(__name__)
 _LAG_FAILED: set[str] = set()
+
+
+@functools.lru_cache(maxsize=4096)
+def child(metric: Any, *labels: str) -> Any:
+    """``metric.labels(*labels)``, looked up once: the worker counts several times per input,
+    and ``labels`` costs 1.1 µs where the child's ``inc`` costs 0.3 (``timeit``)."""
+    return metric.labels(*labels)
 
 
 def _lag_failed(what: str, error: Exception) -> None:

@@ -342,7 +342,7 @@ class Worker:
         for result in results:
             self.state.stage(result.decision.changes)
             self._log(result)
-        metrics.DECISION_SECONDS.labels(kind).observe(time.perf_counter() - started)
+        metrics.child(metrics.DECISION_SECONDS, kind).observe(time.perf_counter() - started)
         return results
 
     def _decide_one(self, event: EventT[Any], source: Source, now: datetime) -> tuple[str, list[Result]]:
@@ -370,7 +370,7 @@ class Worker:
         outgoing = [Outgoing(self.kafka.topic(topic), key, value, list(self._ce_headers(output.value, trace, when).items()))
                     for output, (topic, key, value) in zip(result.outputs(), wire, strict=True)]
         for topic, _, _ in wire:
-            metrics.OUTPUTS.labels(topic).inc()
+            metrics.child(metrics.OUTPUTS, topic).inc()
         for update in result.decision.forwards:  # the parent's timestamp keeps replays identical
             headers = {KIND_HEADER: b"resident",
                        TRACEPARENT: trace.child(f"{update.cause}@{update.node}/{update.vm_key}").encode()}
@@ -483,7 +483,7 @@ class Worker:
         audit = result.decision.audit
         if audit is None:
             return
-        metrics.INPUTS.labels(audit.input.topic, audit.outcome).inc()
+        metrics.child(metrics.INPUTS, audit.input.topic, audit.outcome).inc()
         quiet = audit.outcome in ("accepted", "ignored")  # the audit stream has every decision
         level = logging.DEBUG if quiet else logging.INFO
         if not log.isEnabledFor(level):  # most intents: their line's fields are not even gathered
