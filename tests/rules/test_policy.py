@@ -58,6 +58,23 @@ def test_the_wire_is_the_message_and_its_mac_each_key_once() -> None:
     assert encode_message(carried, keyring=KEYS) == sealed  # replaced, not written twice
 
 
+# Any JSON a message dumps to (model_dump(mode="json")), floats aside: text of any code point
+# but lone surrogates (which no UTF-8 writer takes), integers of any size, nesting.
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(st.characters(blacklist_categories=("Cs",))),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text(st.characters(blacklist_categories=("Cs",)), max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(_JSON_VALUES)
+def test_the_wire_is_written_as_json_dumps_writes_it(patch_value: Any) -> None:
+    value = command("patch_vm", VM, patch=[{"op": "add", "path": "/x", "value": patch_value}])
+    body = {**value.model_dump(mode="json", exclude_none=True), "mac": KEYS.seal("command", value)}
+    assert encode_message(value, keyring=KEYS) == json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 @pytest.mark.parametrize("tamper", [
     lambda v: v["target"].update(namespace="kube-system"),
     lambda v: v.update(requested_by="mallory@example.com"),
