@@ -51,6 +51,7 @@ VMs took 8.2 s to recover instead of 5.8 s).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Iterator
 from contextlib import contextmanager
@@ -194,7 +195,7 @@ class WorkerConsumer(aiokafka_driver.Consumer):
             await self.wait_first(callback(message), self.suspend_flow.wait())
             return
         started = callback(message)
-        if not isinstance(started, Coroutine):  # Faust's conductor gives a coroutine; anything else as Faust does
+        if not inspect.iscoroutine(started):  # Faust's conductor gives one; anything else as Faust does
             await self.wait_first(started, self.suspend_flow.wait())
             return
         try:
