@@ -13,6 +13,7 @@ import pytest
 from handlers.auth import KeySet, Principal, Unauthenticated, body_digest, verify_intent
 from handlers.config import AuthPolicy
 from handlers.engine import Result
+from handlers.messages import principal_problem
 from streams.common.credentials import SigningKey, jwks, sign_intent, signed
 from harness.scenarios import RTX, node, vm, vmi
 from tests.support.harness import KEYS, SIGNER, START, Harness, config
@@ -309,6 +310,15 @@ def test_hostile_principals_are_malformed(by: str) -> None:
     [letter] = result.dead_letters
     assert "requested_by: Value error, not a principal" in letter.error
     assert result.decision.commands == [] and result.decision.notifications == []
+
+
+def test_no_whitespace_of_any_kind_names_a_principal() -> None:
+    """Every code point Python calls whitespace, in the middle of a name: refused (the check
+    looks for the ASCII space only where every other whitespace is unprintable)."""
+    spaces = [chr(point) for point in range(0x110000) if chr(point).isspace()]
+    assert len(spaces) > 20  # tabs, line breaks, no-break and ideographic spaces, …
+    assert all(principal_problem(f"ops{space}x@example.com") for space in spaces)
+    assert principal_problem("ops@example.com") is None
 
 
 @pytest.mark.parametrize("subject", ["ops@example.com\u202e", "ops\x00"])
