@@ -282,17 +282,19 @@ def plan_patch(observed: dict[str, Any], desired: dict[str, Any]) -> list[dict[s
 
 def _diff(before: dict[str, Any], after: dict[str, Any], path: str) -> Iterator[dict[str, Any]]:
     for key in sorted(before.keys() | after.keys()):
-        here = f"{path}/{_pointer_token(key)}"
-        if key not in after:
-            yield {"op": "remove", "path": here}
-        elif key not in before:
-            yield {"op": "add", "path": here, "value": copied(after[key])}
-        elif before[key] == after[key]:
-            continue
-        elif isinstance(before[key], dict) and isinstance(after[key], dict):
-            yield from _diff(before[key], after[key], here)
+        if key in before and key in after:
+            old, new = before[key], after[key]
+            if old == new:
+                continue  # most keys: no path is spelled for them
+            here = f"{path}/{_pointer_token(key)}"
+            if isinstance(old, dict) and isinstance(new, dict):
+                yield from _diff(old, new, here)
+            else:
+                yield {"op": "replace", "path": here, "value": copied(new)}
+        elif key in after:
+            yield {"op": "add", "path": f"{path}/{_pointer_token(key)}", "value": copied(after[key])}
         else:
-            yield {"op": "replace", "path": here, "value": copied(after[key])}
+            yield {"op": "remove", "path": f"{path}/{_pointer_token(key)}"}
 
 
 def _pointer_token(key: str) -> str:
