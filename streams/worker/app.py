@@ -26,6 +26,7 @@ repeats.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import logging
@@ -65,7 +66,7 @@ from streams.common.durable import Record as Outgoing  # a message to send, as b
 from streams.common.globalview import GlobalView
 from streams.common.heap import Heap
 from streams.common.kafka_clients import aiokafka_options
-from streams.common.settings import Settings
+from streams.common.settings import Settings, WorkerSettings
 from streams.common.topics import KIND_HEADER, ROUTED, SOURCE_HEADER, changelog_topic, missing_topics
 from streams.worker import faustfixes
 from streams.worker.broker_credentials import faust_credentials
@@ -83,7 +84,15 @@ PENDING_TABLES: tuple[Table[Any], ...] = (TRACKING, VMS, VMIS)  # the rows /pend
 UNROUTABLE_KEY = "malformed"  # the routed key of an input with no usable key of its own
 FORGET_PER_TICK = 1000  # intent ids one forgetting tick names at most (a record well under 1 MB)
 FORGET_AGAIN_SECONDS = 30.0  # an id asked to be forgotten is not asked again sooner
+BUSY_SHARE = 5  # a batch of batch_size / BUSY_SHARE inputs or more: the next one may wait busy_batch_seconds
 PUBLIC_PAGES = ("/health", "/ready")  # what probes read; everything else needs the token
+
+
+def batch_window(conf: WorkerSettings, last: int) -> float:
+    """How long the next batch waits to fill, after a batch of ``last`` inputs: briefly,
+    unless that one held a fifth of ``batch_size`` or more (inputs are waiting, and a fuller
+    batch shares the group commit's round trips among more of them)."""
+    return conf.busy_batch_seconds if last >= max(1, conf.batch_size // BUSY_SHARE) else conf.batch_seconds
 
 
 def pages_guard(token: str | None) -> Any:
@@ -296,8 +305,8 @@ class Worker:
         An input whose decision is journaled already (delivered again after a crash) is not
         decided again: its recorded results are sent and written as they were.
         """
-        async for events in stream.take_events(self.settings.worker.batch_size,
-                                               within=self.settings.worker.batch_seconds):
+        conf = self.settings.worker
+        async for events in faustfixes.take_events(stream, conf.batch_size, functools.partial(batch_window, conf)):
             fresh, decided = [], []
             for event in events:
                 results = self.state.recorded(event)
