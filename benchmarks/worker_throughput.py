@@ -555,7 +555,8 @@ async def pass_through(bootstrap: str, source: str, target: str, group: str, rec
 def thin_engine(cluster: Path) -> Callable[[bytes | None, bytes], list[bytes]]:
     """One intent decided as the worker decides it, with nothing of Kafka around it: the
     engine over state in memory that holds ``cluster``, each output encoded as the worker
-    encodes it (``encode_message``, commands sealed with the worker's keyring)."""
+    encodes it (``encode_message``, commands sealed with a keyring of its own, as a
+    deployment's)."""
     from handlers.engine import Source
     from handlers.topics import INTENTS
     from streams.common.codecs import encode_message

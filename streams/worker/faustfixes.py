@@ -201,11 +201,9 @@ class WorkerConsumer(aiokafka_driver.Consumer):
         raced, from there on, against the flow's suspension and the consumer's stop, as Faust
         races it: abandoned (cancelled) if the flow is suspended first.
         """
-        if self.suspend_flow.is_set() or self._stopped.is_set() or self._crashed.is_set():
-            await self.wait_first(callback(message), self.suspend_flow.wait())
-            return
         started = callback(message)
-        if not inspect.iscoroutine(started):  # Faust's conductor gives one; anything else as Faust does
+        racing = self.suspend_flow.is_set() or self._stopped.is_set() or self._crashed.is_set()
+        if racing or not inspect.iscoroutine(started):  # Faust's conductor gives a coroutine
             await self.wait_first(started, self.suspend_flow.wait())
             return
         try:
