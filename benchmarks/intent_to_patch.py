@@ -23,11 +23,20 @@ until the worker has observed every one through the bridge, then:
 A VM counts as patched when the benchmark's own watch shows the GPU in its template. Before
 the rounds, ``--warmup`` VMs go through the anchor and the loop, not counted (a broker just
 started costs four times the CPU per request, ``broker_cost.py``). The CPU each process
-spent per VM patched is printed beside the machine's whole busy time, from ``/proc``.
+spent per VM patched is printed beside the machine's whole busy time, from ``/proc``, and
+with it the rate that CPU allows: the machine's cores (or, pinned, each part's own core)
+divided by the CPU-seconds one VM patched costs the processes that share them. On one
+machine the loop also pays for the broker, the bridge, the worker and the applier, so its
+ceiling, not the API server, can be what bounds it.
+
+``--pin`` gives the API server and etcd CPU 0 and everything else (the broker, vmstream's
+processes, this script and its client) CPU 1, for the anchor and the loop alike: the API
+server then has a core of its own, as it has a machine of its own in a cluster.
 
     .venv/bin/python benchmarks/intent_to_patch.py               # 600 VMs per set
     .venv/bin/python benchmarks/intent_to_patch.py --small       # 100 per set, a quick run
     .venv/bin/python benchmarks/intent_to_patch.py --rate 40     # paced at 40 intents/s
+    .venv/bin/python benchmarks/intent_to_patch.py --pin         # the API server on a core of its own
 """
 
 from __future__ import annotations
@@ -67,6 +76,20 @@ from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess, Worker
 from streams.common.kafka_clients import producer  # noqa: E402
 
 PROCESSES = ("kube-apiserver", "etcd", "broker", "worker", "watch", "apply", "benchmark")
+CONTROL_PLANE = ("kube-apiserver", "etcd")  # CPU 0 with --pin; the others CPU 1
+
+
+def ceiling(split: dict[str, float], count: int, pinned: bool) -> tuple[float, str]:
+    """The VMs/s the CPU spent allows: the cores over the CPU-seconds per VM of the processes
+    sharing them (pinned: the lower of the control plane's core and the rest's), and which."""
+    def per_vm(names: tuple[str, ...]) -> float:
+        return max(sum(split.get(name, 0.0) for name in names) / count, 1e-9)
+
+    if not pinned:
+        return (os.cpu_count() or 1) / per_vm(PROCESSES), f"{os.cpu_count()} cores shared"
+    rest = tuple(name for name in PROCESSES if name not in CONTROL_PLANE)
+    control, others = 1 / per_vm(CONTROL_PLANE), 1 / per_vm(rest)
+    return min(control, others), ("CPU 0, the control plane's" if control <= others else "CPU 1, the rest's")
 
 
 def intent(name: str) -> dict[str, bytes]:
@@ -84,6 +107,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="the anchor and the loop take turns this many times")
     parser.add_argument("--warmup", type=int, help="VMs through the anchor and the loop first, not counted "
                                                    "(default 300; 50 with --small)")
+    parser.add_argument("--pin", action="store_true", help="the API server and etcd on CPU 0, the rest on CPU 1")
     kit.add_small_option(parser, vms=100)
     args = kit.parse(parser)
     count = args.vms
@@ -133,6 +157,11 @@ def main() -> int:
         pids = {"kube-apiserver": state.apiserver_pid, "etcd": state.etcd_pid, "benchmark": os.getpid(),
                 **{name: p.process.pid for name, p in processes.items() if p.process is not None},
                 **({"broker": broker.pid} if broker.pid else {})}
+        if args.pin:
+            for name, pid in pids.items():
+                kit.pin(pid, "0" if name in CONTROL_PLANE else "1")
+            print("pinned: kube-apiserver and etcd on CPU 0; " + ", ".join(
+                name for name in PROCESSES if name not in CONTROL_PLANE and name in pids) + " on CPU 1")
 
         def through_loop(names: list[str]) -> tuple[float, dict[str, float]]:
             """Every intent of ``names`` at once: when the last VM was seen patched, the CPU then."""
@@ -210,6 +239,11 @@ def main() -> int:
         print("\nThe machine's CPU per VM patched, by process (other: the jobs the benchmark did not start)")
         for part in ("anchor", "loop", "paced"):
             print(f"  {part:<8} {split_line(splits[part], count, PROCESSES)}")
+        bounds = {part: ceiling(splits[part], count, args.pin) for part in ("anchor", "loop")}
+        print("\nThe rate that CPU allows (VMs patched/s, if nothing else ran and nothing waited)")
+        for part, (bound, by) in bounds.items():
+            print(f"  {part:<8} ≤ {bound:5.0f}/s, bound by {by}")
+        print(f"  the loop's ceiling over the anchor's ceiling: {bounds['loop'][0] / bounds['anchor'][0]:.2f}")
     return 0
 
 
