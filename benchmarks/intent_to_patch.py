@@ -76,7 +76,8 @@ from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess, Worker
 from streams.common.kafka_clients import producer  # noqa: E402
 
 PROCESSES = ("kube-apiserver", "etcd", "broker", "worker", "watch", "apply", "benchmark")
-CONTROL_PLANE = ("kube-apiserver", "etcd")  # CPU 0 with --pin; the others CPU 1
+CONTROL_PLANE = ("kube-apiserver", "etcd")  # CPU 0 with --pin
+REST = tuple(name for name in PROCESSES if name not in CONTROL_PLANE)  # CPU 1 with --pin
 
 
 def ceiling(split: dict[str, float], count: int, pinned: bool) -> tuple[float, str]:
@@ -87,8 +88,7 @@ def ceiling(split: dict[str, float], count: int, pinned: bool) -> tuple[float, s
 
     if not pinned:
         return (os.cpu_count() or 1) / per_vm(PROCESSES), f"{os.cpu_count()} cores shared"
-    rest = tuple(name for name in PROCESSES if name not in CONTROL_PLANE)
-    control, others = 1 / per_vm(CONTROL_PLANE), 1 / per_vm(rest)
+    control, others = 1 / per_vm(CONTROL_PLANE), 1 / per_vm(REST)
     return min(control, others), ("CPU 0, the control plane's" if control <= others else "CPU 1, the rest's")
 
 
@@ -160,8 +160,8 @@ def main() -> int:
         if args.pin:
             for name, pid in pids.items():
                 kit.pin(pid, "0" if name in CONTROL_PLANE else "1")
-            print("pinned: kube-apiserver and etcd on CPU 0; " + ", ".join(
-                name for name in PROCESSES if name not in CONTROL_PLANE and name in pids) + " on CPU 1")
+            print(f"pinned: {', '.join(CONTROL_PLANE)} on CPU 0; "
+                  f"{', '.join(name for name in REST if name in pids)} on CPU 1")
 
         def through_loop(names: list[str]) -> tuple[float, dict[str, float]]:
             """Every intent of ``names`` at once: when the last VM was seen patched, the CPU then."""
