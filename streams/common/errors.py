@@ -6,7 +6,7 @@ command can fix (a configuration file, a broker address, a kubeconfig, a port); 
 ``vmstream <command>: <what is wrong> — <what to do>`` to stderr instead of a traceback.
 A bug still shows its traceback: only what is raised as a :class:`UserError` is shortened.
 
-The exit codes are the CLI's contract (README, "Commands", and ``vmstream --help``).
+The exit codes are the CLI's contract (docs/cli.md, "Exit codes", and ``vmstream --help``).
 """
 
 from __future__ import annotations
