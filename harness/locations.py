@@ -58,13 +58,14 @@ def third_party_versions() -> tuple[str, str]:
 def third_party_dir() -> Path:
     """The generated third-party data, generating it first if the cache lacks it.
 
-    Layout: ``kubevirt/crds/<plural>.kubevirt.io.yaml``, ``kubevirt/examples/*.yaml``,
+    Layout: ``kubevirt/crds/<plural>.kubevirt.io.yaml``, ``kubevirt/control-plane/*.yaml``,
+    ``kubevirt/examples/*.yaml``, ``kubevirt/bin/{virt-controller,virt-api}``,
     ``medik8s/nodemaintenances.nodemaintenance.medik8s.io.yaml``. The check is done here
     too (not only in build.sh) so that a machine with a warm cache needs no Go toolchain.
     """
     kubevirt, nmo = third_party_versions()
-    out = cache_dir() / "kubevirtdata" / f"kubevirt-{kubevirt}-nmo-{nmo}"
-    stamp = f"{KUBEVIRT_MODULE} {kubevirt}\n{NODEMAINTENANCE_MODULE} {nmo}"
+    out = cache_dir() / "kubevirtdata" / f"kubevirt-{kubevirt}-nmo-{nmo}-control-plane"  # as build.sh names it
+    stamp = f"{KUBEVIRT_MODULE} {kubevirt}\n{NODEMAINTENANCE_MODULE} {nmo}\nbinaries virt-controller virt-api"
     versions = out / "versions"
     if versions.is_file() and versions.read_text() == stamp:
         return out
@@ -93,6 +94,21 @@ def third_party_dir() -> Path:
 def kubevirt_crd(plural: str) -> Path:
     """KubeVirt's own CRD manifest, e.g. ``kubevirt_crd("virtualmachines")``."""
     return third_party_dir() / "kubevirt" / "crds" / f"{plural}.kubevirt.io.yaml"
+
+
+def kubevirt_crds() -> list[Path]:
+    """Every CRD KubeVirt's virt-operator installs, and the KubeVirt CRD."""
+    return sorted((third_party_dir() / "kubevirt" / "crds").glob("*.yaml"))
+
+
+def kubevirt_control_plane_dir() -> Path:
+    """virt-operator's RBAC, virt-api's webhook configurations and APIServices (namespace kubevirt)."""
+    return third_party_dir() / "kubevirt" / "control-plane"
+
+
+def kubevirt_binary(command: str) -> Path:
+    """KubeVirt's own ``virt-controller`` or ``virt-api``, built at the pinned version."""
+    return third_party_dir() / "kubevirt" / "bin" / command
 
 
 def kubevirt_examples_dir() -> Path:

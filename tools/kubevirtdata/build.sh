@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# Generate the third-party data vmstream tests against, from the Go module proxy.
+# Generate the third-party data vmstream tests against, and build KubeVirt's own
+# virt-controller and virt-api, from the Go module proxy.
 #
-# KubeVirt's CRDs are produced by KubeVirt's own code (main.go calls virt-operator's
-# components.New*Crd at the kubevirt.io/kubevirt version pinned in go.mod); KubeVirt's example
-# manifests are copied from that same module, and the NodeMaintenance CRD from the medik8s
-# node-maintenance-operator module (its checksum is pinned in go.sum: the checksum database
-# does not know the module). Module and build caches live under the vmstream cache, and so does
-# the output, never in the clone.
+# KubeVirt's CRDs and the objects its control plane needs (RBAC, virt-api's webhook
+# configurations and APIServices) are produced by KubeVirt's own code: main.go calls
+# virt-operator's generators at the kubevirt.io/kubevirt version pinned in go.mod, which also
+# names cmd/virt-controller and cmd/virt-api as tools so their whole module graph is pinned.
+# KubeVirt's example manifests are copied from that same module, and the NodeMaintenance CRD
+# from the medik8s node-maintenance-operator module (its checksum is pinned in go.sum: the
+# checksum database does not know the module). Module and build caches live under the
+# vmstream cache, and so does the output, never in the clone. -trimpath keeps build-cache
+# entries reusable from any checkout.
 #
 # Output layout (build.sh dir prints DIR):
 #   DIR/kubevirt/crds/<plural>.kubevirt.io.yaml
+#   DIR/kubevirt/control-plane/{rbac,webhooks,apiservices}.yaml   (namespace "kubevirt")
 #   DIR/kubevirt/examples/*.yaml
+#   DIR/kubevirt/bin/{virt-controller,virt-api}                    (static, CGO_ENABLED=0)
 #   DIR/medik8s/nodemaintenances.nodemaintenance.medik8s.io.yaml
 #
 # Usage:
@@ -49,6 +55,7 @@ pin() {
         sed -nE 's/^[[:space:]]*"GoMod": "(.*)",?$/\1/p')"
     {
         printf 'module vmstream/tools/kubevirtdata\n\ngo 1.24.0\n\n'
+        printf 'tool (\n\tkubevirt.io/kubevirt/cmd/virt-api\n\tkubevirt.io/kubevirt/cmd/virt-controller\n)\n\n'
         printf 'require kubevirt.io/kubevirt %s\n\nreplace (\n' "$version"
         sed -n '/^replace (/,/^)/p' "$gomod" | sed -nE \
             -e "s#^[[:space:]]+([^[:space:]]+) => \./staging/.*#\t\1 => \1 $version#p" \
@@ -68,16 +75,22 @@ pin() {
 
 kubevirt_version="$(module_version kubevirt.io/kubevirt)"
 nmo_version="$(sum_version "$nmo")"
-out="$cache/kubevirtdata/kubevirt-$kubevirt_version-nmo-$nmo_version"
+# "control-plane": this layout (with the binaries); an older checkout keeps its own directory.
+out="$cache/kubevirtdata/kubevirt-$kubevirt_version-nmo-$nmo_version-control-plane"
+# The last line names what the build makes besides data; a cache without it is rebuilt.
 stamp="kubevirt.io/kubevirt $kubevirt_version
-$nmo $nmo_version"
+$nmo $nmo_version
+binaries virt-controller virt-api"
 
 build() {
-    log "generating KubeVirt $kubevirt_version CRDs into $out (the first build takes minutes)"
+    log "generating KubeVirt $kubevirt_version's CRDs and building virt-controller and virt-api into $out (the first build takes minutes)"
     rm -rf "$out/kubevirt" "$out/medik8s" "$out/versions"
     go build -trimpath -ldflags "-s -w" -o "$out/kubevirtdata" .
-    "$out/kubevirtdata" "$out/kubevirt/crds"
+    "$out/kubevirtdata" "$out/kubevirt"
     rm -f "$out/kubevirtdata"
+    for command in virt-controller virt-api; do
+        go build -trimpath -ldflags "-s -w" -o "$out/kubevirt/bin/$command" "kubevirt.io/kubevirt/cmd/$command"
+    done
 
     kubevirt_dir="$(module_dir "kubevirt.io/kubevirt@$kubevirt_version")"
     mkdir -p "$out/kubevirt/examples"
