@@ -1,8 +1,8 @@
 """``python -m harness``: the development harness's command, run from a checkout.
 
-``kafka up|down|status`` a local broker, ``kube up|down|status|user`` a local control plane,
-``demo`` the worker on them with a realistic scenario. None of it is part of the product:
-the ``vmstream`` command does not know these subcommands.
+``kafka up|down|status`` a local broker, ``kube up|down|status|user`` a local control plane
+with KubeVirt, ``demo`` the worker on them with a realistic scenario. None of it is part of
+the product: the ``vmstream`` command does not know these subcommands.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 add_help=False)
     kafka.add_argument("options", nargs=argparse.REMAINDER, help="up|down|status, --port, --state-dir, --reset")
     kafka.set_defaults(handler=lambda args: localkafka.main(args.options))
-    kube = commands.add_parser("kube", help="a local kube-apiserver + etcd with KubeVirt's CRDs",
-                               description="A local kube-apiserver and etcd with KubeVirt's CRDs.",
+    kube = commands.add_parser("kube", help="a local kube-apiserver + etcd with KubeVirt (virt-api, virt-controller)",
+                               description="A local kube-apiserver and etcd with KubeVirt's CRDs and KubeVirt's "
+                                           "own virt-api and virt-controller.",
                                add_help=False)
     kube.add_argument("options", nargs=argparse.REMAINDER, help="up|down|status|user")
     kube.set_defaults(handler=lambda args: localkube.main(args.options))

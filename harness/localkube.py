@@ -3,24 +3,25 @@
 Tests and the demo need a real API server so that every object vmstream writes is checked
 by the same machinery (and KubeVirt's own CRD schemas) a cluster applies. There is no
 Docker engine, so the binaries are compiled from the Go module proxy by
-``tools/k8sbins/build.sh`` into the cache, a throwaway CA authenticates clients by
-certificate, and nothing else runs: no controller-manager, no scheduler, no kubelet.
+``tools/k8sbins/build.sh`` into the cache, and a throwaway CA authenticates clients by
+certificate (``harness.pki``). The API server serves the aggregation layer, so with
+``kubevirt=True`` KubeVirt's own virt-api and virt-controller run beside it
+(``harness.localkubevirt``). Nothing else runs: no controller-manager, no scheduler, no
+kubelet, no virt-handler (the tests' node agent plays those three).
 
 Two ways to use it:
 
 * ``with LocalKube() as kube: ...`` runs a control plane for the life of the block
   (the pytest fixture does this);
-* ``up()`` / ``status()`` / ``down()`` (``main(["up"])`` …) keep one running in the
-  background across commands, described by a state file under ``cache_dir()/kube/run``.
+* ``up()`` / ``status()`` / ``down()`` (``main(["up"])`` …) keep one running, with KubeVirt,
+  in the background across commands, described by a state file under ``cache_dir()/kube/run``.
 """
 
 from __future__ import annotations
 
 import argparse
 import atexit
-import base64
 import contextlib
-import ipaddress
 import json
 import logging
 import os
@@ -35,18 +36,15 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from harness import processes
-from harness.locations import REPO_ROOT, cache_dir, kubevirt_crd, nodemaintenance_crd
+from harness.pki import CertificateAuthority, write_kubeconfig, write_service_account_keys
+from harness.localkubevirt import KubeVirtControlPlane, KubeVirtState
+from harness.locations import REPO_ROOT, cache_dir, kubevirt_crds, nodemaintenance_crd
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -64,13 +62,8 @@ class LocalKubeError(RuntimeError):
 
 
 def default_crds() -> list[Path]:
-    """The CRDs vmstream works with: KubeVirt's VM, VMI, KubeVirt; medik8s' NodeMaintenance."""
-    return [
-        kubevirt_crd("virtualmachines"),
-        kubevirt_crd("virtualmachineinstances"),
-        kubevirt_crd("kubevirts"),
-        nodemaintenance_crd(),
-    ]
+    """Every CRD KubeVirt installs (virt-controller watches most of them); medik8s' NodeMaintenance."""
+    return [*kubevirt_crds(), nodemaintenance_crd()]
 
 
 def default_run_dir() -> Path:
@@ -143,180 +136,6 @@ def ensure_binaries() -> Binaries:
     return binaries
 
 
-# --- certificates -------------------------------------------------------------------------
-
-
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-
-
-def _pem_cert(cert: x509.Certificate) -> bytes:
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
-def _key_usage(*, ca: bool) -> x509.KeyUsage:
-    """Signing only (EC keys never encipher); a CA also signs certificates and CRLs."""
-    return x509.KeyUsage(
-        digital_signature=True,
-        content_commitment=False,
-        key_encipherment=False,
-        data_encipherment=False,
-        key_agreement=False,
-        key_cert_sign=ca,
-        crl_sign=ca,
-        encipher_only=False,
-        decipher_only=False,
-    )
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    path.write_bytes(data)
-    path.chmod(0o600)
-
-
-class CertificateAuthority:
-    """A throwaway CA: signs the serving certificate and one client certificate per user.
-
-    The API server trusts it as ``--client-ca-file``, so a certificate's CN is the user name
-    and its O entries are the groups — the cheapest way to act as several identities.
-    """
-
-    def __init__(self, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> None:
-        self.cert = cert
-        self.key = key
-
-    @classmethod
-    def create(cls, directory: Path) -> CertificateAuthority:
-        key = ec.generate_private_key(ec.SECP256R1())
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "vmstream-local-ca")])
-        now = datetime.now(UTC)
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - timedelta(minutes=5))
-            .not_valid_after(now + timedelta(days=365))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(_key_usage(ca=True), critical=True)
-            .add_extension(
-                x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False
-            )
-            .sign(key, hashes.SHA256())
-        )
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "ca.crt").write_bytes(_pem_cert(cert))
-        _write_private(directory / "ca.key", _pem_key(key))
-        return cls(cert, key)
-
-    @classmethod
-    def load(cls, directory: Path) -> CertificateAuthority:
-        cert = x509.load_pem_x509_certificate((directory / "ca.crt").read_bytes())
-        key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), password=None)
-        if not isinstance(key, ec.EllipticCurvePrivateKey):
-            raise LocalKubeError(f"unexpected CA key type in {directory}")
-        return cls(cert, key)
-
-    def issue(
-        self,
-        directory: Path,
-        stem: str,
-        common_name: str,
-        *,
-        organizations: Sequence[str] = (),
-        server_hosts: Sequence[str] = (),
-    ) -> tuple[Path, Path]:
-        """Sign a leaf certificate; with ``server_hosts`` it is a serving certificate."""
-        key = ec.generate_private_key(ec.SECP256R1())
-        attributes = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, org) for org in organizations]
-        attributes.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
-        now = datetime.now(UTC)
-        usage = ExtendedKeyUsageOID.SERVER_AUTH if server_hosts else ExtendedKeyUsageOID.CLIENT_AUTH
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name(attributes))
-            .issuer_name(self.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - timedelta(minutes=5))
-            .not_valid_after(now + timedelta(days=365))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(_key_usage(ca=False), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
-                critical=False,
-            )
-        )
-        if server_hosts:
-            names: list[x509.GeneralName] = []
-            for host in server_hosts:
-                try:
-                    names.append(x509.IPAddress(ipaddress.ip_address(host)))
-                except ValueError:
-                    names.append(x509.DNSName(host))
-            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
-        cert = builder.sign(self.key, hashes.SHA256())
-        directory.mkdir(parents=True, exist_ok=True)
-        cert_path, key_path = directory / f"{stem}.crt", directory / f"{stem}.key"
-        cert_path.write_bytes(_pem_cert(cert))
-        _write_private(key_path, _pem_key(key))
-        return cert_path, key_path
-
-
-def _write_service_account_keys(directory: Path) -> tuple[Path, Path]:
-    """The key pair the API server signs (and checks) ServiceAccount tokens with."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    private, public = directory / "sa.key", directory / "sa.pub"
-    _write_private(private, _pem_key(key))
-    public.write_bytes(
-        key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-    )
-    return private, public
-
-
-def write_kubeconfig(
-    path: Path, server: str, ca_cert: Path, cert: Path, key: Path, user: str
-) -> Path:
-    """A self-contained kubeconfig (data embedded), so it can be copied or read by kubectl."""
-
-    def b64(p: Path) -> str:
-        return base64.b64encode(p.read_bytes()).decode()
-
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "vmstream-local",
-                "cluster": {"server": server, "certificate-authority-data": b64(ca_cert)},
-            }
-        ],
-        "users": [
-            {
-                "name": user,
-                "user": {"client-certificate-data": b64(cert), "client-key-data": b64(key)},
-            }
-        ],
-        "contexts": [
-            {
-                "name": f"{user}@vmstream-local",
-                "context": {"cluster": "vmstream-local", "user": user},
-            }
-        ],
-        "current-context": f"{user}@vmstream-local",
-        "preferences": {},
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _write_private(path, yaml.safe_dump(config, sort_keys=False).encode())
-    return path
-
-
 # --- processes ----------------------------------------------------------------------------
 
 
@@ -373,6 +192,7 @@ class State:
     apiserver_binary: str
     kubernetes_version: str
     etcd_version: str
+    kubevirt: KubeVirtState | None = None
 
 
 class LocalKube(processes.Supervisor):
@@ -380,7 +200,8 @@ class LocalKube(processes.Supervisor):
 
     ``workdir`` holds certificates, etcd's data, logs and the kubeconfig; by default a
     temporary directory removed on stop. ``detach=True`` starts the processes in their own
-    session so they outlive this interpreter (used by ``up``).
+    session so they outlive this interpreter (used by ``up``). ``kubevirt=True`` runs
+    KubeVirt's virt-api and virt-controller too.
     """
 
     def __init__(
@@ -389,9 +210,11 @@ class LocalKube(processes.Supervisor):
         *,
         crds: Sequence[Path] | None = None,
         detach: bool = False,
+        kubevirt: bool = False,
         timeout: float = 120.0,
     ) -> None:
         self._owns_workdir = workdir is None
+        self.kubevirt = kubevirt
         self.workdir = Path(workdir) if workdir is not None else None
         self.crds = list(default_crds() if crds is None else crds)
         self.detach = detach
@@ -434,12 +257,13 @@ class LocalKube(processes.Supervisor):
         )
 
     def is_ready(self) -> bool:
-        """Both processes alive and the API server answering /readyz."""
+        """Every process alive and the API server answering /readyz."""
         state = self.state
         if state is None:
             return False
         return (
-            processes.running(state.etcd_pid, _runs(state.etcd_binary))
+            (state.kubevirt is None or KubeVirtControlPlane.running(state.kubevirt))
+            and processes.running(state.etcd_pid, _runs(state.etcd_binary))
             and processes.running(state.apiserver_pid, _runs(state.apiserver_binary))
             and _http_ok(f"{state.server}/readyz", self._ssl_context())
         )
@@ -449,10 +273,12 @@ class LocalKube(processes.Supervisor):
         """The control plane described by ``workdir``'s state file (e.g. one started by ``up``)."""
         path = workdir / STATE_FILE
         try:
-            state = State(**json.loads(path.read_text()))
+            fields = json.loads(path.read_text())
+            kubevirt = fields.pop("kubevirt", None)
+            state = State(**fields, kubevirt=None if kubevirt is None else KubeVirtState(**kubevirt))
         except (OSError, ValueError, TypeError) as exc:
             raise LocalKubeError(f"no usable control-plane state in {path}: {exc}") from exc
-        kube = cls(workdir, detach=True)
+        kube = cls(workdir, detach=True, kubevirt=state.kubevirt is not None)
         kube.state = state
         return kube
 
@@ -497,6 +323,8 @@ class LocalKube(processes.Supervisor):
     def _stop_processes(self) -> None:
         state = self.state
         if state is not None:
+            if state.kubevirt is not None:
+                self._stop_kubevirt(state.kubevirt)
             _stop(state.apiserver_pid, state.apiserver_binary, "kube-apiserver")
             _stop(state.etcd_pid, state.etcd_binary, "etcd")
             with contextlib.suppress(FileNotFoundError):
@@ -505,6 +333,12 @@ class LocalKube(processes.Supervisor):
         for pid, name in self._pending:
             _stop(pid, name, Path(name).name)
         self._pending = []
+
+    def _stop_kubevirt(self, kubevirt: KubeVirtState) -> None:
+        """virt-api's webhooks fail closed: they go first, while the API server still runs."""
+        with contextlib.suppress(Exception), self.api_client() as api:
+            KubeVirtControlPlane.unregister(api)
+        KubeVirtControlPlane.stop_processes(kubevirt)
 
     def stop_apiserver(self) -> None:
         """Stop only the API server; etcd, its data and the port stay (an API server outage)."""
@@ -551,7 +385,11 @@ class LocalKube(processes.Supervisor):
             pki, "apiserver", "kube-apiserver", server_hosts=["127.0.0.1", "localhost"]
         )
         admin_cert, admin_key = ca.issue(pki, "admin", "admin", organizations=["system:masters"])
-        sa_key, sa_pub = _write_service_account_keys(pki)
+        # The aggregation layer: the API server proxies to extension API servers (virt-api) as
+        # front-proxy-client, whose certificate only the front proxy's CA signs.
+        front_proxy = CertificateAuthority.create(pki / "front-proxy", "vmstream-front-proxy-ca")
+        proxy_cert, proxy_key = front_proxy.issue(pki / "front-proxy", "front-proxy-client", "front-proxy-client")
+        sa_key, sa_pub = write_service_account_keys(pki)
         self.timings["certificates"] = time.monotonic() - t0
 
         etcd_port, peer_port, api_port = processes.free_ports(3)
@@ -609,6 +447,13 @@ class LocalKube(processes.Supervisor):
             "--service-cluster-ip-range=10.0.0.0/24",
             "--allow-privileged=true",
             "--disable-admission-plugins=ServiceAccount",
+            f"--requestheader-client-ca-file={pki / 'front-proxy' / 'ca.crt'}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={proxy_cert}",
+            f"--proxy-client-key-file={proxy_key}",
         ]
         apiserver_pid = processes.spawn(self._apiserver_argv, api_log, detach=self.detach)
         self._pending.append((apiserver_pid, str(binaries.kube_apiserver)))
@@ -641,6 +486,15 @@ class LocalKube(processes.Supervisor):
         t3 = time.monotonic()
         install_crds(self.kubeconfig, self.crds, timeout=self.timeout)
         self.timings["crds"] = time.monotonic() - t3
+        if self.kubevirt:
+            t4 = time.monotonic()
+            with self.api_client() as api:
+                self.state.kubevirt = KubeVirtControlPlane(
+                    api, server=server, ca=ca, ca_file=pki / "ca.crt", workdir=workdir,
+                    detach=self.detach, timeout=self.timeout,
+                ).start(self._pending)
+            self._pending = []
+            self.timings["kubevirt"] = time.monotonic() - t4
         self.timings["total"] = time.monotonic() - t0
         (workdir / STATE_FILE).write_text(json.dumps(asdict(self.state), indent=2))
         log.info(
@@ -731,7 +585,7 @@ def up(run_dir: Path | None = None, *, timeout: float = 120.0) -> LocalKube:
     if running is not None:
         return running
     down(run_dir)  # clear a stale or half-dead one
-    return LocalKube(run_dir, detach=True, timeout=timeout).start()
+    return LocalKube(run_dir, detach=True, kubevirt=True, timeout=timeout).start()
 
 
 def down(run_dir: Path | None = None) -> bool:
@@ -779,7 +633,9 @@ def main(argv: list[str]) -> int:
             print(kube_or_none.kubeconfig)
             print(
                 f"server {state.server} kubernetes {state.kubernetes_version} "
-                f"etcd {state.etcd_version}",
+                f"etcd {state.etcd_version}"
+                + (f" kubevirt {state.kubevirt.version} (virt-api {state.kubevirt.virt_api_url})"
+                   if state.kubevirt else ""),
                 file=sys.stderr,
             )
             return 0

@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import Producer
 from pydantic import SecretStr
 
-from harness.localkube import CertificateAuthority
+from harness.pki import CertificateAuthority
 from streams.common.kafka_clients import client_options, librdkafka_options
 from streams.common.settings import KafkaSettings
 

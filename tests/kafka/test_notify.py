@@ -535,7 +535,7 @@ def test_mail_goes_over_starttls_with_auth_to_a_relay_that_demands_both(tmp_path
     from aiosmtpd.smtp import AuthResult, LoginPassword
     from pydantic import SecretStr
 
-    from harness.localkube import CertificateAuthority
+    from harness.pki import CertificateAuthority
     from streams.common.settings import SmtpSettings
     from streams.serve.notify import Failed, SmtpSender
 
