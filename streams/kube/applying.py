@@ -508,7 +508,9 @@ class KubeApplier:
         try:
             response = self._call(
                 self.api.call_api, path, "PUT",
-                header_params={"Accept": "application/json", "Content-Type": "application/json"},
+                # As client-go asks: virt-api's start/stop/restart routes declare no Produces, and
+                # go-restful answers 406 to an Accept of application/json alone, even for a 202.
+                header_params={"Accept": "application/json, */*", "Content-Type": "application/json"},
                 body={}, auth_settings=["BearerToken"], _preload_content=False, _host=self.subresource_url,
             )
         except ApiException as exc:
