@@ -1,4 +1,5 @@
-"""The local control plane is a real API server: CRD schemas validate, RBAC applies."""
+"""The local control plane is a real API server with KubeVirt: CRD schemas validate, RBAC
+applies, virt-controller and virt-api act."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from kubernetes.client.rest import ApiException
 
 from harness import localkube
 from tests.support.kube_apiserver import Kube
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.kube
 
@@ -78,15 +80,15 @@ def crd_names() -> list[str]:
     return names
 
 
-def test_the_four_crds_are_established(api: client.ApiClient) -> None:
+def test_every_kubevirt_crd_and_node_maintenance_are_established(api: client.ApiClient) -> None:
+    """virt-operator's install strategy has 16 CRDs, and the KubeVirt CRD is the 17th."""
     ext = client.ApiextensionsV1Api(api)
     names = crd_names()
-    assert sorted(names) == [
-        "kubevirts.kubevirt.io",
-        "nodemaintenances.nodemaintenance.medik8s.io",
-        "virtualmachineinstances.kubevirt.io",
-        "virtualmachines.kubevirt.io",
-    ]
+    assert len(names) == 18 and len(set(names)) == 18
+    assert {"kubevirts.kubevirt.io", "nodemaintenances.nodemaintenance.medik8s.io",
+            "virtualmachineinstances.kubevirt.io", "virtualmachines.kubevirt.io",
+            "virtualmachineclusterpreferences.instancetype.kubevirt.io",
+            "virtualmachineinstancemigrations.kubevirt.io"} <= set(names)
     for name in names:
         response = ext.read_custom_resource_definition(name, _preload_content=False)
         crd = json.loads(response.data)
@@ -223,7 +225,35 @@ def test_up_status_down_keep_a_background_control_plane(kube: Kube, tmp_path: Pa
                 .items
             }
         assert set(crd_names()) <= names
+        kubevirt_acts_in(running)
     finally:
         assert localkube.down(run_dir) is True
     assert localkube.status(run_dir) is None
     assert not run_dir.exists()
+
+
+def kubevirt_acts_in(kube: localkube.LocalKube) -> None:
+    """virt-api's subresources are served through the aggregation layer, and virt-controller
+    gives an Always VM its VMI and virt-launcher pod."""
+    with kube.api_client() as api_client:
+        service = client.ApiregistrationV1Api(api_client).read_api_service("v1.subresources.kubevirt.io")
+        assert {c.type: c.status for c in service.status.conditions}.get("Available") == "True"
+        client.CoreV1Api(api_client).create_namespace({"metadata": {"name": "up-test"}})
+        vm = cirros_vm("always-1")
+        vm["spec"]["runStrategy"] = "Always"
+        custom = client.CustomObjectsApi(api_client)
+        custom.create_namespaced_custom_object(VM_GROUP, VM_VERSION, "up-test", VM_PLURAL, vm)
+        eventually(lambda: _exists(custom, "up-test", "always-1"), "virt-controller to create the VMI")
+        pods = eventually(lambda: client.CoreV1Api(api_client).list_namespaced_pod(
+            "up-test", label_selector="kubevirt.io=virt-launcher").items, "virt-controller to create the pod")
+        assert [p.metadata.labels["vm.kubevirt.io/name"] for p in pods] == ["always-1"]
+
+
+def _exists(custom: client.CustomObjectsApi, namespace: str, name: str) -> bool:
+    try:
+        custom.get_namespaced_custom_object(VM_GROUP, VM_VERSION, namespace, "virtualmachineinstances", name)
+        return True
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise

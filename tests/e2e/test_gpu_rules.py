@@ -1,5 +1,5 @@
 """A GPU VM made with kubectl gets the GPU rules, end to end: API server → watch bridge →
-worker → applier → API server, with the lifecycle simulator playing virt-controller.
+worker → applier → API server, with KubeVirt's own virt-controller and virt-api.
 
 Same loop as ``test_loop.py``. The VM is created as kubectl would (the device alone); the
 worker patches it once, under the field manager ``vmstream``; the events the patch itself
@@ -20,7 +20,6 @@ from tests.e2e.test_loop import (  # noqa: F401 (fixtures)
     ALICE,
     NAMESPACE,
     Loop,
-    control_plane,
     eventually,
     loop,
 )
@@ -39,7 +38,7 @@ def decided(loop: Loop, vm: dict[str, Any]) -> None:
 
 def test_a_kubectl_gpu_vm_is_brought_under_the_rules_once(loop: Loop) -> None:
     loop.node("gpu-node-1", gpus={RTX: 1})
-    loop.vm("hand-1", run_strategy="Always", gpu=RTX)
+    loop.vm("hand-1", run_strategy="Always", gpu=RTX, eviction_strategy=None)
     loop.running_vmi("hand-1")
 
     def patched() -> dict[str, Any] | None:
@@ -56,8 +55,13 @@ def test_a_kubectl_gpu_vm_is_brought_under_the_rules_once(loop: Loop) -> None:
     # Let the patch's own events (the VM, KubeVirt's status writes, the VMI) go through the
     # worker: none of them plans a second patch or a second notice.
     decided(loop, vm)
-    loop.simulator.wait_passes()
-    latest = loop.get("virtualmachines", "hand-1")
+
+    def reconciled() -> dict[str, Any] | None:  # virt-controller's status for the patched VM is written
+        latest = loop.get("virtualmachines", "hand-1") or {}
+        desired = (latest.get("status") or {}).get("desiredGeneration")  # observedGeneration waits for a restart
+        return latest if desired == latest["metadata"]["generation"] == vm["metadata"]["generation"] else None
+
+    latest = eventually(reconciled, "virt-controller to observe the patched VM")
     assert latest is not None
     decided(loop, latest)
     assert [c["target"]["name"] for c in loop.outputs.commands("patch_vm")] == ["hand-1"]

@@ -22,7 +22,7 @@ from streams.cli import requesting
 from harness.locations import REPO_ROOT
 from harness.running import CONFIG
 from harness.scenarios import RTX
-from tests.e2e.test_loop import ALICE, KUBEVIRT, NAMESPACE, Loop, control_plane, loop  # noqa: F401 (fixtures)
+from tests.e2e.test_loop import ALICE, KUBEVIRT, NAMESPACE, Loop, loop  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 

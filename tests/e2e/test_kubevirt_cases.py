@@ -1,8 +1,7 @@
-"""KubeVirt's cases end to end: what the owner is told must be what the lifecycle simulator
-(following vm.go, docs/kubevirt.md) then does in the API server.
+"""KubeVirt's cases end to end: what the owner is told must be what KubeVirt's own
+virt-controller and virt-api then do (docs/kubevirt.md).
 
-Same loop as ``test_loop.py``: API server + Kafka + watch bridge + worker + applier, with
-:class:`~tests.support.kubevirt_sim.KubeVirtSimulator` playing virt-controller.
+Same loop as ``test_loop.py``: API server + KubeVirt + Kafka + watch bridge + worker + applier.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from tests.e2e.test_loop import (  # noqa: F401 (fixtures)
     NAMESPACE,
     OPS,
     Loop,
-    control_plane,
     eventually,
     loop,
 )
@@ -51,12 +49,12 @@ def test_a_drained_once_vm_comes_back_as_its_owner_was_told(loop: Loop) -> None:
     [done] = loop.outputs.notifications("drain_completed")
     assert done["details"]["observed"] == {"came_back": [f"vm/{NAMESPACE}/once-1"], "waits_for_gpu": [],
                                            "off": [f"vm/{NAMESPACE}/rerun-1"]}
-    loop.simulator.wait_passes()
-    assert loop.get("virtualmachineinstances", "rerun-1") is None
+    loop.stopped_for_good("rerun-1")
 
 
 def test_an_eviction_is_told_to_that_vms_owner_and_cordons_nothing(loop: Loop) -> None:
-    """evictionStrategy External: KubeVirt's webhook only sets status.evacuationNodeName."""
+    """evictionStrategy External: virt-api's pod-eviction webhook refuses the eviction of the
+    launcher pod and only marks the VMI (status.evacuationNodeName, PodEvictionAdmitter)."""
     loop.node("gpu-node-1", gpus={RTX: 2})
     loop.vm("evicted-1", run_strategy="Always", gpu=RTX)
     loop.vm("stays-1", run_strategy="Always", gpu=RTX)
@@ -65,11 +63,11 @@ def test_an_eviction_is_told_to_that_vms_owner_and_cordons_nothing(loop: Loop) -
     loop.seen_by_worker("evicted-1")
     loop.seen_by_worker("stays-1")
 
-    # What PodEvictionAdmitter.markVMI does (VMIs have no status subresource).
-    client.CustomObjectsApi(loop.api).patch_namespaced_custom_object(
-        *KUBEVIRT, NAMESPACE, "virtualmachineinstances", "evicted-1",
-        [{"op": "add", "path": "/status/evacuationNodeName", "value": vmi["status"]["nodeName"]}],
-        _content_type="application/json-patch+json")
+    refusal = loop.evict("evicted-1")
+    assert refusal.status == 429 and "evacuation" in str(refusal.body), refusal.body  # the pod stays
+    marked = eventually(lambda: (loop.get("virtualmachineinstances", "evicted-1") or {}).get("status", {})
+                        .get("evacuationNodeName"), "virt-api to mark the VMI")
+    assert marked == vmi["status"]["nodeName"]
     loop.outputs.wait_for(lambda o: o.notifications("drain_will_stop_gpu_vm"), what="the eviction notice")
     [told] = loop.outputs.notifications("drain_will_stop_gpu_vm")
     assert told["subject"]["name"] == "evicted-1" and told["recipients"] == [ALICE]
@@ -81,3 +79,36 @@ def test_an_eviction_is_told_to_that_vms_owner_and_cordons_nothing(loop: Loop) -
     assert audit["commands"] == []
     assert loop.outputs.commands("cordon_node") == []
     assert not loop.cordoned("gpu-node-1")
+
+
+def test_kubectl_drain_through_the_eviction_api_tells_every_owner_then_stops_them(loop: Loop) -> None:
+    """What ``kubectl drain`` does to a GPU node: it cordons the node, then asks the Eviction API
+    to evict each pod on it. virt-api refuses each launcher pod's eviction (429) and marks its
+    VMI (evictionStrategy External); vmstream tells each owner, stops the VMs at the deadline,
+    and KubeVirt brings back the Always VM on the node with a free card."""
+    loop.node("gpu-node-1", gpus={RTX: 2})
+    loop.vm("train-1", run_strategy="Always", gpu=RTX)
+    loop.vm("batch-1", run_strategy="RerunOnFailure", gpu=RTX)
+    first = loop.running_vmi("train-1")
+    loop.running_vmi("batch-1")
+    loop.node("gpu-node-2", gpus={RTX: 1})
+    loop.seen_by_worker("train-1")
+    loop.seen_by_worker("batch-1")
+    loop.worker.wait_until("/capacity", lambda c: (c["nvidia-rtx-pro-6000-bse"]["total"],
+                                                   c["nvidia-rtx-pro-6000-bse"]["free"]) == (3, 1))
+
+    client.CoreV1Api(loop.api).patch_node("gpu-node-1", {"spec": {"unschedulable": True}})  # kubectl drain: cordon
+    for name in ("train-1", "batch-1"):  # kubectl drain: evict every pod
+        refusal = loop.evict(name)
+        assert refusal.status == 429 and "Eviction triggered evacuation" in str(refusal.body), refusal.body
+    loop.outputs.wait_for(lambda o: len(o.notifications("drain_will_stop_gpu_vm")) == 2, what="both owners told")
+    told = {n["subject"]["name"]: n for n in loop.outputs.notifications("drain_will_stop_gpu_vm")}
+    assert {name: n["details"]["outcome"] for name, n in told.items()} == {
+        "train-1": "returns_automatically", "batch-1": "needs_manual_start"}
+    assert all(n["recipients"] == [ALICE] and n["deadline"] and n["details"]["scope"] == "evictions"
+               for n in told.values())
+
+    back = loop.running_vmi("train-1", not_on="gpu-node-1", other_than=first["metadata"]["uid"])
+    assert back["status"]["nodeName"] == "gpu-node-2"
+    loop.stopped_for_good("batch-1")  # RerunOnFailure: its VMI deleted, not failed
+    assert loop.outputs.commands("cordon_node") == []  # kubectl cordoned it

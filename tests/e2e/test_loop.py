@@ -1,13 +1,15 @@
-"""The whole loop against real parts: API server + Kafka + watch bridge + worker + applier.
+"""The whole loop against real parts: API server + KubeVirt + Kafka + watch bridge + worker + applier.
 
-KubeVirt's controllers are played by the test-only :class:`KubeVirtSimulator`, and virt-api's
-subresources by :class:`VirtApiStandIn`; everything else is vmstream as it ships, each part
-in its own process, talking through a real broker to a real kube-apiserver with KubeVirt's
-CRD schemas. The control plane is this module's own, so the loop sees only its objects.
+KubeVirt is its own virt-controller and virt-api (the session's control plane,
+``tests/support/kube_apiserver.py``); only the scheduler, the kubelet and virt-handler are
+played, by the node agent (``tests/support/node_agent.py``). Everything else is vmstream as it
+ships, each part in its own process, talking through a real broker to a real kube-apiserver.
+Each test starts from a cluster without Nodes, VMs or NodeMaintenances and leaves it so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Iterator
@@ -19,14 +21,13 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from harness.localkube import LocalKube
 from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess
 from harness.scenarios import PROJECT_LABEL, RTX
 from harness.scenarios import node as node_object
 from streams.common.credentials import DevSigner
 from tests.support.kubevirt_schema import validate_vm
-from tests.support.kubevirt_sim import KubeVirtSimulator
-from tests.support.virt_api_standin import VirtApiStandIn
+from tests.support.kube_apiserver import Kube
+from tests.support.node_agent import LAUNCHER_SELECTOR, NodeAgent
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
@@ -35,14 +36,8 @@ NAMESPACE = "spx-proj-a"
 ALICE, OPS = "alice@example.com", "ops@example.com"
 KUBEVIRT = ("kubevirt.io", "v1")
 T = TypeVar("T")
-LOOP_DEADLINE = 90.0  # a whole loop: worker, applier, API server and the stand-ins
-
-
-
-@pytest.fixture(scope="module")
-def control_plane() -> Iterator[LocalKube]:
-    with LocalKube() as kube:
-        yield kube
+NOTICE_SECONDS = 3
+LOOP_DEADLINE = 90.0  # a whole loop: worker, applier, API server, KubeVirt and the node agent
 
 
 @dataclass
@@ -52,7 +47,7 @@ class Loop:
     outputs: Outputs
     worker: WorkerProcess
     applier: VmstreamProcess
-    simulator: KubeVirtSimulator
+    agent: NodeAgent
     signer: DevSigner  # the upstream service: the worker verifies what it signs (docs/auth.md)
 
     # ------------------------------------------------------------ the cluster
@@ -63,23 +58,27 @@ class Loop:
             del obj["metadata"][field]
         client.CoreV1Api(self.api).create_node(obj)
 
-    def vm(self, name: str, *, run_strategy: str, gpu: str | None = None) -> None:
+    def vm(self, name: str, *, run_strategy: str, gpu: str | None = None,
+           eviction_strategy: str | None = "External") -> None:
+        """A VM; with ``gpu``, the device and ``host-passthrough``, and (by default) the
+        eviction strategy vmstream's GPU rules give it."""
         domain: dict[str, Any] = {
             "cpu": {"sockets": 1, "cores": 2, "threads": 1},
             "memory": {"guest": "4Gi"},
             "devices": {"disks": [{"name": "containerdisk", "disk": {"bus": "virtio"}}]},
         }
-        if gpu:
+        template: dict[str, Any] = {"domain": domain, "volumes": [
+            {"name": "containerdisk", "containerDisk": {"image": "quay.io/containerdisks/ubuntu:24.04"}}]}
+        if gpu:  # as vmstream's GPU rules make it
             domain["devices"]["gpus"] = [{"name": "gpu-0", "deviceName": gpu}]
             domain["cpu"]["model"] = "host-passthrough"
+            if eviction_strategy:
+                template["evictionStrategy"] = eviction_strategy
         body = {
             "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
             "metadata": {"name": name, "namespace": NAMESPACE, "labels": {PROJECT_LABEL: "proj-a"},
                          "annotations": {"vmstream.io/owner": ALICE}},
-            "spec": {"runStrategy": run_strategy, "template": {"spec": {
-                "domain": domain,
-                "volumes": [{"name": "containerdisk",
-                             "containerDisk": {"image": "quay.io/containerdisks/ubuntu:24.04"}}]}}},
+            "spec": {"runStrategy": run_strategy, "template": {"spec": template}},
         }
         client.CustomObjectsApi(self.api).create_namespaced_custom_object(*KUBEVIRT, NAMESPACE, "virtualmachines", body)
 
@@ -101,6 +100,25 @@ class Loop:
                 return None
             return None if vmi["metadata"]["uid"] == other_than else vmi
         return eventually(probe, f"VMI {name} running", timeout=LOOP_DEADLINE)
+
+    def evict(self, name: str) -> ApiException:
+        """Ask the Eviction API to evict the VM's launcher pod, as ``kubectl drain`` does; returns
+        the refusal (virt-api's webhook refuses the eviction of a VMI with ``evictionStrategy: External``)."""
+        core = client.CoreV1Api(self.api)
+        [pod] = core.list_namespaced_pod(NAMESPACE, label_selector=f"{LAUNCHER_SELECTOR},vm.kubevirt.io/name={name}").items
+        try:
+            core.create_namespaced_pod_eviction(pod.metadata.name, NAMESPACE, client.V1Eviction(
+                metadata=client.V1ObjectMeta(name=pod.metadata.name, namespace=NAMESPACE)))
+        except ApiException as exc:
+            return exc
+        raise AssertionError(f"the launcher pod of {name} was evicted")
+
+    def stopped_for_good(self, name: str) -> None:
+        """virt-controller has reconciled the VM without its VMI (printableStatus Stopped, written
+        after it decided not to start one) and no VMI came back."""
+        eventually(lambda: ((self.get("virtualmachines", name) or {}).get("status") or {}).get("printableStatus")
+                   == "Stopped", f"VM {name} Stopped", timeout=LOOP_DEADLINE)
+        assert self.get("virtualmachineinstances", name) is None
 
     def cordoned(self, node: str) -> bool:
         return bool(client.CoreV1Api(self.api).read_node(node).spec.unschedulable)
@@ -136,8 +154,11 @@ class Loop:
 
 
 @pytest.fixture
-def loop(control_plane: LocalKube, kafka_bootstrap: str, tmp_path: Path) -> Iterator[Loop]:
-    api = control_plane.api_client()
+def loop(kube: Kube, kafka_bootstrap: str, tmp_path: Path) -> Iterator[Loop]:
+    if kube.agent is None:
+        pytest.skip("the loop plays nodes: it needs the local control plane, not a cluster given by KUBECONFIG")
+    api = kube.api_client()
+    _clean(api)
     core = client.CoreV1Api(api)
     try:
         core.create_namespace({"metadata": {"name": NAMESPACE, "labels": {PROJECT_LABEL: "proj-a"}}})
@@ -146,29 +167,31 @@ def loop(control_plane: LocalKube, kafka_bootstrap: str, tmp_path: Path) -> Iter
             raise
     deployment = Deployment(kafka_bootstrap, tmp_path)
     deployment.create_topics()
-    kubeconfig = str(control_plane.kubeconfig)
-    with VirtApiStandIn(api) as virt_api, KubeVirtSimulator(api, NAMESPACE) as simulator:
-        signer = DevSigner(tmp_path, operators=["ops@example.com"])
-        worker = WorkerProcess(deployment, "worker", env=signer.worker_env()).start()
-        bridge = VmstreamProcess(deployment, "watch", ["watch", "--config", str(CONFIG), "--kubeconfig", kubeconfig])
-        applier = VmstreamProcess(deployment, "apply", ["apply", "--config", str(CONFIG), "--kubeconfig", kubeconfig,
-                                                         "--subresource-url", virt_api.url])
-        outputs = Outputs(deployment)
-        try:
-            bridge.start()
-            applier.start()
-            yield Loop(api, deployment, outputs, worker, applier, simulator, signer)
-        finally:
-            print(_timeline(outputs, simulator))  # shown only when the test fails
-            outputs.close()
-            for process in (bridge, applier, worker):
-                process.stop()
-            _clean(api)
+    kubeconfig = str(kube.kubeconfig)
+    signer = DevSigner(tmp_path, operators=["ops@example.com"])
+    # Evictions and NodeMaintenances are announced with the configured notice: seconds here.
+    worker = WorkerProcess(deployment, "worker", env={**signer.worker_env(),
+                                                       "VMSTREAM_DRAIN__NOTICE_SECONDS": str(NOTICE_SECONDS)}).start()
+    bridge = VmstreamProcess(deployment, "watch", ["watch", "--config", str(CONFIG), "--kubeconfig", kubeconfig])
+    applier = VmstreamProcess(deployment, "apply", ["apply", "--config", str(CONFIG), "--kubeconfig", kubeconfig])
+    outputs = Outputs(deployment)
+    history_before = len(kube.agent.history)
+    try:
+        bridge.start()
+        applier.start()
+        yield Loop(api, deployment, outputs, worker, applier, kube.agent, signer)
+    finally:
+        print(_timeline(outputs, kube.agent.history[history_before:]))  # shown only when the test fails
+        outputs.close()
+        for process in (bridge, applier, worker):
+            process.stop()
+        _clean(api)
+        api.close()
 
 
-def _timeline(outputs: Outputs, simulator: KubeVirtSimulator) -> str:
-    """What vmstream wrote and what the stand-in controller did, in the order seen."""
-    lines = list(simulator.history)
+def _timeline(outputs: Outputs, agent_history: list[str]) -> str:
+    """What vmstream wrote and what the node agent did, in the order seen."""
+    lines = list(agent_history)
     for at, topic, value in outputs.arrivals:
         if topic == "audit":
             what = f"{value['input']['key']} {value['outcome']} commands={value['commands']}"
@@ -185,11 +208,16 @@ def _timeline(outputs: Outputs, simulator: KubeVirtSimulator) -> str:
 
 
 def _clean(api: client.ApiClient) -> None:
-    """Leave the module's control plane empty for the next test."""
+    """A cluster without the loop's VMs, any NodeMaintenance or any Node: VMs go first, and
+    KubeVirt removes their VMIs and launcher pods (with the node agent) before the Nodes go."""
     custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
     for plural in ("virtualmachines", "virtualmachineinstances"):
         for item in custom.list_namespaced_custom_object(*KUBEVIRT, NAMESPACE, plural)["items"]:
-            custom.delete_namespaced_custom_object(*KUBEVIRT, NAMESPACE, plural, item["metadata"]["name"])
+            with contextlib.suppress(ApiException):
+                custom.delete_namespaced_custom_object(*KUBEVIRT, NAMESPACE, plural, item["metadata"]["name"])
+    eventually(lambda: not core.list_namespaced_pod(NAMESPACE, label_selector=LAUNCHER_SELECTOR).items
+               and not custom.list_namespaced_custom_object(*KUBEVIRT, NAMESPACE, "virtualmachineinstances")["items"],
+               f"KubeVirt to remove the VMIs and launcher pods of {NAMESPACE}", timeout=LOOP_DEADLINE)
     for item in custom.list_cluster_custom_object("nodemaintenance.medik8s.io", "v1beta1", "nodemaintenances")["items"]:
         custom.delete_cluster_custom_object("nodemaintenance.medik8s.io", "v1beta1", "nodemaintenances",
                                             item["metadata"]["name"])
@@ -255,8 +283,7 @@ def test_a_drain_tells_owners_cordons_stops_and_reports(loop: Loop) -> None:
     back = loop.running_vmi("train-1", not_on="gpu-node-1")
     assert back["status"]["nodeName"] == "gpu-node-2"
     eventually(lambda: loop.get("virtualmachineinstances", "batch-1") is None, "batch-1's VMI gone", timeout=LOOP_DEADLINE)
-    loop.simulator.wait_passes()
-    assert loop.get("virtualmachineinstances", "batch-1") is None  # RerunOnFailure stays off
+    loop.stopped_for_good("batch-1")  # RerunOnFailure stays off
     loop.outputs.wait_for(lambda o: o.notifications("drain_completed"), what="drain_completed")
     [done] = loop.outputs.notifications("drain_completed")
     assert done["recipients"] == [OPS] and done["details"]["gpu_vms"] == 2

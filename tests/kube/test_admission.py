@@ -11,7 +11,6 @@ VMI deleted in a project namespace.
 
 from __future__ import annotations
 
-import copy
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -30,7 +29,7 @@ from streams.kube.applying import RESTART_ANNOTATION
 from harness.scenarios import A100, PROJECT_LABEL
 from harness.scenarios import node as node_object
 from harness.scenarios import vm as vm_object
-from tests.support.kube_apiserver import Kube
+from tests.support.kube_apiserver import Kube, as_others_write_it
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.kube
@@ -189,13 +188,6 @@ def get_vm(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
     return found
 
 
-def without_version(obj: dict[str, Any]) -> dict[str, Any]:
-    copied = copy.deepcopy(obj)
-    for key in ("resourceVersion", "managedFields", "generation"):
-        copied["metadata"].pop(key, None)
-    return copied
-
-
 # ---------------------------------------------------------------------------- VMs
 
 
@@ -223,7 +215,7 @@ def test_a_gpu_patch_passes_and_nothing_else_does(admin: client.ApiClient, appli
     }
     for what, ops in attacks.items():
         assert "only at its GPU fields" in denied_by_policy(patch(ops)), what
-    assert without_version(get_vm(admin, project, "vm-1")) == without_version(created)
+    assert as_others_write_it(get_vm(admin, project, "vm-1")) == as_others_write_it(created)
 
     gpu = plan_patch(created, desired_vm(created, ADD_A100))
     assert status_of(patch(gpu)) == (200, "")

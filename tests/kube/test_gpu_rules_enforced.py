@@ -20,7 +20,7 @@ from handlers.gpus import gpu_devices, rule_gaps
 from streams.kube.applying import KUBEVIRT, KubeApplier
 from harness.scenarios import A100, PROJECT_LABEL, RTX, vm
 from tests.support.harness import Harness
-from tests.support.kube_apiserver import Kube
+from tests.support.kube_apiserver import Kube, reconciled_vm
 from tests.support.kubevirt_schema import validate_vm
 
 ALICE = "alice@example.com"
@@ -33,12 +33,14 @@ def project_namespace(kube_namespace: str, api: client.ApiClient) -> str:
 
 
 def kubectl_create(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
-    obj = vm(namespace, name, project="proj-a", owner=ALICE, gpu=RTX, gpu_rules=False)
+    """The VM as kubectl creates it, once virt-controller has made its own first writes (a
+    Halted VM, so that they end): the version the worker would plan on."""
+    obj = vm(namespace, name, project="proj-a", owner=ALICE, gpu=RTX, gpu_rules=False, run_strategy="Halted")
     for field in ("uid", "resourceVersion", "generation"):
         del obj["metadata"][field]
-    created: dict[str, Any] = client.CustomObjectsApi(api).create_namespaced_custom_object(
+    client.CustomObjectsApi(api).create_namespaced_custom_object(
         *KUBEVIRT, namespace, "virtualmachines", obj, field_manager="kubectl-create")
-    return created
+    return reconciled_vm(api, namespace, name)
 
 
 def stored(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Run strategies as KubeVirt acts on them: what a drain tells the owner after it deletes
-the VMI, the free cards every VM that comes back competes for, and the same model in the
-lifecycle simulator the end-to-end tests run (both follow vm.go, docs/kubevirt.md)."""
+the VMI, and the free cards every VM that comes back competes for (docs/kubevirt.md). The
+table the rules follow is checked against KubeVirt's own virt-controller in
+tests/kube/test_kubevirt_run_strategies.py."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from handlers.cluster import effective_run_strategy
 from handlers.drains import RESTARTS_AFTER_DELETION, restarts_by_itself
 from harness.scenarios import A100, RTX, node, vm, vmi
 from tests.support.harness import Harness
-from tests.support.kubevirt_sim import run_strategy_action
 
 ALICE, OPS = "alice@example.com", "ops@example.com"
 STRATEGIES = ["Always", "RerunOnFailure", "Manual", "Halted", "Once"]
@@ -103,45 +103,15 @@ def test_no_class_is_promised_more_returns_than_it_has_free_cards(
         assert count <= spare.get(device, 0)
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_the_simulator_restarts_a_deleted_vmi_exactly_when_the_rules_say_so(strategy: str) -> None:
-    """The lifecycle simulator and the drain rules model vm.go alike: a VM running under
-    ``strategy`` (seen by virt-controller, so status.runStrategy is set) whose VMI is deleted."""
-    assert (run_strategy_action(strategy, None, seen=strategy) == "start") is RESTARTS_AFTER_DELETION[strategy]
-
-
-@pytest.mark.parametrize(("strategy", "phase", "seen", "action"), [
-    ("Always", None, None, "start"),
-    ("Always", "Running", "Always", "none"),
-    ("Always", "Succeeded", "Always", "restart"),
-    ("Always", "Failed", "Always", "restart"),
-    ("Once", None, None, "start"),
-    ("Once", None, "Once", "start"),
-    ("Once", "Succeeded", "Once", "none"),
-    ("Once", "Failed", "Once", "none"),
-    ("RerunOnFailure", None, None, "start"),
-    ("RerunOnFailure", None, "RerunOnFailure", "none"),
-    ("RerunOnFailure", "Failed", "RerunOnFailure", "restart"),
-    ("RerunOnFailure", "Succeeded", "RerunOnFailure", "stop"),
-    ("Manual", None, None, "none"),
-    ("Manual", "Succeeded", "Manual", "none"),
-    ("Halted", "Running", "Always", "stop"),
-    ("Halted", None, None, "none"),
-])
-def test_the_simulator_follows_vm_go(strategy: str, phase: str | None, seen: str | None, action: str) -> None:
-    """Each row is a branch of Controller.syncRunStrategy (docs/kubevirt.md)."""
-    assert run_strategy_action(strategy, phase, seen=seen) == action
-
-
 @settings(max_examples=40, deadline=None)
 @given(
     strategies=st.lists(st.sampled_from(STRATEGIES), min_size=1, max_size=5),
     spare=st.integers(min_value=0, max_value=3),
 )
 def test_drain_completed_tallies_what_kubevirt_then_did(strategies: list[str], spare: int) -> None:
-    """Whatever the strategies and cards: after the deadline KubeVirt acts as the simulator
-    says (vm.go), the scheduler fills the spare cards in some order, and drain_completed
-    reports exactly that — not what was announced."""
+    """Whatever the strategies and cards: after the deadline KubeVirt acts as vm.go says
+    (RESTARTS_AFTER_DELETION), the scheduler fills the spare cards in some order, and
+    drain_completed reports exactly that — not what was announced."""
     h = drained(*((f"v-{i}", {"run_strategy": s}, RTX) for i, s in enumerate(strategies)), spare={RTX: spare})
     h.wait(60)
     h.tick()
@@ -150,7 +120,7 @@ def test_drain_completed_tallies_what_kubevirt_then_did(strategies: list[str], s
     for i, strategy in reversed(list(enumerate(strategies))):  # not the announcement's order
         name = f"v-{i}"
         h.observe(vmi("p", name, node_name="gpu-node-1", phase="Succeeded", gpu=RTX), "DELETED")
-        if run_strategy_action(strategy, None, seen=strategy) != "start":
+        if not restarts_by_itself(strategy):
             expected["off"].append(f"vm/p/{name}")
         elif free:
             free -= 1
