@@ -1,35 +1,40 @@
-"""The demo with Kubernetes in the loop: a real kube-apiserver, the watch bridge, the applier.
+"""The demo with Kubernetes in the loop: a real kube-apiserver, KubeVirt, the watch bridge, the applier.
 
 It starts a Kafka broker and a local control plane (kube-apiserver + etcd with KubeVirt's
-CRDs), creates a small AZ in it, and runs ``vmstream worker``, ``vmstream watch``,
-``vmstream apply``, ``vmstream notify`` (to the demo's SMTP sink) and ``vmstream api`` as
-their own processes. Then it asks for a GPU on a running VM (the VM
-changes in Kubernetes, the owner is told it waits for a restart) and drains a GPU node (the
-owners are told first, the node is cordoned, the GPU VMIs are deleted at the deadline).
+CRDs, and KubeVirt's own virt-api and virt-controller), creates a small AZ in it, and runs
+``vmstream worker``, ``vmstream watch``, ``vmstream apply``, ``vmstream notify`` (to the
+demo's SMTP sink) and ``vmstream api`` as their own processes. Then it asks for a GPU on a
+running VM (the VM changes in Kubernetes, the owner is told it waits for a restart), restarts
+it through virt-api, and drains a GPU node (the owners are told first, the node is cordoned,
+the GPU VMs are stopped at the deadline, KubeVirt brings back the one that restarts by itself).
 
-No KubeVirt runs here, so where virt-controller would act — starting a VMI, replacing it on
-a restart, recreating an ``Always`` VM after a drain — the demo's :class:`Cluster` does it,
-and says so in the output (``[cluster]`` lines).
+No containers run here: the node agent (``tests/support/node_agent.py``) plays the
+scheduler, the kubelet and virt-handler, and says what it does (``[node agent]`` lines).
 """
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, TextIO
 
-from kubernetes import client
+from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from handlers.ids import watch_event_id
 from handlers.messages import object_key
 from handlers.topics import K8S_EVENTS
 from harness.demo_people import ApiProcess, Console, MailSink, NotifyProcess, mails_due, start_together
 from harness.localkube import LocalKube
+from harness.localkubevirt import HANDLER_USER, NAMESPACE, SERVICE_ACCOUNT_GROUPS
 from harness.publishing import publish, scenario_records
 from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess
-from harness.scenarios import A100, INTENTS, PROJECT_LABEL, RTX, kubevirt_cr, node, vm, vmi
+from harness.scenarios import A100, INTENTS, PROJECT_LABEL, RTX, kubevirt_cr, node, vm
 from streams.common.credentials import DevSigner
+from tests.support.node_agent import NodeAgent
 
 KUBEVIRT = ("kubevirt.io", "v1")
 ALICE, BOB, OPS = "alice@example.com", "bob@example.com", "ops@example.com"
@@ -44,22 +49,17 @@ def _created(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 class Cluster:
-    """The demo's AZ in a real API server, and the part KubeVirt's controllers would play."""
+    """The demo's AZ in a real API server, with KubeVirt's own controllers acting on it."""
 
-    def __init__(self, api: client.ApiClient, out: TextIO) -> None:
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
-        self.out = out
-
-    def say(self, text: str) -> None:
-        self.out.write(f"  [cluster] {text}\n")
-        self.out.flush()
 
     def create_az(self) -> set[str]:
-        """Namespaces, nodes, the KubeVirt CR, VMs and their running VMIs; returns the
-        k8s-events keys of what it created (``<Kind>/<namespace>/<name>``)."""
-        created = {object_key("Namespace", None, "kubevirt")}
-        self.core.create_namespace({"metadata": {"name": "kubevirt"}})
+        """Namespaces, nodes, the KubeVirt CR's configuration and the VMs; returns the
+        k8s-events keys of what the worker must have seen (``<Kind>/<namespace>/<name>``)."""
+        created = {object_key("Namespace", None, NAMESPACE)}
         for project in ("proj-a", "proj-b"):  # the applier writes only in project namespaces
             self.core.create_namespace({"metadata": {"name": f"spx-{project}", "labels": {PROJECT_LABEL: project}}})
             created.add(object_key("Namespace", None, f"spx-{project}"))
@@ -67,43 +67,43 @@ class Cluster:
         for obj in nodes:
             self.core.create_node(_created(obj))
             created.add(object_key("Node", None, obj["metadata"]["name"]))
-        cr = kubevirt_cr()
-        self.custom.create_namespaced_custom_object(*KUBEVIRT, "kubevirt", "kubevirts", _created(cr))
-        created.add(object_key("KubeVirt", "kubevirt", cr["metadata"]["name"]))
+        cr = kubevirt_cr()  # the GPUs KubeVirt may pass through, and its defaults
+        self.custom.patch_namespaced_custom_object(*KUBEVIRT, NAMESPACE, "kubevirts", cr["metadata"]["name"],
+                                                   {"spec": cr["spec"]})
+        created.add(object_key("KubeVirt", NAMESPACE, cr["metadata"]["name"]))
         vms = [
-            (vm("spx-proj-a", "train-1", project="proj-a", owner=ALICE, gpu=RTX), "gpu-node-1", RTX),
-            (vm("spx-proj-a", "batch-1", project="proj-a", owner=ALICE, run_strategy="Manual", gpu=RTX),
-             "gpu-node-1", RTX),
-            (vm("spx-proj-b", "dev-1", project="proj-b", owner=BOB, memory="32Gi"), "cpu-node-1", None),
+            vm("spx-proj-a", "train-1", project="proj-a", owner=ALICE, gpu=RTX),
+            vm("spx-proj-a", "batch-1", project="proj-a", owner=ALICE, run_strategy="Manual", gpu=RTX),
+            vm("spx-proj-b", "dev-1", project="proj-b", owner=BOB, memory="32Gi"),
         ]
-        for obj, node_name, gpu in vms:
+        for obj in vms:
             namespace, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
             self.custom.create_namespaced_custom_object(*KUBEVIRT, namespace, "virtualmachines", _created(obj))
-            self.start_vmi(namespace, name, node_name, gpu)
+            if obj["spec"].get("runStrategy") == "Manual":  # created stopped: its owner starts it
+                self.subresource(namespace, name, "start")
             created |= {object_key("VirtualMachine", namespace, name), object_key("VirtualMachineInstance", namespace, name)}
         return created
 
-    def start_vmi(self, namespace: str, name: str, node_name: str, gpu: str | None, generation: int = 1) -> None:
-        """What virt-controller does for a VM that should run: a VMI, scheduled and running."""
-        obj = vmi(namespace, name, node_name=node_name, gpu=gpu,
-                  cpu_model="host-passthrough" if gpu else None, generation=generation)
-        self.custom.create_namespaced_custom_object(*KUBEVIRT, namespace, "virtualmachineinstances", _created(obj))
+    def subresource(self, namespace: str, name: str, action: str) -> None:
+        """virt-api's start/stop/restart, through the API server (as ``virtctl`` calls it)."""
+        self.api.call_api(f"/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/virtualmachines/{name}/{action}",
+                          "PUT", body={}, auth_settings=["BearerToken"], _preload_content=False)
 
-    def delete_vmi(self, namespace: str, name: str) -> None:
+    def running_vmi(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The VM's VMI if it runs, else None."""
         try:
-            self.custom.delete_namespaced_custom_object(*KUBEVIRT, namespace, "virtualmachineinstances", name)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-
-    def vmi_exists(self, namespace: str, name: str) -> bool:
-        try:
-            self.custom.get_namespaced_custom_object(*KUBEVIRT, namespace, "virtualmachineinstances", name)
-            return True
+            found: dict[str, Any] = self.custom.get_namespaced_custom_object(
+                *KUBEVIRT, namespace, "virtualmachineinstances", name)
         except ApiException as exc:
             if exc.status == 404:
-                return False
+                return None
             raise
+        return found if (found.get("status") or {}).get("phase") == "Running" else None
+
+    def vmi_node(self, namespace: str, name: str) -> str | None:
+        """Where the VM's VMI runs, or None (no VMI, or not running)."""
+        vmi = self.running_vmi(namespace, name)
+        return None if vmi is None else vmi["status"].get("nodeName")
 
     def gpu_fields(self, namespace: str, name: str) -> str:
         obj = self.custom.get_namespaced_custom_object(*KUBEVIRT, namespace, "virtualmachines", name)
@@ -120,10 +120,13 @@ class Cluster:
 
 def run(out: TextIO, stack: ExitStack, workdir: Path, bootstrap: str, printer: Any, *,
         notice_seconds: int, timeout: float) -> Outputs:
-    out.write("starting a local kube-apiserver + etcd with KubeVirt's CRDs "
+    out.write("starting a local kube-apiserver + etcd with KubeVirt's CRDs, virt-api and virt-controller "
               "(built from the Go module proxy the first time: minutes)...\n")
-    kube = stack.enter_context(LocalKube())
-    cluster = Cluster(kube.api_client(), out)
+    kube = stack.enter_context(LocalKube(kubevirt=True))
+    admin = stack.enter_context(kube.api_client())
+    handler = stack.enter_context(_client(kube.client_cert(HANDLER_USER, SERVICE_ACCOUNT_GROUPS)))
+    stack.enter_context(NodeAgent(admin, handler, on_action=lambda what: _say(out, what)))
+    cluster = Cluster(admin)
     deployment = Deployment(bootstrap, workdir)
     deployment.create_topics()
     kubeconfig = str(kube.kubeconfig)
@@ -142,27 +145,42 @@ def run(out: TextIO, stack: ExitStack, workdir: Path, bootstrap: str, printer: A
     outputs = Outputs(deployment, on_arrival=printer)
     stack.callback(outputs.close)
     console = Console(api, outputs, out)
-    out.write(f"API server {kube.server}; worker, watch bridge and applier running "
+    out.write(f"API server {kube.server} with KubeVirt's virt-api and virt-controller; "
+              "worker, watch bridge and applier running "
               f"(logs in {workdir}); worker pages: http://127.0.0.1:{worker.web_port}/ready /capacity /pending\n")
     out.write(f"notify delivering to an SMTP sink on 127.0.0.1:{sink.port}; console API {api.url}/v1/…\n")
 
     def mailed(o: Outputs) -> bool:
         return sink.count() >= mails_due(o)
 
-    out.write("\n== the AZ: 3 nodes, the KubeVirt CR, 3 VMs of alice and bob, running\n")
+    out.write("\n== the AZ: 3 nodes, the KubeVirt CR, 3 VMs of alice and bob, started by KubeVirt\n")
     created = cluster.create_az()
     events = deployment.kafka.topic(K8S_EVENTS.name)
     # Each object by its key: the API server's own namespaces (default, kube-system, …) are
     # watched too, so a count of audit records can be reached before bob's VM is observed.
     outputs.wait_for(lambda o: created <= {a["input"]["key"] for a in o.audits(input__topic=events)},
                      timeout=timeout, what="the watch bridge's events of every object created decided")
-    out.write(f"  the worker has observed the {len(created)} objects created, through the watch bridge\n")
+    # The VMIs running, and the worker's view of them: a GPU asked for before would be told to
+    # apply "after the next restart" of a VMI that was not running yet.
+    running: list[set[str]] = []  # per VMI, the ids of the watch events that show it running
+    for namespace, name in (("spx-proj-a", "train-1"), ("spx-proj-a", "batch-1"), ("spx-proj-b", "dev-1")):
+        vmi = _wait_for(lambda ns=namespace, n=name: cluster.running_vmi(ns, n), timeout,  # type: ignore[misc]
+                        f"KubeVirt to run {namespace}/{name}")
+        running.append({watch_event_id("VirtualMachineInstance", namespace, name, vmi["metadata"]["resourceVersion"],
+                                       kind) for kind in ("ADDED", "MODIFIED", "RELISTED")})
+    outputs.wait_for(lambda o: all(refs & {a["input"]["ref"] for a in o.audits(input__topic=events)}
+                                   for refs in running),
+                     timeout=timeout, what="the worker to observe the running VMIs")
+    out.write(f"  the worker has observed the {len(created)} objects created, through the watch bridge, "
+              "and the VMIs KubeVirt runs\n")
 
     out.write("\n== bob asks for a GPU on his running VM dev-1\n")
     publish_signed(deployment, signer, [_intent("demo-gpu-1", "set_gpu", {"namespace": "spx-proj-b", "name": "dev-1",
                                                                "gpu_class": "nvidia-rtx-pro-6000-bse"},
                                       by=BOB, project="proj-b")])
-    outputs.wait_for(lambda o: bool(o.results(cause="demo-gpu-1", type="patch_vm", outcome="applied")
+    # conflict_retried: KubeVirt wrote the VM meanwhile, and the applier planned the patch again.
+    outputs.wait_for(lambda o: bool([r for r in o.results(cause="demo-gpu-1", type="patch_vm")
+                                     if r["outcome"] in ("applied", "conflict_retried")]
                                     and o.notifications("gpu_change_pending_restart")) and mailed(o),
                      timeout=timeout, what="bob's patch applied and bob told, by mail too")
     out.write(f"  in Kubernetes now: {cluster.gpu_fields('spx-proj-b', 'dev-1')}\n")
@@ -170,13 +188,16 @@ def run(out: TextIO, stack: ExitStack, workdir: Path, bootstrap: str, printer: A
     console.show_badge("spx-proj-b", "dev-1", timeout)
     console.show_classes()
 
-    out.write("\n== bob restarts dev-1\n")
-    cluster.say("KubeVirt replaces dev-1's VMI: the new one has the GPU, on gpu-node-2")
-    cluster.delete_vmi("spx-proj-b", "dev-1")
-    cluster.start_vmi("spx-proj-b", "dev-1", "gpu-node-2", RTX, generation=2)
+    out.write("\n== bob restarts dev-1 (through virt-api: KubeVirt replaces its VMI)\n")
+    publish_signed(deployment, signer, [_intent("demo-restart-1", "restart_vm", {"namespace": "spx-proj-b",
+                                                                                "name": "dev-1"},
+                                                by=BOB, project="proj-b")])
+    outputs.wait_for(lambda o: bool(o.results(cause="demo-restart-1", type="restart_vm", outcome="applied")),
+                     timeout=timeout, what="bob's restart applied")
     # The new VMI observed, its card counted on gpu-node-2: the old one's deletion alone
     # clears /pending too.
     worker.wait_for_capacity({"nvidia-rtx-pro-6000-bse": (4, 1)}, timeout)
+    out.write(f"  in Kubernetes now: dev-1 runs on {cluster.vmi_node('spx-proj-b', 'dev-1')} with the GPU\n")
     outputs.wait_for(lambda _: worker.page("/pending") == [], timeout=timeout, what="the restart observed")
     out.write("  nothing waits for a restart any more\n")
 
@@ -185,16 +206,31 @@ def run(out: TextIO, stack: ExitStack, workdir: Path, bootstrap: str, printer: A
                                                                      "notice_seconds": notice_seconds}, by=OPS)])
     outputs.wait_for(lambda _: cluster.cordoned("gpu-node-1"), timeout=timeout, what="the cordon")
     out.write("  in Kubernetes now: gpu-node-1 spec.unschedulable=true\n")
-    outputs.wait_for(lambda _: not (cluster.vmi_exists("spx-proj-a", "train-1")
-                                    or cluster.vmi_exists("spx-proj-a", "batch-1")),
-                     timeout=timeout + notice_seconds, what="the GPU VMIs stopped at the deadline")
-    out.write("  in Kubernetes now: the GPU VMIs on gpu-node-1 are gone\n")
-    cluster.say("KubeVirt recreates train-1 (runStrategy Always) on gpu-node-2, where a card is free; "
-                "batch-1 (Manual) stays off")
-    cluster.start_vmi("spx-proj-a", "train-1", "gpu-node-2", RTX, generation=2)
-    outputs.wait_for(lambda o: bool(o.notifications("drain_completed")) and mailed(o), timeout=timeout,
-                     what="drain_completed, and every mail delivered")
+    outputs.wait_for(lambda o: bool(o.notifications("drain_completed")) and mailed(o),
+                     timeout=timeout + notice_seconds, what="drain_completed, and every mail delivered")
+    batch = cluster.vmi_node("spx-proj-a", "batch-1")
+    out.write(f"  in Kubernetes now: train-1 (Always) runs on {cluster.vmi_node('spx-proj-a', 'train-1')}; "
+              f"batch-1 (Manual) {'is off' if batch is None else 'runs on ' + batch}\n")
     return outputs
+
+
+def _wait_for(probe: Callable[[], dict[str, Any] | None], timeout: float, what: str) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while (found := probe()) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+    return found
+
+
+def _say(out: TextIO, what: str) -> None:
+    out.write(f"  [node agent] {what}\n")
+    out.flush()
+
+
+def _client(kubeconfig: Path) -> client.ApiClient:
+    api: client.ApiClient = config.new_client_from_config(config_file=str(kubeconfig))
+    return api
 
 
 def _intent(intent_id: str, type_: str, spec: dict[str, Any], *, by: str, project: str | None = None) -> str:
