@@ -5,7 +5,9 @@ clone, so a fresh clone reuses them: the downloaded and built parts (Kafka's jar
 kube-apiserver and etcd), and the third-party data the tests and the local API server use
 (KubeVirt's CRDs and example manifests, the medik8s NodeMaintenance CRD), which
 ``tools/kubevirtdata/build.sh`` generates from the Go module proxy at the versions its
-go.mod and go.sum pin. Nothing is read from beside the clone.
+go.mod and go.sum pin, and Strimzi's CRDs, which ``tools/strimzicrds/build.sh`` generates
+with Strimzi's own generator from Maven Central at the version its pom.xml pins. Nothing is
+read from beside the clone.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KUBEVIRTDATA_DIR = REPO_ROOT / "tools" / "kubevirtdata"
+STRIMZICRDS_DIR = REPO_ROOT / "tools" / "strimzicrds"
 KUBEVIRT_MODULE = "kubevirt.io/kubevirt"
 NODEMAINTENANCE_MODULE = "github.com/medik8s/node-maintenance-operator"
 
@@ -118,3 +121,56 @@ def kubevirt_examples_dir() -> Path:
 
 def nodemaintenance_crd() -> Path:
     return third_party_dir() / "medik8s" / "nodemaintenances.nodemaintenance.medik8s.io.yaml"
+
+
+def strimzi_version() -> str:
+    """The Strimzi release tools/strimzicrds/pom.xml pins (io.strimzi:api and crd-generator)."""
+    pom = (STRIMZICRDS_DIR / "pom.xml").read_text()
+    match = re.search(r"<strimzi\.version>\s*([^<\s]+)\s*</strimzi\.version>", pom)
+    if match is None:
+        raise ThirdPartyDataError(f"{STRIMZICRDS_DIR / 'pom.xml'} pins no strimzi.version")
+    return match.group(1)
+
+
+def strimzi_crds_dir() -> Path:
+    """Strimzi's CRDs at the pinned version, generating them first if the cache lacks them.
+
+    Layout: ``crds/<plural>.<group>.yaml``, one CRD a file, e.g.
+    ``crds/kafkatopics.kafka.strimzi.io.yaml``. As for KubeVirt's, the check is done here
+    too, so that a machine with a warm cache needs neither Maven nor Java 21.
+    """
+    version = strimzi_version()
+    out = cache_dir() / "strimzicrds" / version
+    stamp = f"io.strimzi:api {version}\nio.strimzi:crd-generator {version}"
+    versions = out / "versions"
+    if versions.is_file() and versions.read_text() == stamp:
+        return out
+    if shutil.which("mvn") is None:
+        raise ThirdPartyDataError(
+            f"Strimzi {version}'s CRDs are not in {out} and there is no Maven (mvn) to fetch "
+            "Strimzi's generator (tools/strimzicrds/build.sh); install Maven"
+        )
+    log.info("generating Strimzi %s's CRDs (Maven fetches two jars the first time)", version)
+    env = {**os.environ, "VMSTREAM_CACHE_DIR": str(cache_dir())}
+    result = subprocess.run(
+        ["bash", str(STRIMZICRDS_DIR / "build.sh")],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0 or not (versions.is_file() and versions.read_text() == stamp):
+        raise ThirdPartyDataError(
+            f"tools/strimzicrds/build.sh failed with exit code {result.returncode}"
+        )
+    return out
+
+
+def strimzi_crd(name: str) -> Path:
+    """Strimzi's own CRD by its name: ``strimzi_crd("kafkatopics.kafka.strimzi.io")``."""
+    return strimzi_crds_dir() / "crds" / f"{name}.yaml"
+
+
+def strimzi_crds() -> list[Path]:
+    """Every CRD Strimzi's build generates for its cluster operator, at the pinned version."""
+    return sorted((strimzi_crds_dir() / "crds").glob("*.yaml"))

@@ -238,7 +238,7 @@ def _strimzi_acls(user: dict[str, Any]) -> set[tuple[str, str, str, str]]:
     found = set()
     for rule in user["spec"]["authorization"]["acls"]:
         resource = rule["resource"]
-        for operation in rule.get("operations") or [rule["operation"]]:
+        for operation in rule["operations"]:  # kafka.strimzi.io/v1 knows no singular operation
             pattern = {"literal": "LITERAL", "prefix": "PREFIXED"}[resource.get("patternType", "literal")]
             found.add((operation.upper(), resource["type"].upper(), resource["name"], pattern))
     return found
@@ -259,16 +259,25 @@ def test_the_strimzi_users_grant_the_same(secured: SecuredBroker) -> None:
 
 
 def test_the_strimzi_topics_are_every_topic_the_processes_use() -> None:
+    """By the topic's name in Kafka: spec.topicName where the KafkaTopic's own name differs
+    (Faust's assignor topic, whose underscores no Kubernetes name may hold)."""
     documents = [d for d in yaml.safe_load_all((ROOT / "deploy/components/strimzi/kafkatopics.yaml").read_text()) if d]
-    topics = {d["metadata"]["name"]: d["spec"] for d in documents if d["kind"] == "KafkaTopic"}
+    kafka_topics = [d for d in documents if d["kind"] == "KafkaTopic"]
+    topics = {d["spec"].get("topicName", d["metadata"]["name"]): d["spec"] for d in kafka_topics}
+    assert len(topics) == len(kafka_topics)  # no topic twice
     kafka = KafkaSettings()
     changelogs = set(CHANGELOGS)
-    assert set(topics) == {kafka.topic(spec.name) for spec in TOPIC_SPECS} | changelogs | {
-        f"{APP_ID}-__assignor-__leader"}
+    assignor = f"{APP_ID}-__assignor-__leader"
+    assert set(topics) == {kafka.topic(spec.name) for spec in TOPIC_SPECS} | changelogs | {assignor}
     for spec in TOPIC_SPECS:
         assert topics[kafka.topic(spec.name)]["config"] == spec.configs, spec.name
     assert all(topics[name]["config"] == {"cleanup.policy": "compact"} for name in changelogs)
-    assert {spec["partitions"] for name, spec in topics.items() if "__assignor" not in name} == {kafka.partitions}
+    assert {spec["partitions"] for name, spec in topics.items() if name != assignor} == {kafka.partitions}
+    assert topics[assignor]["partitions"] == 1
+    # spec.topicName only where it must be: Strimzi names the topic after the KafkaTopic otherwise.
+    for document in kafka_topics:
+        if "topicName" in document["spec"]:
+            assert document["spec"]["topicName"] != document["metadata"]["name"]
 
 
 # ------------------------------------------------------------------------------ a process on its ACLs

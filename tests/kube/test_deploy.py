@@ -13,7 +13,10 @@ hash of its content, so a change to it rolls every Deployment. Then:
   with what any authenticated ServiceAccount may do, over every resource the API server
   serves and every verb;
 * on the local control plane, requests made *as* those ServiceAccounts (client
-  certificates with their user and group names) get 200 or 403 accordingly.
+  certificates with their user and group names) get 200 or 403 accordingly;
+* with the Strimzi component, every object passes the same dry run against Strimzi's own
+  CRDs at the version tools/strimzicrds pins (kafka.strimzi.io/v1 alone, as Strimzi 1.0
+  and later serve; no field the schema lacks), and every name is a valid Kubernetes name.
 """
 
 from __future__ import annotations
@@ -37,11 +40,18 @@ from packaging.version import Version
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from harness.localkube import install_crds
+from harness.locations import strimzi_crds
 from streams.common.settings import load_settings
 from tests.support.kube_apiserver import Kube, minimal_vm
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "deploy" / "base"
+STRIMZI = ROOT / "deploy" / "components" / "strimzi"
+STRIMZI_GROUP = "kafka.strimzi.io"
+STRIMZI_VERSION = f"{STRIMZI_GROUP}/v1"  # the only one Strimzi 1.0 and later serve
+# Every object's name, a custom resource's too: a DNS-1123 subdomain, as the API server checks.
+DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 NAMESPACE = "vmstream"
 IMAGE = "vmstream:0.1.0"
 FIELD_MANAGER = "vmstream-deploy-test"
@@ -218,6 +228,17 @@ def rendered() -> list[Manifest]:
 @pytest.fixture(scope="module")
 def config_name(rendered: list[Manifest]) -> str:
     return config_map_name(rendered)
+
+
+@pytest.fixture(scope="module")
+def with_strimzi(tmp_path_factory: pytest.TempPathFactory) -> list[Manifest]:
+    """An overlay of the base with the Strimzi component, as deploy/README.md has it."""
+    overlay = tmp_path_factory.mktemp("overlay")
+    (overlay / "kustomization.yaml").write_text(
+        f"resources: [{os.path.relpath(BASE, overlay)}]\n"
+        f"components: [{os.path.relpath(STRIMZI, overlay)}]\n"
+    )
+    return kustomize(overlay)
 
 
 @pytest.fixture(scope="module")
@@ -977,16 +998,10 @@ def test_the_worker_and_the_applier_hold_the_signing_keys(objects: dict[tuple[st
 
 
 def test_with_the_strimzi_component_each_process_signs_in_as_its_own_user(
-    tmp_path: Path, config_name: str
+    with_strimzi: list[Manifest], config_name: str
 ) -> None:
     """Every Deployment takes its own KafkaUser's Secret, and no Secret name serves two ends."""
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(
-        f"resources: [{os.path.relpath(BASE, overlay)}]\n"
-        f"components: [{os.path.relpath(ROOT / 'deploy' / 'components' / 'strimzi', overlay)}]\n"
-    )
-    manifests = kustomize(overlay)
+    manifests = with_strimzi
     users = {m["metadata"]["name"] for m in manifests if m["kind"] == "KafkaUser"}
     deployments = [m for m in manifests if m["kind"] == "Deployment"]
     assert deployments
@@ -1004,3 +1019,99 @@ def test_with_the_strimzi_component_each_process_signs_in_as_its_own_user(
             ref = each.get("valueFrom", {}).get("secretKeyRef")
             if ref and ref["name"] in users:
                 assert (ref["name"], ref["key"]) == (name, "password"), (name, each["name"])
+
+
+# -- the Strimzi component against Strimzi's own CRDs ----------------------------------
+
+
+def _strimzi_objects(manifests: list[Manifest]) -> list[Manifest]:
+    return [m for m in manifests if m["apiVersion"].partition("/")[0] == STRIMZI_GROUP]
+
+
+def test_the_strimzi_component_is_kafka_strimzi_io_v1_with_valid_names(
+    with_strimzi: list[Manifest],
+) -> None:
+    """Its KafkaTopics and KafkaUsers at v1, and every object's name one Kubernetes takes:
+    a topic whose name is not one (Faust's assignor topic) is named by spec.topicName."""
+    strimzi = _strimzi_objects(with_strimzi)
+    assert {m["kind"] for m in strimzi} == {"KafkaTopic", "KafkaUser"}
+    assert {m["apiVersion"] for m in strimzi} == {STRIMZI_VERSION}
+    for obj in with_strimzi:
+        name = obj["metadata"]["name"]
+        assert len(name) <= 253 and DNS1123_SUBDOMAIN.fullmatch(name), (obj["kind"], name)
+    # In the vmstream namespace with the processes, whose Secrets the User Operator writes.
+    assert {m["metadata"].get("namespace") for m in strimzi} == {NAMESPACE}
+    topics = {m["metadata"]["name"]: m["spec"] for m in strimzi if m["kind"] == "KafkaTopic"}
+    assert topics["vmstream-assignor-leader"]["topicName"] == "vmstream-__assignor-__leader"
+
+
+@pytest.fixture(scope="module")
+def strimzi_server(kube: Kube, with_strimzi: list[Manifest]) -> Iterator[Api]:
+    """The API server serving Strimzi's own CRDs (tools/strimzicrds, the version its pom.xml
+    pins) for each Strimzi kind the component renders. Installed into the local control
+    plane only: a cluster given by KUBECONFIG is not changed."""
+    if kube.local is None:
+        pytest.skip("Strimzi's CRDs are installed into the local control plane only")
+    kinds = {m["kind"] for m in _strimzi_objects(with_strimzi)}
+    crds = {yaml.safe_load(path.read_text())["spec"]["names"]["kind"]: path for path in strimzi_crds()}
+    assert kinds <= set(crds), kinds - set(crds)
+    install_crds(kube.kubeconfig, [crds[kind] for kind in sorted(kinds)])
+    with kube.api_client() as api:
+        yield Api(api)  # discovered after the CRDs are Established
+
+
+@pytest.mark.kube
+def test_with_the_strimzi_component_every_object_passes_a_dry_run_against_strimzis_crds(
+    strimzi_server: Api, namespace: str, with_strimzi: list[Manifest]
+) -> None:
+    """What ``kubectl apply --server-side --dry-run=server -k`` of an overlay with the
+    component does on a cluster with Strimzi 1.x: every object accepted, with no warning.
+    Server-side apply refuses a field the schema does not declare, so none is dropped."""
+    assert _strimzi_objects(with_strimzi)
+    for obj in sorted(with_strimzi, key=_apply_order):
+        assert (obj["apiVersion"], obj["kind"]) in strimzi_server.kinds, (
+            f"no matches for kind {obj['kind']} in version {obj['apiVersion']}"
+        )
+        status, body, warnings = strimzi_server.apply(obj, dry_run=True)
+        assert status in (200, 201), (obj["kind"], obj["metadata"]["name"], body)
+        assert warnings == [], (obj["kind"], obj["metadata"]["name"], warnings)
+        assert body["metadata"]["name"] == obj["metadata"]["name"]
+        if obj["apiVersion"].partition("/")[0] == STRIMZI_GROUP:
+            # Stored as written, at v1: nothing pruned, nothing defaulted.
+            assert (body["apiVersion"], body["spec"]) == (obj["apiVersion"], obj["spec"]), obj["metadata"]["name"]
+
+
+@pytest.mark.kube
+def test_strimzis_crds_refuse_what_strimzi_1_refuses(
+    strimzi_server: Api, namespace: str, with_strimzi: list[Manifest]
+) -> None:
+    """The check above can fail: Strimzi's CRDs serve no v1beta2 and take no name with an
+    underscore, and a field v1 lacks (v1beta2's singular ``operation``) is refused."""
+    strimzi = _strimzi_objects(with_strimzi)
+    topic = next(m for m in strimzi if m["kind"] == "KafkaTopic" and "topicName" not in m["spec"])
+    user = next(m for m in strimzi if m["kind"] == "KafkaUser")
+
+    def refusal(obj: Manifest, path: str | None = None) -> tuple[int, str]:
+        with pytest.raises(ApiException) as refused:
+            strimzi_server.request(
+                "PATCH", path or strimzi_server.path(obj), body=obj,
+                query=[("fieldManager", FIELD_MANAGER), ("dryRun", "All")],
+                content_type="application/apply-patch+yaml",
+            )
+        return int(refused.value.status), str(refused.value.body)
+
+    assert (f"{STRIMZI_GROUP}/v1beta2", "KafkaTopic") not in strimzi_server.kinds
+    old = {**json.loads(json.dumps(topic)), "apiVersion": f"{STRIMZI_GROUP}/v1beta2"}
+    path = f"/apis/{STRIMZI_GROUP}/v1beta2/namespaces/{NAMESPACE}/kafkatopics/{topic['metadata']['name']}"
+    assert refusal(old, path)[0] == 404
+
+    underscored = json.loads(json.dumps(topic))
+    underscored["metadata"]["name"] = "vmstream-__assignor-__leader"
+    status, message = refusal(underscored)
+    assert status == 422 and "RFC 1123 subdomain" in message, message
+
+    singular = json.loads(json.dumps(user))
+    singular["spec"]["authorization"]["acls"][0]["operation"] = "Read"
+    # Server-side apply answers 500 for a field its typed patch cannot hold.
+    status, message = refusal(singular)
+    assert "acls[0].operation: field not declared in schema" in message, (status, message)
