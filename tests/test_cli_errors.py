@@ -116,6 +116,24 @@ def test_a_bad_configuration_file_is_one_line_and_exit_2(command: str, tmp_path:
         assert_one_line(ran[name], command, errors.EXIT_USAGE, says)
 
 
+def test_two_class_ids_differing_only_in_case_are_refused_by_every_command(tmp_path: Path) -> None:
+    # Class ids are case-insensitive: kept, one of the two classes would silently be lost.
+    config = tmp_path / "config.yaml"
+    config.write_text(EXAMPLE.replace("  nvidia-a100:\n", "  NVIDIA-A100:\n    device_name: nvidia.com/GA100_A100_PCIE_80GB\n"
+                                      "  nvidia-a100:\n"), encoding="utf-8")
+    assert "NVIDIA-A100:" in config.read_text(encoding="utf-8")
+
+    def run(command: str) -> tuple[str, Ran]:
+        kafka = ["--bootstrap-servers", "127.0.0.1:1"] if command in KAFKA_COMMANDS else []
+        return command, vmstream(*COMMANDS[command], "--config", str(config), *kafka)
+
+    with ThreadPoolExecutor(4) as pool:
+        ran = dict(pool.map(run, COMMANDS))
+    for command in COMMANDS:
+        assert_one_line(ran[command], command, errors.EXIT_USAGE, "gpu_classes", "'NVIDIA-A100'", "'nvidia-a100'",
+                        "differ only in case")
+
+
 def test_schemas_into_a_place_that_is_not_a_directory_is_one_line_and_exit_2(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("", encoding="utf-8")
     ran = vmstream("schemas", "--output", str(tmp_path / "file" / "schemas"))

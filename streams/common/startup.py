@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from handlers.config import lower_case_class_ids
 from streams.common.errors import EXIT_OK, ConfigError, KafkaUnreachable, PortInUse
 from streams.common.probes import ProbeServer
 
@@ -101,11 +102,16 @@ def load_kafka_config(args: argparse.Namespace) -> KafkaSettings:
     path = getattr(args, "config", None)
     try:
         kafka = load_kafka_settings(path)
-        unknown = sorted(set(read_yaml(path)) - set(Settings.model_fields))
+        loaded = read_yaml(path)
     except (OSError, ValueError) as error:
         raise _config_error(path, error) from error
+    unknown = sorted(set(loaded) - set(Settings.model_fields))
     if unknown:  # the other sections are not read here, but a misspelt one is still a mistake
         raise ConfigError(f"configuration {path}: unknown key {unknown[0]!r}", CONFIG_HINT)
+    try:  # nor is a catalog that would lose a class (intent checks its --gpu-class against it)
+        lower_case_class_ids(loaded.get("gpu_classes"))
+    except ValueError as error:
+        raise ConfigError(f"configuration {path}: gpu_classes: {error}", CONFIG_HINT) from error
     return _with_servers(kafka, args)
 
 
