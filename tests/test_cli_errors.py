@@ -320,3 +320,51 @@ def test_a_token_or_key_file_that_cannot_be_read_is_one_line_and_exit_2(tmp_path
         ran = dict(pool.map(run, cases))
     for case, (_, _, says) in cases.items():
         assert_one_line(ran[case], case, errors.EXIT_USAGE, says)
+
+
+# ------------------------------------------------------------------- keys
+
+
+# What a JWKS file may be wrong with: (name, content or None for a file that is not there,
+# what the line says besides auth.jwks_file).
+BAD_JWKS = [
+    ("missing", None, "No such file or directory"),
+    ("empty", "", "empty, not a JWKS"),
+    ("not-json", '{"keys": [\n', "not JSON"),
+    ("not-a-jwks", '{"kid": "k1", "kty": "OKP"}', "not a JWKS"),
+    ("no-usable-key", '{"keys": [{"kid": "k1", "kty": "oct", "k": "c2VjcmV0"}]}', "no usable key"),
+]
+VERIFYING = ["worker", "simulate", "replay"]  # the commands that verify intents' credentials
+
+
+def test_a_missing_empty_or_broken_jwks_is_one_line_and_exit_2_before_any_connection(tmp_path: Path) -> None:
+    example = str(ROOT / "examples" / "config.yaml")
+    cases: dict[tuple[str, str], tuple[dict[str, str], list[str]]] = {}
+    for command in VERIFYING:
+        cases[command, "jwt without a key set"] = (clean_env(VMSTREAM_AUTH__MODE="jwt"),
+                                                   ["neither auth.jwks_file nor auth.jwks_url"])
+        for name, content, says in BAD_JWKS:
+            path = tmp_path / f"{name}.json"
+            if content is not None:
+                path.write_text(content, encoding="utf-8")
+            cases[command, name] = (clean_env(VMSTREAM_AUTH__MODE="jwt", VMSTREAM_AUTH__JWKS_FILE=str(path)),
+                                    ["auth.jwks_file", str(path), says])
+
+    def run(case: tuple[str, str]) -> tuple[tuple[str, str], Ran]:
+        command = case[0]
+        kafka = ["--bootstrap-servers", "127.0.0.1:1"] if command in KAFKA_COMMANDS else []  # never reached
+        return case, vmstream(*COMMANDS[command], "--config", example, *kafka, env=cases[case][0])
+
+    with ThreadPoolExecutor(4) as pool:
+        ran = dict(pool.map(run, cases))
+    for case, (_, says) in cases.items():
+        assert_one_line(ran[case], case[0], errors.EXIT_USAGE, *says)
+
+
+def test_an_empty_key_set_is_a_key_set(tmp_path: Path) -> None:
+    """``{"keys": []}`` is what deploy/ ships until the signers' keys are published: not a mistake."""
+    jwks = tmp_path / "jwks.json"
+    jwks.write_text('{"keys": []}', encoding="utf-8")
+    ran = vmstream("simulate", "--config", str(ROOT / "examples" / "config.yaml"), "--input", os.devnull,
+                   env=clean_env(VMSTREAM_AUTH__MODE="jwt", VMSTREAM_AUTH__JWKS_FILE=str(jwks)))
+    assert ran.code == errors.EXIT_OK and not ran.lines, ran.stderr

@@ -116,9 +116,13 @@ def load_kafka_config(args: argparse.Namespace) -> KafkaSettings:
 
 
 def check_secrets(settings: Settings, *, signing: bool = False, page_token: bool = False,
-                  api_tokens: bool = False) -> None:
-    """Read the files the configuration names for keys and tokens now, so that one missing or
-    empty is a :class:`ConfigError` at start, not a traceback from deep inside a process."""
+                  api_tokens: bool = False, credentials: bool = False) -> None:
+    """Read the files the configuration names for keys and tokens now, so that one missing,
+    empty or broken is a :class:`ConfigError` at start, before any connection, not a
+    traceback from deep inside a process. ``credentials``: the key set intents' credentials
+    are verified with (``auth``; a JWKS URL is not fetched here)."""
+    from streams.common.credentials import check_key_set
+
     checks: list[tuple[str, Callable[[], object]]] = []
     if signing:
         checks.append(("signing", settings.signing.keyring))
@@ -126,12 +130,15 @@ def check_secrets(settings: Settings, *, signing: bool = False, page_token: bool
         checks.append(("worker.web_token", settings.worker.page_token))
     if api_tokens:
         checks.append(("api tokens", settings.api.tokens))
+    if credentials:
+        checks.append(("", lambda: check_key_set(settings.auth)))  # its text names the setting
     for section, read in checks:
         try:
             read()
         except (OSError, ValueError) as error:  # a KeyringError is a ValueError
             detail = f"{error.filename}: {error.strerror}" if isinstance(error, OSError) else str(error)
-            raise ConfigError(f"{section}: {detail}", "fix the file or value the configuration names") from error
+            raise ConfigError(f"{section}: {detail}" if section else detail,
+                              "fix the file or value the configuration names") from error
 
 
 def config_problem(path: str | Path | None, error: Exception) -> ConfigError:
