@@ -302,6 +302,32 @@ class ClientSettings(EnvironmentFirst):
     kafka: KafkaSettings = KafkaSettings()
 
 
+# The settings that name a file. A relative path in the configuration file is relative to
+# the file's own directory, so a file and the keys beside it go together wherever it is read
+# from (examples/config.yaml, a ConfigMap); in a VMSTREAM_* variable, to the current directory.
+FILE_SETTINGS: tuple[tuple[str, ...], ...] = (
+    ("kafka", "ssl_cafile"),
+    ("worker", "web_token_file"),
+    ("api", "operator_token_file"),
+    ("api", "project_tokens_file"),
+    ("signing", "keys_file"),
+    ("auth", "jwks_file"),
+    ("notify", "smtp", "ssl_cafile"),
+)
+
+
+def relative_to(loaded: dict[str, Any], directory: Path) -> dict[str, Any]:
+    """``loaded`` with the relative paths of :data:`FILE_SETTINGS` made relative to ``directory``."""
+    for *sections, name in FILE_SETTINGS:
+        holder: Any = loaded
+        for section in sections:
+            holder = holder.get(section) if isinstance(holder, dict) else None
+        value = holder.get(name) if isinstance(holder, dict) else None
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            holder[name] = str(directory / value)
+    return loaded
+
+
 def read_yaml(path: str | Path | None) -> dict[str, Any]:
     if path is None:
         return {}
@@ -311,7 +337,7 @@ def read_yaml(path: str | Path | None) -> dict[str, Any]:
         raise ValueError(f"{path}: not YAML: {exc}") from exc
     if not isinstance(loaded, dict):
         raise ValueError(f"{path}: the configuration must be a YAML mapping")
-    return loaded
+    return relative_to(loaded, Path(path).absolute().parent)
 
 
 def load_settings(path: str | Path | None) -> Settings:
