@@ -19,11 +19,12 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+import yaml
 
 from harness.processes import free_ports
 from streams.common import errors
 from streams.cli.main import build_parser
-from streams.common.startup import load_config, load_kafka_config
+from streams.common.startup import check_secrets, load_config, load_kafka_config
 from streams.kube import kubeconfig
 from tests.support.kube_apiserver import Kube
 
@@ -368,3 +369,54 @@ def test_an_empty_key_set_is_a_key_set(tmp_path: Path) -> None:
     ran = vmstream("simulate", "--config", str(ROOT / "examples" / "config.yaml"), "--input", os.devnull,
                    env=clean_env(VMSTREAM_AUTH__MODE="jwt", VMSTREAM_AUTH__JWKS_FILE=str(jwks)))
     assert ran.code == errors.EXIT_OK and not ran.lines, ran.stderr
+
+
+def without_signing(path: Path, **signing: object) -> Path:
+    """The example configuration at ``path`` with ``signing`` replaced (left out: no key at all)."""
+    config = yaml.safe_load(EXAMPLE)
+    config.pop("signing", None)
+    if signing:
+        config["signing"] = signing
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+def test_a_worker_or_applier_without_a_key_to_seal_with_does_not_start(tmp_path: Path) -> None:
+    # Unsealed, every command the worker publishes would be refused by the applier, silently.
+    none = without_signing(tmp_path / "none.yaml")
+    two = without_signing(tmp_path / "two.yaml", keys={"k1": "a" * 32, "k2": "b" * 32})
+    empty = tmp_path / "empty-secret"  # a mounted Secret without any key
+    empty.mkdir()
+    unmounted = without_signing(tmp_path / "unmounted.yaml", keys_file=str(empty))
+    env = clean_env(HOME=str(tmp_path))  # no kubeconfig either: the keys are checked first
+    cases = {
+        ("worker", "none"): (none, ["no key to seal commands with", "signing.keys_file", "signing.keys"]),
+        ("apply", "none"): (none, ["no key to seal results with", "signing.keys_file", "signing.keys"]),
+        ("worker", "two keys"): (two, ["signing.key_id is not set", "k1, k2"]),
+        ("worker", "empty Secret"): (unmounted, [f"signing.keys_file {empty} holds none"]),
+    }
+
+    def run(case: tuple[str, str]) -> tuple[tuple[str, str], Ran]:
+        config, _ = cases[case]
+        return case, vmstream(*COMMANDS[case[0]], "--config", str(config), "--bootstrap-servers", "127.0.0.1:1",
+                              env=env)
+
+    with ThreadPoolExecutor(4) as pool:
+        ran = dict(pool.map(run, cases))
+    for case, (_, says) in cases.items():
+        assert_one_line(ran[case], case[0], errors.EXIT_USAGE, *says)
+
+
+def test_the_example_configuration_gets_every_process_past_its_keys_from_any_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's commands as written: with examples/config.yaml, a process fails only for
+    want of a broker or a cluster, wherever it is started from (the key is beside the file)."""
+    example = ROOT / "examples" / "config.yaml"
+    for name in [name for name in os.environ if name.startswith("VMSTREAM_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    settings = load_config(argparse.Namespace(config=str(example)))
+    check_secrets(settings, seals="commands", page_token=True, credentials=True)
+    check_secrets(settings, seals="results")
+    ran = vmstream("apply", "--config", str(example), env=clean_env(HOME=str(tmp_path)), cwd=tmp_path)
+    assert_one_line(ran, "apply", errors.EXIT_KUBERNETES, "kubeconfig")

@@ -58,7 +58,7 @@ def _worker(args: argparse.Namespace) -> int:
     from streams.worker.running import run
 
     settings = load_config(args)
-    check_secrets(settings, signing=True, page_token=True, credentials=True)
+    check_secrets(settings, seals="commands", page_token=True, credentials=True)
     check_port(settings.worker.web_host, settings.worker.web_port, "worker.web_port (VMSTREAM_WORKER__WEB_PORT)")
     reach_kafka(settings.kafka)
     worker = Worker(settings)

@@ -115,17 +115,21 @@ def load_kafka_config(args: argparse.Namespace) -> KafkaSettings:
     return _with_servers(kafka, args)
 
 
-def check_secrets(settings: Settings, *, signing: bool = False, page_token: bool = False,
-                  api_tokens: bool = False, credentials: bool = False) -> None:
+def check_secrets(settings: Settings, *, signing: bool = False, seals: str | None = None,
+                  page_token: bool = False, api_tokens: bool = False, credentials: bool = False) -> None:
     """Read the files the configuration names for keys and tokens now, so that one missing,
     empty or broken is a :class:`ConfigError` at start, before any connection, not a
-    traceback from deep inside a process. ``credentials``: the key set intents' credentials
-    are verified with (``auth``; a JWKS URL is not fetched here)."""
+    traceback from deep inside a process. ``seals``: what the process seals (``"commands"``,
+    ``"results"``), which it cannot do without a key: unsealed, its messages would all be
+    refused. ``credentials``: the key set intents' credentials are verified with (``auth``;
+    a JWKS URL is not fetched here)."""
     from streams.common.credentials import check_key_set
 
     checks: list[tuple[str, Callable[[], object]]] = []
-    if signing:
+    if signing or seals:
         checks.append(("signing", settings.signing.keyring))
+    if seals:
+        checks.append(("signing", lambda: _key_to_seal(settings, seals)))
     if page_token:
         checks.append(("worker.web_token", settings.worker.page_token))
     if api_tokens:
@@ -139,6 +143,23 @@ def check_secrets(settings: Settings, *, signing: bool = False, page_token: bool
             detail = f"{error.filename}: {error.strerror}" if isinstance(error, OSError) else str(error)
             raise ConfigError(f"{section}: {detail}" if section else detail,
                               "fix the file or value the configuration names") from error
+
+
+def _key_to_seal(settings: Settings, seals: str) -> None:
+    """A :class:`ConfigError` naming the setting that is missing, unless there is a key to seal with."""
+    signing = settings.signing
+    keyring = signing.keyring()
+    if keyring.active is not None:
+        return
+    hint = ("give the worker and the applier the same key: signing.keys_file or VMSTREAM_SIGNING__KEYS "
+            "(docs/security.md; examples/config.yaml names an example key)")
+    if not keyring:
+        where = (f"signing.keys_file {signing.keys_file} holds none" if signing.keys_file
+                 else "neither signing.keys_file nor signing.keys is set")
+        raise ConfigError(f"signing: no key to seal {seals} with: {where}", hint)
+    raise ConfigError(f"signing: no key to seal {seals} with: signing.key_id is not set and there are "
+                      f"{len(keyring.keys)} keys ({', '.join(sorted(keyring.keys))})",
+                      "set signing.key_id to the one that seals (docs/security.md, rotation)")
 
 
 def config_problem(path: str | Path | None, error: Exception) -> ConfigError:
