@@ -420,3 +420,34 @@ def test_the_example_configuration_gets_every_process_past_its_keys_from_any_dir
     check_secrets(settings, seals="results")
     ran = vmstream("apply", "--config", str(example), env=clean_env(HOME=str(tmp_path)), cwd=tmp_path)
     assert_one_line(ran, "apply", errors.EXIT_KUBERNETES, "kubeconfig")
+
+
+def test_a_keys_or_tokens_file_that_is_not_yaml_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    example = str(ROOT / "examples" / "config.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("k1: [\n  a: b\n", encoding="utf-8")
+    kafka = ["--bootstrap-servers", "127.0.0.1:1"]  # checked before Kafka: never reached
+    cases = {
+        "worker": (clean_env(VMSTREAM_SIGNING__KEYS_FILE=str(broken)), "not YAML"),
+        "apply": (clean_env(VMSTREAM_SIGNING__KEYS_FILE=str(broken), HOME=str(tmp_path)), "not YAML"),
+        "api": (clean_env(VMSTREAM_API__PROJECT_TOKENS_FILE=str(broken)), "api.project_tokens_file"),
+    }
+
+    def run(case: str) -> tuple[str, Ran]:
+        return case, vmstream(*COMMANDS[case], "--config", example, *kafka, env=cases[case][0])
+
+    with ThreadPoolExecutor(len(cases)) as pool:
+        ran = dict(pool.map(run, cases))
+    for case, (_, says) in cases.items():
+        assert_one_line(ran[case], case, errors.EXIT_USAGE, str(broken), says, "line 3, column 1")
+
+
+def test_a_file_that_cannot_be_read_is_said_of_the_setting_that_names_it(tmp_path: Path) -> None:
+    settings = load_config(argparse.Namespace(config=str(ROOT / "examples" / "config.yaml")))
+    absent = str(tmp_path / "absent")
+    for update, says in [({"signing": settings.signing.model_copy(update={"keys_file": absent})}, "signing.keys_file"),
+                         ({"worker": settings.worker.model_copy(update={"web_token_file": absent})},
+                          "worker.web_token_file")]:
+        with pytest.raises(errors.ConfigError) as caught:
+            check_secrets(settings.model_copy(update=update), seals="commands", page_token=True)
+        assert caught.value.message == f"{says}: {absent}: No such file or directory"

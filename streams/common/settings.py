@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from handlers.config import Config
 from handlers.delivery import Endpoint, Route
 from handlers.topics import Topic
-from streams.common.signing import Keyring, keyring_from
+from streams.common.signing import Keyring, keyring_from, yaml_problem
 
 
 class KafkaSettings(BaseModel):
@@ -172,7 +172,11 @@ class ApiSettings(BaseModel):
         """Every accepted token → its caller."""
         projects = dict(self.project_tokens)
         if self.project_tokens_file:
-            loaded = yaml.safe_load(Path(self.project_tokens_file).read_text(encoding="utf-8")) or {}
+            try:
+                loaded = yaml.safe_load(Path(self.project_tokens_file).read_text(encoding="utf-8")) or {}
+            except yaml.YAMLError as exc:
+                raise ValueError(f"api.project_tokens_file: {self.project_tokens_file} is not YAML "
+                                 f"({yaml_problem(exc)})") from exc
             if not isinstance(loaded, dict):
                 raise ValueError(f"api.project_tokens_file: {self.project_tokens_file} is not a map of token → project")
             projects.update({str(token): str(project) for token, project in loaded.items()})

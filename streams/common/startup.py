@@ -125,23 +125,26 @@ def check_secrets(settings: Settings, *, signing: bool = False, seals: str | Non
     a JWKS URL is not fetched here)."""
     from streams.common.credentials import check_key_set
 
-    checks: list[tuple[str, Callable[[], object]]] = []
+    # (what a problem is said of, the setting naming the file an OSError is about, the check)
+    checks: list[tuple[str, str, Callable[[], object]]] = []
     if signing or seals:
-        checks.append(("signing", settings.signing.keyring))
+        checks.append(("signing", "signing.keys_file", settings.signing.keyring))
     if seals:
-        checks.append(("signing", lambda: _key_to_seal(settings, seals)))
+        checks.append(("signing", "signing.keys_file", lambda: _key_to_seal(settings, seals)))
     if page_token:
-        checks.append(("worker.web_token", settings.worker.page_token))
+        checks.append(("worker.web_token", "worker.web_token_file", settings.worker.page_token))
     if api_tokens:
-        checks.append(("api tokens", settings.api.tokens))
-    if credentials:
-        checks.append(("", lambda: check_key_set(settings.auth)))  # its text names the setting
-    for section, read in checks:
+        checks.append(("api tokens", "api tokens", settings.api.tokens))
+    if credentials:  # its text names the setting
+        checks.append(("", "auth.jwks_file", lambda: check_key_set(settings.auth)))
+    for section, file_setting, read in checks:
         try:
             read()
-        except (OSError, ValueError) as error:  # a KeyringError is a ValueError
-            detail = f"{error.filename}: {error.strerror}" if isinstance(error, OSError) else str(error)
-            raise ConfigError(f"{section}: {detail}" if section else detail,
+        except OSError as error:
+            raise ConfigError(f"{file_setting}: {error.filename}: {error.strerror or error}",
+                              "fix the file or value the configuration names") from error
+        except ValueError as error:  # a KeyringError is a ValueError
+            raise ConfigError(f"{section}: {error}" if section else str(error),
                               "fix the file or value the configuration names") from error
 
 
