@@ -451,3 +451,25 @@ def test_a_file_that_cannot_be_read_is_said_of_the_setting_that_names_it(tmp_pat
         with pytest.raises(errors.ConfigError) as caught:
             check_secrets(settings.model_copy(update=update), seals="commands", page_token=True)
         assert caught.value.message == f"{says}: {absent}: No such file or directory"
+
+
+def test_a_ca_file_that_cannot_be_read_is_one_line_and_exit_2_not_a_server_that_does_not_answer(
+        tmp_path: Path) -> None:
+    example = str(ROOT / "examples" / "config.yaml")
+    absent = str(tmp_path / "ca.crt")
+    tls = {"VMSTREAM_KAFKA__SECURITY_PROTOCOL": "SSL", "VMSTREAM_KAFKA__SSL_CAFILE": absent}
+    cases = {
+        "worker": (clean_env(**tls), "kafka.ssl_cafile"),
+        "tail": (clean_env(**tls), "kafka.ssl_cafile"),
+        "notify": (clean_env(VMSTREAM_NOTIFY__SMTP__HOST="127.0.0.1", VMSTREAM_NOTIFY__SMTP__SSL_CAFILE=absent),
+                   "notify.smtp.ssl_cafile"),
+    }
+
+    def run(case: str) -> tuple[str, Ran]:
+        return case, vmstream(*COMMANDS[case], "--config", example, "--bootstrap-servers", "127.0.0.1:1",
+                              env=cases[case][0])
+
+    with ThreadPoolExecutor(len(cases)) as pool:
+        ran = dict(pool.map(run, cases))
+    for case, (_, says) in cases.items():
+        assert_one_line(ran[case], case, errors.EXIT_USAGE, f"{says}: {absent}: No such file or directory")

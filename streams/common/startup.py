@@ -2,6 +2,8 @@
 
 - the configuration file: missing, not YAML, an unknown key, a value of the wrong type
   (:func:`load_config`, :func:`load_kafka_config`);
+- the files it names, read now: keys, tokens, the JWKS, CA files, and a key to seal with
+  where the process seals (:func:`check_secrets`);
 - ``--bootstrap-servers``, which wins over ``kafka.bootstrap_servers`` and its variable;
 - the broker: one metadata round trip bounded by :data:`KAFKA_PROBE_SECONDS`, so a broker
   that is not there is reported in seconds, not after the clients' own 30 s
@@ -83,7 +85,21 @@ def _config_error(path: str | Path | None, error: Exception) -> ConfigError:
 
 def _with_servers(kafka: KafkaSettings, args: argparse.Namespace) -> KafkaSettings:
     servers: str | None = getattr(args, "bootstrap_servers", None)
+    _check_readable("kafka.ssl_cafile", kafka.ssl_cafile if kafka.security_protocol.endswith("SSL") else None)
     return kafka.model_copy(update={"bootstrap_servers": servers}) if servers else kafka
+
+
+def _check_readable(setting: str, path: str | None) -> None:
+    """A :class:`ConfigError` if the file ``setting`` names cannot be read (a CA file: the
+    clients would otherwise say only that the server does not answer)."""
+    if path is None:
+        return
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as error:
+        raise ConfigError(f"{setting}: {path}: {error.strerror or error}",
+                          "fix the file or value the configuration names") from error
 
 
 def load_config(args: argparse.Namespace) -> Settings:
@@ -116,13 +132,14 @@ def load_kafka_config(args: argparse.Namespace) -> KafkaSettings:
 
 
 def check_secrets(settings: Settings, *, signing: bool = False, seals: str | None = None,
-                  page_token: bool = False, api_tokens: bool = False, credentials: bool = False) -> None:
+                  page_token: bool = False, api_tokens: bool = False, credentials: bool = False,
+                  smtp: bool = False) -> None:
     """Read the files the configuration names for keys and tokens now, so that one missing,
     empty or broken is a :class:`ConfigError` at start, before any connection, not a
     traceback from deep inside a process. ``seals``: what the process seals (``"commands"``,
     ``"results"``), which it cannot do without a key: unsealed, its messages would all be
     refused. ``credentials``: the key set intents' credentials are verified with (``auth``;
-    a JWKS URL is not fetched here)."""
+    a JWKS URL is not fetched here). ``smtp``: the CA file of the mail relay, if used."""
     from streams.common.credentials import check_key_set
 
     # (what a problem is said of, the setting naming the file an OSError is about, the check)
@@ -137,6 +154,11 @@ def check_secrets(settings: Settings, *, signing: bool = False, seals: str | Non
         checks.append(("api tokens", "api tokens", settings.api.tokens))
     if credentials:  # its text names the setting
         checks.append(("", "auth.jwks_file", lambda: check_key_set(settings.auth)))
+    if smtp:
+        smtp_settings = settings.notify.smtp
+        used = smtp_settings.host is not None and smtp_settings.security != "none"
+        checks.append(("", "notify.smtp.ssl_cafile",
+                       lambda: _check_readable("notify.smtp.ssl_cafile", smtp_settings.ssl_cafile if used else None)))
     for section, file_setting, read in checks:
         try:
             read()
