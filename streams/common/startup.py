@@ -85,8 +85,12 @@ def _config_error(path: str | Path | None, error: Exception) -> ConfigError:
 
 def _with_servers(kafka: KafkaSettings, args: argparse.Namespace) -> KafkaSettings:
     servers: str | None = getattr(args, "bootstrap_servers", None)
-    _check_readable("kafka.ssl_cafile", kafka.ssl_cafile if kafka.security_protocol.endswith("SSL") else None)
     return kafka.model_copy(update={"bootstrap_servers": servers}) if servers else kafka
+
+
+def _check_kafka_files(kafka: KafkaSettings) -> None:
+    """The CA file the Kafka clients verify the brokers with, where TLS is on."""
+    _check_readable("kafka.ssl_cafile", kafka.ssl_cafile if kafka.security_protocol.endswith("SSL") else None)
 
 
 def _check_readable(setting: str, path: str | None) -> None:
@@ -109,6 +113,7 @@ def load_config(args: argparse.Namespace) -> Settings:
         settings = load_settings(path)
     except (OSError, ValueError) as error:  # a ValidationError is a ValueError
         raise _config_error(path, error) from error
+    _check_kafka_files(settings.kafka)
     kafka = _with_servers(settings.kafka, args)
     return settings if kafka is settings.kafka else settings.model_copy(update={"kafka": kafka})
 
@@ -128,6 +133,7 @@ def load_kafka_config(args: argparse.Namespace) -> KafkaSettings:
         lower_case_class_ids(loaded.get("gpu_classes"))
     except ValueError as error:
         raise ConfigError(f"configuration {path}: gpu_classes: {error}", CONFIG_HINT) from error
+    _check_kafka_files(kafka)
     return _with_servers(kafka, args)
 
 
