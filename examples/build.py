@@ -242,12 +242,21 @@ CASES: dict[str, Callable[[], Script]] = {
 }
 
 
+# Not part of the rules' configuration (EXAMPLE_CONFIG is a handlers.config.Config), but
+# every process that seals needs it: the example key beside the file (keys/README.md).
+EXAMPLE_SIGNING = {"signing": {"keys_file": "keys/signing-keys.yaml"}}
+
+
 def render_config() -> str:
     return ("# The example AZ: two GPU classes, one operator.\n"
             "# auth: none takes intents at their word: for `vmstream simulate` over the shipped,\n"
             "# unsigned scenarios and local development only. deploy/ verifies credentials, and\n"
             "# `make demo` runs the worker with auth: jwt and signs its intents (docs/auth.md).\n"
-            + yaml.safe_dump(EXAMPLE_CONFIG, sort_keys=False))
+            + yaml.safe_dump(EXAMPLE_CONFIG, sort_keys=False)
+            + "# The key that seals commands (worker) and their results (applier): an EXAMPLE key,\n"
+            "# published with the source, so it protects nothing (keys/README.md); a path relative\n"
+            "# to this file. deploy/ mounts the Secret vmstream-signing instead (docs/security.md).\n"
+            + yaml.safe_dump(EXAMPLE_SIGNING, sort_keys=False))
 
 
 def main() -> None:

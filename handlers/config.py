@@ -109,6 +109,23 @@ class NamespacePolicy(Frozen):
         return value
 
 
+def lower_case_class_ids(value: object) -> object:
+    """Class ids are case-insensitive: they are kept lower-cased. Two ids that differ only in
+    case are refused: one class would silently replace the other."""
+    if not isinstance(value, dict):
+        return value
+    given: dict[str, str] = {}  # lower-cased id → the id as written
+    lowered: dict[str, object] = {}
+    for key, entry in value.items():
+        class_id = str(key).lower()
+        if class_id in given:
+            raise ValueError(f"class ids {given[class_id]!r} and {str(key)!r} differ only in case "
+                             "(class ids are case-insensitive): keep one of them")
+        given[class_id] = str(key)
+        lowered[class_id] = entry
+    return lowered
+
+
 class Config(Frozen):
     az: str = Field(min_length=1)
     gpu_classes: dict[str, GPUClassConfig] = Field(default_factory=dict)
@@ -125,10 +142,7 @@ class Config(Frozen):
     @field_validator("gpu_classes", mode="before")
     @classmethod
     def _lower_case_ids(cls, value: object) -> object:
-        """Class ids are case-insensitive: they are kept lower-cased."""
-        if isinstance(value, dict):
-            return {str(k).lower(): v for k, v in value.items()}
-        return value
+        return lower_case_class_ids(value)
 
     @model_validator(mode="after")
     def _devices_are_unique(self) -> Config:

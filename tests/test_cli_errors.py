@@ -19,11 +19,12 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+import yaml
 
 from harness.processes import free_ports
 from streams.common import errors
 from streams.cli.main import build_parser
-from streams.common.startup import load_config, load_kafka_config
+from streams.common.startup import check_secrets, load_config, load_kafka_config
 from streams.kube import kubeconfig
 from tests.support.kube_apiserver import Kube
 
@@ -114,6 +115,24 @@ def test_a_bad_configuration_file_is_one_line_and_exit_2(command: str, tmp_path:
         ran = dict(pool.map(run, BAD_FILES))
     for name, _, says in BAD_FILES:
         assert_one_line(ran[name], command, errors.EXIT_USAGE, says)
+
+
+def test_two_class_ids_differing_only_in_case_are_refused_by_every_command(tmp_path: Path) -> None:
+    # Class ids are case-insensitive: kept, one of the two classes would silently be lost.
+    config = tmp_path / "config.yaml"
+    config.write_text(EXAMPLE.replace("  nvidia-a100:\n", "  NVIDIA-A100:\n    device_name: nvidia.com/GA100_A100_PCIE_80GB\n"
+                                      "  nvidia-a100:\n"), encoding="utf-8")
+    assert "NVIDIA-A100:" in config.read_text(encoding="utf-8")
+
+    def run(command: str) -> tuple[str, Ran]:
+        kafka = ["--bootstrap-servers", "127.0.0.1:1"] if command in KAFKA_COMMANDS else []
+        return command, vmstream(*COMMANDS[command], "--config", str(config), *kafka)
+
+    with ThreadPoolExecutor(4) as pool:
+        ran = dict(pool.map(run, COMMANDS))
+    for command in COMMANDS:
+        assert_one_line(ran[command], command, errors.EXIT_USAGE, "gpu_classes", "'NVIDIA-A100'", "'nvidia-a100'",
+                        "differ only in case")
 
 
 def test_schemas_into_a_place_that_is_not_a_directory_is_one_line_and_exit_2(tmp_path: Path) -> None:
@@ -302,3 +321,155 @@ def test_a_token_or_key_file_that_cannot_be_read_is_one_line_and_exit_2(tmp_path
         ran = dict(pool.map(run, cases))
     for case, (_, _, says) in cases.items():
         assert_one_line(ran[case], case, errors.EXIT_USAGE, says)
+
+
+# ------------------------------------------------------------------- keys
+
+
+# What a JWKS file may be wrong with: (name, content or None for a file that is not there,
+# what the line says besides auth.jwks_file).
+BAD_JWKS = [
+    ("missing", None, "No such file or directory"),
+    ("empty", "", "empty, not a JWKS"),
+    ("not-json", '{"keys": [\n', "not JSON"),
+    ("not-a-jwks", '{"kid": "k1", "kty": "OKP"}', "not a JWKS"),
+    ("no-usable-key", '{"keys": [{"kid": "k1", "kty": "oct", "k": "c2VjcmV0"}]}', "no usable key"),
+]
+VERIFYING = ["worker", "simulate", "replay"]  # the commands that verify intents' credentials
+
+
+def test_a_missing_empty_or_broken_jwks_is_one_line_and_exit_2_before_any_connection(tmp_path: Path) -> None:
+    example = str(ROOT / "examples" / "config.yaml")
+    cases: dict[tuple[str, str], tuple[dict[str, str], list[str]]] = {}
+    for command in VERIFYING:
+        cases[command, "jwt without a key set"] = (clean_env(VMSTREAM_AUTH__MODE="jwt"),
+                                                   ["neither auth.jwks_file nor auth.jwks_url"])
+        for name, content, says in BAD_JWKS:
+            path = tmp_path / f"{name}.json"
+            if content is not None:
+                path.write_text(content, encoding="utf-8")
+            cases[command, name] = (clean_env(VMSTREAM_AUTH__MODE="jwt", VMSTREAM_AUTH__JWKS_FILE=str(path)),
+                                    ["auth.jwks_file", str(path), says])
+
+    def run(case: tuple[str, str]) -> tuple[tuple[str, str], Ran]:
+        command = case[0]
+        kafka = ["--bootstrap-servers", "127.0.0.1:1"] if command in KAFKA_COMMANDS else []  # never reached
+        return case, vmstream(*COMMANDS[command], "--config", example, *kafka, env=cases[case][0])
+
+    with ThreadPoolExecutor(4) as pool:
+        ran = dict(pool.map(run, cases))
+    for case, (_, says) in cases.items():
+        assert_one_line(ran[case], case[0], errors.EXIT_USAGE, *says)
+
+
+def test_an_empty_key_set_is_a_key_set(tmp_path: Path) -> None:
+    """``{"keys": []}`` is what deploy/ ships until the signers' keys are published: not a mistake."""
+    jwks = tmp_path / "jwks.json"
+    jwks.write_text('{"keys": []}', encoding="utf-8")
+    ran = vmstream("simulate", "--config", str(ROOT / "examples" / "config.yaml"), "--input", os.devnull,
+                   env=clean_env(VMSTREAM_AUTH__MODE="jwt", VMSTREAM_AUTH__JWKS_FILE=str(jwks)))
+    assert ran.code == errors.EXIT_OK and not ran.lines, ran.stderr
+
+
+def without_signing(path: Path, **signing: object) -> Path:
+    """The example configuration at ``path`` with ``signing`` replaced (left out: no key at all)."""
+    config = yaml.safe_load(EXAMPLE)
+    config.pop("signing", None)
+    if signing:
+        config["signing"] = signing
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+def test_a_worker_or_applier_without_a_key_to_seal_with_does_not_start(tmp_path: Path) -> None:
+    # Unsealed, every command the worker publishes would be refused by the applier, silently.
+    none = without_signing(tmp_path / "none.yaml")
+    two = without_signing(tmp_path / "two.yaml", keys={"k1": "a" * 32, "k2": "b" * 32})
+    empty = tmp_path / "empty-secret"  # a mounted Secret without any key
+    empty.mkdir()
+    unmounted = without_signing(tmp_path / "unmounted.yaml", keys_file=str(empty))
+    env = clean_env(HOME=str(tmp_path))  # no kubeconfig either: the keys are checked first
+    cases = {
+        ("worker", "none"): (none, ["no key to seal commands with", "signing.keys_file", "signing.keys"]),
+        ("apply", "none"): (none, ["no key to seal results with", "signing.keys_file", "signing.keys"]),
+        ("worker", "two keys"): (two, ["signing.key_id is not set", "k1, k2"]),
+        ("worker", "empty Secret"): (unmounted, [f"signing.keys_file {empty} holds none"]),
+    }
+
+    def run(case: tuple[str, str]) -> tuple[tuple[str, str], Ran]:
+        config, _ = cases[case]
+        return case, vmstream(*COMMANDS[case[0]], "--config", str(config), "--bootstrap-servers", "127.0.0.1:1",
+                              env=env)
+
+    with ThreadPoolExecutor(4) as pool:
+        ran = dict(pool.map(run, cases))
+    for case, (_, says) in cases.items():
+        assert_one_line(ran[case], case[0], errors.EXIT_USAGE, *says)
+
+
+def test_the_example_configuration_gets_every_process_past_its_keys_from_any_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's commands as written: with examples/config.yaml, a process fails only for
+    want of a broker or a cluster, wherever it is started from (the key is beside the file)."""
+    example = ROOT / "examples" / "config.yaml"
+    for name in [name for name in os.environ if name.startswith("VMSTREAM_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    settings = load_config(argparse.Namespace(config=str(example)))
+    check_secrets(settings, seals="commands", page_token=True, credentials=True)
+    check_secrets(settings, seals="results")
+    ran = vmstream("apply", "--config", str(example), env=clean_env(HOME=str(tmp_path)), cwd=tmp_path)
+    assert_one_line(ran, "apply", errors.EXIT_KUBERNETES, "kubeconfig")
+
+
+def test_a_keys_or_tokens_file_that_is_not_yaml_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    example = str(ROOT / "examples" / "config.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("k1: [\n  a: b\n", encoding="utf-8")
+    kafka = ["--bootstrap-servers", "127.0.0.1:1"]  # checked before Kafka: never reached
+    cases = {
+        "worker": (clean_env(VMSTREAM_SIGNING__KEYS_FILE=str(broken)), "not YAML"),
+        "apply": (clean_env(VMSTREAM_SIGNING__KEYS_FILE=str(broken), HOME=str(tmp_path)), "not YAML"),
+        "api": (clean_env(VMSTREAM_API__PROJECT_TOKENS_FILE=str(broken)), "api.project_tokens_file"),
+    }
+
+    def run(case: str) -> tuple[str, Ran]:
+        return case, vmstream(*COMMANDS[case], "--config", example, *kafka, env=cases[case][0])
+
+    with ThreadPoolExecutor(len(cases)) as pool:
+        ran = dict(pool.map(run, cases))
+    for case, (_, says) in cases.items():
+        assert_one_line(ran[case], case, errors.EXIT_USAGE, str(broken), says, "line 3, column 1")
+
+
+def test_a_file_that_cannot_be_read_is_said_of_the_setting_that_names_it(tmp_path: Path) -> None:
+    settings = load_config(argparse.Namespace(config=str(ROOT / "examples" / "config.yaml")))
+    absent = str(tmp_path / "absent")
+    for update, says in [({"signing": settings.signing.model_copy(update={"keys_file": absent})}, "signing.keys_file"),
+                         ({"worker": settings.worker.model_copy(update={"web_token_file": absent})},
+                          "worker.web_token_file")]:
+        with pytest.raises(errors.ConfigError) as caught:
+            check_secrets(settings.model_copy(update=update), seals="commands", page_token=True)
+        assert caught.value.message == f"{says}: {absent}: No such file or directory"
+
+
+def test_a_ca_file_that_cannot_be_read_is_one_line_and_exit_2_not_a_server_that_does_not_answer(
+        tmp_path: Path) -> None:
+    example = str(ROOT / "examples" / "config.yaml")
+    absent = str(tmp_path / "ca.crt")
+    tls = {"VMSTREAM_KAFKA__SECURITY_PROTOCOL": "SSL", "VMSTREAM_KAFKA__SSL_CAFILE": absent}
+    cases = {
+        "worker": (clean_env(**tls), "kafka.ssl_cafile"),
+        "tail": (clean_env(**tls), "kafka.ssl_cafile"),
+        "notify": (clean_env(VMSTREAM_NOTIFY__SMTP__HOST="127.0.0.1", VMSTREAM_NOTIFY__SMTP__SSL_CAFILE=absent),
+                   "notify.smtp.ssl_cafile"),
+    }
+
+    def run(case: str) -> tuple[str, Ran]:
+        return case, vmstream(*COMMANDS[case], "--config", example, "--bootstrap-servers", "127.0.0.1:1",
+                              env=cases[case][0])
+
+    with ThreadPoolExecutor(len(cases)) as pool:
+        ran = dict(pool.map(run, cases))
+    for case, (_, says) in cases.items():
+        assert_one_line(ran[case], case, errors.EXIT_USAGE, f"{says}: {absent}: No such file or directory")

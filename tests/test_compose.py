@@ -1,6 +1,7 @@
 """docker-compose.yml and the Dockerfile stay in step with the code they package.
 
-No container engine is needed: the files are parsed, not run. The compose broker must
+No container engine is needed: the files are parsed, not run (each service's command runs here
+on what its mounts give it, to the point where it would reach the broker). The compose broker must
 behave like ``harness.localkafka``'s (same Kafka version, same single-node settings); the
 worker must reach it and run read-only as a non-root user; the image must run ``vmstream``
 on Python 3.11 or later.
@@ -9,8 +10,10 @@ on Python 3.11 or later.
 from __future__ import annotations
 
 import json
+import os
 import re
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +21,14 @@ import pytest
 import yaml
 
 from harness.localkafka import KAFKA_VERSION, SINGLE_NODE_SETTINGS
-from streams.common.settings import WorkerSettings
+from streams.common import errors
+from streams.common.settings import Settings, WorkerSettings, load_settings
+from tests.test_cli_errors import Ran, assert_one_line, clean_env, vmstream
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
-VMSTREAM_SERVICES = ("topics", "worker", "watch", "apply")
+VMSTREAM_SERVICES = ("topics", "worker", "notify", "api", "watch", "apply")
 OPT_IN_SERVICES = ("watch", "apply")
 
 
@@ -211,8 +216,65 @@ def test_kubernetes_services_are_opt_in(services: dict[str, dict[str, Any]]) -> 
         assert service["profiles"] == ["kubernetes"], name
         assert service["command"][0] == name
         assert _environment(service)["KUBECONFIG"]
-    for name in ("kafka", "topics", "worker"):
+    for name in ("kafka", "topics", "worker", "notify", "api"):
         assert "profiles" not in services[name], name
+
+
+# -- what the services' files give them ---------------------------------------------------
+
+
+def _container(service: dict[str, Any], root: Path) -> tuple[list[str], dict[str, str]]:
+    """A service's command and environment on this machine: its bind mounts of the checkout
+    laid out under ``root`` where the container sees them, its container paths moved there."""
+    targets = []
+    for volume in service.get("volumes", []):
+        if isinstance(volume, dict) and volume["type"] == "bind":
+            targets.append(volume["target"])
+            if volume["source"].startswith("./"):  # the kubeconfig (from the host's environment) is left out
+                where = root / volume["target"].lstrip("/")
+                where.parent.mkdir(parents=True, exist_ok=True)
+                where.symlink_to(ROOT / volume["source"])
+
+    def moved(value: str) -> str:
+        inside = any(value == target or value.startswith(f"{target}/") for target in targets)
+        return str(root / value.lstrip("/")) if inside else value
+
+    return [moved(arg) for arg in service["command"]], {k: moved(v) for k, v in _environment(service).items()}
+
+
+def test_every_service_gets_past_its_configuration_and_keys(
+        services: dict[str, dict[str, Any]], tmp_path: Path) -> None:
+    """Each service's command, run on what its mounts give it, stops only for want of the
+    broker or the cluster (or a port of this machine), never for its configuration or keys."""
+    def run(name: str) -> tuple[str, Ran]:
+        argv, env = _container(services[name], tmp_path / name)
+        env = clean_env(**{**{k: v for k, v in env.items() if k.startswith("VMSTREAM_") or k == "KUBECONFIG"},
+                           "VMSTREAM_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:1"})  # no broker: start-up stops there
+        return name, vmstream(*argv, env=env, cwd=tmp_path)
+
+    with ThreadPoolExecutor(3) as pool:
+        ran = dict(pool.map(run, VMSTREAM_SERVICES))
+    for name in VMSTREAM_SERVICES:
+        kube = name in OPT_IN_SERVICES  # its kubeconfig is the host's, not mounted here
+        assert ran[name].code in ((errors.EXIT_KUBERNETES,) if kube else (errors.EXIT_KAFKA, errors.EXIT_PORT)), (
+            name, ran[name].stderr)
+        assert_one_line(ran[name], name, ran[name].code)
+
+
+def test_the_worker_and_the_applier_seal_with_one_key_and_the_api_has_a_token(
+        services: dict[str, dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def settings(name: str) -> Settings:
+        argv, env = _container(services[name], tmp_path / name)
+        for variable in [variable for variable in os.environ if variable.startswith("VMSTREAM_")]:
+            monkeypatch.delenv(variable)
+        for variable, value in env.items():
+            monkeypatch.setenv(variable, value)
+        return load_settings(argv[argv.index("--config") + 1])
+
+    worker, applier = settings("worker").signing.keyring(), settings("apply").signing.keyring()
+    assert worker.active is not None and worker.active == applier.active
+    assert worker.keys[worker.active] == applier.keys[applier.active]
+    assert any(caller.operator for caller in settings("api").api.tokens().values())
 
 
 # -- the image ---------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from handlers.config import AuthPolicy
-from streams.common.credentials import KeySource, SigningKey, jwks, key_source
+from streams.common.credentials import KeySource, SigningKey, check_key_set, jwks, key_source
 
 
 class JWKSServer:
@@ -90,3 +90,31 @@ def test_jwt_mode_needs_a_key_set_and_none_mode_none() -> None:
 def test_an_unreadable_file_at_start_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="auth.jwks_file"):
         KeySource(AuthPolicy(jwks_file=str(tmp_path / "missing.json")))
+
+
+def test_a_file_changed_into_no_key_set_keeps_the_last_good_keys_an_empty_set_does_not(tmp_path: Path) -> None:
+    key = SigningKey.generate("2026-11")
+    path = tmp_path / "jwks.json"
+    path.write_text(json.dumps(jwks(key)))
+    source = KeySource(AuthPolicy(jwks_file=str(path)), recheck_seconds=0)
+    for broken in ("", "{}", '{"keys": [{"kid": "x", "kty": "oct", "k": "c2VjcmV0"}]}'):
+        path.write_text(broken)
+        assert list(source().keys) == ["2026-11"], broken
+    path.write_text('{"keys": []}')  # emptied on purpose: nothing is accepted any more
+    assert not source()
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    (None, "No such file or directory"), ("", "empty, not a JWKS"), ("{not json", "not JSON"),
+    ("[]", "not a JWKS"), ('{"keys": [{"kty": "OKP"}]}', "no usable key"),
+])
+def test_check_key_set_names_the_setting_and_the_file(tmp_path: Path, content: str | None, says: str) -> None:
+    path = tmp_path / "jwks.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ValueError) as caught:
+        check_key_set(AuthPolicy(jwks_file=str(path)))
+    assert str(caught.value).startswith(f"auth.jwks_file: {path}: ") and says in str(caught.value)
+    with pytest.raises(ValueError, match="neither auth.jwks_file nor auth.jwks_url"):
+        check_key_set(AuthPolicy())
+    check_key_set(AuthPolicy(mode="none", jwks_file=str(path)))  # not read: auth: none verifies nothing

@@ -26,6 +26,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from streams.common.credentials import key_source
 
     settings = load_config(args)
+    check_secrets(settings, credentials=True)
     engine = Engine(settings.rules(), keys=key_source(settings.auth))
     if args.input in (None, "-"):
         return run(engine, sys.stdin, sys.stdout, settings.kafka)
@@ -57,7 +58,7 @@ def _worker(args: argparse.Namespace) -> int:
     from streams.worker.running import run
 
     settings = load_config(args)
-    check_secrets(settings, signing=True, page_token=True)
+    check_secrets(settings, seals="commands", page_token=True, credentials=True)
     check_port(settings.worker.web_host, settings.worker.web_port, "worker.web_port (VMSTREAM_WORKER__WEB_PORT)")
     reach_kafka(settings.kafka)
     worker = Worker(settings)

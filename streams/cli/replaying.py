@@ -462,7 +462,7 @@ def main(args: argparse.Namespace) -> int:
     from streams.common.startup import check_secrets, load_config, reach_kafka
 
     settings = load_config(args)
-    check_secrets(settings, signing=True)
+    check_secrets(settings, signing=True, credentials=True)
     reach_kafka(settings.kafka)
     started = time.monotonic()
     checked = {"auto": None, "yes": True, "no": False}[args.applier]

@@ -144,17 +144,46 @@ def signed(body: Mapping[str, Any], key: SigningKey, **claims: Any) -> dict[str,
 # --------------------------------------------------------------------- verifying side
 
 
-def read_jwks(text: str | bytes, origin: str) -> KeySet:
+NO_KEY_SET = ("auth.mode is jwt but neither auth.jwks_file nor auth.jwks_url is set "
+              "(docs/auth.md; auth: none only for local development)")
+
+
+def read_jwks(text: str | bytes, origin: str, *, warn: bool = True) -> KeySet:
+    """The key set of a JWKS document; a ValueError for one that is empty, not JSON, not a
+    JWKS, or whose keys are all unusable. ``{"keys": []}`` is a key set, empty on purpose
+    (keys published later: the file is read again when it changes)."""
+    if not text.strip():
+        raise ValueError(f"{origin}: empty, not a JWKS")
     try:
         document = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{origin}: not JSON: {exc}") from exc
-    if not isinstance(document, dict):
-        raise ValueError(f"{origin}: a JWKS is a JSON object")
+    if not isinstance(document, dict) or not isinstance(document.get("keys"), list):
+        raise ValueError(f"{origin}: not a JWKS (a JSON object with a list 'keys')")
     keys = KeySet.from_jwks(document)
-    for problem in keys.problems:
+    if not keys and keys.problems:
+        raise ValueError(f"{origin}: no usable key ({len(keys.problems)} skipped; {keys.problems[0]})")
+    for problem in keys.problems if warn else ():
         log.warning("key skipped", extra={"origin": origin, "problem": problem})
     return keys
+
+
+def check_key_set(policy: AuthPolicy) -> None:
+    """What :func:`key_source` refuses, found at start without fetching anything: ``jwt``
+    mode without a key set, or a JWKS file that is missing, unreadable, empty or not a JWKS.
+    A ValueError whose text names the setting."""
+    if policy.mode == "none":
+        return
+    if not policy.jwks_file and not policy.jwks_url:
+        raise ValueError(NO_KEY_SET)
+    if policy.jwks_file:
+        path = Path(policy.jwks_file)
+        try:
+            read_jwks(path.read_bytes(), str(path), warn=False)  # the process reads it again, and warns
+        except OSError as exc:
+            raise ValueError(f"auth.jwks_file: {path}: {exc.strerror or exc}") from exc
+        except ValueError as exc:
+            raise ValueError(f"auth.jwks_file: {exc}") from exc
 
 
 class KeySource:
@@ -203,7 +232,8 @@ class KeySource:
             keys = read_jwks(path.read_bytes(), str(path))
         except (OSError, ValueError) as exc:
             if self._file_stamp is None:
-                raise ValueError(f"auth.jwks_file: {exc}") from exc
+                why = f"{path}: {exc.strerror or exc}" if isinstance(exc, OSError) else exc
+                raise ValueError(f"auth.jwks_file: {why}") from exc
             log.warning("JWKS file unreadable: keeping the last keys", extra={"error": str(exc)})
             return
         self._file_stamp, self._file_keys = stamp, keys
@@ -235,8 +265,7 @@ def key_source(policy: AuthPolicy) -> KeySource | None:
     if policy.mode == "none":
         return None
     if not policy.jwks_file and not policy.jwks_url:
-        raise ValueError("auth.mode is jwt but neither auth.jwks_file nor auth.jwks_url is set "
-                         "(docs/auth.md; auth: none only for local development)")
+        raise ValueError(NO_KEY_SET)
     return KeySource(policy)
 
 

@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from handlers.config import Config
 from handlers.delivery import Endpoint, Route
 from handlers.topics import Topic
-from streams.common.signing import Keyring, keyring_from
+from streams.common.signing import Keyring, keyring_from, yaml_problem
 
 
 class KafkaSettings(BaseModel):
@@ -172,7 +172,11 @@ class ApiSettings(BaseModel):
         """Every accepted token → its caller."""
         projects = dict(self.project_tokens)
         if self.project_tokens_file:
-            loaded = yaml.safe_load(Path(self.project_tokens_file).read_text(encoding="utf-8")) or {}
+            try:
+                loaded = yaml.safe_load(Path(self.project_tokens_file).read_text(encoding="utf-8")) or {}
+            except yaml.YAMLError as exc:
+                raise ValueError(f"api.project_tokens_file: {self.project_tokens_file} is not YAML "
+                                 f"({yaml_problem(exc)})") from exc
             if not isinstance(loaded, dict):
                 raise ValueError(f"api.project_tokens_file: {self.project_tokens_file} is not a map of token → project")
             projects.update({str(token): str(project) for token, project in loaded.items()})
@@ -302,6 +306,32 @@ class ClientSettings(EnvironmentFirst):
     kafka: KafkaSettings = KafkaSettings()
 
 
+# The settings that name a file. A relative path in the configuration file is relative to
+# the file's own directory, so a file and the keys beside it go together wherever it is read
+# from (examples/config.yaml, a ConfigMap); in a VMSTREAM_* variable, to the current directory.
+FILE_SETTINGS: tuple[tuple[str, ...], ...] = (
+    ("kafka", "ssl_cafile"),
+    ("worker", "web_token_file"),
+    ("api", "operator_token_file"),
+    ("api", "project_tokens_file"),
+    ("signing", "keys_file"),
+    ("auth", "jwks_file"),
+    ("notify", "smtp", "ssl_cafile"),
+)
+
+
+def relative_to(loaded: dict[str, Any], directory: Path) -> dict[str, Any]:
+    """``loaded`` with the relative paths of :data:`FILE_SETTINGS` made relative to ``directory``."""
+    for *sections, name in FILE_SETTINGS:
+        holder: Any = loaded
+        for section in sections:
+            holder = holder.get(section) if isinstance(holder, dict) else None
+        value = holder.get(name) if isinstance(holder, dict) else None
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            holder[name] = str(directory / value)
+    return loaded
+
+
 def read_yaml(path: str | Path | None) -> dict[str, Any]:
     if path is None:
         return {}
@@ -311,7 +341,7 @@ def read_yaml(path: str | Path | None) -> dict[str, Any]:
         raise ValueError(f"{path}: not YAML: {exc}") from exc
     if not isinstance(loaded, dict):
         raise ValueError(f"{path}: the configuration must be a YAML mapping")
-    return loaded
+    return relative_to(loaded, Path(path).absolute().parent)
 
 
 def load_settings(path: str | Path | None) -> Settings:

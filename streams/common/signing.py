@@ -144,6 +144,14 @@ def open_sealed(model: type[M], raw: bytes, purpose: Purpose, keyring: Keyring) 
     return value, keyring.problem(purpose, value)
 
 
+def yaml_problem(error: yaml.YAMLError) -> str:
+    """A YAML error in one line: what, and where."""
+    if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark is not None:
+        mark = error.problem_mark
+        return f"{error.problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(str(error).split())
+
+
 def _secret(text: str) -> bytes:
     return text.strip().encode()
 
@@ -155,7 +163,10 @@ def read_keys(path: str | Path) -> dict[str, bytes]:
     if where.is_dir():
         return {entry.name: _secret(entry.read_text(encoding="utf-8"))
                 for entry in sorted(where.iterdir()) if entry.is_file() and not entry.name.startswith(".")}
-    loaded: Any = yaml.safe_load(where.read_text(encoding="utf-8"))
+    try:
+        loaded: Any = yaml.safe_load(where.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise KeyringError(f"{path}: not YAML ({yaml_problem(exc)})") from exc
     if not isinstance(loaded, dict):
         raise KeyringError(f"{path}: signing keys must be a mapping of key id → secret")
     return {str(kid): _secret(str(secret)) for kid, secret in loaded.items()}

@@ -2,6 +2,8 @@
 
 - the configuration file: missing, not YAML, an unknown key, a value of the wrong type
   (:func:`load_config`, :func:`load_kafka_config`);
+- the files it names, read now: keys, tokens, the JWKS, CA files, and a key to seal with
+  where the process seals (:func:`check_secrets`);
 - ``--bootstrap-servers``, which wins over ``kafka.bootstrap_servers`` and its variable;
 - the broker: one metadata round trip bounded by :data:`KAFKA_PROBE_SECONDS`, so a broker
   that is not there is reported in seconds, not after the clients' own 30 s
@@ -25,6 +27,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from handlers.config import lower_case_class_ids
 from streams.common.errors import EXIT_OK, ConfigError, KafkaUnreachable, PortInUse
 from streams.common.probes import ProbeServer
 
@@ -85,6 +88,24 @@ def _with_servers(kafka: KafkaSettings, args: argparse.Namespace) -> KafkaSettin
     return kafka.model_copy(update={"bootstrap_servers": servers}) if servers else kafka
 
 
+def _check_kafka_files(kafka: KafkaSettings) -> None:
+    """The CA file the Kafka clients verify the brokers with, where TLS is on."""
+    _check_readable("kafka.ssl_cafile", kafka.ssl_cafile if kafka.security_protocol.endswith("SSL") else None)
+
+
+def _check_readable(setting: str, path: str | None) -> None:
+    """A :class:`ConfigError` if the file ``setting`` names cannot be read (a CA file: the
+    clients would otherwise say only that the server does not answer)."""
+    if path is None:
+        return
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as error:
+        raise ConfigError(f"{setting}: {path}: {error.strerror or error}",
+                          "fix the file or value the configuration names") from error
+
+
 def load_config(args: argparse.Namespace) -> Settings:
     """The whole configuration (``--config`` and ``VMSTREAM_*``), ``--bootstrap-servers`` applied."""
     path = getattr(args, "config", None)
@@ -92,6 +113,7 @@ def load_config(args: argparse.Namespace) -> Settings:
         settings = load_settings(path)
     except (OSError, ValueError) as error:  # a ValidationError is a ValueError
         raise _config_error(path, error) from error
+    _check_kafka_files(settings.kafka)
     kafka = _with_servers(settings.kafka, args)
     return settings if kafka is settings.kafka else settings.model_copy(update={"kafka": kafka})
 
@@ -101,31 +123,74 @@ def load_kafka_config(args: argparse.Namespace) -> KafkaSettings:
     path = getattr(args, "config", None)
     try:
         kafka = load_kafka_settings(path)
-        unknown = sorted(set(read_yaml(path)) - set(Settings.model_fields))
+        loaded = read_yaml(path)
     except (OSError, ValueError) as error:
         raise _config_error(path, error) from error
+    unknown = sorted(set(loaded) - set(Settings.model_fields))
     if unknown:  # the other sections are not read here, but a misspelt one is still a mistake
         raise ConfigError(f"configuration {path}: unknown key {unknown[0]!r}", CONFIG_HINT)
+    try:  # nor is a catalog that would lose a class (intent checks its --gpu-class against it)
+        lower_case_class_ids(loaded.get("gpu_classes"))
+    except ValueError as error:
+        raise ConfigError(f"configuration {path}: gpu_classes: {error}", CONFIG_HINT) from error
+    _check_kafka_files(kafka)
     return _with_servers(kafka, args)
 
 
-def check_secrets(settings: Settings, *, signing: bool = False, page_token: bool = False,
-                  api_tokens: bool = False) -> None:
-    """Read the files the configuration names for keys and tokens now, so that one missing or
-    empty is a :class:`ConfigError` at start, not a traceback from deep inside a process."""
-    checks: list[tuple[str, Callable[[], object]]] = []
-    if signing:
-        checks.append(("signing", settings.signing.keyring))
+def check_secrets(settings: Settings, *, signing: bool = False, seals: str | None = None,
+                  page_token: bool = False, api_tokens: bool = False, credentials: bool = False,
+                  smtp: bool = False) -> None:
+    """Read the files the configuration names for keys and tokens now, so that one missing,
+    empty or broken is a :class:`ConfigError` at start, before any connection, not a
+    traceback from deep inside a process. ``seals``: what the process seals (``"commands"``,
+    ``"results"``), which it cannot do without a key: unsealed, its messages would all be
+    refused. ``credentials``: the key set intents' credentials are verified with (``auth``;
+    a JWKS URL is not fetched here). ``smtp``: the CA file of the mail relay, if used."""
+    from streams.common.credentials import check_key_set
+
+    # (what a problem is said of, the setting naming the file an OSError is about, the check)
+    checks: list[tuple[str, str, Callable[[], object]]] = []
+    if signing or seals:
+        checks.append(("signing", "signing.keys_file", settings.signing.keyring))
+    if seals:
+        checks.append(("signing", "signing.keys_file", lambda: _key_to_seal(settings, seals)))
     if page_token:
-        checks.append(("worker.web_token", settings.worker.page_token))
+        checks.append(("worker.web_token", "worker.web_token_file", settings.worker.page_token))
     if api_tokens:
-        checks.append(("api tokens", settings.api.tokens))
-    for section, read in checks:
+        checks.append(("api tokens", "api tokens", settings.api.tokens))
+    if credentials:  # its text names the setting
+        checks.append(("", "auth.jwks_file", lambda: check_key_set(settings.auth)))
+    if smtp:
+        smtp_settings = settings.notify.smtp
+        used = smtp_settings.host is not None and smtp_settings.security != "none"
+        checks.append(("", "notify.smtp.ssl_cafile",
+                       lambda: _check_readable("notify.smtp.ssl_cafile", smtp_settings.ssl_cafile if used else None)))
+    for section, file_setting, read in checks:
         try:
             read()
-        except (OSError, ValueError) as error:  # a KeyringError is a ValueError
-            detail = f"{error.filename}: {error.strerror}" if isinstance(error, OSError) else str(error)
-            raise ConfigError(f"{section}: {detail}", "fix the file or value the configuration names") from error
+        except OSError as error:
+            raise ConfigError(f"{file_setting}: {error.filename}: {error.strerror or error}",
+                              "fix the file or value the configuration names") from error
+        except ValueError as error:  # a KeyringError is a ValueError
+            raise ConfigError(f"{section}: {error}" if section else str(error),
+                              "fix the file or value the configuration names") from error
+
+
+def _key_to_seal(settings: Settings, seals: str) -> None:
+    """A :class:`ConfigError` naming the setting that is missing, unless there is a key to seal with."""
+    signing = settings.signing
+    keyring = signing.keyring()
+    if keyring.active is not None:
+        return
+    hint = ("give the worker and the applier the same key: signing.keys_file or VMSTREAM_SIGNING__KEYS "
+            "(docs/security.md; examples/config.yaml names an example key)")
+    if not keyring:
+        where = (f"signing.keys_file {signing.keys_file} holds none" if signing.keys_file
+                 else "neither signing.keys_file nor signing.keys is set")
+        raise ConfigError(f"signing: no key to seal {seals} with: {where}", hint)
+    raise ConfigError(f"signing: no key to seal {seals} with: signing.key_id is not set and there are "
+                      f"{len(keyring.keys)} keys ({', '.join(sorted(keyring.keys))})",
+                      "set signing.key_id to the one that seals (docs/security.md, rotation)")
 
 
 def config_problem(path: str | Path | None, error: Exception) -> ConfigError:

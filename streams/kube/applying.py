@@ -1042,7 +1042,7 @@ def _run(args: argparse.Namespace) -> int:
 
     logging.getLogger("kafka").setLevel(logging.WARNING)  # kafka-python's connection chatter
     settings = load_config(args)
-    check_secrets(settings, signing=True)
+    check_secrets(settings, seals="results")  # and checks the worker's commands with the same keys
     api = api_client(args.kubeconfig, pool_size=settings.apply.concurrency)
     reach_kubernetes(api.configuration)
     reach_kafka(settings.kafka)

@@ -510,10 +510,11 @@ def _trace_context(trace: Trace, own_id: str) -> dict[str, str]:
 
 def _run(args: argparse.Namespace) -> int:
     from streams.common.errors import EXIT_OK
-    from streams.common.startup import cannot_listen, check_port, load_config, reach_kafka
+    from streams.common.startup import cannot_listen, check_port, check_secrets, load_config, reach_kafka
 
     logging.getLogger("kafka").setLevel(logging.WARNING)
     settings = load_config(args)
+    check_secrets(settings, smtp=True)
     check_port(args.probe_host, args.probe_port, "--probe-port")
     reach_kafka(settings.kafka)
     ensure_ledger(settings)

@@ -67,6 +67,7 @@ from streams.common.globalview import GlobalView
 from streams.common.heap import Heap
 from streams.common.kafka_clients import aiokafka_options
 from streams.common.settings import Settings, WorkerSettings
+from streams.common.signing import KeyringError
 from streams.common.topics import KIND_HEADER, ROUTED, SOURCE_HEADER, changelog_topic, missing_topics
 from streams.worker import faustfixes
 from streams.worker.broker_credentials import faust_credentials
@@ -156,6 +157,9 @@ class Worker:
         self.kafka = settings.kafka
         self.engine = Engine(settings.rules(), keys=key_source(settings.auth))  # docs/auth.md
         self.keyring = settings.signing.keyring()  # seals the commands (docs/security.md)
+        if self.keyring.active is None:  # unsealed, every command would be refused by the applier
+            raise KeyringError("the worker needs a key to seal commands with: set signing.keys_file or "
+                               "VMSTREAM_SIGNING__KEYS, and signing.key_id if there are several (docs/security.md)")
         conf = settings.worker
         self.event_source = event_source("worker", conf.app_id)  # CloudEvents ``source`` of its outputs
         self.app = faustfixes.App(  # faust.App, minus two start-up races

@@ -305,6 +305,7 @@ def test_the_applier_does_its_job_on_its_own_acls(secured: SecuredBroker, kube: 
             "VMSTREAM_KAFKA__CREATE_TOPICS": "false",
             "VMSTREAM_WORKER__APP_ID": APP_ID,
             "VMSTREAM_SIGNING__KEYS": json.dumps({"k1": key}),
+            "VMSTREAM_SIGNING__KEY_ID": "k1",  # beside the example key of examples/config.yaml
         }
         log_path = tmp_path / "applier.log"
         with open(log_path, "wb") as log:
