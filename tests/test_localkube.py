@@ -126,14 +126,15 @@ DEVICES = "spec.template.spec.domain.devices"
     ("path", "value", "field"),
     [
         ("spec.runStrategy", 123, "spec.runStrategy"),
-        (f"{DEVICES}.gpus", [{"name": 1}], f"{DEVICES}.gpus[0].name"),
-        (f"{DEVICES}.gpus", [{"deviceName": "nvidia.com/GA102GL_A10"}], f"{DEVICES}.gpus[0].name"),
+        (f"{DEVICES}.gpus", [{"name": 1}], f"{DEVICES}.gpus.name"),
     ],
-    ids=["runStrategy-not-a-string", "gpu-name-not-a-string", "gpu-without-name"],
+    ids=["runStrategy-not-a-string", "gpu-name-not-a-string"],
 )
-def test_the_crd_schema_rejects_an_invalid_virtual_machine(
+def test_kubevirt_rejects_an_invalid_virtual_machine(
     api: client.ApiClient, kube_namespace: str, path: str, value: Any, field: str
 ) -> None:
+    """virt-api's mutating webhook speaks first, against KubeVirt's own OpenAPI schema: a cause
+    with the field in its message (not in ``field``, as the CRD schema would put it)."""
     vm = cirros_vm("broken")
     set_path(vm, path, value)
     custom = client.CustomObjectsApi(api)
@@ -142,9 +143,23 @@ def test_the_crd_schema_rejects_an_invalid_virtual_machine(
     assert caught.value.status == 422
     status = json.loads(caught.value.body)
     assert status["reason"] == "Invalid"
-    assert field in {cause["field"] for cause in status["details"]["causes"]}, status
+    assert "virtualmachines-mutator.kubevirt.io" in status["message"]
+    assert any(field in cause["message"] for cause in status["details"]["causes"]), status
     listed = custom.list_namespaced_custom_object(VM_GROUP, VM_VERSION, kube_namespace, VM_PLURAL)
     assert listed["items"] == []
+
+
+def test_a_gpu_without_a_name_is_taken_with_an_empty_one(api: client.ApiClient, kube_namespace: str) -> None:
+    """KubeVirt's own answer, where the CRD schema alone refused: virt-api's mutating webhook
+    writes the VM back from Go structs, whose GPU ``name`` is not omitted when empty, so the
+    required field is there, as "". (vmstream's own checks, tests/support/kubevirt_schema.py,
+    still refuse a GPU without a name.)"""
+    vm = cirros_vm("unnamed")
+    set_path(vm, f"{DEVICES}.gpus", [{"deviceName": "nvidia.com/GA102GL_A10"}])
+    created = client.CustomObjectsApi(api).create_namespaced_custom_object(
+        VM_GROUP, VM_VERSION, kube_namespace, VM_PLURAL, vm)
+    assert created["spec"]["template"]["spec"]["domain"]["devices"]["gpus"] == [
+        {"name": "", "deviceName": "nvidia.com/GA102GL_A10"}]
 
 
 def test_a_node_maintenance_can_be_created(api: client.ApiClient) -> None:
