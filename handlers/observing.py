@@ -142,7 +142,9 @@ def fate_since_left(ctx: Context, key: str) -> ObservedFate | None:
     if vmi is not None and vmi.active:
         if vmi.unschedulable or vm.printable_status == "ErrorUnschedulable":
             return "waits_for_gpu"
-        return "came_back" if vmi.node else None
+        # Running, not just placed: a Scheduled VMI's domain has not started (virt-handler
+        # moves it to Running; lifecycle.go sets Scheduled once the pod is ready).
+        return "came_back" if vmi.node and vmi.phase == "Running" else None
     if restarts_by_itself(vm.run_strategy):
         # KubeVirt is about to start a new VMI (its VM may already say it waits for a card).
         return "waits_for_gpu" if vm.printable_status == "ErrorUnschedulable" else None

@@ -186,9 +186,11 @@ def test_drain_completed_reports_what_became_of_each_vm_as_observed() -> None:
         h.observe(vmi("p", name, node_name="gpu-node-1", phase="Succeeded", gpu=device), "DELETED")
     # No GPU VMI is left, but what became of the two Always VMs is not seen yet.
     assert h.notifications("drain_completed") == []
-    h.observe(vmi("p", "always-1", node_name="gpu-node-2", gpu=RTX, generation=2))
-    assert h.notifications("drain_completed") == []
     h.observe(vmi("p", "always-2", node_name=None, phase="Scheduling", gpu=RTX, generation=2, unschedulable=True))
+    # Placed on gpu-node-2 (its pod ready, virt-controller's Scheduled) is not running again yet.
+    h.observe(vmi("p", "always-1", node_name="gpu-node-2", phase="Scheduled", gpu=RTX, generation=2))
+    assert h.notifications("drain_completed") == []
+    h.observe(vmi("p", "always-1", node_name="gpu-node-2", gpu=RTX, generation=2))
     [done] = h.notifications("drain_completed")
     assert done.recipients == [OPS]
     assert done.details["gpu_vms"] == 3
