@@ -58,40 +58,40 @@ def third_party_versions() -> tuple[str, str]:
     return kubevirt.group(1), nmo.group(1)
 
 
+def built(out: Path, stamp: str, script: Path, *, tool: str, what: str) -> Path:
+    """``out`` once ``out/versions`` holds ``stamp``, running ``script`` first if it does not.
+
+    The check is made here too, not only in the script, so that a machine with a warm cache
+    needs no ``tool`` (the Go toolchain, Maven) at all.
+    """
+    versions = out / "versions"
+    if versions.is_file() and versions.read_text() == stamp:
+        return out
+    if shutil.which(tool) is None:
+        raise ThirdPartyDataError(f"{what} are not in {out} and there is no {tool} to make them ({script}); "
+                                  f"install {tool}")
+    log.info("making %s", what)
+    env = {**os.environ, "VMSTREAM_CACHE_DIR": str(cache_dir())}
+    # The script echoes its output dir on stdout; progress and compiler errors go to stderr.
+    result = subprocess.run(["bash", str(script)], env=env, stdout=subprocess.PIPE, text=True, check=False)
+    if result.returncode != 0 or not (versions.is_file() and versions.read_text() == stamp):
+        raise ThirdPartyDataError(f"{script.relative_to(REPO_ROOT)} failed with exit code {result.returncode}")
+    return out
+
+
 def third_party_dir() -> Path:
     """The generated third-party data, generating it first if the cache lacks it.
 
     Layout: ``kubevirt/crds/<plural>.kubevirt.io.yaml``, ``kubevirt/control-plane/*.yaml``,
     ``kubevirt/examples/*.yaml``, ``kubevirt/bin/{virt-controller,virt-api}``,
-    ``medik8s/nodemaintenances.nodemaintenance.medik8s.io.yaml``. The check is done here
-    too (not only in build.sh) so that a machine with a warm cache needs no Go toolchain.
+    ``medik8s/nodemaintenances.nodemaintenance.medik8s.io.yaml``.
     """
     kubevirt, nmo = third_party_versions()
-    out = cache_dir() / "kubevirtdata" / f"kubevirt-{kubevirt}-nmo-{nmo}-control-plane"  # as build.sh names it
-    stamp = f"{KUBEVIRT_MODULE} {kubevirt}\n{NODEMAINTENANCE_MODULE} {nmo}\nbinaries virt-controller virt-api"
-    versions = out / "versions"
-    if versions.is_file() and versions.read_text() == stamp:
-        return out
-    if shutil.which("go") is None:
-        raise ThirdPartyDataError(
-            f"KubeVirt {kubevirt}'s CRDs and examples are not in {out} and there is no Go "
-            "toolchain to generate them (tools/kubevirtdata/build.sh); install Go"
-        )
-    log.info("generating KubeVirt %s's CRDs and examples (minutes the first time)", kubevirt)
-    env = {**os.environ, "VMSTREAM_CACHE_DIR": str(cache_dir())}
-    # build.sh echoes its output dir on stdout; progress and compiler errors go to stderr.
-    result = subprocess.run(
-        ["bash", str(KUBEVIRTDATA_DIR / "build.sh")],
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0 or not (versions.is_file() and versions.read_text() == stamp):
-        raise ThirdPartyDataError(
-            f"tools/kubevirtdata/build.sh failed with exit code {result.returncode}"
-        )
-    return out
+    return built(
+        cache_dir() / "kubevirtdata" / f"kubevirt-{kubevirt}-nmo-{nmo}-control-plane",  # as build.sh names it
+        f"{KUBEVIRT_MODULE} {kubevirt}\n{NODEMAINTENANCE_MODULE} {nmo}\nbinaries virt-controller virt-api",
+        KUBEVIRTDATA_DIR / "build.sh", tool="go",
+        what=f"KubeVirt {kubevirt}'s CRDs and binaries (minutes the first time)")
 
 
 def kubevirt_crd(plural: str) -> Path:
@@ -136,34 +136,13 @@ def strimzi_crds_dir() -> Path:
     """Strimzi's CRDs at the pinned version, generating them first if the cache lacks them.
 
     Layout: ``crds/<plural>.<group>.yaml``, one CRD a file, e.g.
-    ``crds/kafkatopics.kafka.strimzi.io.yaml``. As for KubeVirt's, the check is done here
-    too, so that a machine with a warm cache needs neither Maven nor Java 21.
+    ``crds/kafkatopics.kafka.strimzi.io.yaml``.
     """
     version = strimzi_version()
-    out = cache_dir() / "strimzicrds" / version
-    stamp = f"io.strimzi:api {version}\nio.strimzi:crd-generator {version}"
-    versions = out / "versions"
-    if versions.is_file() and versions.read_text() == stamp:
-        return out
-    if shutil.which("mvn") is None:
-        raise ThirdPartyDataError(
-            f"Strimzi {version}'s CRDs are not in {out} and there is no Maven (mvn) to fetch "
-            "Strimzi's generator (tools/strimzicrds/build.sh); install Maven"
-        )
-    log.info("generating Strimzi %s's CRDs (Maven fetches two jars the first time)", version)
-    env = {**os.environ, "VMSTREAM_CACHE_DIR": str(cache_dir())}
-    result = subprocess.run(
-        ["bash", str(STRIMZICRDS_DIR / "build.sh")],
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0 or not (versions.is_file() and versions.read_text() == stamp):
-        raise ThirdPartyDataError(
-            f"tools/strimzicrds/build.sh failed with exit code {result.returncode}"
-        )
-    return out
+    return built(cache_dir() / "strimzicrds" / version,
+                 f"io.strimzi:api {version}\nio.strimzi:crd-generator {version}",
+                 STRIMZICRDS_DIR / "build.sh", tool="mvn",
+                 what=f"Strimzi {version}'s CRDs (Maven fetches two jars the first time)")
 
 
 def strimzi_crd(name: str) -> Path:
