@@ -21,6 +21,9 @@ import pytest
 import yaml
 
 from harness.localkafka import KAFKA_VERSION, SINGLE_NODE_SETTINGS
+from streams.cli import health
+from streams.cli.health import SERVED
+from streams.cli.main import build_parser
 from streams.common import errors
 from streams.common.settings import Settings, WorkerSettings, load_settings
 from tests.test_cli_errors import Ran, assert_one_line, clean_env, vmstream
@@ -29,7 +32,9 @@ ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 VMSTREAM_SERVICES = ("topics", "worker", "notify", "api", "watch", "apply")
+LONG_RUNNING_SERVICES = ("worker", "notify", "api", "watch", "apply")
 OPT_IN_SERVICES = ("watch", "apply")
+HEALTH_TIMEOUT = build_parser().parse_args(["health"]).timeout  # seconds the check waits
 
 
 # -- helpers -----------------------------------------------------------------------------
@@ -87,6 +92,22 @@ def _final_stage(instructions: list[tuple[str, str]]) -> list[tuple[str, str]]:
     starts = [i for i, (kw, _) in enumerate(instructions) if kw == "FROM"]
     assert starts, "the Dockerfile has no FROM"
     return instructions[starts[-1]:]
+
+
+def _seconds(duration: str) -> float:
+    """A Docker or compose duration (``5s``, ``1m30s``) in seconds."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, duration
+    scale = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    return sum(float(n) * scale[u] for n, u in parts)
+
+
+def _healthcheck(stage: list[tuple[str, str]]) -> tuple[dict[str, str], str]:
+    """The HEALTHCHECK of a stage: its ``--option=value`` pairs and its ``CMD`` (exec form)."""
+    arguments = _last(stage, "HEALTHCHECK")
+    flags, _, command = arguments.partition("CMD ")
+    options = dict(flag[2:].split("=", 1) for flag in flags.split())
+    return options, command.strip()
 
 
 def _python_version(image: str) -> tuple[int, int]:
@@ -179,7 +200,22 @@ def test_worker_serves_its_pages_outside_the_container(
     assert env["VMSTREAM_WORKER__WEB_HOST"] == "0.0.0.0"
     port = int(env.get("VMSTREAM_WORKER__WEB_PORT", WorkerSettings().web_port))
     assert any(str(mapping).endswith(f":{port}") for mapping in worker["ports"])
-    assert "/health" in json.dumps(worker["healthcheck"]["test"])
+
+
+def test_every_long_running_service_is_checked_by_the_images_check(
+    services: dict[str, dict[str, Any]], dockerfile: list[tuple[str, str]]
+) -> None:
+    """The one check for every process (streams/cli/health.py), as the image runs it; the
+    one-shot `topics` has nothing to check."""
+    image_check = ["CMD", *json.loads(_healthcheck(_final_stage(dockerfile))[1])]
+    for name in LONG_RUNNING_SERVICES:
+        check = services[name]["healthcheck"]
+        assert not check.get("disable"), name
+        assert check["test"] == image_check, name
+        assert _seconds(check["timeout"]) > HEALTH_TIMEOUT, name
+    assert services["topics"]["healthcheck"] == {"disable": True}
+    assert {name for name, service in services.items() if service.get("command", [""])[0] in SERVED} == set(
+        LONG_RUNNING_SERVICES)
 
 
 def test_vmstream_services_run_read_only_as_non_root(services: dict[str, dict[str, Any]]) -> None:
@@ -277,6 +313,26 @@ def test_the_worker_and_the_applier_seal_with_one_key_and_the_api_has_a_token(
     assert any(caller.operator for caller in settings("api").api.tokens().values())
 
 
+def test_the_check_asks_each_service_where_it_listens(
+        services: dict[str, dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The image's check, given a service's command line and environment, asks the port the
+    service serves /health on — the one compose publishes, where it publishes one — on
+    loopback inside the container."""
+    ports = {"worker": 6066, "apply": 6067, "watch": 6068, "api": 6069, "notify": 6070}
+    for name in LONG_RUNNING_SERVICES:
+        argv, env = _container(services[name], tmp_path / name)
+        for variable in [variable for variable in os.environ if variable.startswith("VMSTREAM_")]:
+            monkeypatch.delenv(variable)
+        for variable, value in env.items():
+            monkeypatch.setenv(variable, value)
+        # As the kernel shows the process the image starts: the console script, then the command.
+        process = health.Process(1, tuple(argv))
+        assert health.vmstream_arguments(["/opt/vmstream/bin/python", "/opt/vmstream/bin/vmstream", *argv]) == tuple(argv)
+        assert health.health_url(*health.address(process)) == f"http://127.0.0.1:{ports[name]}/health", name
+        for published in services[name].get("ports", []):
+            assert str(published).endswith(f":{ports[name]}"), (name, published)
+
+
 # -- the image ---------------------------------------------------------------------------
 
 
@@ -304,7 +360,13 @@ def test_image_runs_vmstream_as_non_root(dockerfile: list[tuple[str, str]]) -> N
 def test_image_exposes_the_web_port_and_checks_health(dockerfile: list[tuple[str, str]]) -> None:
     final = _final_stage(dockerfile)
     assert str(WorkerSettings().web_port) in _last(final, "EXPOSE").split()
-    assert "/health" in _last(final, "HEALTHCHECK")
+    options, command = _healthcheck(final)
+    # `vmstream health` run as a module: the same check, without the other subcommands.
+    assert json.loads(command) == ["python", "-m", "streams.cli.health"]
+    assert build_parser().parse_args(["health"]).handler is health.run
+    # Docker's timeout above the check's own, so the check says why before Docker kills it.
+    assert _seconds(options["timeout"]) > HEALTH_TIMEOUT
+    assert {"interval", "start-period", "retries"} <= options.keys()
     volumes = " ".join(arguments for kw, arguments in final if kw == "VOLUME")
     assert "/var/lib/vmstream" in volumes
     assert _last(final, "WORKDIR") == "/var/lib/vmstream"

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
-from streams.cli import replaying, requesting, tailing
+from streams.cli import health, replaying, requesting, tailing
 from streams.common.dispatch import dispatch
 from streams.common.errors import EXIT_CODES_HELP, EXIT_OK, EXIT_USAGE, UserError
 from streams.common.startup import add_kafka_arguments, check_port, check_secrets, load_config, reach_kafka
@@ -145,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     applying.add_parser(commands)
     watching.add_parser(commands)
     notify.add_parser(commands)
+    health.add_parser(commands)
     for subparser in commands.choices.values():  # one table of exit codes for every command
         if subparser.epilog is None:
             subparser.epilog = EXIT_CODES_HELP
