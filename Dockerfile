@@ -35,19 +35,22 @@ RUN python -m venv /opt/vmstream
 ENV PATH=/opt/vmstream/bin:$PATH
 
 WORKDIR /src
-# The dependencies first, from pyproject.toml alone, so a source change reuses this layer.
-COPY pyproject.toml ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
-        > /tmp/requirements.txt \
-    && pip install -r /tmp/requirements.txt
-# Then the package itself (no test extras). README.md is optional: the glob may match
-# nothing (pyproject.toml is named again so that even the legacy builder has a source).
-COPY pyproject.toml README.m[d] ./
+# The dependencies first, from the lock alone, so a source change reuses this layer:
+# requirements.lock (`make lock`) pins every package of pyproject.toml's runtime
+# dependencies, and the build backend, with the hashes of their files. pip refuses a file
+# whose hash differs and any dependency the lock lacks.
+COPY requirements.lock ./
+RUN pip install --require-hashes -r requirements.lock
+# Then the package itself (no test extras), with nothing more installed (--no-deps) and
+# built by the locked setuptools (--no-build-isolation: no unpinned download). README.md is
+# optional: the glob may match nothing (pyproject.toml is named too, so that even the
+# legacy builder has a source).
+COPY pyproject.toml LICENSE README.m[d] ./
 COPY handlers ./handlers
 COPY streams ./streams
 # pip and setuptools are not needed at run time (nothing imports them): leave them out of
 # the image, with fewer files to scan and patch.
-RUN pip install . \
+RUN pip install --no-deps --no-build-isolation . \
     && pip check \
     && python -m pip uninstall -y pip setuptools
 

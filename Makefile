@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CACHE ?= $(or $(VMSTREAM_CACHE_DIR),$(HOME)/.cache/vmstream)
 export VMSTREAM_CACHE_DIR := $(CACHE)
 
-.PHONY: help setup parts demo check test test-fast simulate bench schemas examples clean
+.PHONY: help setup parts demo check test test-fast simulate bench schemas examples lock clean
 
 help:
 	@echo "make demo      the worker on a local Kafka with a realistic scenario"
@@ -14,6 +14,7 @@ help:
 	@echo "make test      make check, then every test, against a real Kafka broker and kube-apiserver"
 	@echo "make test-fast the pure rules and simulate only (no broker, no API server)"
 	@echo "make bench     the benchmarks (they print figures)"
+	@echo "make lock      requirements.lock again, after a change to pyproject.toml's dependencies"
 
 $(BIN)/vmstream: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +63,19 @@ schemas: setup
 
 examples: setup
 	$(BIN)/python examples/build.py
+
+# requirements.lock: what the image installs (Dockerfile, pip --require-hashes), every
+# package pinned with the hashes of its files: pyproject.toml's runtime dependencies and its
+# build backend (the image builds vmstream without build isolation), resolved for the
+# image's Python, 3.11 on Linux (the same pins on amd64 and arm64). Run it after changing
+# either; tests/test_lock.py fails until then.
+UV_VERSION := 0.13.9
+lock: setup
+	$(BIN)/pip install --quiet 'uv==$(UV_VERSION)'
+	$(BIN)/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires']))" \
+	  | $(BIN)/uv pip compile --quiet pyproject.toml - --generate-hashes --python-version 3.11 \
+	    --python-platform x86_64-unknown-linux-gnu --custom-compile-command 'make lock' \
+	    --output-file requirements.lock
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
