@@ -1,6 +1,6 @@
 # vmstream: one image for every job of the `vmstream` command (the worker by default).
 #
-#   docker build -t vmstream .
+#   docker build --build-arg PYTHON_DIGEST=sha256:... -t vmstream .   # the base's digest: below
 #   docker run --rm --read-only --tmpfs /tmp -v vmstream-data:/var/lib/vmstream \
 #     -v "$PWD/examples/config.yaml:/etc/vmstream/config.yaml:ro" \
 #     -e VMSTREAM_KAFKA__BOOTSTRAP_SERVERS=kafka:9092 -e VMSTREAM_WORKER__WEB_HOST=0.0.0.0 \
@@ -15,8 +15,20 @@
 # 0.0.0.0 for probes and port publishing to reach it. It is not set here because the
 # environment takes precedence over the config file.
 
+# The base image is pinned by digest: every build starts from the same bytes, and a new
+# base is a reviewed change, not whatever the tag points at that day. The digest is that of
+# python:3.11-slim's multi-platform index (the same for amd64 and arm64), the "Digest:" line of
+#
+#   docker buildx imagetools inspect python:3.11-slim
+#
+# None is committed yet (none could be checked against the registry when this was written):
+# give it to each build, `docker build --build-arg PYTHON_DIGEST=sha256:<64 hex> -t vmstream .`
+# (compose: VMSTREAM_PYTHON_DIGEST), or commit it as this ARG's default. A build without it
+# stops at the first FROM: "PYTHON_DIGEST: is not allowed to be unset" (or "… empty").
+ARG PYTHON_DIGEST
+
 # ---------------------------------------------------------------------------- build
-FROM python:3.11-slim AS build
+FROM python:3.11-slim@${PYTHON_DIGEST:?} AS build
 
 # Set by BuildKit. On amd64 every dependency ships a binary wheel; elsewhere some
 # (faust-streaming's C extensions) may be built from source and need a compiler.
@@ -55,7 +67,7 @@ RUN pip install --no-deps --no-build-isolation . \
     && python -m pip uninstall -y pip setuptools
 
 # -------------------------------------------------------------------------- runtime
-FROM python:3.11-slim AS runtime
+FROM python:3.11-slim@${PYTHON_DIGEST:?} AS runtime
 
 LABEL org.opencontainers.image.title="vmstream" \
       org.opencontainers.image.description="Keeps GPU-passthrough VMs on KubeVirt right, event by event, over Kafka." \

@@ -345,6 +345,39 @@ def test_image_is_python_3_11_or_later(dockerfile: list[tuple[str, str]]) -> Non
     assert _python_version(bases[-1]) >= (3, 11)  # the image people run
 
 
+# python:X.Y-slim by the digest of its index: the build argument (required: no default), or
+# the digest itself once one is committed.
+PINNED_BASE = re.compile(r"python:3\.\d+-slim@(?:\$\{PYTHON_DIGEST:\?\}|sha256:[0-9a-f]{64})")
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def test_the_base_image_is_pinned_by_digest(
+    dockerfile: list[tuple[str, str]], compose: dict[str, Any]
+) -> None:
+    """Every stage starts from the same digest of python:3.11-slim; no digest is invented:
+    PYTHON_DIGEST has no default or a well-formed one, and a build without it stops."""
+    first = next(i for i, (kw, _) in enumerate(dockerfile) if kw == "FROM")
+    meta = dict(arguments.partition("=")[::2] for kw, arguments in dockerfile[:first] if kw == "ARG")
+    assert "PYTHON_DIGEST" in meta
+    assert meta["PYTHON_DIGEST"] == "" or DIGEST.fullmatch(meta["PYTHON_DIGEST"]), meta["PYTHON_DIGEST"]
+    bases = {arguments.split()[0] for kw, arguments in dockerfile if kw == "FROM"}
+    assert len(bases) == 1, bases
+    (base,) = bases
+    assert PINNED_BASE.fullmatch(base), base
+    # How to get the digest, where it is asked for.
+    assert "docker buildx imagetools inspect python:3.11-slim" in DOCKERFILE.read_text()
+    # Compose builds the same image: it passes the digest on.
+    build = compose["x-vmstream"]["build"]
+    assert build["args"]["PYTHON_DIGEST"] == "${VMSTREAM_PYTHON_DIGEST:-}"
+
+
+def test_a_tag_or_a_malformed_digest_is_not_a_pin() -> None:
+    for base in ("python:3.11-slim", "python:3.11-slim@${PYTHON_DIGEST}", "python:3.11-slim@sha256:abc",
+                 "python:3.11-slim@sha256:" + "A" * 64, "python:3.11@sha256:" + "a" * 64):
+        assert not PINNED_BASE.fullmatch(base), base
+    assert PINNED_BASE.fullmatch("python:3.11-slim@sha256:" + "0" * 64)
+
+
 def test_image_runs_vmstream_as_non_root(dockerfile: list[tuple[str, str]]) -> None:
     final = _final_stage(dockerfile)
     assert json.loads(_last(final, "ENTRYPOINT")) == ["vmstream"]
