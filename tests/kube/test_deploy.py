@@ -16,7 +16,8 @@ hash of its content, so a change to it rolls every Deployment. Then:
   certificates with their user and group names) get 200 or 403 accordingly;
 * with the Strimzi component, every object passes the same dry run against Strimzi's own
   CRDs at the version tools/strimzicrds pins (kafka.strimzi.io/v1 alone, as Strimzi 1.0
-  and later serve; no field the schema lacks), and every name is a valid Kubernetes name.
+  and later serve; no field the schema lacks), and every name is a valid Kubernetes name;
+* every object and pod template carries the recommended labels, and no selector changes.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import re
 import shutil
 import subprocess
 import time
+import tomllib
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -52,6 +54,7 @@ STRIMZI_GROUP = "kafka.strimzi.io"
 STRIMZI_VERSION = f"{STRIMZI_GROUP}/v1"  # the only one Strimzi 1.0 and later serve
 # Every object's name, a custom resource's too: a DNS-1123 subdomain, as the API server checks.
 DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+OVERLAYS = ROOT / "deploy" / "overlays"
 NAMESPACE = "vmstream"
 IMAGE = "vmstream:0.1.0"
 FIELD_MANAGER = "vmstream-deploy-test"
@@ -60,6 +63,14 @@ SECRET = "vmstream-kafka"
 WATCH, APPLY, WORKER = "vmstream-watch", "vmstream-apply", "vmstream-worker"
 NOTIFY, API = "vmstream-notify", "vmstream-api"
 DEPLOYMENTS = {WORKER: 2, WATCH: 1, APPLY: 1, NOTIFY: 1, API: 2}  # name → replicas
+# Each Deployment's app.kubernetes.io/component, in its selector: fixed for good (selectors
+# are immutable), whatever else its labels say.
+COMPONENTS = {WORKER: "worker", WATCH: "watch-bridge", APPLY: "applier", NOTIFY: "notify", API: "api"}
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+# Kubernetes' recommended labels (app.kubernetes.io/…), on every object and pod template.
+RECOMMENDED = ("name", "instance", "version", "component", "part-of", "managed-by")
+# The overlays, and the instance each names.
+INSTANCES = {"base": "vmstream"}
 COMMANDS = {WORKER: "worker", WATCH: "watch", APPLY: "apply", NOTIFY: "notify", API: "api"}
 WRITABLE = ("/tmp", "/var/lib/vmstream")
 # The configuration's ConfigMap as generated: the name, a dash and kustomize's content hash.
@@ -600,6 +611,98 @@ def test_intents_are_verified_with_the_mounted_keys_and_pages_are_fenced(
     assert rule["ports"] == [{"protocol": "TCP", "port": 6066}]
     assert pages["podSelector"]["matchLabels"].items() <= objects["Deployment", WORKER]["spec"]["template"][
         "metadata"]["labels"].items()
+
+
+# -- the recommended labels and the overlays -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def renders(rendered: list[Manifest]) -> dict[str, list[Manifest]]:
+    """The base and each overlay, rendered."""
+    return {"base": rendered, **{name: kustomize(OVERLAYS / name) for name in INSTANCES if name != "base"}}
+
+
+def _pod_labels(manifests: list[Manifest]) -> dict[str, dict[str, str]]:
+    """Each Deployment's pod template labels, by Deployment name."""
+    return {
+        m["metadata"]["name"]: m["spec"]["template"]["metadata"]["labels"] for m in manifests if m["kind"] == "Deployment"
+    }
+
+
+@pytest.mark.parametrize("render", INSTANCES)
+def test_every_object_and_pod_template_has_the_recommended_labels(
+    renders: dict[str, list[Manifest]], render: str
+) -> None:
+    manifests = renders[render]
+    expected = {
+        "app.kubernetes.io/name": "vmstream",
+        "app.kubernetes.io/instance": INSTANCES[render],
+        "app.kubernetes.io/version": VERSION,
+        "app.kubernetes.io/part-of": "vmstream",
+        "app.kubernetes.io/managed-by": "kustomize",
+    }
+    components = {*COMPONENTS.values(), "shared", "upstream"}
+    for obj in manifests:
+        labels = obj["metadata"].get("labels", {})
+        where = (obj["kind"], obj["metadata"]["name"])
+        assert {f"app.kubernetes.io/{key}" for key in RECOMMENDED} <= labels.keys(), where
+        assert {k: labels[k] for k in expected} == expected, where
+        assert labels["app.kubernetes.io/component"] in components, where
+        if obj["kind"] == "Deployment":
+            assert labels["app.kubernetes.io/component"] == COMPONENTS[obj["metadata"]["name"]], where
+            template = obj["spec"]["template"]["metadata"]["labels"]
+            assert {k: template.get(k) for k in labels if k.startswith("app.kubernetes.io/")} == {
+                k: v for k, v in labels.items() if k.startswith("app.kubernetes.io/")}, where
+        elif obj["kind"] in ("KafkaUser", "KafkaTopic"):  # the Strimzi component's
+            name = obj["metadata"]["name"]
+            component = "shared" if obj["kind"] == "KafkaTopic" else (
+                COMPONENTS.get(name) or ("upstream" if name.startswith("upstream-") else None))
+            assert labels["app.kubernetes.io/component"] == component, where
+        elif obj["metadata"]["name"] in COMPONENTS:  # a process's own ServiceAccount, role, budget
+            assert labels["app.kubernetes.io/component"] == COMPONENTS[obj["metadata"]["name"]], where
+
+
+def _selectors(obj: Manifest) -> list[dict[str, str]]:
+    """Every label selector of an object: a Deployment's, a Service's, a budget's, a
+    NetworkPolicy's pods, a topology spread constraint's."""
+    spec = obj.get("spec", {})
+    found = []
+    if obj["kind"] == "Service":
+        found.append(spec.get("selector", {}))
+    elif "selector" in spec:
+        found.append(spec["selector"].get("matchLabels", {}))
+    if obj["kind"] == "NetworkPolicy":
+        found.append(spec["podSelector"].get("matchLabels", {}))
+    for constraint in spec.get("template", {}).get("spec", {}).get("topologySpreadConstraints", []):
+        found.append(constraint["labelSelector"]["matchLabels"])
+    return found
+
+
+@pytest.mark.parametrize("render", INSTANCES)
+def test_the_labels_leave_every_selector_as_running_deployments_have_it(
+    renders: dict[str, list[Manifest]], render: str
+) -> None:
+    """A Deployment's spec.selector is immutable: applying one that differs from the running
+    Deployment's fails. Each stays app.kubernetes.io/name and /component, as before the
+    recommended labels; no selector holds the labels that change (version, instance)."""
+    for obj in renders[render]:
+        if obj["kind"] == "Deployment":
+            assert obj["spec"]["selector"] == {"matchLabels": {
+                "app.kubernetes.io/name": "vmstream",
+                "app.kubernetes.io/component": COMPONENTS[obj["metadata"]["name"]],
+            }}, obj["metadata"]["name"]
+        for selector in _selectors(obj):
+            assert set(selector) <= {"app.kubernetes.io/name", "app.kubernetes.io/component"}, (
+                obj["kind"], obj["metadata"]["name"], selector)
+
+
+def test_the_version_label_is_the_images_tag_and_the_packages_version() -> None:
+    base = yaml.safe_load((BASE / "kustomization.yaml").read_text())
+    assert base["images"] == [{"name": "vmstream", "newTag": VERSION}]
+    for path in (BASE / "kustomization.yaml", *OVERLAYS.glob("*/kustomization.yaml")):
+        for entry in yaml.safe_load(path.read_text()).get("labels", []):
+            assert entry["includeSelectors"] is False, path
+            assert entry["pairs"].get("app.kubernetes.io/version", VERSION) == VERSION, path
 
 
 # -- the API server --------------------------------------------------------------------
