@@ -17,7 +17,11 @@ hash of its content, so a change to it rolls every Deployment. Then:
 * with the Strimzi component, every object passes the same dry run against Strimzi's own
   CRDs at the version tools/strimzicrds pins (kafka.strimzi.io/v1 alone, as Strimzi 1.0
   and later serve; no field the schema lacks), and every name is a valid Kubernetes name;
-* every object and pod template carries the recommended labels, and no selector changes.
+* the overlays (deploy/overlays/dev and prod) render, carry the recommended labels without
+  touching a selector, have the shape each promises — one of each process and no budget
+  for dev; two spread replicas of the worker and the API, a budget for each and the
+  Strimzi component for prod — and pass the same dry run (prod's Strimzi objects against
+  Strimzi's CRDs).
 """
 
 from __future__ import annotations
@@ -70,7 +74,7 @@ VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["versi
 # Kubernetes' recommended labels (app.kubernetes.io/…), on every object and pod template.
 RECOMMENDED = ("name", "instance", "version", "component", "part-of", "managed-by")
 # The overlays, and the instance each names.
-INSTANCES = {"base": "vmstream"}
+INSTANCES = {"base": "vmstream", "dev": "vmstream-dev", "prod": "vmstream-prod"}
 COMMANDS = {WORKER: "worker", WATCH: "watch", APPLY: "apply", NOTIFY: "notify", API: "api"}
 WRITABLE = ("/tmp", "/var/lib/vmstream")
 # The configuration's ConfigMap as generated: the name, a dash and kustomize's content hash.
@@ -622,6 +626,10 @@ def renders(rendered: list[Manifest]) -> dict[str, list[Manifest]]:
     return {"base": rendered, **{name: kustomize(OVERLAYS / name) for name in INSTANCES if name != "base"}}
 
 
+def test_the_overlays_are_the_ones_tested() -> None:
+    assert {p.name for p in OVERLAYS.iterdir() if p.is_dir()} == INSTANCES.keys() - {"base"}
+
+
 def _pod_labels(manifests: list[Manifest]) -> dict[str, dict[str, str]]:
     """Each Deployment's pod template labels, by Deployment name."""
     return {
@@ -703,6 +711,108 @@ def test_the_version_label_is_the_images_tag_and_the_packages_version() -> None:
         for entry in yaml.safe_load(path.read_text()).get("labels", []):
             assert entry["includeSelectors"] is False, path
             assert entry["pairs"].get("app.kubernetes.io/version", VERSION) == VERSION, path
+
+
+def _containers(manifests: list[Manifest]) -> dict[str, Manifest]:
+    return {m["metadata"]["name"]: _container(m) for m in manifests if m["kind"] == "Deployment"}
+
+
+def _quantity(value: str | int) -> float:
+    """A CPU or memory quantity as a number (cores, bytes)."""
+    text = str(value)
+    for suffix, scale in (("Ki", 2**10), ("Mi", 2**20), ("Gi", 2**30), ("m", 1e-3)):
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * scale
+    return float(text)
+
+
+def test_dev_runs_one_of_each_process_with_small_requests_and_no_budget(
+    renders: dict[str, list[Manifest]],
+) -> None:
+    dev, base = renders["dev"], renders["base"]
+    assert {(m["kind"], m["metadata"]["name"]) for m in dev} == {
+        (m["kind"], m["metadata"]["name"]) for m in base} - {("PodDisruptionBudget", WORKER)}
+    deployments = {m["metadata"]["name"]: m for m in dev if m["kind"] == "Deployment"}
+    assert {name: d["spec"]["replicas"] for name, d in deployments.items()} == dict.fromkeys(DEPLOYMENTS, 1)
+    base_containers = _containers(base)
+    for name, container in _containers(dev).items():
+        requests, limits = container["resources"]["requests"], container["resources"]["limits"]
+        assert limits == base_containers[name]["resources"]["limits"], name
+        for resource in ("cpu", "memory"):
+            assert _quantity(requests[resource]) < _quantity(base_containers[name]["resources"]["requests"][resource])
+            assert _quantity(requests[resource]) <= _quantity(limits[resource]), (name, resource)
+    # Otherwise the base: the same pods, but for the instance label and the requests.
+    for name, deployment in deployments.items():
+        expected = json.loads(json.dumps(by_kind_name(base)["Deployment", name]))
+        expected["spec"]["replicas"] = 1
+        _container(expected)["resources"] = _container(deployment)["resources"]
+        for labels in (expected["metadata"]["labels"], expected["spec"]["template"]["metadata"]["labels"]):
+            labels["app.kubernetes.io/instance"] = INSTANCES["dev"]
+        assert deployment == expected, name
+
+
+def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return selector.items() <= labels.items()
+
+
+def test_prod_spreads_two_replicas_of_the_worker_and_the_api_with_a_budget_each(
+    renders: dict[str, list[Manifest]],
+) -> None:
+    prod = renders["prod"]
+    objects = by_kind_name(prod)
+    pods = _pod_labels(prod)
+    for name in (WORKER, API):
+        deployment = objects["Deployment", name]
+        assert deployment["spec"]["replicas"] == 2, name
+        spread = {c["topologyKey"]: c for c in deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]}
+        assert spread.keys() == {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}, name
+        # Never both on one node (a cordoned node not counted); zones where there are any.
+        assert spread["kubernetes.io/hostname"]["whenUnsatisfiable"] == "DoNotSchedule", name
+        assert spread["kubernetes.io/hostname"]["nodeTaintsPolicy"] == "Honor", name
+        assert spread["topology.kubernetes.io/zone"]["whenUnsatisfiable"] == "ScheduleAnyway", name
+        for constraint in spread.values():
+            assert constraint["maxSkew"] == 1, name
+            assert constraint["matchLabelKeys"] == ["pod-template-hash"], name
+            selector = constraint["labelSelector"]["matchLabels"]
+            assert {other for other, labels in pods.items() if _selects(selector, labels)} == {name}
+        # A budget of one for each, selecting its pods alone.
+        budget = objects["PodDisruptionBudget", name]["spec"]
+        assert budget["minAvailable"] == 1, name
+        assert {other for other, labels in pods.items() if _selects(budget["selector"]["matchLabels"], labels)} == {
+            name}
+    assert objects["PodDisruptionBudget", API]["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert {n for k, n in objects if k == "PodDisruptionBudget"} == {WORKER, API}
+    # The others as in the base.
+    for name in (WATCH, APPLY, NOTIFY):
+        assert objects["Deployment", name]["spec"]["replicas"] == DEPLOYMENTS[name]
+    # Requests and limits on every container, the worker's for a whole AZ on one replica.
+    for name, container in _containers(prod).items():
+        requests, limits = container["resources"]["requests"], container["resources"]["limits"]
+        for resource in ("cpu", "memory"):
+            assert _quantity(requests[resource]) <= _quantity(limits[resource]), (name, resource)
+    worker = _container(objects["Deployment", WORKER])["resources"]
+    assert _quantity(worker["limits"]["memory"]) >= 2 * 631 * 2**20  # docs/scaling.md, M6e, with room
+
+
+def test_prod_has_the_strimzi_component_in_the_vmstream_namespace(renders: dict[str, list[Manifest]]) -> None:
+    prod = renders["prod"]
+    strimzi = _strimzi_objects(prod)
+    assert {m["kind"] for m in strimzi} == {"KafkaUser", "KafkaTopic"}
+    assert {m["apiVersion"] for m in strimzi} == {STRIMZI_VERSION}
+    users = {m["metadata"]["name"] for m in strimzi if m["kind"] == "KafkaUser"}
+    for name, container in _containers(prod).items():
+        env = {e["name"]: e for e in container["env"]}
+        assert env["VMSTREAM_KAFKA__SASL_USERNAME"]["value"] == name in users
+        assert env["VMSTREAM_KAFKA__SASL_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == name
+    for obj in prod:
+        if obj["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding",
+                               "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
+            assert obj["metadata"]["namespace"] == NAMESPACE, (obj["kind"], obj["metadata"]["name"])
+    # Everything of the base is there, with the API's budget and the component beside it.
+    base = {(m["kind"], m["metadata"]["name"]) for m in renders["base"]}
+    assert {(m["kind"], m["metadata"]["name"]) for m in prod} == base | {("PodDisruptionBudget", API)} | {
+        (m["kind"], m["metadata"]["name"]) for m in strimzi}
+
 
 
 # -- the API server --------------------------------------------------------------------
@@ -1182,6 +1292,35 @@ def test_with_the_strimzi_component_every_object_passes_a_dry_run_against_strimz
         if obj["apiVersion"].partition("/")[0] == STRIMZI_GROUP:
             # Stored as written, at v1: nothing pruned, nothing defaulted.
             assert (body["apiVersion"], body["spec"]) == (obj["apiVersion"], obj["spec"]), obj["metadata"]["name"]
+
+
+@pytest.mark.kube
+@pytest.mark.parametrize("overlay", ["dev", "prod"])
+def test_each_overlay_passes_a_server_side_dry_run(
+    request: pytest.FixtureRequest, namespace: str, renders: dict[str, list[Manifest]], overlay: str
+) -> None:
+    """What ``kubectl apply --server-side --dry-run=server -k deploy/overlays/<overlay>`` does
+    on a cluster with Strimzi 1.x: every object accepted with no warning (Pod Security
+    "restricted" included), none of a kind the API server does not serve, the labels and
+    the spread kept as written. prod's KafkaUsers and KafkaTopics against Strimzi's own
+    CRDs, as the component's (local control plane only, as there)."""
+    manifests = renders[overlay]
+    strimzi = _strimzi_objects(manifests)
+    assert bool(strimzi) == (overlay == "prod")
+    server: Api = request.getfixturevalue("strimzi_server" if strimzi else "server")
+    for obj in sorted(manifests, key=_apply_order):
+        where = (obj["kind"], obj["metadata"]["name"])
+        assert (obj["apiVersion"], obj["kind"]) in server.kinds, f"no matches for kind {obj['kind']}"
+        status, body, warnings = server.apply(obj, dry_run=True)
+        assert status in (200, 201), (*where, body)
+        assert warnings == [], (*where, warnings)
+        assert obj["metadata"]["labels"].items() <= body["metadata"]["labels"].items(), where
+        if obj["kind"] == "Deployment":  # defaulted, not dropped
+            spec = body["spec"]["template"]["spec"]
+            assert spec.get("topologySpreadConstraints", []) == obj["spec"]["template"]["spec"].get(
+                "topologySpreadConstraints", []), where
+        if obj["kind"] == "PodDisruptionBudget":
+            assert body["spec"] == obj["spec"], where
 
 
 @pytest.mark.kube
