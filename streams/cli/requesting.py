@@ -10,6 +10,11 @@ for the result of each command the decision's audit record names; ``--wait=decid
 decision only. Results count only when sealed by an applier, if the signing keys are at hand
 (``signing`` in the configuration, or ``VMSTREAM_SIGNING__KEYS``; docs/security.md).
 
+The intent goes out as a CloudEvent in vmstream's one scheme (handlers/events.py): ``ce_id``
+its id, ``ce_type`` ``io.vmstream.intent.<type>``, ``ce_source`` ``/vmstream/cli/<app_id>``
+(``worker.app_id`` of the configuration), ``ce_time`` its ``requested_at``, and the
+``traceparent`` the worker would derive from its id.
+
 Exit codes (also in ``vmstream intent --help``):
 
 - 0: published; with ``--wait``, accepted and every command applied in Kubernetes (or the
@@ -37,7 +42,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar, get_args
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from pydantic_settings import SettingsConfigDict
 
 from handlers.config import AuthPolicy
@@ -67,9 +72,11 @@ from streams.cli.tailing import (
     render_command_result,
     render_notification,
 )
+from handlers.tracing import derived_trace
 from streams.common import errors
+from streams.common.cloudevents import event_source, kafka_headers
 from streams.common.credentials import SigningKey, environment_key, sign_intent
-from streams.common.settings import EnvironmentFirst, KafkaSettings, SigningSettings, read_yaml
+from streams.common.settings import EnvironmentFirst, KafkaSettings, SigningSettings, WorkerSettings, read_yaml
 from streams.common.signing import Keyring, open_sealed
 
 if TYPE_CHECKING:
@@ -239,8 +246,20 @@ class Outcome:
     missing: list[str]  # notification ids the audit lists but the deadline came first
 
 
-def publish_intent(kafka: KafkaSettings, intent: AnyIntent, *, timeout: float) -> Published:
-    """Send one intent and wait for the broker's acknowledgement (acks=all, idempotent)."""
+DEFAULT_SOURCE = event_source("cli", WorkerSettings().app_id)
+
+
+def intent_headers(intent: AnyIntent, *, source: str = DEFAULT_SOURCE) -> list[tuple[str, bytes]]:
+    """The intent's CloudEvents headers (binary mode) in vmstream's scheme, and the
+    ``traceparent`` the worker derives from its id (so its outputs carry the same trace)."""
+    time = intent.requested_at or datetime.now(UTC)
+    return list(kafka_headers(intent, source=source, trace=derived_trace(intent.intent_id), time=time).items())
+
+
+def publish_intent(kafka: KafkaSettings, intent: AnyIntent, *, timeout: float,
+                   source: str = DEFAULT_SOURCE) -> Published:
+    """Send one intent, with its CloudEvents headers, and wait for the broker's acknowledgement
+    (acks=all, idempotent)."""
     from kafka import KafkaProducer
 
     from streams.common.kafka_clients import producer
@@ -248,7 +267,8 @@ def publish_intent(kafka: KafkaSettings, intent: AnyIntent, *, timeout: float) -
     topic, key = kafka.topic(INTENTS), intent_key(intent)
     client = producer(kafka, max_block_ms=max(1, int(timeout * 1000)), **bounded(KafkaProducer, timeout))
     try:
-        metadata = client.send(topic, key=key.encode(), value=encode_intent(intent)).get(timeout=timeout)
+        metadata = client.send(topic, key=key.encode(), value=encode_intent(intent),
+                               headers=intent_headers(intent, source=source)).get(timeout=timeout)
     finally:
         client.close(timeout=timeout)
     log.debug("published %s to %s[%d]@%d", intent.intent_id, topic, metadata.partition, metadata.offset)
@@ -394,18 +414,19 @@ def request(
     out: TextIO,
     err: TextIO,
     keyring: Keyring | None = None,
+    source: str = DEFAULT_SOURCE,
 ) -> int:
     """Publish ``intent``; with ``wait`` (``"decided"``, or ``"applied"``/True: also the
     commands' results), print its outcome. Returns the exit code."""
     deadline = time.monotonic() + timeout
     stage = "applied" if wait is True else (wait or None)
     if stage is None:
-        published = publish_intent(kafka, intent, timeout=timeout)
+        published = publish_intent(kafka, intent, timeout=timeout, source=source)
         _print_published(intent, published, out)
         return EXIT_ACCEPTED
     # Before publishing: the answers cannot be missed.
     with OutcomeWatch(kafka, timeout=timeout, results=stage == "applied", keyring=keyring) as watch:
-        published = publish_intent(kafka, intent, timeout=max(0.001, deadline - time.monotonic()))
+        published = publish_intent(kafka, intent, timeout=max(0.001, deadline - time.monotonic()), source=source)
         _print_published(intent, published, out)
         outcome = watch.wait({intent.intent_id, published.source_ref}, deadline)
         if outcome is None:
@@ -504,8 +525,9 @@ def _run(args: argparse.Namespace) -> int:
               "auth: none)", file=sys.stderr)
     reach_kafka(kafka)  # within KAFKA_PROBE_SECONDS, else exit 4 (EXIT_KAFKA)
     try:
+        side = cli_settings(args.config, err=sys.stderr)
         return request(kafka, intent, wait=args.wait, timeout=args.timeout, out=sys.stdout, err=sys.stderr,
-                       keyring=result_keyring(args.config, err=sys.stderr) if args.wait == "applied" else None)
+                       keyring=side.keyring if args.wait == "applied" else None, source=side.source)
     except RequestError as exc:
         print(f"vmstream intent: {exc}", file=sys.stderr)
         return EXIT_KAFKA
@@ -525,25 +547,43 @@ EXIT_CODES = (
 )
 
 
-class SigningOnly(EnvironmentFirst):
-    """The file as ``intent --wait`` sees it for results: only ``signing`` matters."""
+class _AppOnly(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    app_id: str = WorkerSettings().app_id
+
+
+class IntentSide(EnvironmentFirst):
+    """The file as ``vmstream intent`` sees it beyond ``kafka``: the signing keys (which results
+    count) and the deployment's ``worker.app_id`` (its CloudEvents source)."""
 
     model_config = SettingsConfigDict(env_prefix="VMSTREAM_", env_nested_delimiter="__", frozen=True,
                                       extra="ignore")
 
     signing: SigningSettings = SigningSettings()
+    worker: _AppOnly = _AppOnly()
 
 
-def result_keyring(config: str | None, *, err: TextIO) -> Keyring | None:
+@dataclass(frozen=True, slots=True)
+class CliSide:
+    keyring: Keyring | None  # None: no keys at hand, every record counts as the topic holds it
+    source: str  # the CloudEvents source of the intents it sends
+
+
+def cli_settings(config: str | None, *, err: TextIO) -> CliSide:
     """The keys results are sealed with (``signing`` of the configuration file and
-    ``VMSTREAM_SIGNING__*``), to count only an applier's results; None without them."""
+    ``VMSTREAM_SIGNING__*``), to count only an applier's, and the source of the intents it
+    sends (``/vmstream/cli/<worker.app_id>``)."""
+    source = DEFAULT_SOURCE
     try:
-        keyring = SigningOnly(**{k: v for k, v in read_yaml(config).items() if k == "signing"}).signing.keyring()
+        side = IntentSide(**{k: v for k, v in read_yaml(config).items() if k in ("signing", "worker")})
+        source = event_source("cli", side.worker.app_id)
+        keyring = side.signing.keyring()
     except (OSError, ValueError) as exc:
         print(f"vmstream intent: the signing keys cannot be read ({exc}): results are taken as the "
               "command-results topic holds them (only the applier may write it: docs/security.md)", file=err)
-        return None
-    return keyring or None
+        return CliSide(None, source)
+    return CliSide(keyring or None, source)
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
