@@ -99,7 +99,7 @@ SCHEMA_ID_BASE = "https://vmstream.io/schemas/"
 ASYNCAPI_FILE = "asyncapi.yaml"
 OPENAPI_FILE = "openapi.json"
 # The contracts' own version, not the package's: bump the minor on an additive change.
-CONTRACTS_VERSION = "1.0.0"
+CONTRACTS_VERSION = "1.1.0"
 KAFKA_BINDING_VERSION = "0.5.0"
 
 JsonObject = dict[str, Any]
