@@ -417,7 +417,11 @@ class Engine:
             log.exception("encoding the outputs of %s:%s:%s failed", source.topic, source.partition, source.offset)
             error = f"internal error: its outputs cannot be encoded: {type(exc).__name__}: {exc}"
         letter = self.dead_letter(raw, error, source, now)
-        letter.wire = [(o.topic, o.key.encode(), wire_bytes(o.value)) for o in letter.outputs()]
+        try:  # sealed as any audit record is, where ``encode`` seals
+            letter.wire = [(o.topic, o.key.encode(), encode(o.value)) for o in letter.outputs()]
+        except Exception:
+            log.exception("encoding the dead letter of %s:%s:%s failed", source.topic, source.partition, source.offset)
+            letter.wire = [(o.topic, o.key.encode(), wire_bytes(o.value)) for o in letter.outputs()]
         return letter
 
     def dead_letter(self, raw: RawInput, error: str, source: Source, now: datetime) -> Result:

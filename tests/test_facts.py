@@ -160,6 +160,16 @@ def test_the_type_domain_is_the_domain_of_vmstream_s_annotations() -> None:
     assert all(key.startswith(f"{events.DOMAIN}/") for key in keys)
 
 
+def test_no_long_running_process_reads_audit_records() -> None:
+    """Audit records are read by people's tools only — ``vmstream intent --wait`` and
+    ``vmstream replay``, which count only sealed ones — never by a process that acts or
+    answers on them: ``vmstream api`` serves the worker's tables, and a forged record on the
+    audit topic cannot change what it serves."""
+    assert dict(topics.AUDIT.receives) == {}
+    assert all(topics.AUDIT not in topics.read_by(process) for process in topics.PROCESSES)
+    assert [topic.name for topic in topics.read_by("api")] == [topics.GPU_CLASSES.name]
+
+
 # ------------------------------------------------------------------------ watched kinds
 
 
