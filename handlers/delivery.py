@@ -23,8 +23,10 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from handlers.events import notification_type
 from handlers.frozen import direct_init
 from handlers.messages import Notification, NotificationType, Severity
+from handlers.tracing import SPEC_VERSION, ce_time
 
 Channel = Literal["email", "webhook"]
 Format = Literal["cloudevent", "slack"]
@@ -34,7 +36,6 @@ PROJECT_PREFIX = "project:"
 WEBHOOK_PREFIX = "webhook:"
 # Good enough to tell an address from a principal of another kind; the SMTP server decides.
 EMAIL = re.compile(r"^[^@\s<>\"]+@[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)+$")
-EVENT_TYPE_PREFIX = "net.superphenix.vmstream.notification."
 SEVERITY_MARK = {"info": ":information_source:", "warning": ":warning:", "critical": ":rotating_light:"}
 
 
@@ -196,20 +197,24 @@ def render_email(notification: Notification) -> Email:
     return Email(subject=subject[:998], body="\n".join(lines) + "\n")
 
 
-def cloud_event(notification: Notification, *, source: str) -> dict[str, Any]:
-    """The notification as a CloudEvent 1.0 in structured mode (``application/cloudevents+json``):
-    its id is the notification's, so a receiver can drop repeats by ``id`` and ``source``."""
+def cloud_event(notification: Notification, *, source: str, time: datetime | None = None) -> dict[str, Any]:
+    """The notification as a CloudEvent 1.0 in structured mode (``application/cloudevents+json``),
+    the same event as the Kafka record that carried it (handlers/events.py): its ``id`` the
+    notification's, its ``type`` ``io.vmstream.notification.<type>``, its ``source`` the
+    record's (the process that wrote it), its ``time`` the notification's (``time``, the
+    record's, when it names none). A receiver drops repeats by ``id`` and ``source``."""
     event: dict[str, Any] = {
-        "specversion": "1.0",
+        "specversion": SPEC_VERSION,
         "id": notification.notification_id,
         "source": source,
-        "type": EVENT_TYPE_PREFIX + notification.type,
+        "type": notification_type(notification.type),
         "subject": f"{notification.subject.kind}/{subject_name(notification)}",
         "datacontenttype": "application/json",
         "data": notification.model_dump(mode="json", exclude_none=True),
     }
-    if notification.at is not None:
-        event["time"] = notification.at.isoformat().replace("+00:00", "Z")
+    moment = notification.at or time
+    if moment is not None:
+        event["time"] = ce_time(moment)
     return event
 
 

@@ -72,7 +72,7 @@ from handlers.messages import (
     wire_bytes,
 )
 from handlers.observing import observe, settle_resident
-from handlers.outcomes import ACCEPTED, Accepted, Duplicate, Judgement, Refused, judgement_of
+from handlers.outcomes import ACCEPTED, Accepted, Duplicate, Judgement, Refused, Unproven, judgement_of
 from handlers.rows import DecidedIntent
 from handlers.state import Change, ExpiryIndex, StateView, dedup_window
 from handlers.tables import DRAINS, PROCESSED
@@ -257,33 +257,35 @@ class Engine:
         source: Source,
         now: datetime,
     ) -> Result:
-        """Refused for who asks: audited, and told only to whom it is safe to tell.
+        """Refused for who asks: audited (outcome ``unauthenticated``, whether or not the intent
+        id was decided before: an unsigned copy of a decided intent is no harmless duplicate),
+        and told only to whom it is safe to tell.
 
         The body's ``requested_by`` is unproven, so it is never told: only the signer of a
         valid credential that disagrees with the body, and ``auth.rejections_to``. Nothing
         is recorded under the intent id, which a forger must not be able to use up.
         """
         reason = f"unauthenticated: {refusal.reason}"
-        digest = ids.episode_id(source.topic, json.dumps(decode_json_object(raw), sort_keys=True))
+        copy = ids.unauthenticated_ref(source.topic, intent_id, decode_json_object(raw))
         ctx = self._context(state, now, intent_id)
         recipients = sorted({*([refusal.signer] if refusal.signer else []), *self.config.auth.rejections_to})
         if recipients:
             ctx.notify(
                 "intent_rejected",
                 subject=subject_of_key(source.key, fallback=intent_id),
-                episode=f"{intent_id}/{digest}",
+                episode=copy,
                 recipients=recipients,
                 project=None,
                 severity="warning",
                 message=f"Request {intent_id} was refused: {reason}.",
                 details={"intent_id": intent_id, "reason": reason},
             )
-        result = self._closed(ctx, source, Refused(reason))
+        result = self._closed(ctx, source, Unproven(reason))
         audit = result.decision.audit
         assert audit is not None
         # Forged copies of one intent id are audited apart, each once.
         result.decision.audit = audit.model_copy(
-            update={"audit_id": ids.audit_id(source.topic, f"{intent_id}/{digest}", "unauthenticated")})
+            update={"audit_id": ids.audit_id(source.topic, copy, "unauthenticated")})
         return result
 
     def _reject(
@@ -415,7 +417,11 @@ class Engine:
             log.exception("encoding the outputs of %s:%s:%s failed", source.topic, source.partition, source.offset)
             error = f"internal error: its outputs cannot be encoded: {type(exc).__name__}: {exc}"
         letter = self.dead_letter(raw, error, source, now)
-        letter.wire = [(o.topic, o.key.encode(), wire_bytes(o.value)) for o in letter.outputs()]
+        try:  # sealed as any audit record is, where ``encode`` seals
+            letter.wire = [(o.topic, o.key.encode(), encode(o.value)) for o in letter.outputs()]
+        except Exception:
+            log.exception("encoding the dead letter of %s:%s:%s failed", source.topic, source.partition, source.offset)
+            letter.wire = [(o.topic, o.key.encode(), wire_bytes(o.value)) for o in letter.outputs()]
         return letter
 
     def dead_letter(self, raw: RawInput, error: str, source: Source, now: datetime) -> Result:

@@ -8,6 +8,9 @@ drop repeats. Nothing here reads a clock or a random source.
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
 
 
 def _digest(*parts: str) -> str:
@@ -24,6 +27,13 @@ def notification_id(type_: str, subject: str, episode: str) -> str:
 
 def audit_id(topic: str, ref: str, outcome: str) -> str:
     return f"aud-{_digest('audit', topic, ref, outcome)}"
+
+
+def unauthenticated_ref(topic: str, intent_id: str, body: Mapping[str, Any]) -> str:
+    """What an intent refused for who asks is audited under (``ref``'s place in its audit id):
+    its id and a digest of its whole body, so each forged copy of one id is audited once and
+    apart from the real intent. Its sender, who knows the body, can name its audit record."""
+    return f"{intent_id}/{episode_id(topic, json.dumps(body, sort_keys=True))}"
 
 
 def episode_id(*parts: str) -> str:

@@ -435,7 +435,9 @@ class AuditInput(Message):
     ref: str = Field(max_length=KEY_MAX)
 
 
-AuditOutcome = Literal["accepted", "rejected", "ignored", "duplicate", "applied", "failed"]
+# ``unauthenticated``: an intent refused for who asks (its credential missing, forged, expired or
+# not its own): a copy of a real intent's id without its credential is one, never a duplicate.
+AuditOutcome = Literal["accepted", "rejected", "unauthenticated", "ignored", "duplicate", "applied", "failed"]
 
 
 class AuditRecord(Message):

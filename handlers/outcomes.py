@@ -3,7 +3,7 @@
 Rules used to answer ``str | None``, and ``None`` meant "go ahead" for an intent's rule but
 "not ignored" for a watch event: the reader had to know which. A :class:`Judgement` says
 it. The engine writes one into the audit record (its ``outcome``: ``accepted``,
-``rejected``, ``duplicate``, ``ignored``, and its ``reason``), and a
+``rejected``, ``unauthenticated``, ``duplicate``, ``ignored``, and its ``reason``), and a
 :class:`~handlers.engine.Result` reads its judgement back off that record: one source of
 truth, the same for a result decided now and one the worker's journal gives back.
 """
@@ -16,7 +16,7 @@ from typing import ClassVar, Literal
 from handlers.frozen import direct_init
 from handlers.messages import AuditRecord
 
-AuditVerdict = Literal["accepted", "rejected", "ignored", "duplicate"]
+AuditVerdict = Literal["accepted", "rejected", "unauthenticated", "ignored", "duplicate"]
 
 
 @direct_init
@@ -35,6 +35,16 @@ class Refused:
 
     reason: str
     outcome: ClassVar[AuditVerdict] = "rejected"
+
+
+@direct_init
+@dataclass(frozen=True, slots=True)
+class Unproven(Refused):
+    """Refused for who asks: the intent's credential is missing, forged, expired or not its
+    own (docs/auth.md). Audited apart from a refusal of what was asked, and never taken for
+    a duplicate: an unsigned copy of a decided intent's id is a forgery attempt."""
+
+    outcome: ClassVar[AuditVerdict] = "unauthenticated"
 
 
 @direct_init
@@ -60,7 +70,7 @@ ACCEPTED = Accepted()
 NO_EFFECT = Ignored("no effect")  # a node's resident update that led to nothing to tell or do
 
 _BY_OUTCOME: dict[str, type[Refused] | type[Ignored]] = {
-    "rejected": Refused, "ignored": Ignored, "duplicate": Duplicate,
+    "rejected": Refused, "unauthenticated": Unproven, "ignored": Ignored, "duplicate": Duplicate,
 }
 
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from handlers.delivery import DeliveryRecord
+from handlers.events import DELIVERY_TYPE
 from handlers.frozen import direct_init
 from handlers.messages import AuditRecord, Command, CommandResult, DeadLetter, Intent, Notification, WatchEvent
-from handlers.tracing import TYPE_PREFIX
 from handlers.views import GPUClassStatus
 
 # The long-running vmstream processes, as the AsyncAPI document tags them.
@@ -91,7 +91,7 @@ COMMAND_RESULTS = Topic(
 NOTIFICATIONS = Topic(
     "notifications", "Notifications", f"the subject's key: {_VM_OR_NODE}", Notification,
     "What VM owners, requesters and operators must be told. `vmstream notify` delivers them and records "
-    f"each delivery on {{deliveries}} (ce_type {TYPE_PREFIX}delivery).",
+    f"each delivery on {{deliveries}} (ce_type {DELIVERY_TYPE}).",
     {"retention.ms": str(30 * DAY_MS)},
     sends={"worker": "Tell people what will happen or happened.",
            "applier": "Tell whoever asked, and the VM's owner, that a command failed."},

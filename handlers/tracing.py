@@ -16,13 +16,30 @@ import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from handlers.events import (
+    AUDIT_TYPE,
+    COMMAND_RESULT_TYPE,
+    DEAD_LETTER_TYPE,
+    command_type,
+    intent_type,
+    notification_type,
+)
 from handlers.frozen import direct_init
-from handlers.messages import AuditRecord, Command, CommandResult, DeadLetter, Notification
+from handlers.messages import (
+    AuditRecord,
+    Command,
+    CommandResult,
+    CreateVMIntent,
+    DeadLetter,
+    DrainNodeIntent,
+    Notification,
+    RestartVMIntent,
+    SetGPUIntent,
+    UndrainNodeIntent,
+)
 
 SPEC_VERSION = "1.0"
 CONTENT_TYPE = "application/json"
-TYPE_PREFIX = "io.vmstream."
-GPU_CLASS_TYPE = f"{TYPE_PREFIX}gpu-class"  # `vmstream api`'s records on vmstream.gpu-classes
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 TRACESTATE_MAX = 512  # characters kept of an incoming tracestate; longer is dropped
@@ -141,18 +158,21 @@ def dead_letter_id(letter: DeadLetter) -> str:
 
 
 def identity(message: object) -> tuple[str, str, datetime | None]:
-    """A message's CloudEvents ``id``, ``type`` and time, read off the message itself."""
+    """A message's CloudEvents ``id``, ``type`` (handlers/events.py) and time, read off the message itself."""
     if isinstance(message, Command):
-        return message.command_id, f"{TYPE_PREFIX}command.{message.type}", message.issued_at
+        return message.command_id, command_type(message.type), message.issued_at
     if isinstance(message, Notification):
-        return message.notification_id, f"{TYPE_PREFIX}notification.{message.type}", message.at
+        return message.notification_id, notification_type(message.type), message.at
     if isinstance(message, AuditRecord):
-        return message.audit_id, f"{TYPE_PREFIX}audit", message.at
+        return message.audit_id, AUDIT_TYPE, message.at
     if isinstance(message, CommandResult):
-        return message.command_id, f"{TYPE_PREFIX}command-result", message.at
+        return message.command_id, COMMAND_RESULT_TYPE, message.at
     if isinstance(message, DeadLetter):
-        return dead_letter_id(message), f"{TYPE_PREFIX}dead-letter", message.at
-    raise TypeError(f"not a vmstream output message: {type(message).__name__}")
+        return dead_letter_id(message), DEAD_LETTER_TYPE, message.at
+    if isinstance(message, (CreateVMIntent, SetGPUIntent, RestartVMIntent, DrainNodeIntent, UndrainNodeIntent)):
+        # as `vmstream intent` sends one
+        return message.intent_id, intent_type(message.type), message.requested_at
+    raise TypeError(f"not a message vmstream sends: {type(message).__name__}")
 
 
 def ce_headers(*, id_: str, type_: str, source: str, time: datetime, trace: Trace) -> list[tuple[str, str]]:

@@ -1,10 +1,12 @@
-"""One declaration per fact: topics, watched kinds, intent types and command types.
+"""One declaration per fact: topics, watched kinds, intent types, command types and the
+CloudEvents identity.
 
 Each is declared once — topics in handlers/topics.py, watched kinds, intent and command
-types in handlers/messages.py — and everything else derives from the declaration or is
-checked against it here: no source file in handlers/ or streams/ spells a topic's name, the
-folds and the watch bridge's RBAC cover exactly the watched kinds, the engine has a rule for
-exactly the intent types and the applier a handler for exactly the command types.
+types in handlers/messages.py, the CloudEvents types and sources in handlers/events.py — and
+everything else derives from the declaration or is checked against it here: no source file
+in handlers/ or streams/ spells a topic's name or a CloudEvents type or source, the folds and
+the watch bridge's RBAC cover exactly the watched kinds, the engine has a rule for exactly the
+intent types and the applier a handler for exactly the command types.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from typing import Any, get_args
 import pytest
 import yaml
 
-from handlers import engine, observing, policy, topics
-from handlers.cluster import RULE_PATHS
+from handlers import engine, events, gpus, observing, policy, topics
+from handlers.cluster import OWNER_ANNOTATION, RULE_PATHS
 from handlers.messages import (
     COMMAND_TYPES,
     INTENT_MODELS,
@@ -115,6 +117,57 @@ def test_every_topic_name_is_declared_once() -> None:
     assert len(names) == len(set(names)) and set(topics.BY_NAME) == set(names)
     assert not {topics.TIMER, topics.RESIDENTS} & set(names)  # audit sources, not topics
     assert all(topic.sends or topic is topics.INTENTS for topic in topics.TOPICS)  # intents: written upstream
+
+
+# -------------------------------------------------------------- the CloudEvents identity
+
+EVENTS = ROOT / "handlers" / "events.py"
+# The type domain, a source's root, and the spellings one scheme replaced: a webhook's
+# ``net.superphenix.vmstream.notification.<type>`` from ``urn:vmstream``.
+EVENT_SPELLINGS = (events.TYPE_PREFIX, events.SOURCE_PREFIX, "superphenix.vmstream", "urn:vmstream")
+
+
+def event_literals(path: Path, root: Path = ROOT) -> list[str]:
+    """Where a file spells a CloudEvents type or source as a string, outside its docstrings."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skip = _docstrings(tree)
+    return [f"{path.relative_to(root)}:{node.lineno}: {node.value!r}" for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip
+            and any(spelling in node.value for spelling in EVENT_SPELLINGS)]
+
+
+def test_no_cloudevents_type_or_source_is_spelled_outside_its_declaration() -> None:
+    found = [hit for path in _sources() if path != EVENTS for hit in event_literals(path)]
+    assert not found, "use handlers/events.py's scheme:\n" + "\n".join(found)
+
+
+def test_the_check_sees_a_copied_type_or_source(tmp_path: Path) -> None:
+    copy = tmp_path / "copy.py"
+    copy.write_text('"""Sends io.vmstream.audit from /vmstream/worker/…"""\n'
+                    'TYPE = "io.vmstream.notification." + kind\n'
+                    'SOURCE = f"/vmstream/{process}/{app_id}"\n'
+                    'WEBHOOK = ("net.superphenix.vmstream.notification.", "urn:vmstream")\n', encoding="utf-8")
+    assert [hit.split(": ", 1)[1] for hit in event_literals(copy, tmp_path)] == [
+        "'io.vmstream.notification.'", "'/vmstream/'", "'net.superphenix.vmstream.notification.'", "'urn:vmstream'"]
+
+
+def test_the_type_domain_is_the_domain_of_vmstream_s_annotations() -> None:
+    """One domain: ``vmstream.io`` names vmstream's annotations and, reversed as CloudEvents
+    advise, its event types; no annotation key is renamed for it."""
+    assert events.TYPE_PREFIX == "io.vmstream." and events.DOMAIN == "vmstream.io"
+    keys = (OWNER_ANNOTATION, gpus.PRE_GPU_ANNOTATION, policy.CORDONED_ANNOTATION, applying.RESTART_ANNOTATION)
+    assert keys == ("vmstream.io/owner", "vmstream.io/pre-gpu", "vmstream.io/cordoned-by", "vmstream.io/restart")
+    assert all(key.startswith(f"{events.DOMAIN}/") for key in keys)
+
+
+def test_no_long_running_process_reads_audit_records() -> None:
+    """Audit records are read by people's tools only — ``vmstream intent --wait`` and
+    ``vmstream replay``, which count only sealed ones — never by a process that acts or
+    answers on them: ``vmstream api`` serves the worker's tables, and a forged record on the
+    audit topic cannot change what it serves."""
+    assert dict(topics.AUDIT.receives) == {}
+    assert all(topics.AUDIT not in topics.read_by(process) for process in topics.PROCESSES)
+    assert [topic.name for topic in topics.read_by("api")] == [topics.GPU_CLASSES.name]
 
 
 # ------------------------------------------------------------------------ watched kinds

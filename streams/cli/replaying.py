@@ -10,7 +10,12 @@ k8s-events, and every record there must have been routed or refused by ``route``
 
 What the worker recorded must be reproduced exactly: audit records, commands (the seal
 aside), notifications and dead letters, by id — the same ids with the same content, none
-missing, none more. The applier's records (docs/security.md) are checked against the
+missing, none more. An id decided more than once (a watch event published again after the
+watch bridge restarted: the same event id, a later time) is recorded once per decision, and
+each record must be one of the decisions made again under that id. With the signing keys,
+audit records count only when sealed by the worker or an applier: one that is not is
+reported as such and left out of the comparison, so a forged record never passes for a
+decision nor makes a real one look different. The applier's records (docs/security.md) are checked against the
 commands: one result per command (repeats of the same result aside), sealed by an applier
 when the replay has the keys, and its audit record (and failure notice) the one
 :func:`~handlers.results.decide_result` makes of that result. They are checked when the
@@ -49,7 +54,7 @@ from streams.common.credentials import key_source
 from streams.common.kafka_clients import consumer
 from streams.common.reading import assign_from_start, read_to_end
 from streams.common.settings import KafkaSettings
-from streams.common.signing import MAC_FIELD, Keyring
+from streams.common.signing import MAC_FIELD, Keyring, KeyringError
 from streams.common.topics import KIND_HEADER, ROUTED, ROUTED_INPUTS, SOURCE_HEADER
 
 COMPARED = ("at", "outcome", "reason", "commands", "notifications", "input")
@@ -80,35 +85,64 @@ class Comparison:
     skipped: int = 0  # audit records of the applier, checked apart (``applier_checked``)
     problems: list[str] = field(default_factory=list)  # any other record altered, dropped or forged
     applier_checked: int = 0  # commands whose result and its audit record were checked
+    unsealed: int = 0  # audit records not sealed by the worker or an applier: left out, reported
+    inputs: dict[str, str] = field(default_factory=dict)  # audit id → the input it records, for a person
 
     @property
     def clean(self) -> bool:
         return not (self.missing or self.unexpected or self.different or self.problems)
 
+    def named(self, audit_id: str) -> str:
+        """``audit_id`` and the input it records (``topic key ref``)."""
+        about = self.inputs.get(audit_id)
+        return f"{audit_id} [{about}]" if about else audit_id
+
+
+def describe_input(record: dict[str, Any]) -> str:
+    """An audit record's input as a person finds it again: ``<topic> <key> <ref>``."""
+    where = record.get("input") or {}
+    return " ".join(str(where.get(name)) for name in ("topic", "key", "ref") if where.get(name) is not None)
+
+
+def _differences(expected: dict[str, Any], actual: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    return {f: (expected.get(f), actual.get(f)) for f in COMPARED if _norm(expected.get(f)) != _norm(actual.get(f))}
+
 
 def compare(replayed: list[AuditRecord], recorded: list[dict[str, Any]], skip_topics: set[str]) -> Comparison:
-    """Match audit records by id. A redelivered decision repeats its id with the same
-    content; the same id with other content is a difference (an altered record)."""
+    """Match audit records by id. An id decided again (an event published again) is recorded
+    once per decision: each recorded copy must be one of the decisions made under its id, and
+    each decision must be recorded (a redelivered decision repeats a copy, which is fine). A
+    copy that is none of them is a difference (an altered record), shown against the decision
+    it differs least from."""
     result = Comparison()
-    mine = {record.audit_id: record.model_dump(mode="json") for record in replayed}
+    mine: dict[str, list[dict[str, Any]]] = {}
+    for decided in replayed:
+        mine.setdefault(decided.audit_id, []).append(decided.model_dump(mode="json"))
     theirs: dict[str, list[dict[str, Any]]] = {}
     for record in recorded:
         if record.get("input", {}).get("topic") in skip_topics:
             result.skipped += 1
             continue
         theirs.setdefault(record["audit_id"], []).append(record)
-    for audit_id, expected in mine.items():
+    for audit_id, copies in [*mine.items(), *theirs.items()]:
+        result.inputs.setdefault(audit_id, describe_input(copies[0]))
+    for audit_id, decisions in mine.items():
         if audit_id not in theirs:
             result.missing.append(audit_id)
             continue
-        diff = {
-            f: (expected.get(f), actual.get(f))
-            for actual in theirs[audit_id]
-            for f in COMPARED
-            if _norm(expected.get(f)) != _norm(actual.get(f))
-        }
+        diff: dict[str, tuple[Any, Any]] = {}
+        found = [False] * len(decisions)
+        for actual in theirs[audit_id]:
+            differences = [_differences(expected, actual) for expected in decisions]
+            for index, difference in enumerate(differences):
+                found[index] = found[index] or not difference
+            if all(differences):  # none of the decisions: altered
+                closest: dict[str, tuple[Any, Any]] = min(differences, key=len)
+                diff.update(closest)
         if diff:
             result.different.append((audit_id, diff))
+        elif not all(found):  # a decision under this id that no record holds
+            result.missing.append(audit_id)
         else:
             result.matched += 1
     result.unexpected = [audit_id for audit_id in theirs if audit_id not in mine]
@@ -272,11 +306,13 @@ class Replay:
 
     def check_outputs(self, recorded: dict[str, list[dict[str, Any]]]) -> None:
         """Commands, notifications and dead letters: the same ones, with the same content."""
-        mine: dict[str, dict[str, dict[str, Any]]] = {COMMANDS.name: {}, NOTIFICATIONS.name: {}, DLQ.name: {}}
-        for output in self.outputs:
+        mine: dict[str, dict[str, list[dict[str, Any]]]] = {COMMANDS.name: {}, NOTIFICATIONS.name: {}, DLQ.name: {}}
+        for output in self.outputs:  # an id decided again (an event published again): each decision
             if output.topic in mine:
                 body = output.value.model_dump(mode="json", exclude_none=True)
-                mine[output.topic][_output_id(output.topic, body)] = body
+                made = mine[output.topic].setdefault(_output_id(output.topic, body), [])
+                if body not in made:
+                    made.append(body)
         commands_topic = self.kafka.topic(COMMANDS)
         for name, replayed in mine.items():
             theirs: dict[str, list[dict[str, Any]]] = {}
@@ -286,15 +322,20 @@ class Replay:
                 if name == NOTIFICATIONS.name and body.get("type") in _APPLIER_MADE:
                     continue  # the applier's: checked with its results
                 theirs.setdefault(_output_id(name, body), []).append(body)
-            for ident, expected in replayed.items():
+            for ident, made in replayed.items():
                 if ident not in theirs:
                     self.problems.append(f"{name} {ident}: decided again, but not recorded")
                     continue
+                held = [False] * len(made)
                 for actual in theirs[ident]:
-                    unsealed = {k: v for k, v in actual.items() if k != MAC_FIELD}
-                    if _norm(unsealed) != _norm(expected):
-                        fields = sorted(f for f in set(expected) | set(unsealed)
-                                        if _norm(expected.get(f)) != _norm(unsealed.get(f)))
+                    unsealed = _without_mac(actual)
+                    fields_of = [sorted(f for f in set(expected) | set(unsealed)
+                                        if _norm(expected.get(f)) != _norm(unsealed.get(f))) for expected in made]
+                    for index, fields in enumerate(fields_of):
+                        held[index] = held[index] or not fields
+                    if all(fields_of):
+                        fields = min(fields_of, key=len)
+                        expected = made[fields_of.index(fields)]
                         shown = "; ".join(f"{f}: recorded {_short(unsealed.get(f))}, replayed {_short(expected.get(f))}"
                                           for f in fields)
                         self.problems.append(f"{name} {ident}: recorded otherwise ({', '.join(fields)}) — {shown}")
@@ -302,6 +343,8 @@ class Replay:
                         problem = self.keyring.problem("command", Command.model_validate(actual))
                         if problem:
                             self.problems.append(f"commands {ident}: not sealed by the worker: {problem}")
+                if any(held) and not all(held):  # what matched none was reported as recorded otherwise
+                    self.problems.append(f"{name} {ident}: decided {len(made)} times, recorded {sum(held)} of them")
             self.problems += [f"{name} {ident}: recorded, but decided by nobody" for ident in theirs
                               if ident not in replayed]
 
@@ -372,7 +415,7 @@ class Replay:
         copies = audits.get(made.audit.audit_id, [])
         if not copies:
             self.problems.append(f"command {command_id}: its result ({result.outcome}) has no audit record")
-        elif any(_norm(actual) != _norm(expected) for actual in copies):
+        elif any(_norm(_without_mac(actual)) != _norm(expected) for actual in copies):
             self.problems.append(f"audit {made.audit.audit_id}: not the record of command {command_id}'s result")
         if made.notification is not None:
             told = notices.get(made.notification.notification_id, [])
@@ -384,6 +427,30 @@ class Replay:
                 self.problems.append(f"notifications {made.notification.notification_id}: not command "
                                      f"{command_id}'s failure")
         return {made.audit.audit_id}
+
+
+def _without_mac(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k != MAC_FIELD}
+
+
+def sealed_audits(audits: list[dict[str, Any]], keyring: Keyring | None,
+                  problems: list[str]) -> tuple[list[dict[str, Any]], int]:
+    """The audit records sealed by the worker or an applier, and how many were not: each of
+    those is reported in ``problems`` and left out (without the keys, all of them count)."""
+    if keyring is None:
+        return audits, 0
+    kept: list[dict[str, Any]] = []
+    for body in audits:
+        try:
+            problem = keyring.problem("audit", AuditRecord.model_validate(body))
+        except (ValidationError, KeyringError) as exc:
+            problem = f"not an audit record: {exc}"
+        if problem is None:
+            kept.append(body)
+        else:
+            problems.append(f"audit {body.get('audit_id')} [{describe_input(body)}]: not sealed by the worker "
+                            f"or an applier ({problem}): ignored")
+    return kept, len(audits) - len(kept)
 
 
 def _output_id(topic: str, body: dict[str, Any]) -> str:
@@ -418,6 +485,7 @@ def replay(engine: Engine, kafka: KafkaSettings, out: TextIO, *, applier: bool |
     run = Replay(engine, kafka, keyring=keyring)
     recorded = {name: _json(read_topics(kafka, [kafka.topic(name)]), run.problems)
                 for name in (AUDIT.name, COMMANDS.name, NOTIFICATIONS.name, DLQ.name, COMMAND_RESULTS.name)}
+    recorded[AUDIT.name], unsealed = sealed_audits(recorded[AUDIT.name], run.keyring, run.problems)
     progress = Progress(len(routed), out)
     run.check_routing(inputs, routed)
     run.decide_all(routed, progress)
@@ -433,6 +501,7 @@ def replay(engine: Engine, kafka: KafkaSettings, out: TextIO, *, applier: bool |
     if applier:
         comparison.applier_checked = run.check_applier(recorded)
     comparison.problems = run.problems
+    comparison.unsealed = unsealed
     return comparison
 
 
@@ -445,15 +514,16 @@ def report(comparison: Comparison, out: TextIO) -> None:
         f"{comparison.matched} decisions reproduced, {len(comparison.different)} different, "
         f"{len(comparison.missing)} missing from the audit stream, {len(comparison.unexpected)} "
         f"recorded but not reproduced, {len(comparison.problems)} other records altered, dropped or forged; "
-        f"{comparison.applier_checked} commands' results checked ({comparison.skipped} applier audit records)\n"
+        f"{comparison.applier_checked} commands' results checked ({comparison.skipped} applier audit records"
+        f"{f', {comparison.unsealed} unsealed audit records ignored' if comparison.unsealed else ''})\n"
     )
     for audit_id, diff in comparison.different[:50]:
         for name, (expected, actual) in diff.items():
-            out.write(f"  {audit_id} {name}: replayed {expected!r}, recorded {actual!r}\n")
+            out.write(f"  {comparison.named(audit_id)} {name}: replayed {expected!r}, recorded {actual!r}\n")
     for audit_id in comparison.missing[:50]:
-        out.write(f"  {audit_id}: replayed, but not in the audit stream\n")
+        out.write(f"  {comparison.named(audit_id)}: replayed, but not in the audit stream\n")
     for audit_id in comparison.unexpected[:50]:
-        out.write(f"  {audit_id}: in the audit stream, not reproduced\n")
+        out.write(f"  {comparison.named(audit_id)}: in the audit stream, not reproduced\n")
     for problem in comparison.problems[:50]:
         out.write(f"  {problem}\n")
 

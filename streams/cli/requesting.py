@@ -7,8 +7,15 @@ on the intents topic under its contract key, with the idempotent producer → wi
 offsets it noted *before* the publish, so however fast the worker and the applier answer,
 their records cannot be missed. ``--wait`` (``--wait=applied``) waits for the decision, then
 for the result of each command the decision's audit record names; ``--wait=decided`` for the
-decision only. Results count only when sealed by an applier, if the signing keys are at hand
-(``signing`` in the configuration, or ``VMSTREAM_SIGNING__KEYS``; docs/security.md).
+decision only. Audit records count only when sealed by the worker or an applier, results only
+when sealed by an applier, if the signing keys are at hand (``signing`` in the configuration, or
+``VMSTREAM_SIGNING__KEYS``; docs/security.md); and an ``unauthenticated`` refusal under the
+intent's id counts only when it is this intent's own (a forged copy's is someone else's).
+
+The intent goes out as a CloudEvent in vmstream's one scheme (handlers/events.py): ``ce_id``
+its id, ``ce_type`` ``io.vmstream.intent.<type>``, ``ce_source`` ``/vmstream/cli/<app_id>``
+(``worker.app_id`` of the configuration), ``ce_time`` its ``requested_at``, and the
+``traceparent`` the worker would derive from its id.
 
 Exit codes (also in ``vmstream intent --help``):
 
@@ -37,9 +44,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar, get_args
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from pydantic_settings import SettingsConfigDict
 
+from handlers import ids
 from handlers.config import AuthPolicy
 from handlers.messages import (
     INTENT_TYPES,
@@ -67,9 +75,11 @@ from streams.cli.tailing import (
     render_command_result,
     render_notification,
 )
+from handlers.tracing import derived_trace
 from streams.common import errors
+from streams.common.cloudevents import event_source, kafka_headers
 from streams.common.credentials import SigningKey, environment_key, sign_intent
-from streams.common.settings import EnvironmentFirst, KafkaSettings, SigningSettings, read_yaml
+from streams.common.settings import EnvironmentFirst, KafkaSettings, SigningSettings, WorkerSettings, read_yaml
 from streams.common.signing import Keyring, open_sealed
 
 if TYPE_CHECKING:
@@ -239,8 +249,20 @@ class Outcome:
     missing: list[str]  # notification ids the audit lists but the deadline came first
 
 
-def publish_intent(kafka: KafkaSettings, intent: AnyIntent, *, timeout: float) -> Published:
-    """Send one intent and wait for the broker's acknowledgement (acks=all, idempotent)."""
+DEFAULT_SOURCE = event_source("cli", WorkerSettings().app_id)
+
+
+def intent_headers(intent: AnyIntent, *, source: str = DEFAULT_SOURCE) -> list[tuple[str, bytes]]:
+    """The intent's CloudEvents headers (binary mode) in vmstream's scheme, and the
+    ``traceparent`` the worker derives from its id (so its outputs carry the same trace)."""
+    time = intent.requested_at or datetime.now(UTC)
+    return list(kafka_headers(intent, source=source, trace=derived_trace(intent.intent_id), time=time).items())
+
+
+def publish_intent(kafka: KafkaSettings, intent: AnyIntent, *, timeout: float,
+                   source: str = DEFAULT_SOURCE) -> Published:
+    """Send one intent, with its CloudEvents headers, and wait for the broker's acknowledgement
+    (acks=all, idempotent)."""
     from kafka import KafkaProducer
 
     from streams.common.kafka_clients import producer
@@ -248,7 +270,8 @@ def publish_intent(kafka: KafkaSettings, intent: AnyIntent, *, timeout: float) -
     topic, key = kafka.topic(INTENTS), intent_key(intent)
     client = producer(kafka, max_block_ms=max(1, int(timeout * 1000)), **bounded(KafkaProducer, timeout))
     try:
-        metadata = client.send(topic, key=key.encode(), value=encode_intent(intent)).get(timeout=timeout)
+        metadata = client.send(topic, key=key.encode(), value=encode_intent(intent),
+                               headers=intent_headers(intent, source=source)).get(timeout=timeout)
     finally:
         client.close(timeout=timeout)
     log.debug("published %s to %s[%d]@%d", intent.intent_id, topic, metadata.partition, metadata.offset)
@@ -273,6 +296,7 @@ class OutcomeWatch:
         self.notifications_topic = kafka.topic(NOTIFICATIONS)
         self.results_topic = kafka.topic(COMMAND_RESULTS)
         self.keyring = keyring
+        self.ignored = 0  # audit records under the intent's id that were not sealed
         self._results: dict[str, CommandResult] = {}
         # read_committed: the worker writes in transactions; an aborted decision never happened.
         self._client: KafkaConsumer = consumer(kafka, group_id=None, enable_auto_commit=False,
@@ -309,11 +333,15 @@ class OutcomeWatch:
     def close(self) -> None:
         self._client.close()
 
-    def wait(self, refs: Collection[str], deadline: float) -> Outcome | None:
+    def wait(self, refs: Collection[str], deadline: float, *, own: Collection[str] = ()) -> Outcome | None:
         """The first audit record whose ``input.ref`` is one of ``refs``, with its notifications.
 
-        ``deadline`` is a ``time.monotonic()`` value. None if no such record came by then;
-        notifications still unseen at the deadline are listed in ``missing``.
+        Only a record sealed by the worker or an applier counts, when the keys are at hand; and
+        an ``unauthenticated`` one only when its id is in ``own`` (the audit id the refusal of
+        the intent sent would have): anyone may publish an unsigned copy under a real intent's
+        id, and its refusal is not this intent's decision. ``deadline`` is a
+        ``time.monotonic()`` value. None if no such record came by then; notifications still
+        unseen at the deadline are listed in ``missing``.
         """
         audit: AuditRecord | None = None
         while True:
@@ -325,8 +353,8 @@ class OutcomeWatch:
             for records in self._client.poll(timeout_ms=int(min(remaining, POLL_SECONDS) * 1000)).values():
                 for record in records:
                     if record.topic == self.audit_topic:
-                        found = _read(AuditRecord, record.value)
-                        if audit is None and found is not None and found.input.ref in refs:
+                        found = self._take_audit(record.value, refs)
+                        if audit is None and found is not None and self._decides(found, own):
                             audit = found
                     elif record.topic == self.results_topic:
                         self._take_result(record.value)
@@ -347,6 +375,34 @@ class OutcomeWatch:
                     if record.topic == self.results_topic:
                         self._take_result(record.value)
         return {c: self._results[c] for c in command_ids if c in self._results}
+
+    def _take_audit(self, raw: bytes | None, refs: Collection[str]) -> AuditRecord | None:
+        """An audit record about one of ``refs`` that counts: sealed by the worker or an applier,
+        if the keys are at hand (an unsealed one is ignored, and said so)."""
+        if raw is None:
+            return None
+        if not self.keyring:
+            found = _read(AuditRecord, raw)
+            return found if found is not None and found.input.ref in refs else None
+        found, problem = open_sealed(AuditRecord, raw, "audit", self.keyring)
+        if found is None or found.input.ref not in refs:
+            return None
+        if problem is not None:
+            self.ignored += 1
+            log.warning("an audit record for %s is not sealed by the worker or an applier (%s): ignored",
+                        found.input.ref[:80], problem)
+            return None
+        return found
+
+    @staticmethod
+    def _decides(audit: AuditRecord, own: Collection[str]) -> bool:
+        """Whether ``audit`` is the intent's decision: any but an ``unauthenticated`` refusal of
+        another copy of its id."""
+        if audit.outcome == "unauthenticated" and audit.audit_id not in own:
+            log.warning("a copy of intent %s was refused for who asks (%s): not this one, still waiting",
+                        audit.input.ref[:80], audit.audit_id)
+            return False
+        return True
 
     def _take_result(self, raw: bytes | None) -> None:
         """A result counts when an applier sealed it (if the keys are at hand), and never one
@@ -394,20 +450,22 @@ def request(
     out: TextIO,
     err: TextIO,
     keyring: Keyring | None = None,
+    source: str = DEFAULT_SOURCE,
 ) -> int:
     """Publish ``intent``; with ``wait`` (``"decided"``, or ``"applied"``/True: also the
     commands' results), print its outcome. Returns the exit code."""
     deadline = time.monotonic() + timeout
     stage = "applied" if wait is True else (wait or None)
     if stage is None:
-        published = publish_intent(kafka, intent, timeout=timeout)
+        published = publish_intent(kafka, intent, timeout=timeout, source=source)
         _print_published(intent, published, out)
         return EXIT_ACCEPTED
     # Before publishing: the answers cannot be missed.
     with OutcomeWatch(kafka, timeout=timeout, results=stage == "applied", keyring=keyring) as watch:
-        published = publish_intent(kafka, intent, timeout=max(0.001, deadline - time.monotonic()))
+        published = publish_intent(kafka, intent, timeout=max(0.001, deadline - time.monotonic()), source=source)
         _print_published(intent, published, out)
-        outcome = watch.wait({intent.intent_id, published.source_ref}, deadline)
+        outcome = watch.wait({intent.intent_id, published.source_ref}, deadline,
+                             own={own_refusal_id(published.topic, intent)})
         if outcome is None:
             print(
                 f"vmstream intent: no decision on {intent.intent_id} within {timeout:g}s. It was published "
@@ -438,6 +496,13 @@ def request(
               "command(s) failed in Kubernetes", file=err)
         return EXIT_FAILED
     return EXIT_ACCEPTED
+
+
+def own_refusal_id(topic: str, intent: AnyIntent) -> str:
+    """The audit id the worker gives ``intent``, as sent, if it refuses it for who asks
+    (handlers/ids.py ``unauthenticated_ref``): another copy's refusal has another."""
+    ref = ids.unauthenticated_ref(topic, intent.intent_id, json.loads(encode_intent(intent)))
+    return ids.audit_id(topic, ref, "unauthenticated")
 
 
 def _print_published(intent: AnyIntent, published: Published, out: TextIO) -> None:
@@ -504,8 +569,9 @@ def _run(args: argparse.Namespace) -> int:
               "auth: none)", file=sys.stderr)
     reach_kafka(kafka)  # within KAFKA_PROBE_SECONDS, else exit 4 (EXIT_KAFKA)
     try:
+        side = cli_settings(args.config, err=sys.stderr)
         return request(kafka, intent, wait=args.wait, timeout=args.timeout, out=sys.stdout, err=sys.stderr,
-                       keyring=result_keyring(args.config, err=sys.stderr) if args.wait == "applied" else None)
+                       keyring=side.keyring if args.wait else None, source=side.source)
     except RequestError as exc:
         print(f"vmstream intent: {exc}", file=sys.stderr)
         return EXIT_KAFKA
@@ -525,25 +591,44 @@ EXIT_CODES = (
 )
 
 
-class SigningOnly(EnvironmentFirst):
-    """The file as ``intent --wait`` sees it for results: only ``signing`` matters."""
+class _AppOnly(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    app_id: str = WorkerSettings().app_id
+
+
+class IntentSide(EnvironmentFirst):
+    """The file as ``vmstream intent`` sees it beyond ``kafka``: the signing keys (which audit
+    records and results count) and the deployment's ``worker.app_id`` (its CloudEvents source)."""
 
     model_config = SettingsConfigDict(env_prefix="VMSTREAM_", env_nested_delimiter="__", frozen=True,
                                       extra="ignore")
 
     signing: SigningSettings = SigningSettings()
+    worker: _AppOnly = _AppOnly()
 
 
-def result_keyring(config: str | None, *, err: TextIO) -> Keyring | None:
-    """The keys results are sealed with (``signing`` of the configuration file and
-    ``VMSTREAM_SIGNING__*``), to count only an applier's results; None without them."""
+@dataclass(frozen=True, slots=True)
+class CliSide:
+    keyring: Keyring | None  # None: no keys at hand, every record counts as the topic holds it
+    source: str  # the CloudEvents source of the intents it sends
+
+
+def cli_settings(config: str | None, *, err: TextIO) -> CliSide:
+    """The keys audit records and results are sealed with (``signing`` of the configuration file
+    and ``VMSTREAM_SIGNING__*``), to count only the worker's and an applier's, and the source
+    of the intents it sends (``/vmstream/cli/<worker.app_id>``)."""
+    source = DEFAULT_SOURCE
     try:
-        keyring = SigningOnly(**{k: v for k, v in read_yaml(config).items() if k == "signing"}).signing.keyring()
+        side = IntentSide(**{k: v for k, v in read_yaml(config).items() if k in ("signing", "worker")})
+        source = event_source("cli", side.worker.app_id)
+        keyring = side.signing.keyring()
     except (OSError, ValueError) as exc:
-        print(f"vmstream intent: the signing keys cannot be read ({exc}): results are taken as the "
-              "command-results topic holds them (only the applier may write it: docs/security.md)", file=err)
-        return None
-    return keyring or None
+        print(f"vmstream intent: the signing keys cannot be read ({exc}): audit records and results are "
+              "taken as their topics hold them (only the worker and the applier may write them: "
+              "docs/security.md)", file=err)
+        return CliSide(None, source)
+    return CliSide(keyring or None, source)
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -58,11 +58,26 @@ from handlers.topics import (
     Process,
     Topic,
 )
+from handlers.events import (
+    AUDIT_TYPE,
+    COMMAND_RESULT_TYPE,
+    DEAD_LETTER_TYPE,
+    DELIVERY_TYPE,
+    DOMAIN,
+    GPU_CLASS_TYPE,
+    PROCESSES,
+    SOURCE_PREFIX,
+    TYPE_PREFIX,
+    TYPES,
+    command_type,
+    intent_type,
+    process_named,
+    watch_event_type,
+)
+from handlers.events import Process as EventProcess  # handlers.topics' Process names them otherwise
 from handlers.tracing import (
     CONTENT_TYPE,
-    GPU_CLASS_TYPE,
     SPEC_VERSION,
-    TYPE_PREFIX,
     ce_headers,
     derived_trace,
     message_headers,
@@ -84,7 +99,7 @@ SCHEMA_ID_BASE = "https://vmstream.io/schemas/"
 ASYNCAPI_FILE = "asyncapi.yaml"
 OPENAPI_FILE = "openapi.json"
 # The contracts' own version, not the package's: bump the minor on an additive change.
-CONTRACTS_VERSION = "1.0.0"
+CONTRACTS_VERSION = "1.1.0"
 KAFKA_BINDING_VERSION = "0.5.0"
 
 JsonObject = dict[str, Any]
@@ -277,7 +292,7 @@ COMPONENTS: dict[str, str] = {
            "from ce_id.",
     "notify": f"`vmstream notify`: consumes {_named(NOTIFICATIONS)} and delivers each to its recipients; "
               f"records each delivery on {_named(DELIVERIES)} (its compacted ledger), keyed {_DELIVERY_KEY}, "
-              f"with CloudEvents headers: ce_id that key, ce_type {TYPE_PREFIX}delivery, ce_source "
+              f"with CloudEvents headers: ce_id that key, ce_type {DELIVERY_TYPE}, ce_source "
               f"{event_source('notify', '<app_id>')}, ce_time when it was written, the notification's trace; "
               f"dead-letters what it cannot deliver on {_named(DLQ)}.",
 }
@@ -290,8 +305,6 @@ _KEY_RULE = (
     "FNV-1a, CRC32, explicit partitions); the key must be exactly this string whatever partition it "
     "lands on, and no consumer may infer anything from a record's partition. Order holds per key."
 )
-# The processes that write records, by the name in their CloudEvents ``source``.
-PROCESSES = ("watch", "worker", "applier", "notify", "api")
 _TRACEPARENT = {
     "type": "string",
     "pattern": "^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-.*)?$",
@@ -305,19 +318,16 @@ _TRACESTATE = {"type": "string", "maxLength": 512,
 _DECIDED_AT = "When it was decided: the input's own time, so a replay writes the same headers."
 
 
-def _writers(topic: Topic) -> tuple[str, ...]:
+def _writers(topic: Topic) -> tuple[EventProcess, ...]:
     """The processes that write a topic (handlers/topics.py), by their name in CloudEvents ``source``."""
-    return tuple("watch" if process == "watch-bridge" else process for process in topic.sends)
+    return tuple(process_named(process) for process in topic.sends)
 
 
-def _output_headers(ce_type: JsonObject, id_field: str, *, written_by: tuple[str, ...],
+def _output_headers(ce_type: JsonObject, id_field: str, *, written_by: tuple[EventProcess, ...],
                     time: str = _DECIDED_AT, trace: str | None = None,
                     extra: JsonObject | None = None, tombstones: bool = False) -> JsonObject:
     """The CloudEvents Kafka protocol binding (binary mode) headers every output record carries;
     with ``tombstones``, a record without a value (a compacted topic's tombstone) has no content-type."""
-    unknown = set(written_by) - set(PROCESSES)
-    if unknown:
-        raise ValueError(f"not a vmstream process: {sorted(unknown)}")
     sources = ", ".join(event_source(process, "<app_id>") for process in written_by)
     traceparent = _TRACEPARENT if trace is None else {**_TRACEPARENT, "description": trace}
     required = ["ce_specversion", "ce_id", "ce_type", "ce_source", "ce_time", "content-type", "traceparent"]
@@ -332,8 +342,8 @@ def _output_headers(ce_type: JsonObject, id_field: str, *, written_by: tuple[str
             "ce_specversion": {"const": SPEC_VERSION},
             "ce_id": {"type": "string", "description": f"The message's own id: {id_field}."},
             "ce_type": ce_type,
-            "ce_source": {"type": "string", "pattern": f"^/vmstream/({'|'.join(written_by)})/",
-                          "description": "The process that wrote it, /vmstream/<process>/<app_id> "
+            "ce_source": {"type": "string", "pattern": f"^{SOURCE_PREFIX}({'|'.join(written_by)})/",
+                          "description": f"The process that wrote it, {SOURCE_PREFIX}<process>/<app_id> "
                                          f"(`worker.app_id` of its configuration): {sources}."},
             "ce_time": {"type": "string", "format": "date-time", "description": time},
             "content-type": content_type,
@@ -344,24 +354,51 @@ def _output_headers(ce_type: JsonObject, id_field: str, *, written_by: tuple[str
     }
 
 
-def _input_headers(extra: JsonObject | None = None) -> JsonObject:
+EVENT_SCHEME = (
+    "Every record vmstream writes is a CloudEvent (the Kafka protocol binding's ce_* headers, binary "
+    "mode), named in one scheme whatever carries it — the same type, source and id on Kafka, on a "
+    "webhook (`vmstream notify`, structured mode) and on the intents `vmstream intent` sends: type "
+    f"{TYPE_PREFIX}<what>[.<its own type>] ({DOMAIN} written as CloudEvents advise, the domain of "
+    f"vmstream's Kubernetes annotations too), source {SOURCE_PREFIX}<process>/<app_id> with process one "
+    f"of {', '.join(PROCESSES)}. Types: "
+    + ", ".join(f"{name} {type_}" for name, type_ in TYPES.items()) + "."
+)
+
+
+def _intent_headers() -> JsonObject:
+    """An intent's headers: none required; what `vmstream intent` sends, in the one scheme."""
+    cli = event_source("cli", "<app_id>")
     return {
         "type": "object",
-        "description": "All optional. CloudEvents headers (ce_*) are accepted and not required.",
-        "properties": {"traceparent": _TRACEPARENT, "tracestate": _TRACESTATE, **(extra or {})},
+        "description": "All optional: the worker reads traceparent and tracestate only. CloudEvents "
+                       "headers (ce_*) of an upstream service's own are accepted and not required; "
+                       "`vmstream intent` sends them in vmstream's scheme: ce_id the intent_id, ce_type "
+                       f"{TYPES['Intent']}, ce_source {cli}, ce_time its requested_at, and a traceparent "
+                       "derived from the intent_id (the trace the worker would derive without one).",
+        "properties": {
+            "ce_specversion": {"const": SPEC_VERSION},
+            "ce_id": {"type": "string", "description": "`vmstream intent`'s: the intent_id."},
+            "ce_type": {"type": "string",
+                        "description": f"`vmstream intent`'s: {TYPES['Intent']}, e.g. {intent_type('set_gpu')}."},
+            "ce_source": {"type": "string", "description": f"`vmstream intent`'s: {cli}."},
+            "ce_time": {"type": "string", "format": "date-time",
+                        "description": "`vmstream intent`'s: the intent's requested_at."},
+            "content-type": {"const": CONTENT_TYPE},
+            "traceparent": _TRACEPARENT,
+            "tracestate": _TRACESTATE,
+        },
     }
 
 
 _PREFIX = TYPE_PREFIX.replace(".", r"\.")
-_WATCH_TYPE = f"{TYPE_PREFIX}watch-event.<kind>.<type>"
 _WATCHED = "|".join(kind.kind.lower() for kind in WATCHED_KINDS)
 _WATCH_TYPES = "|".join(type_.lower() for type_ in get_args(EventType))
 HEADERS: dict[str, JsonObject] = {
-    "Intent": _input_headers(),
+    "Intent": _intent_headers(),
     "WatchEvent": _output_headers(
         {"type": "string", "pattern": f"^{_PREFIX}watch-event\\.({_WATCHED})\\.({_WATCH_TYPES})$",
-         "description": f"{_WATCH_TYPE}, the event's kind and type in lower case, e.g. "
-                        f"{TYPE_PREFIX}watch-event.virtualmachine.modified."},
+         "description": f"{TYPES['WatchEvent']}, the event's kind and type in lower case, e.g. "
+                        f"{watch_event_type('VirtualMachine', 'MODIFIED')}."},
         "event_id", written_by=_writers(K8S_EVENTS),
         time="The latest time its object shows: its last write (`managedFields`), else its "
              "`deletionTimestamp` or `creationTimestamp`; else when it was published.",
@@ -373,17 +410,19 @@ HEADERS: dict[str, JsonObject] = {
             "type": "string", "pattern": "^[0-9]+$",
             "description": "The whole event's size in bytes, on an event reduced to what the rules read."}}),
     "Command": _output_headers({"type": "string", "pattern": f"^{_PREFIX}command\\.[a-z_]+$",
-                                "description": f"{TYPE_PREFIX}command.<type>, e.g. {TYPE_PREFIX}command.patch_vm."},
+                                "description": f"{TYPES['Command']}, e.g. {command_type('patch_vm')}."},
                                "command_id", written_by=_writers(COMMANDS)),
-    "CommandResult": _output_headers({"const": f"{TYPE_PREFIX}command-result"},
+    "CommandResult": _output_headers({"const": COMMAND_RESULT_TYPE},
                                      "the command_id of its command (one result per command)",
                                      written_by=_writers(COMMAND_RESULTS)),
     "Notification": _output_headers({"type": "string", "pattern": f"^{_PREFIX}notification\\.[a-z_]+$",
-                                     "description": f"{TYPE_PREFIX}notification.<type>."}, "notification_id",
+                                     "description": f"{TYPES['Notification']}; a webhook's CloudEvent "
+                                                    "(`vmstream notify`) has the same type, id, source "
+                                                    "and time."}, "notification_id",
                                     written_by=_writers(NOTIFICATIONS)),
-    "AuditRecord": _output_headers({"const": f"{TYPE_PREFIX}audit"}, "audit_id", written_by=_writers(AUDIT)),
+    "AuditRecord": _output_headers({"const": AUDIT_TYPE}, "audit_id", written_by=_writers(AUDIT)),
     "DeadLetter": _output_headers(
-        {"const": f"{TYPE_PREFIX}dead-letter"},
+        {"const": DEAD_LETTER_TYPE},
         "dlq:<topic>:<partition>:<offset> of the record set aside; `vmstream notify`'s, one per failed "
         f"delivery, followed by {_DELIVERY_SUFFIX} (a recipient without an address: |none|<recipient>); "
         "the watch bridge's (an event too large even reduced), which has no offset: dlq:raw:<digest>",
@@ -403,7 +442,7 @@ HEADERS: dict[str, JsonObject] = {
         trace="W3C Trace Context: a trace-id derived from `ce_id` (the first 32 hex digits of SHA-256 of "
               "`trace`, the byte 0x1F and the id) and a span id derived from it too; no input caused it."),
     "Delivery": _output_headers(
-        {"const": f"{TYPE_PREFIX}delivery"}, f"the record's key, {_DELIVERY_KEY}", written_by=_writers(DELIVERIES),
+        {"const": DELIVERY_TYPE}, f"the record's key, {_DELIVERY_KEY}", written_by=_writers(DELIVERIES),
         time="When it was written: its `at`.",
         trace="W3C Trace Context: the notification's trace (the traceparent it arrived with, else one "
               "derived from its notification_id) with a span id derived from `ce_id` — the traceparent "
@@ -508,7 +547,7 @@ def _examples() -> dict[str, JsonObject]:
         "Delivery": record("delivered", "The e-mail to the owner of the notification above, delivered at the "
                            "first attempt, in the notification's trace.", delivered,
                            dict(ce_headers(id_=Target("email", delivered.recipient).key(delivered.notification_id),
-                                           type_=f"{TYPE_PREFIX}delivery", source=event_source("notify", "vmstream"),
+                                           type_=DELIVERY_TYPE, source=event_source("notify", "vmstream"),
                                            time=at, trace=traced))),
     }
 
@@ -669,7 +708,8 @@ def asyncapi_document(kafka: KafkaSettings | None = None) -> JsonObject:
                 "Keeps GPU-passthrough VMs on KubeVirt right, event by event, over Kafka. "
                 "Topic names are the defaults: a configured prefix may replace `vmstream.`. "
                 "Values are UTF-8 JSON objects; timestamps are RFC 3339 with a zone. "
-                "Changes to these contracts are additive only."
+                "Changes to these contracts are additive only. "
+                f"{EVENT_SCHEME}"
             ),
             "license": {"name": "Apache-2.0", "url": "https://www.apache.org/licenses/LICENSE-2.0"},
             "tags": [{"name": name, "description": text} for name, text in COMPONENTS.items()],

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
+from handlers.events import Process, source
 from handlers.messages import AuditRecord, CommandResult, DeadLetter, Notification
 from handlers.tracing import (
     TRACEPARENT,
@@ -27,15 +28,16 @@ from handlers.tracing import (
 
 __all__ = [
     "TRACEPARENT", "TRACESTATE", "Trace", "TraceBook",
-    "event_source", "kafka_headers", "ref_of", "trace_headers", "trace_of",
+    "event_source", "header_text", "kafka_headers", "ref_of", "trace_headers", "trace_of",
 ]
 
 HeaderItems = Mapping[str, bytes] | Iterable[tuple[str, bytes | None]] | None
 
 
-def event_source(component: str, app_id: str) -> str:
-    """The CloudEvents ``source`` of one vmstream process: ``/vmstream/<component>/<app_id>``."""
-    return f"/vmstream/{component}/{app_id}"
+def event_source(process: Process, app_id: str) -> str:
+    """The CloudEvents ``source`` of one vmstream process: ``/vmstream/<process>/<app_id>``
+    (handlers/events.py)."""
+    return source(process, app_id)
 
 
 def _values(headers: HeaderItems, name: str) -> list[bytes]:
@@ -44,6 +46,17 @@ def _values(headers: HeaderItems, name: str) -> list[bytes]:
     items = headers.items() if isinstance(headers, Mapping) else headers
     return [value if isinstance(value, bytes) else str(value).encode()
             for key, value in items if str(key).lower() == name and value is not None]
+
+
+def header_text(headers: HeaderItems, name: str) -> str | None:
+    """A record's one header ``name`` as UTF-8 text; None when it has none, several, or not text."""
+    values = _values(headers, name)
+    if len(values) != 1:
+        return None
+    try:
+        return values[0].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def trace_of(headers: HeaderItems, input_id: str) -> Trace:

@@ -39,7 +39,8 @@ def decode_state(table: str, raw: bytes | str) -> Any:
 def encode_message(value: BaseModel, *, keyring: Keyring | None = None) -> bytes:
     """An output message as compact JSON; absent optional fields are left out.
 
-    With a ``keyring``, commands and command results carry a ``mac`` (streams/common/signing.py).
+    With a ``keyring``, commands, command results and audit records carry a ``mac``
+    (streams/common/signing.py).
     """
     if keyring:
         sealed = sealed_json(value, keyring)

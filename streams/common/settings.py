@@ -255,7 +255,11 @@ class NotifySettings(BaseModel):
     backoff_seconds: float = Field(default=0.5, gt=0)  # the first wait; it doubles
     backoff_max_seconds: float = Field(default=30.0, gt=0)
     http_timeout_seconds: float = Field(default=10.0, gt=0)
-    source: str = "urn:vmstream"  # the CloudEvents' source
+    # Read no more, kept so that a file that sets it still loads: a webhook's CloudEvent has the
+    # source of the record it delivers (handlers/events.py).
+    source: str | None = Field(default=None, description=(
+        "Not used: a webhook's CloudEvent has the type and source of the Kafka record it delivers "
+        "(the process that wrote it: docs/notify.md). Accepted so that an older file still loads."))
     group_id: str = "vmstream-notify"
 
 

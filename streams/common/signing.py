@@ -1,15 +1,17 @@
-"""Commands and their results sealed with a shared key: the worker vouches for a command, the
-applier for a result (docs/security.md).
+"""Commands, their results and audit records sealed with a shared key: the worker vouches for
+a command, the applier for a result, either for its audit records (docs/security.md).
 
     worker:  Command       → encode_message(…, keyring) → {…, "mac": {"alg", "kid", "value"}}
     applier: commands topic → verify(raw, "command")    → the command, or why it is refused
     applier: CommandResult → encode_message(…, keyring) → sealed result
     ledger:  command-results → verify(raw, "command-result") → counted, or ignored
+    both:    AuditRecord   → encode_message(…, keyring) → sealed audit record
+    readers: audit         → verify(raw, "audit")       → read (``intent --wait``, replay), or ignored
 
 The MAC is HMAC-SHA256 over ``vmstream/v1`` + the purpose + the canonical JSON of the
 message without its ``mac`` field (keys sorted, no spaces, UTF-8, absent optional fields
 left out) — the message as parsed, so what is verified is what is acted on. The purpose
-keeps a sealed command from passing for a result and the other way round. Keys are named
+keeps a sealed command from passing for a result or an audit record, and the other way round. Keys are named
 (``kid``): the signer seals with one, the verifier accepts any it holds, which is how a key
 is rotated.
 """
@@ -29,13 +31,13 @@ import pydantic_core
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from handlers.messages import Command, CommandResult
+from handlers.messages import AuditRecord, Command, CommandResult
 
 MAC_FIELD = "mac"
 ALGORITHM = "HS256"
 DOMAIN = b"vmstream/v1\n"
 MIN_SECRET_LENGTH = 32
-Purpose = Literal["command", "command-result"]
+Purpose = Literal["command", "command-result", "audit"]
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -111,11 +113,13 @@ class Keyring:
 
 
 def purpose_of(value: BaseModel) -> Purpose | None:
-    """Which messages are sealed: commands and command results."""
+    """Which messages are sealed: commands, command results and audit records."""
     if isinstance(value, Command):
         return "command"
     if isinstance(value, CommandResult):
         return "command-result"
+    if isinstance(value, AuditRecord):
+        return "audit"
     return None
 
 

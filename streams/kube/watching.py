@@ -66,6 +66,7 @@ from tenacity import (
 
 from handlers.cluster import rule_view
 from handlers.config import Limits
+from handlers.events import watch_event_type
 from handlers.ids import watch_event_id
 from handlers.messages import (
     ORIGINAL_PREFIX_BYTES,
@@ -77,7 +78,7 @@ from handlers.messages import (
     object_key,
 )
 from handlers.topics import DLQ, K8S_EVENTS
-from handlers.tracing import TYPE_PREFIX, ce_headers
+from handlers.tracing import ce_headers
 from streams.common.cloudevents import event_source, kafka_headers, trace_of
 from streams.common.kafka_clients import COMPRESSION, admin_client, consumer, producer
 from streams.common.probes import ProbeServer, add_probe_arguments
@@ -220,7 +221,7 @@ def event_headers(kind: Kind, type_: EventType, event_id: str, *, source: str, t
     """A watch event's CloudEvents headers and ``traceparent``: ``ce_id`` its ``event_id``, a
     trace derived from that id — a republished event has the very headers it had
     (docs/integrators.md)."""
-    headers = ce_headers(id_=event_id, type_=f"{TYPE_PREFIX}watch-event.{kind.kind.lower()}.{type_.lower()}",
+    headers = ce_headers(id_=event_id, type_=watch_event_type(kind.kind, type_),
                          source=source, time=time, trace=trace_of(None, event_id))
     return [(name, text.encode("utf-8")) for name, text in headers]
 

@@ -37,9 +37,10 @@ from pydantic.json_schema import models_json_schema
 
 from handlers.catalog import Catalog
 from handlers.config import Config
+from handlers.events import GPU_CLASS_TYPE
 from handlers.messages import vm_key
 from handlers.tables import DRAINS, KUBEVIRT, NAMESPACES, TRACKING, USAGE, VMIS, VMS, Table
-from handlers.tracing import GPU_CLASS_TYPE, ce_headers, derived_trace
+from handlers.tracing import ce_headers, derived_trace
 from handlers.views import (
     GPUClassList,
     GPUClassStatus,

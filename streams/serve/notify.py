@@ -52,8 +52,9 @@ from handlers import delivery
 from handlers.delivery import Bucket, Endpoint, Target, Verdict
 from handlers.messages import DeadLetter, DeadLetterSource, Notification, clip, describe_validation_error
 from handlers.topics import DLQ, NOTIFICATIONS
-from handlers.tracing import TYPE_PREFIX, ce_headers, dead_letter_id
-from streams.common.cloudevents import TRACEPARENT, TRACESTATE, Trace, event_source, trace_of
+from handlers.events import DEAD_LETTER_TYPE, DELIVERY_TYPE, source_process
+from handlers.tracing import ce_headers, dead_letter_id
+from streams.common.cloudevents import TRACEPARENT, TRACESTATE, Trace, event_source, header_text, trace_of
 from streams.common.group_reading import GroupReader, Received
 from streams.common.kafka_clients import consumer, producer
 from streams.common.probes import ProbeServer, add_probe_arguments
@@ -88,7 +89,7 @@ class Failed(Exception):
 class Transport(Protocol):
     """Talks to the outside: one delivery of one notification, or :class:`Failed`."""
 
-    def send(self, target: Target, notification: Notification, context: dict[str, str] | None = None) -> None: ...
+    def send(self, target: Target, notification: Notification, context: dict[str, str], *, source: str) -> None: ...
 
     def idle(self) -> None: ...
 
@@ -203,19 +204,19 @@ class Senders:
         self.settings = settings
         self.mail = SmtpSender(settings.smtp)
 
-    def send(self, target: Target, notification: Notification, context: dict[str, str] | None = None) -> None:
+    def send(self, target: Target, notification: Notification, context: dict[str, str], *, source: str) -> None:
         """``context``: the W3C trace context of this delivery, sent as HTTP headers and, in a
-        CloudEvent, as its ``traceparent``/``tracestate`` extension attributes."""
+        CloudEvent, as its ``traceparent``/``tracestate`` extension attributes; ``source``: the
+        CloudEvents source of the record delivered, a CloudEvent's own."""
         if target.channel == "email":
             self.mail.send(target.recipient, notification)
             return
-        context = context or {}
         endpoint: Endpoint = self.settings.endpoints[target.recipient]
         if endpoint.format == "slack":
             post_json(endpoint.url, delivery.slack_payload(notification), content_type="application/json",
                       headers={**endpoint.headers, **context}, timeout=self.settings.http_timeout_seconds)
         else:
-            event = {**delivery.cloud_event(notification, source=self.settings.source), **context}
+            event = {**delivery.cloud_event(notification, source=source), **context}
             post_json(endpoint.url, event, content_type="application/cloudevents+json; charset=utf-8",
                       headers={**endpoint.headers, **context}, timeout=self.settings.http_timeout_seconds)
 
@@ -372,6 +373,7 @@ class Notifier:
             self._dead_letter(out, record, f"not a notification: {describe_validation_error(exc)}")
             return
         trace = trace_of(record.headers, notification.notification_id)  # passed on (docs/integrators.md)
+        source = self._source_of(record)
         members = self.directory.members(delivery.projects_to_expand(notification, self.notify.routes))
         resolution = delivery.targets(notification, directory=members, routes=self.notify.routes,
                                       endpoints=self.notify.endpoints)
@@ -391,7 +393,7 @@ class Notifier:
             if self.stop.is_set():
                 return
             self._limit(target)
-            attempts, failure = self._deliver(target, notification, _trace_context(trace, key))
+            attempts, failure = self._deliver(target, notification, _trace_context(trace, key), source)
             if failure is not None and failure.verdict == "transient" and self.stop.is_set():
                 return  # stopping: neither delivered nor given up; the next process tries again
             if failure is None:
@@ -411,6 +413,13 @@ class Notifier:
                 self._record(out, ledger, key, notification, channel=target.channel, recipient=target.recipient,
                              outcome="dead_lettered", attempts=attempts, trace=trace)
 
+    def _source_of(self, record: Received) -> str:
+        """The CloudEvents source a webhook's event has: the record's own (``ce_source``, the
+        process that wrote it: handlers/events.py), so an event has one identity on Kafka and
+        on a webhook; this process's for a record without one in the scheme."""
+        written = header_text(record.headers, "ce_source")
+        return written if written is not None and source_process(written) is not None else self.event_source
+
     def _limit(self, target: Target) -> None:
         """Wait for the recipient's token bucket (``notify.rate_limit``)."""
         bucket, wait = delivery.take(self.buckets.get(target), now=time.monotonic(),
@@ -420,17 +429,17 @@ class Notifier:
             log.info("rate limit of %s %s: waiting %.1f s", target.channel, target.recipient, wait)
             self.stop.wait(wait)
 
-    def _deliver(self, target: Target, notification: Notification,
-                 context: dict[str, str]) -> tuple[int, Failed | None]:
+    def _deliver(self, target: Target, notification: Notification, context: dict[str, str],
+                 source: str) -> tuple[int, Failed | None]:
         """(attempts made, the last failure or None): transient failures retried with backoff;
-        ``context`` the delivery's trace context, sent with each attempt."""
+        ``context`` the delivery's trace context, sent with each attempt; ``source`` the record's."""
         attempts = 0
 
         def once() -> None:
             nonlocal attempts
             attempts += 1
             try:
-                self.transport.send(target, notification, context)
+                self.transport.send(target, notification, context, source=source)
             except Failed as exc:
                 ATTEMPTS.labels(target.channel, exc.verdict).inc()
                 raise
@@ -465,7 +474,7 @@ class Notifier:
         value = {"notification_id": notification.notification_id, "channel": channel, "recipient": recipient,
                  "outcome": outcome, "attempts": attempts, "at": at.isoformat()}
         out.send(ledger.topic, key=key.encode(), value=json.dumps(value).encode(),
-                 headers=self._envelope(key, f"{TYPE_PREFIX}delivery", at, trace)).get(timeout=30)
+                 headers=self._envelope(key, DELIVERY_TYPE, at, trace)).get(timeout=30)
         ledger.done.add(key)
 
     def _dead_letter(self, out: KafkaProducer, record: Received, reason: str, *, trace: Trace | None = None,
@@ -489,7 +498,7 @@ class Notifier:
         if "recipient" in about:
             id_ += f"|{about.get('channel', 'none')}|{about['recipient']}"
         out.send(self.kafka.topic(DLQ), key=record.key, value=letter.model_dump_json(exclude_none=True).encode(),
-                 headers=self._envelope(id_, f"{TYPE_PREFIX}dead-letter", at, trace)).get(timeout=30)
+                 headers=self._envelope(id_, DEAD_LETTER_TYPE, at, trace)).get(timeout=30)
 
     def _envelope(self, id_: str, type_: str, at: datetime, trace: Trace) -> list[tuple[str, bytes]]:
         """A record's CloudEvents headers and ``traceparent`` (docs/integrators.md)."""
@@ -515,6 +524,9 @@ def _run(args: argparse.Namespace) -> int:
     logging.getLogger("kafka").setLevel(logging.WARNING)
     settings = load_config(args)
     check_secrets(settings, smtp=True)
+    if settings.notify.source is not None:
+        log.warning("notify.source is no longer read: a webhook's CloudEvent has the source of the record it "
+                    "delivers (docs/notify.md)")
     check_port(args.probe_host, args.probe_port, "--probe-port")
     reach_kafka(settings.kafka)
     ensure_ledger(settings)

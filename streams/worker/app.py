@@ -156,7 +156,7 @@ class Worker:
         self.settings = settings
         self.kafka = settings.kafka
         self.engine = Engine(settings.rules(), keys=key_source(settings.auth))  # docs/auth.md
-        self.keyring = settings.signing.keyring()  # seals the commands (docs/security.md)
+        self.keyring = settings.signing.keyring()  # seals the commands and audit records (docs/security.md)
         if self.keyring.active is None:  # unsealed, every command would be refused by the applier
             raise KeyringError("the worker needs a key to seal commands with: set signing.keys_file or "
                                "VMSTREAM_SIGNING__KEYS, and signing.key_id if there are several (docs/security.md)")

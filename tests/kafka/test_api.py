@@ -2,8 +2,9 @@
 
 A worker decides the AZ's events and a ``set_gpu``; two ``vmstream api`` processes read its
 changelogs. Both must answer what ``simulate`` decides over the same inputs (one process,
-state in memory), token scoping must hold, and ``vmstream.gpu-classes`` must hold one
-current record per class — read back by the test's own consumer.
+state in memory) — a forged audit record beside the real one changes nothing — token
+scoping must hold, and ``vmstream.gpu-classes`` must hold one current record per class —
+read back by the test's own consumer.
 """
 
 from __future__ import annotations
@@ -153,6 +154,16 @@ def test_two_replicas_answer_alike_tokens_are_scoped_and_the_class_topic_is_curr
         for api in apis:
             told = api.wait_until("/v1/vms/spx-proj-b/dev-1", lambda b: b["waits_for"] == "restart")
             assert told["badge"] == "(applies after restart)" and told["owner_told"]
+        # A forged "rejected" for the accepted set_gpu, unsealed on the audit topic, changes
+        # nothing served: the API reads the worker's tables, never audit records.
+        forged = {**outputs.audits(input__ref="it-api-gpu-1")[0], "outcome": "rejected",
+                  "reason": "forged: not yours", "commands": [], "notifications": []}
+        forged.pop("mac")  # the worker's seal (docs/security.md): a forger has none
+        deployment.publish_raw("audit", "vm/spx-proj-b/dev-1", json.dumps(forged).encode())
+        outputs.wait_for(lambda o: len(o.audits(input__ref="it-api-gpu-1")) == 2, what="the forged record")
+        for api in apis:
+            status, badge = api.get("/v1/vms/spx-proj-b/dev-1", OPERATOR)
+            assert status == 200 and badge["badge"] == "(applies after restart)" and badge["owner_told"]
         # Once the watch shows the patched template, the GPU after the restart is the new one.
         deployment.publish_lines(patched)
         badges = [api.wait_until("/v1/vms/spx-proj-b/dev-1", lambda b: b == expected_badge) for api in apis]

@@ -2,9 +2,11 @@
 
 The worker and the applier are played by a test stand-in that answers as soon as it sees
 the intent: the audit record naming the decision's command, then that command's result,
-sealed as the applier seals it (streams/common/signing.py, with the key the CLI is given through
-``VMSTREAM_SIGNING__KEYS``). The exit code says which outcome came; ``--wait=decided`` does
-not wait for results.
+each sealed as the worker and the applier seal them (streams/common/signing.py, with the key
+the CLI is given through ``VMSTREAM_SIGNING__KEYS``). The exit code says which outcome came;
+``--wait=decided`` does not wait for results. Forged records ahead of the real ones — an
+unsealed ``rejected``, the worker's own refusal of an unsigned copy — are not taken for the
+decision.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import json
 import threading
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from handlers.messages import CommandResult, ObjectRef
+from handlers import ids
+from handlers.messages import AuditInput, AuditRecord, CommandResult, ObjectRef
 from streams.cli import requesting
 from streams.common.codecs import encode_message
 from streams.common.settings import KafkaSettings
@@ -37,19 +41,34 @@ class ApplierStandIn(threading.Thread):
     the ``results`` of that command, in order, each sealed unless ``unsealed``."""
 
     def __init__(self, kafka: KafkaSettings, *, outcome: str = "accepted", commands: int = 1,
-                 results: tuple[tuple[str, bool], ...] = ()) -> None:
+                 results: tuple[tuple[str, bool], ...] = (), forged: tuple[str, ...] = ()) -> None:
         super().__init__(name="applier-stand-in", daemon=True)
         self.kafka, self.outcome, self.commands, self.results = kafka, outcome, commands, results
+        self.forged = forged  # audit records written first: "unsealed rejected", "another copy"
         self.ready = threading.Event()
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
-            key, ref = self._first_intent()
+            key, ref, body = self._first_intent()
+            intents = self.kafka.topic("intents")
+            for forged in self.forged:
+                if forged == "unsealed rejected":  # anyone who can write the topic
+                    fake = audit_for(self.kafka, ref, key, "rejected", reason="forged: the VM is not yours")
+                    produce(self.kafka, "audit", key, encode_message(fake))
+                else:  # the worker's own refusal of an unsigned copy of the intent: sealed, about its id
+                    copy = {**{k: v for k, v in body.items() if k != "credential"},
+                            "spec": {**body["spec"], "gpu_class": None}}
+                    refusal = refused_copy(intents, ref, key, copy)
+                    produce(self.kafka, "audit", key, encode_message(refusal, keyring=KEYRING))
+            if self.outcome == "unauthenticated":  # the intent itself refused for who asks
+                produce(self.kafka, "audit", key, encode_message(refused_copy(intents, ref, key, body),
+                                                                 keyring=KEYRING))
+                return
             command_ids = [f"cmd-{ref}-{n}" for n in range(self.commands)] if self.outcome == "accepted" else []
             audit = audit_for(self.kafka, ref, key, self.outcome, commands=command_ids,
                               reason=None if self.outcome == "accepted" else "unknown GPU class")
-            produce(self.kafka, "audit", key, encode_message(audit))
+            produce(self.kafka, "audit", key, encode_message(audit, keyring=KEYRING))
             for command_id in command_ids:
                 for outcome, sealed in self.results:
                     result = CommandResult(
@@ -64,7 +83,7 @@ class ApplierStandIn(threading.Thread):
         finally:
             self.ready.set()
 
-    def _first_intent(self) -> tuple[str, str]:
+    def _first_intent(self) -> tuple[str, str, dict[str, Any]]:
         topic = self.kafka.topic("intents")
         consumer = KafkaConsumer(bootstrap_servers=self.kafka.bootstrap_servers, enable_auto_commit=False)
         try:
@@ -76,7 +95,8 @@ class ApplierStandIn(threading.Thread):
             while time.monotonic() < deadline:
                 for records in consumer.poll(timeout_ms=200).values():
                     record = records[0]
-                    return record.key.decode(), json.loads(record.value)["intent_id"]
+                    body = json.loads(record.value)
+                    return record.key.decode(), body["intent_id"], body
             raise AssertionError("no intent was published")
         finally:
             consumer.close()
@@ -85,6 +105,14 @@ class ApplierStandIn(threading.Thread):
         self.join(DEADLINE)
         if self.error is not None:
             raise self.error
+
+
+def refused_copy(topic: str, ref: str, key: str, body: dict[str, Any]) -> AuditRecord:
+    """The audit record the worker writes for ``body`` refused for who asks (handlers/engine.py)."""
+    return AuditRecord(audit_id=ids.audit_id(topic, ids.unauthenticated_ref(topic, ref, body), "unauthenticated"),
+                       at=datetime.now(UTC), input=AuditInput(topic=topic, key=key, ref=ref),
+                       outcome="unauthenticated", reason="unauthenticated: no credential: an intent must carry a "
+                       "signed credential in 'credential'")
 
 
 @pytest.fixture(autouse=True)
@@ -144,3 +172,33 @@ def test_wait_decided_keeps_to_the_decision(kafka: KafkaSettings, capsys: pytest
 
 def test_a_decision_without_commands_is_exit_0(kafka: KafkaSettings) -> None:
     assert run(ApplierStandIn(kafka, commands=0), "--wait") == requesting.EXIT_ACCEPTED
+
+
+def test_a_forged_rejection_and_a_forged_copy_s_refusal_are_not_the_decision(
+    kafka: KafkaSettings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ahead of the real, sealed ``accepted``: an unsealed ``rejected`` under the intent's id
+    (anyone who can write the audit topic), and the worker's sealed refusal of an unsigned copy
+    of the intent (anyone who can write the intents topic). Neither is this intent's decision."""
+    stand_in = ApplierStandIn(kafka, results=(("applied", True),), forged=("unsealed rejected", "another copy"))
+    assert run(stand_in, "--wait") == requesting.EXIT_ACCEPTED
+    captured = capsys.readouterr()
+    assert "\naccepted " in captured.out and "rejected" not in captured.out and "forged" not in captured.out
+    assert "  result applied patch_vm" in captured.out
+
+
+def test_a_forged_rejection_is_not_the_decision_with_wait_decided(
+    kafka: KafkaSettings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stand_in = ApplierStandIn(kafka, forged=("unsealed rejected",))
+    assert run(stand_in, "--wait=decided") == requesting.EXIT_ACCEPTED
+    assert "rejected" not in capsys.readouterr().out
+
+
+def test_the_intent_s_own_refusal_for_who_asks_is_its_decision(
+    kafka: KafkaSettings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Told apart from a copy's by its audit id, which the sender computes from what it sent."""
+    stand_in = ApplierStandIn(kafka, outcome="unauthenticated", forged=("another copy",))
+    assert run(stand_in, "--wait") == requesting.EXIT_NOT_ACCEPTED
+    assert "\nunauthenticated " in capsys.readouterr().out

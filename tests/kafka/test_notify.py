@@ -37,6 +37,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from handlers.messages import Notification, ObjectRef
 from handlers.tracing import derived_trace, span_id
 from harness.processes import free_ports
+from streams.common.cloudevents import kafka_headers, trace_of
 from streams.common.kafka_clients import admin_client
 from streams.common.settings import Settings, read_yaml
 from streams.serve.notify import LEDGER, Notifier, ensure_ledger
@@ -200,13 +201,19 @@ class Setup:
         return self.settings.kafka.topic(logical)
 
     def publish(self, notification: Notification, *, key: str = "vm/spx-proj-a/batch-1",
-                traceparent: str | None = None) -> None:
+                traceparent: str | None = None, source: str | None = None) -> dict[str, bytes]:
+        """A notification on the topic, with a ``traceparent`` if given; with ``source``, with
+        the CloudEvents headers its writer gives it (the worker's: ``/vmstream/worker/…``)."""
+        headers = {"traceparent": traceparent.encode()} if traceparent else {}
+        if source is not None:
+            trace = trace_of(list(headers.items()), notification.notification_id)
+            headers = kafka_headers(notification, source=source, trace=trace, time=datetime.now(UTC))
         producer = KafkaProducer(bootstrap_servers=self.settings.kafka.bootstrap_servers, acks="all")
         try:
             producer.send(self.topic("notifications"), key=key.encode(),
                           value=notification.model_dump_json(exclude_none=True).encode(),
-                          headers=[("traceparent", traceparent.encode())] if traceparent else None
-                          ).get(timeout=DEADLINE)
+                          headers=list(headers.items()) or None).get(timeout=DEADLINE)
+            return headers
         finally:
             producer.close()
 
@@ -264,7 +271,7 @@ def make_setup(kafka_bootstrap: str, workdir: Path, *, smtp_port: int, receiver:
                       "room": {"url": f"{receiver.url}/chat/room", "format": "slack"}},
         "routes": [{"severity": ["warning", "critical"], "to": ["webhook:hooks"]}],
         "backoff_seconds": 0.05, "backoff_max_seconds": 0.2, "attempts": 4,
-        "source": "urn:vmstream:az1", "group_id": f"notify-{name}",
+        "group_id": f"notify-{name}",
         **notify,
     }
     settings = Settings(**config)
@@ -327,7 +334,8 @@ def test_a_drain_notice_reaches_the_inbox_and_the_webhook_once(
                        directory={"proj-a": ["webhook:room"]})
     notifier_for(setup)
     notice = drain_notice("alice@example.com", "project:proj-a")
-    setup.publish(notice, traceparent=f"00-{TRACE_ID}-00f067aa0ba902b7-01")
+    worker = f"/vmstream/worker/{setup.settings.worker.app_id}"
+    sent = setup.publish(notice, traceparent=f"00-{TRACE_ID}-00f067aa0ba902b7-01", source=worker)
     setup.publish(notice)  # the worker sent it again (a redelivered decision): same id, no second delivery
     eventually(setup.all_committed, "notify to commit both copies")
 
@@ -344,8 +352,11 @@ def test_a_drain_notice_reaches_the_inbox_and_the_webhook_once(
     assert hook.headers["Content-Type"].startswith("application/cloudevents+json")
     assert hook.headers["Authorization"] == "Bearer hook-token"
     event = json.loads(hook.body)
-    assert (event["specversion"], event["id"], event["source"], event["type"]) == (
-        "1.0", notice.notification_id, "urn:vmstream:az1", "net.superphenix.vmstream.notification.drain_will_stop_gpu_vm")
+    # One identity, whatever carries it: the webhook's event is the Kafka record's.
+    assert (event["specversion"], event["id"], event["source"], event["type"], event["time"]) == tuple(
+        sent[name].decode() for name in ("ce_specversion", "ce_id", "ce_source", "ce_type", "ce_time"))
+    assert (event["id"], event["source"], event["type"]) == (
+        notice.notification_id, worker, "io.vmstream.notification.drain_will_stop_gpu_vm")
     assert Notification.model_validate(event["data"]) == notice
     # The notification's trace goes on: as an HTTP header and the CloudEvent's extension attribute.
     traceparent = {name.lower(): value for name, value in hook.headers.items()}["traceparent"]  # any case

@@ -4,10 +4,12 @@ Two workers and an applier (against a real kube-apiserver, where the scenario's 
 exist: its commands fail there, which is a result like any other) run one stream: the
 cluster's events, GPU changes (intents on partitions murmur2 would not pick among them), a
 malformed intent, a drain whose deadline fires. ``vmstream replay`` then runs over it as an
-operator would: exit 0 on the untouched stream. Then records of the worker and of the
-applier are dropped (``DeleteRecords``), forged and altered (a second record under an id,
-with other content: Kafka keeps what was written) one after the other, and after each the
-replay exits 1 and names the record.
+operator would: exit 0 on the untouched stream — which holds, as after an ordinary restart
+of the watch bridge, events published again (the same event ids, later), each decided again
+under its audit id. Then records of the worker and of the applier are dropped
+(``DeleteRecords``), forged and altered (a second record under an id, with other content:
+Kafka keeps what was written) one after the other, and after each the replay exits 1 and
+names the record; an unsealed one is named as such and never taken for the decision.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.partitioner.default import murmur2
 
+from handlers.messages import AuditRecord
 from harness.running import CONFIG, Deployment, VmstreamProcess, WorkerProcess, capacity_after
 from harness.scenarios import cluster, cordon_landed
+from streams.common.codecs import encode_message
 from streams.common.settings import KafkaSettings
 from streams.common.topics import KIND_HEADER, SOURCE_HEADER
 from tests.support.kube_apiserver import Kube
@@ -35,6 +39,7 @@ pytestmark = pytest.mark.kafka
 
 CLUSTER = list(cluster().jsonl())
 REPLAYED = ("intents", "k8s-events", "worker-routed", "audit", "commands", "notifications", "dlq", "command-results")
+REPUBLISHED = 5  # events a restarted watch bridge publishes again in this stream
 VMS = [("spx-proj-a", "train-1", "proj-a", "alice@example.com"), ("spx-proj-a", "web-1", "proj-a", "alice@example.com"),
        ("spx-proj-b", "dev-1", "proj-b", "bob@example.com"), ("spx-proj-b", "legacy-1", "proj-b", "bob@example.com")]
 
@@ -139,6 +144,7 @@ def stream(kafka_bootstrap: str, kube: Kube, tmp_path_factory: pytest.TempPathFa
         while lacking := unsettled():
             assert time.monotonic() < deadline, f"the stream never settled: it lacks {'; '.join(lacking)}"
             time.sleep(0.5)  # polling interval
+        republish_as_a_restarted_watch_bridge(kafka)
         for process in (*workers, applier):
             process.check_running()
     finally:
@@ -149,6 +155,28 @@ def stream(kafka_bootstrap: str, kube: Kube, tmp_path_factory: pytest.TempPathFa
     deployment.delete_topics()
 
 
+def republish_as_a_restarted_watch_bridge(kafka: KafkaSettings) -> None:
+    """What a watch bridge started again does to a stream: the objects' current states
+    published once more, as they were (the same values, event ids and headers), later; and
+    each decided again — wait for their audit records."""
+    records = read_all(kafka)
+    latest = {r.key: r for r in records if r.topic == "k8s-events"}  # each object's current state
+    again = [latest[key] for key in sorted(latest, key=lambda key: key or b"")][:REPUBLISHED]
+    audited = sum(r.topic == "audit" for r in records)
+    time.sleep(1.1)  # a restart takes a while: their times differ from the first decisions' by seconds
+    out = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
+    try:
+        for record in again:
+            out.send(kafka.topic("k8s-events"), key=record.key, value=record.value, headers=record.headers)
+        out.flush()
+    finally:
+        out.close()
+    deadline = time.monotonic() + 60
+    while sum(r.topic == "audit" for r in read_all(kafka)) < audited + len(again):
+        assert time.monotonic() < deadline, "the events published again were not decided"
+        time.sleep(0.5)  # polling interval
+
+
 def test_a_clean_stream_of_two_workers_and_an_applier_replays_with_no_difference(
     stream: tuple[Deployment, list[Record]]
 ) -> None:
@@ -156,6 +184,13 @@ def test_a_clean_stream_of_two_workers_and_an_applier_replays_with_no_difference
     routed_kinds = {dict(r.headers).get(KIND_HEADER) for r in records if r.topic == "worker-routed"}
     assert {b"intent", b"event", b"tick"} <= routed_kinds  # routed intents, events and a deadline
     assert any(r.topic == "command-results" for r in records)
+    # The events published again were decided again under their first decisions' ids, later.
+    times: dict[str, set[str]] = {}
+    for record in records:
+        if record.topic == "audit":
+            times.setdefault(record.json()["audit_id"], set()).add(record.json()["at"])
+    assert sum(len(at) > 1 for at in times.values()) >= REPUBLISHED
+    assert all(record.json().get("mac") for record in records if record.topic == "audit")  # all sealed
     replayed = run_replay(deployment)
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr
     assert " 0 different, 0 missing from the audit stream, 0 recorded but not reproduced, 0 other" in replayed.stdout
@@ -188,6 +223,12 @@ def test_a_record_dropped_forged_or_altered_is_reported_and_exits_1(stream: tupl
     def write(topic: str, key: bytes | None, value: bytes) -> None:
         out.send(kafka.topic(topic), key=key, value=value).get(timeout=30)
 
+    keyring = deployment.signing.keyring()
+
+    def sealed(value: bytes) -> bytes:
+        """An audit record sealed with the deployment's key, as only the worker and the applier can."""
+        return encode_message(AuditRecord.model_validate_json(value), keyring=keyring)
+
     def reported(named: str) -> None:
         replayed = run_replay(deployment)
         assert replayed.returncode == 1, replayed.stdout + replayed.stderr
@@ -213,16 +254,28 @@ def test_a_record_dropped_forged_or_altered_is_reported_and_exits_1(stream: tupl
         write("command-results", result.key, altered(result, outcome="noop", error=None))
         reported(f"command {twice}: 2 different results")
 
-        # Altered: an audit record of the worker, a command's target, an audit record of the applier.
+        # Forged: a "rejected" beside an accepted intent's record, unsealed as anyone could write
+        # it: named as unsealed, and not taken for the decision (which is not "different").
         audit = first(records, "audit", lambda a: a["input"]["ref"] == "it-train-1")
-        write("audit", audit.key, altered(audit, outcome="rejected", reason="forged"))
-        reported(f"{audit.json()['audit_id']} outcome: replayed 'accepted', recorded 'rejected'")
+        where = f"{kafka.topic('intents')} vm/spx-proj-a/train-1 it-train-1"
+        forged = {k: v for k, v in json.loads(altered(audit, outcome="rejected", reason="forged")).items() if k != "mac"}
+        write("audit", audit.key, json.dumps(forged).encode())
+        replayed = run_replay(deployment)
+        assert replayed.returncode == 1, replayed.stdout + replayed.stderr
+        assert (f"audit {audit.json()['audit_id']} [{where}]: not sealed by the worker or an applier "
+                "(it carries no MAC): ignored") in replayed.stdout, replayed.stdout
+        assert " 0 different, " in replayed.stdout and "1 unsealed audit records ignored" in replayed.stdout
+
+        # Altered by a holder of the key (sealed): a difference, its line naming the input.
+        write("audit", audit.key, sealed(altered(audit, outcome="rejected", reason="forged")))
+        reported(f"{audit.json()['audit_id']} [{where}] outcome: replayed 'accepted', recorded 'rejected'")
+        # Altered: a command's target, an audit record of the applier.
         stop = first(records, "commands", lambda c: c["type"] == "delete_vmi")
         write("commands", stop.key, altered(stop, target={**stop.json()["target"], "name": "someone-else"}))
         reported(f"commands {stop.json()['command_id']}: recorded otherwise (target)")
         applied = first(records, "audit", lambda a: a["input"]["topic"] == kafka.topic("commands")
                         and a["input"]["ref"] not in (unapplied, twice))
-        write("audit", applied.key, altered(applied, reason="all went well"))
+        write("audit", applied.key, sealed(altered(applied, reason="all went well")))
         reported(f"audit {applied.json()['audit_id']}: not the record of command {applied.json()['input']['ref']}")
 
         # The routed copy of an input dropped: that input was never routed.

@@ -21,8 +21,10 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 
 from handlers.messages import AuditInput, AuditRecord, Notification, ObjectRef, SetGPUIntent, parse_intent
+from handlers.tracing import derived_trace
 from streams.cli import requesting
 from streams.cli import tailing
+from streams.common.cloudevents import trace_of
 from streams.common.codecs import encode_message
 from streams.common.kafka_clients import admin_client
 from streams.common.settings import KafkaSettings
@@ -166,6 +168,27 @@ def test_publishing_puts_one_keyed_valid_intent_on_the_topic(
     assert capsys.readouterr().out.startswith(
         f"published set_gpu it-one to {kafka.topic('intents')} under vm/spx-proj-b/dev-1"
     )
+
+
+def test_an_intent_goes_out_as_a_cloudevent_in_vmstream_s_scheme(
+    kafka: KafkaSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`vmstream intent` names what it sends as every vmstream record is named
+    (handlers/events.py): its id, io.vmstream.intent.<type>, /vmstream/cli/<app_id>, its time,
+    and the trace the worker would derive from its id."""
+    monkeypatch.setenv("VMSTREAM_WORKER__APP_ID", "vmstream-az1")
+    assert cli("intent", *SET_GPU, "--id", "it-ce") == requesting.EXIT_ACCEPTED
+
+    [record] = read_all(kafka, "intents")
+    headers = {name: value.decode() for name, value in record.headers}
+    intent = parse_intent(record.value)
+    assert intent.requested_at is not None
+    assert headers == {
+        "ce_specversion": "1.0", "ce_id": "it-ce", "ce_type": "io.vmstream.intent.set_gpu",
+        "ce_source": "/vmstream/cli/vmstream-az1", "ce_time": intent.requested_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "content-type": "application/json", "traceparent": derived_trace("it-ce").child("it-ce"),
+    }
+    assert trace_of(record.headers, "it-ce") == derived_trace("it-ce")  # the worker's outputs: the same trace
 
 
 @pytest.mark.parametrize(

@@ -10,13 +10,15 @@ from typing import Any
 import jwt
 import pytest
 
+from handlers import ids
 from handlers.auth import KeySet, Principal, Unauthenticated, body_digest, verify_intent
 from handlers.config import AuthPolicy
 from handlers.engine import Result
 from handlers.messages import principal_problem
+from handlers.outcomes import Unproven
 from streams.common.credentials import SigningKey, jwks, sign_intent, signed
 from harness.scenarios import RTX, node, vm, vmi
-from tests.support.harness import KEYS, SIGNER, START, Harness, config
+from tests.support.harness import INTENTS_TOPIC, KEYS, SIGNER, START, Harness, config
 
 ALICE, BOB, OPS = "alice@example.com", "bob@example.com", "ops@example.com"
 GPU = "nvidia-rtx-pro-6000-bse"
@@ -45,9 +47,10 @@ def outcome(result: Result) -> tuple[str, str | None]:
 
 
 def refused(result: Result, why: str) -> None:
-    """Rejected for who asks, with the reason; nothing commanded, nothing recorded."""
+    """Refused for who asks (outcome ``unauthenticated``), with the reason; nothing commanded,
+    nothing recorded."""
     got, reason = outcome(result)
-    assert got == "rejected" and reason is not None and why in reason, reason
+    assert got == "unauthenticated" and reason is not None and why in reason, reason
     assert reason.startswith("unauthenticated: ")
     assert result.decision.commands == [] and result.decision.changes == []
 
@@ -226,6 +229,27 @@ def test_forged_copies_of_one_intent_are_audited_apart() -> None:
                       intent_id="it-7", signer=None)
     assert first.decision.audit and second.decision.audit
     assert first.decision.audit.audit_id != second.decision.audit.audit_id
+
+
+def test_an_unsigned_copy_of_a_decided_intent_is_unauthenticated_not_a_duplicate() -> None:
+    """A forgery attempt shows in the audit trail as one, apart from the real decision and
+    from a harmless repeat; its audit id is one the real intent's sender can tell from its own."""
+    h = az()
+    real = h.sign({**BODY, "intent_id": "it-real"})
+    assert outcome(h.raw_intent(real, key="vm/spx-proj-b/dev-1"))[0] == "accepted"
+    for copy in ({k: v for k, v in real.items() if k != "credential"},  # unsigned
+                 {**real, "spec": {**BODY["spec"], "gpu_class": None}}):  # the credential on another body
+        forged = h.raw_intent(copy, key="vm/spx-proj-b/dev-1")
+        refused(forged, "unauthenticated: ")
+        audit = forged.decision.audit
+        assert audit is not None and audit.input.ref == "it-real" and audit.reason is not None
+        assert forged.judgement == Unproven(audit.reason)
+        assert audit.audit_id == ids.audit_id(INTENTS_TOPIC, ids.unauthenticated_ref(INTENTS_TOPIC, "it-real", copy),
+                                              "unauthenticated")
+        assert audit.audit_id != ids.audit_id(INTENTS_TOPIC, ids.unauthenticated_ref(INTENTS_TOPIC, "it-real", real),
+                                              "unauthenticated")
+    again = h.raw_intent(real, key="vm/spx-proj-b/dev-1")  # the signed intent itself, again
+    assert outcome(again)[0] == "duplicate"
 
 
 def test_a_valid_credential_with_an_invalid_spec_tells_its_subject_why() -> None:

@@ -22,7 +22,9 @@ from handlers.delivery import (
     take,
     targets,
 )
+from handlers.events import notification_type
 from handlers.messages import Notification, ObjectRef
+from handlers.tracing import derived_trace, message_headers
 
 AT = datetime(2026, 11, 30, 6, 30, tzinfo=UTC)
 DEADLINE = datetime(2026, 11, 30, 6, 45, 58, tzinfo=UTC)
@@ -107,14 +109,27 @@ def test_the_mail_says_what_happens_when_and_to_what() -> None:
 
 def test_a_webhook_gets_a_structured_cloud_event_named_by_the_notification() -> None:
     notice = drain_notice("alice@example.com")
-    event = cloud_event(notice, source="urn:vmstream:az1")
+    event = cloud_event(notice, source="/vmstream/worker/vmstream")
     assert {k: v for k, v in event.items() if k != "data"} == {
-        "specversion": "1.0", "id": "ntf-6793d4", "source": "urn:vmstream:az1",
-        "type": "net.superphenix.vmstream.notification.drain_will_stop_gpu_vm",
+        "specversion": "1.0", "id": "ntf-6793d4", "source": "/vmstream/worker/vmstream",
+        "type": "io.vmstream.notification.drain_will_stop_gpu_vm",
         "subject": "VirtualMachine/spx-proj-a/batch-1", "datacontenttype": "application/json",
         "time": "2026-11-30T06:30:00Z",
     }
     assert Notification.model_validate(event["data"]) == notice
+
+
+def test_a_webhook_event_is_the_kafka_record_s_event_whatever_carries_it() -> None:
+    """One identity: the CloudEvent a webhook gets has the type, id, source and time of the
+    ``ce_*`` headers the worker wrote on the notification's Kafka record."""
+    notice = drain_notice("alice@example.com").model_copy(update={"at": datetime(2026, 11, 30, 6, 30, 0, 250_000,
+                                                                                 tzinfo=UTC)})
+    source = "/vmstream/worker/vmstream-az1"
+    kafka = dict(message_headers(notice, source=source, time=AT, trace=derived_trace("it-1")))
+    event = cloud_event(notice, source=source)
+    assert (event["specversion"], event["id"], event["type"], event["source"], event["time"]) == (
+        kafka["ce_specversion"], kafka["ce_id"], kafka["ce_type"], kafka["ce_source"], kafka["ce_time"])
+    assert event["type"] == notification_type("drain_will_stop_gpu_vm")
 
 
 def test_a_chat_room_gets_a_slack_message() -> None:

@@ -1,5 +1,5 @@
-"""The applier's policy (handlers/policy.py) and the seal on commands and results
-(streams/common/signing.py), as pure functions: one test per rule."""
+"""The applier's policy (handlers/policy.py) and the seal on commands, results and audit
+records (streams/common/signing.py), as pure functions: one test per rule."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from handlers import policy
 from handlers.gpus import desired_vm, plan_patch
-from handlers.messages import Command, CommandResult, GPUMutation, ObjectRef
+from handlers.messages import AuditInput, AuditRecord, Command, CommandResult, GPUMutation, ObjectRef
 from streams.common.codecs import encode_message
 from harness.scenarios import A100, PROJECT_LABEL, vm
 from streams.common.signing import Keyring, KeyringError, canonical, open_sealed
@@ -106,6 +106,23 @@ def test_a_sealed_command_does_not_pass_for_a_result() -> None:
     sealed["mac"]["value"] = KEYS.mac("command", result, "k1")
     assert open_sealed(CommandResult, json.dumps(sealed).encode(), "command-result", KEYS)[1] == "its MAC does not match"
     assert open_sealed(CommandResult, encode_message(result, keyring=KEYS), "command-result", KEYS)[1] is None
+
+
+def test_an_audit_record_is_sealed_and_its_seal_vouches_for_nothing_else() -> None:
+    """The worker and the applier seal their audit records as they seal commands and results:
+    a forged record (a ``rejected`` beside the real ``accepted``) carries no valid MAC, and a
+    command's or result's seal does not make one."""
+    audit = AuditRecord(audit_id="aud-1", at=NOW, input=AuditInput(topic="vmstream.intents", key="vm/a/b", ref="it-1"),
+                        outcome="accepted", commands=["cmd-1"])
+    sealed = encode_message(audit, keyring=KEYS)
+    assert json.loads(sealed)["mac"] == KEYS.seal("audit", audit)
+    assert open_sealed(AuditRecord, sealed, "audit", KEYS)[1] is None
+    forged = audit.model_copy(update={"outcome": "rejected", "reason": "forged", "commands": []})
+    assert open_sealed(AuditRecord, encode_message(forged), "audit", KEYS)[1] == "it carries no MAC"
+    altered = {**json.loads(sealed), "outcome": "rejected"}
+    assert open_sealed(AuditRecord, json.dumps(altered).encode(), "audit", KEYS)[1] == "its MAC does not match"
+    borrowed = {**json.loads(sealed), "mac": {**json.loads(sealed)["mac"], "value": KEYS.mac("command-result", audit, "k1")}}
+    assert open_sealed(AuditRecord, json.dumps(borrowed).encode(), "audit", KEYS)[1] == "its MAC does not match"
 
 
 @pytest.mark.parametrize("forged", ["é" * 43, "A" * 42 + "\u202e", "\x00" * 43])
