@@ -12,13 +12,42 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from handlers.config import Config
 from handlers.delivery import Endpoint, Route
 from handlers.topics import Topic
 from streams.common.signing import Keyring, keyring_from, yaml_problem
+
+
+class KafkaOAuthSettings(BaseModel):
+    """SASL OAUTHBEARER's token (``kafka.sasl_mechanism: OAUTHBEARER``): an OAuth 2 access
+    token from a token endpoint by the client credentials grant, as a Strimzi ``type: oauth``
+    listener expects (docs/security.md), or read from ``token_file``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    token_endpoint_uri: str | None = Field(
+        default=None, description="The OAuth 2 token endpoint asked for a token with the client credentials "
+        "grant (Strimzi: tokenEndpointUri), e.g. https://sso.example.com/realms/kafka/protocol/openid-connect/token.")
+    client_id: str | None = Field(default=None, description="The OAuth 2 client this process authenticates as "
+                                  "(Strimzi: clientId); the broker's principal is the token's subject.")
+    client_secret: SecretStr | None = Field(default=None, description="The client's secret, sent with HTTP Basic "
+                                            "authentication (VMSTREAM_KAFKA__OAUTH__CLIENT_SECRET).")
+    scope: str | None = Field(default=None, description="The scope asked for, if the token endpoint wants one.")
+    audience: str | None = Field(default=None, description="The audience asked for, if the token endpoint wants one.")
+    token_file: str | None = Field(
+        default=None, description="Instead of a token endpoint: a file holding the access token, read again "
+        "whenever a token is needed after a minute or past its expiry (a projected or mounted token, tests).")
+    ssl_cafile: str | None = Field(default=None, description="The CA certificates (PEM) the token endpoint's TLS "
+                                   "certificate is verified with; default: the system's.")
+    timeout_seconds: float = Field(default=10.0, gt=0, description="How long one token request may take.")
+
+    @property
+    def configured(self) -> bool:
+        """Whether any way to a token is set."""
+        return bool(self.token_file or self.token_endpoint_uri or self.client_id or self.client_secret)
 
 
 class KafkaSettings(BaseModel):
@@ -28,14 +57,62 @@ class KafkaSettings(BaseModel):
     topic_prefix: str = "vmstream."
     partitions: int = Field(default=6, ge=1)
     replication_factor: int = Field(default=1, ge=1)
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        default="PLAINTEXT", description="SSL: TLS, with a client certificate if ssl_certfile is set (mutual TLS, "
+        "a Strimzi type: tls KafkaUser); SASL_SSL, SASL_PLAINTEXT: sasl_mechanism over TLS or not.")
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = Field(
+        default=None, description="PLAIN and SCRAM-*: sasl_username and sasl_password; OAUTHBEARER: a token as "
+        "the oauth section says.")
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
-    ssl_cafile: str | None = None
+    ssl_cafile: str | None = Field(default=None, description="The CA certificates (PEM) the brokers' certificates "
+                                   "are verified with (a Strimzi cluster CA's ca.crt); default: the system's.")
+    ssl_certfile: str | None = Field(
+        default=None, description="The client certificate (PEM) presented to the brokers: mutual TLS, with "
+        "security_protocol SSL (or SASL_SSL). A Strimzi type: tls KafkaUser's Secret holds it as user.crt.")
+    ssl_keyfile: str | None = Field(default=None, description="The client certificate's private key (PEM; "
+                                    "user.key of a Strimzi KafkaUser's Secret); needed with ssl_certfile.")
+    ssl_key_password: SecretStr | None = Field(default=None, description="The password of ssl_keyfile, "
+                                               "if it is encrypted.")
+    oauth: KafkaOAuthSettings = KafkaOAuthSettings()
     # False where the topics are managed elsewhere (Strimzi KafkaTopics, deploy/components/strimzi):
     # processes then only check that they exist, and need no permission to create them.
     create_topics: bool = True
+
+    @property
+    def tls(self) -> bool:
+        return self.security_protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def sasl(self) -> bool:
+        """Whether the clients authenticate with SASL (the ``sasl_*`` and ``oauth`` settings
+        are read only then)."""
+        return self.security_protocol.startswith("SASL_")
+
+    @model_validator(mode="after")
+    def _credentials_fit(self) -> KafkaSettings:
+        """The credentials fit the protocol: a mistake here is said at start, not as a
+        broker that closes the connection."""
+        if (self.ssl_certfile or self.ssl_keyfile) and not self.tls:
+            raise ValueError(f"a client certificate (ssl_certfile, ssl_keyfile) needs security_protocol SSL or "
+                             f"SASL_SSL, not {self.security_protocol}")
+        if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
+            given, other = ("ssl_certfile", "ssl_keyfile") if self.ssl_certfile else ("ssl_keyfile", "ssl_certfile")
+            raise ValueError(f"{given} is set but {other} is not: a client certificate needs both")
+        oauth = self.oauth
+        if not self.sasl:
+            return self
+        if self.sasl_mechanism == "OAUTHBEARER":
+            if oauth.token_file and oauth.token_endpoint_uri:
+                raise ValueError("oauth.token_file and oauth.token_endpoint_uri are both set: give one")
+            missing = [] if oauth.token_file else [
+                f"oauth.{name}" for name in ("token_endpoint_uri", "client_id", "client_secret") if not getattr(oauth, name)]
+            if missing:
+                raise ValueError(f"sasl_mechanism OAUTHBEARER needs oauth.token_file, or oauth.token_endpoint_uri, "
+                                 f"oauth.client_id and oauth.client_secret: {', '.join(missing)} not set")
+        elif oauth.configured:
+            raise ValueError(f"oauth is set but sasl_mechanism is {self.sasl_mechanism}, not OAUTHBEARER")
+        return self
 
     def topic(self, topic: Topic | str) -> str:
         """The full name of a topic of handlers/topics.py, or of a logical name
