@@ -3,20 +3,23 @@
 
 from __future__ import annotations
 
-import ssl
 from typing import Any
 
 import faust
 
+from streams.common.kafka_clients import aiokafka_token_provider, oauth, ssl_context
 from streams.common.settings import KafkaSettings
 
 
 def faust_credentials(kafka: KafkaSettings) -> Any:
-    """Faust's ``broker_credentials`` for the configured security protocol, or None."""
-    context = None
-    if kafka.security_protocol in ("SSL", "SASL_SSL"):
-        context = ssl.create_default_context(cafile=kafka.ssl_cafile)
-    if kafka.sasl_mechanism:
+    """Faust's ``broker_credentials`` for the configured security protocol, or None: SCRAM or
+    PLAIN's user and password, OAUTHBEARER's token provider, a TLS context (with the client
+    certificate for mutual TLS)."""
+    context = ssl_context(kafka)
+    source = oauth(kafka)
+    if source is not None:
+        return faust.OAuthCredentials(oauth_cb=aiokafka_token_provider(source), ssl_context=context)
+    if kafka.sasl and kafka.sasl_mechanism:
         return faust.SASLCredentials(
             username=kafka.sasl_username,
             password=kafka.sasl_password.get_secret_value() if kafka.sasl_password else None,
