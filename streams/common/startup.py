@@ -3,10 +3,12 @@
 - the configuration file: missing, not YAML, an unknown key, a value of the wrong type
   (:func:`load_config`, :func:`load_kafka_config`);
 - the files it names, read now: keys, tokens, the JWKS, CA files, and a key to seal with
-  where the process seals (:func:`check_secrets`);
+  where the process seals (:func:`check_secrets`); the Kafka credentials' files, a client
+  certificate and its key loaded as a pair, by both loaders;
 - ``--bootstrap-servers``, which wins over ``kafka.bootstrap_servers`` and its variable;
 - the broker: one metadata round trip bounded by :data:`KAFKA_PROBE_SECONDS`, so a broker
-  that is not there is reported in seconds, not after the clients' own 30 s
+  that is not there is reported in seconds, not after the clients' own 30 s, and before
+  it an OAUTHBEARER token, so that a token endpoint's refusal is said as such
   (:func:`reach_kafka`);
 - the ports a process listens on (:func:`check_port`, :func:`cannot_listen`).
 """
@@ -18,6 +20,7 @@ import errno
 import logging
 import signal
 import socket
+import ssl
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -55,6 +58,10 @@ def _problem(error: ValidationError) -> str:
         text = f"unknown key {where!r}"
     elif first["type"] == "missing":
         text = f"missing key {where!r}"
+    elif first["type"] == "value_error" and isinstance(first.get("input"), dict):
+        # A section's own check across its keys (kafka's credentials): its text says it all,
+        # and the section's values (secrets among them) are not repeated.
+        text = f"{where}: {first['msg'].removeprefix('Value error, ')}"
     else:
         given = repr(first.get("input"))
         given = given if len(given) <= 60 else given[:57] + "..."
@@ -89,8 +96,25 @@ def _with_servers(kafka: KafkaSettings, args: argparse.Namespace) -> KafkaSettin
 
 
 def _check_kafka_files(kafka: KafkaSettings) -> None:
-    """The CA file the Kafka clients verify the brokers with, where TLS is on."""
-    _check_readable("kafka.ssl_cafile", kafka.ssl_cafile if kafka.security_protocol.endswith("SSL") else None)
+    """The files the Kafka clients read, read now: the CA files, the client certificate and its
+    key (which must load as a pair), the token file. A :class:`ConfigError` names the setting,
+    where the clients would otherwise say only that no broker answers."""
+    _check_readable("kafka.ssl_cafile", kafka.ssl_cafile if kafka.tls else None)
+    _check_readable("kafka.ssl_certfile", kafka.ssl_certfile)
+    _check_readable("kafka.ssl_keyfile", kafka.ssl_keyfile)
+    if kafka.sasl and kafka.sasl_mechanism == "OAUTHBEARER":
+        _check_readable("kafka.oauth.token_file", kafka.oauth.token_file)
+        _check_readable("kafka.oauth.ssl_cafile", kafka.oauth.ssl_cafile if kafka.oauth.token_endpoint_uri else None)
+    if kafka.ssl_certfile and kafka.ssl_keyfile:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(
+                kafka.ssl_certfile, kafka.ssl_keyfile,
+                kafka.ssl_key_password.get_secret_value() if kafka.ssl_key_password else None)
+        except (ssl.SSLError, OSError) as error:
+            raise ConfigError(f"kafka.ssl_certfile: {kafka.ssl_certfile} and kafka.ssl_keyfile {kafka.ssl_keyfile} "
+                              f"are not a certificate and its key ({getattr(error, 'reason', None) or error})",
+                              "give the PEM files of one client certificate (user.crt and user.key of a "
+                              "Strimzi KafkaUser's Secret), and kafka.ssl_key_password if the key is encrypted") from error
 
 
 def _check_readable(setting: str, path: str | None) -> None:
@@ -220,6 +244,15 @@ def reach_kafka(kafka: KafkaSettings, timeout: float = KAFKA_PROBE_SECONDS) -> N
 
     from streams.common.kafka_clients import client_options
 
+    if kafka.sasl and kafka.sasl_mechanism == "OAUTHBEARER":
+        from streams.common.oauth import TokenError, token_source
+
+        try:  # the token first: a refusal of the token endpoint is said as such
+            token_source(kafka.oauth).token()
+        except TokenError as error:
+            raise KafkaUnreachable(f"no OAUTHBEARER token: {error}",
+                                   "check kafka.oauth: the token endpoint, the client id and secret, "
+                                   "or the token file") from error
     bound = max(1, int(timeout * 1000))
     options: dict[str, Any] = {"request_timeout_ms": bound}
     if "bootstrap_timeout_ms" in KafkaAdminClient.DEFAULT_CONFIG:
