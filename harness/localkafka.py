@@ -21,6 +21,7 @@ import atexit
 import base64
 import contextlib
 import fcntl
+import ipaddress
 import json
 import logging
 import os
@@ -30,12 +31,16 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
+import urllib.request
 import uuid
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 from harness import processes
 from harness.locations import cache_dir
@@ -49,15 +54,19 @@ with warnings.catch_warnings():
     )
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
+    from kafka.net.sasl.oauth import AbstractTokenProvider as KafkaPythonTokenProvider
 
 __all__ = [
     "KAFKA_VERSION",
     "SINGLE_NODE_SETTINGS",
     "BrokerRunning",
     "BrokerState",
+    "ClientCertificate",
     "KafkaStartError",
     "LocalKafka",
+    "OAuthBearer",
     "Sasl",
+    "Tls",
     "down",
     "free_ports",
     "main",
@@ -251,9 +260,11 @@ def _terminate(pid: int, data_dir: Path, timeout: float = STOP_TIMEOUT) -> None:
 # -- readiness -------------------------------------------------------------------------
 
 
-def probe(bootstrap_servers: str, *, timeout: float = 2.0, sasl: tuple[str, str] | None = None) -> bool:
+def probe(bootstrap_servers: str, *, timeout: float = 2.0, sasl: tuple[str, str] | None = None,
+          options: Mapping[str, Any] | None = None) -> bool:
     """Whether a broker at ``bootstrap_servers`` answers a metadata request with itself
-    (``sasl``: the user and password to ask as, over SCRAM-SHA-512)."""
+    (``sasl``: the user and password to ask as, over SCRAM-SHA-512; ``options``: other
+    kafka-python security options, a client certificate or a token provider)."""
     host, _, port = bootstrap_servers.split(",")[0].rpartition(":")
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()
@@ -267,6 +278,7 @@ def probe(bootstrap_servers: str, *, timeout: float = 2.0, sasl: tuple[str, str]
             bootstrap_timeout_ms=timeout_ms,
             request_timeout_ms=timeout_ms,
             **(sasl_options(*sasl) if sasl else {}),
+            **(options or {}),
         )
     except (KafkaError, OSError):
         return False
@@ -368,7 +380,187 @@ def sasl_options(user: str, password: str) -> dict[str, str]:
             "sasl_plain_username": user, "sasl_plain_password": password}
 
 
-def _server_properties(*, port: int, controller_port: int, log_dirs: Path, sasl: Sasl | None = None) -> str:
+@dataclass(frozen=True)
+class ClientCertificate:
+    """What a Strimzi ``type: tls`` KafkaUser's Secret holds, as files: the user's certificate
+    and key, and the CA that signed the brokers' certificates."""
+
+    cafile: Path
+    certfile: Path
+    keyfile: Path
+
+    def options(self) -> dict[str, Any]:
+        """kafka-python's options for this client over SSL."""
+        return {"security_protocol": "SSL", "ssl_cafile": str(self.cafile), "ssl_certfile": str(self.certfile),
+                "ssl_keyfile": str(self.keyfile)}
+
+
+class Tls:
+    """The client listener speaks TLS with a certificate of a throwaway CA (harness/localkube.py's
+    ``CertificateAuthority``), the keystore and truststore as PEM files (Kafka's
+    ``ssl.keystore.type=PEM``). Alone, it is mutual TLS: the listener is ``SSL`` with
+    ``ssl.client.auth=required``, so only a client with a certificate of that CA connects, as
+    the principal ``User:CN=<name>`` (Strimzi's ``type: tls`` listener authentication). With
+    :class:`OAuthBearer` it is ``SASL_SSL``: TLS for privacy, the token for the principal.
+
+    ``Tls.create(directory)`` writes the CA (``ca.crt``) and the broker's key and certificate
+    (both server and client use: the broker connects to its own listener for inter-broker
+    requests); ``client(name)`` signs a client certificate as the User Operator would.
+    """
+
+    def __init__(self, directory: Path, authority: Any) -> None:
+        self.directory = directory
+        self.authority = authority
+        self.cafile = directory / "ca.crt"
+        self.keystore = directory / "broker.pem"
+
+    @classmethod
+    def create(cls, directory: Path) -> Tls:
+        from harness.localkube import CertificateAuthority
+
+        directory.mkdir(parents=True, exist_ok=True)
+        tls = cls(directory, CertificateAuthority.create(directory / "ca"))
+        (directory / "ca.crt").write_bytes((directory / "ca" / "ca.crt").read_bytes())
+        tls._write_broker_keystore()
+        return tls
+
+    def _write_broker_keystore(self) -> None:
+        """The broker's private key (PKCS#8) and certificate chain in one PEM file."""
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.now(UTC)
+        ca_cert, ca_key = self.authority.cert, self.authority.key
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kafka-broker")]))
+            .issuer_name(ca_cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - timedelta(minutes=5))
+            .not_valid_after(now + timedelta(days=30))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                           critical=False)
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                                                        x509.DNSName("localhost")]), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+            .sign(ca_key, hashes.SHA256())
+        )
+        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+        pem += cert.public_bytes(serialization.Encoding.PEM) + ca_cert.public_bytes(serialization.Encoding.PEM)
+        self.keystore.write_bytes(pem)
+        self.keystore.chmod(0o600)
+
+    def client(self, name: str) -> ClientCertificate:
+        """A client certificate for principal ``CN=name``, in ``<directory>/users/<name>/``
+        as ``user.crt``, ``user.key`` and ``ca.crt`` (a Strimzi KafkaUser's Secret)."""
+        folder = self.directory / "users" / name
+        certfile, keyfile = self.authority.issue(folder, "user", name)
+        cafile = folder / "ca.crt"
+        cafile.write_bytes(self.cafile.read_bytes())
+        return ClientCertificate(cafile=cafile, certfile=certfile, keyfile=keyfile)
+
+    def properties(self, listener: str, *, client_auth: bool) -> dict[str, str]:
+        prefix = f"listener.name.{listener.lower()}."
+        return {
+            f"{prefix}ssl.keystore.type": "PEM",
+            f"{prefix}ssl.keystore.location": str(self.keystore),
+            f"{prefix}ssl.truststore.type": "PEM",
+            f"{prefix}ssl.truststore.location": str(self.cafile),
+            f"{prefix}ssl.client.auth": "required" if client_auth else "none",
+        }
+
+
+OAUTH_LOGIN_MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
+OAUTH_VALIDATOR = "org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler"
+OAUTH_LOGIN = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginCallbackHandler"
+# Kafka 4 reads OAuth URLs only from this list (CVE-2025-27817): a JVM system property.
+OAUTH_ALLOWED_URLS = "org.apache.kafka.sasl.oauthbearer.allowed.urls"
+
+
+@dataclass(frozen=True)
+class OAuthBearer:
+    """Clients must authenticate with SASL OAUTHBEARER: a JWT that Kafka's own
+    ``OAuthBearerValidatorCallbackHandler`` verifies against the keys at ``jwks_url``, with
+    ``issuer`` and ``audience``; its subject is the principal (Strimzi's ``type: oauth``
+    listener authentication does the same with its own validator). The broker gets its own
+    token from ``token_url`` with the client credentials grant as ``client_id``
+    (``OAuthBearerLoginCallbackHandler``). harness/localoauth.py's ``TokenEndpoint`` serves both.
+    """
+
+    token_url: str
+    jwks_url: str
+    issuer: str
+    audience: str
+    client_id: str
+    client_secret: str
+
+    def properties(self, listener: str) -> dict[str, str]:
+        prefix = f"listener.name.{listener.lower()}.oauthbearer."
+        return {
+            "sasl.enabled.mechanisms": "OAUTHBEARER",
+            "sasl.mechanism.inter.broker.protocol": "OAUTHBEARER",
+            f"{prefix}sasl.jaas.config": f'{OAUTH_LOGIN_MODULE} required clientId="{self.client_id}" '
+                                         f'clientSecret="{self.client_secret}";',
+            f"{prefix}sasl.server.callback.handler.class": OAUTH_VALIDATOR,
+            f"{prefix}sasl.login.callback.handler.class": OAUTH_LOGIN,
+            "sasl.oauthbearer.token.endpoint.url": self.token_url,
+            "sasl.oauthbearer.jwks.endpoint.url": self.jwks_url,
+            "sasl.oauthbearer.expected.issuer": self.issuer,
+            "sasl.oauthbearer.expected.audience": self.audience,
+        }
+
+    def jvm_flags(self) -> list[str]:
+        return [f"-D{OAUTH_ALLOWED_URLS}={self.token_url},{self.jwks_url}"]
+
+    def token(self, timeout: float = 10.0) -> str:
+        """A token for ``client_id``, by the client credentials grant (the readiness probe's)."""
+        form = urllib.parse.urlencode({"grant_type": "client_credentials", "client_id": self.client_id,
+                                       "client_secret": self.client_secret}).encode()
+        with urllib.request.urlopen(urllib.request.Request(self.token_url, data=form), timeout=timeout) as answer:
+            token: str = json.loads(answer.read())["access_token"]
+        return token
+
+
+class _Token(KafkaPythonTokenProvider):  # type: ignore[misc]
+    """kafka-python's token provider for one token fetched by :meth:`OAuthBearer.token`."""
+
+    def __init__(self, oauth: OAuthBearer) -> None:
+        super().__init__()
+        self.oauth = oauth
+
+    def token(self) -> str:
+        return self.oauth.token()
+
+
+def oauth_options(oauth: OAuthBearer, *, tls: Tls | None = None) -> dict[str, Any]:
+    """kafka-python's options for the broker's own OAuth client (the probe's, an admin's)."""
+    options: dict[str, Any] = {"security_protocol": "SASL_SSL" if tls else "SASL_PLAINTEXT",
+                               "sasl_mechanism": "OAUTHBEARER", "sasl_oauth_token_provider": _Token(oauth)}
+    if tls is not None:
+        options["ssl_cafile"] = str(tls.cafile)
+    return options
+
+
+def _server_properties(*, port: int, controller_port: int, log_dirs: Path, sasl: Sasl | None = None,
+                       tls: Tls | None = None, oauth: OAuthBearer | None = None) -> str:
+    if tls is not None or oauth is not None:
+        # The client listener is the only one a client reaches; the controller's listener
+        # (KRaft's own requests, never a produce or fetch) stays PLAINTEXT on loopback.
+        listener = ("SASL_SSL" if tls else "SASL_PLAINTEXT") if oauth else "SSL"
+        secured = {
+            "listeners": f"{listener}://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+            "advertised.listeners": f"{listener}://127.0.0.1:{port}",
+            "inter.broker.listener.name": listener,
+            "listener.security.protocol.map": f"CONTROLLER:PLAINTEXT,{listener}:{listener}",
+            **(tls.properties(listener, client_auth=oauth is None) if tls else {}),
+            **(oauth.properties(listener) if oauth else {}),
+        }
     if sasl is not None:
         secured = {
             "listeners": f"SASL_PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
@@ -389,7 +581,7 @@ def _server_properties(*, port: int, controller_port: int, log_dirs: Path, sasl:
         "log.dirs": str(log_dirs),
         **SINGLE_NODE_SETTINGS,
     }
-    if sasl is not None:
+    if sasl is not None or tls is not None or oauth is not None:
         settings.update(secured)
     lines = ["# Generated by harness/localkafka.py: one KRaft node on loopback."]
     lines += [f"{key}={value}" for key, value in settings.items()]
@@ -437,9 +629,15 @@ class LocalKafka(processes.Supervisor):
         start_timeout: float = START_TIMEOUT,
         keep_data: bool = False,
         sasl: Sasl | None = None,
+        tls: Tls | None = None,
+        oauth: OAuthBearer | None = None,
     ) -> None:
+        if sasl is not None and (tls is not None or oauth is not None):
+            raise ValueError("Sasl (SCRAM) is a broker of its own: not with tls or oauth")
         self.version = version
         self.sasl = sasl
+        self.tls = tls
+        self.oauth = oauth
         self._keep_data = keep_data
         self._data_dir = data_dir
         self._owns_data_dir = data_dir is None
@@ -449,6 +647,7 @@ class LocalKafka(processes.Supervisor):
         self._pid: int | None = None
         self._port: int | None = None
         self._controller_port: int | None = None
+        self._admin_certificate: ClientCertificate | None = None
 
     @property
     def bootstrap_servers(self) -> str:
@@ -469,6 +668,19 @@ class LocalKafka(processes.Supervisor):
     @property
     def server_log(self) -> Path:
         return self.data_dir / "logs" / "server.log"
+
+    def admin_options(self) -> dict[str, Any]:
+        """kafka-python's security options of a client that may do anything here: the SCRAM
+        admin, a client certificate ``CN=admin``, or the broker's own OAuth client."""
+        if self.sasl is not None:
+            return sasl_options(self.sasl.admin, self.sasl.admin_password)
+        if self.oauth is not None:
+            return oauth_options(self.oauth, tls=self.tls)
+        if self.tls is not None:
+            if self._admin_certificate is None:
+                self._admin_certificate = self.tls.client("admin")
+            return self._admin_certificate.options()
+        return {}
 
     def state(self) -> BrokerState:
         if self._pid is None or self._port is None or self._controller_port is None:
@@ -546,7 +758,8 @@ class LocalKafka(processes.Supervisor):
         properties = data_dir / "server.properties"
         properties.write_text(
             _server_properties(
-                port=self._port, controller_port=self._controller_port, log_dirs=kraft, sasl=self.sasl
+                port=self._port, controller_port=self._controller_port, log_dirs=kraft, sasl=self.sasl,
+                tls=self.tls, oauth=self.oauth,
             )
         )
         log4j = data_dir / "log4j2.xml"
@@ -582,16 +795,18 @@ class LocalKafka(processes.Supervisor):
         log.info("Kafka %s: starting broker on %s", self.version, self.bootstrap_servers)
         started = time.monotonic()
         pid = self._pid = processes.spawn(
-            [_java(), *HEAP_FLAGS, *GC_FLAGS, *common, BROKER_MAIN, str(properties)],
+            [_java(), *HEAP_FLAGS, *GC_FLAGS, *(self.oauth.jvm_flags() if self.oauth else ()), *common,
+             BROKER_MAIN, str(properties)],
             console,
             detach=self._detach,
         )
         bootstrap_servers = self.bootstrap_servers
         credentials = (self.sasl.admin, self.sasl.admin_password) if self.sasl else None
+        options = self.admin_options() if self.tls or self.oauth else None
         try:
             processes.wait_ready(
                 "Kafka broker",
-                lambda: probe(bootstrap_servers, timeout=1.0, sasl=credentials),
+                lambda: probe(bootstrap_servers, timeout=1.0, sasl=credentials, options=options),
                 self._start_timeout,
                 watch={pid: "Kafka broker"},
             )
