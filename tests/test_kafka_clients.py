@@ -37,3 +37,32 @@ def test_librdkafka_takes_every_security_setting(protocol: str, tmp_path: Path) 
     kafka_python = client_options(settings)  # the same settings, kafka-python's names
     assert kafka_python.get("sasl_plain_password") == expected.get("sasl.password")
     assert kafka_python.get("ssl_cafile") == options.get("ssl.ca.location")
+
+
+@pytest.mark.parametrize("protocol", ["SSL", "SASL_SSL"])
+def test_every_library_presents_the_client_certificate(protocol: str, tmp_path: Path) -> None:
+    """Mutual TLS: a Strimzi ``type: tls`` KafkaUser's user.crt and user.key, under each
+    library's names (librdkafka loads both when the client is made: a pair that does not
+    match fails here)."""
+    import faust
+
+    from streams.common.kafka_clients import aiokafka_options
+    from streams.worker.broker_credentials import faust_credentials
+
+    authority = CertificateAuthority.create(tmp_path)
+    certfile, keyfile = authority.issue(tmp_path, "user", "vmstream-apply")
+    sasl = protocol == "SASL_SSL"
+    settings = KafkaSettings(bootstrap_servers="broker-0:9093", security_protocol=protocol,
+                             ssl_cafile=str(tmp_path / "ca.crt"), ssl_certfile=str(certfile), ssl_keyfile=str(keyfile),
+                             sasl_mechanism="SCRAM-SHA-512" if sasl else None, sasl_username="vmstream-apply",
+                             sasl_password=SecretStr("s3cret"))
+    options = librdkafka_options(settings)
+    Producer(options)
+    assert (options["ssl.certificate.location"], options["ssl.key.location"]) == (str(certfile), str(keyfile))
+    assert ("sasl.username" in options) is sasl  # read only where SASL is the protocol
+    kafka_python = client_options(settings)
+    assert (kafka_python["ssl_certfile"], kafka_python["ssl_keyfile"], kafka_python["ssl_cafile"]) == (
+        str(certfile), str(keyfile), str(tmp_path / "ca.crt"))
+    assert aiokafka_options(settings)["ssl_context"] is not None  # the pair loaded into it
+    credentials = faust_credentials(settings)
+    assert isinstance(credentials, faust.SASLCredentials if sasl else faust.SSLCredentials)
