@@ -261,10 +261,14 @@ def reach_kafka(kafka: KafkaSettings, timeout: float = KAFKA_PROBE_SECONDS) -> N
         with quiet("kafka"):
             client = KafkaAdminClient(client_id="vmstream-probe", **client_options(kafka), **options)
     except (KafkaError, OSError) as error:
+        hint = ("start one (python -m harness kafka up), or give its address with --bootstrap-servers "
+                "or kafka.bootstrap_servers")
+        if kafka.security_protocol != "PLAINTEXT":  # a TLS or SASL refusal looks the same to the client
+            hint += (f", or check the credentials for {kafka.security_protocol} (kafka.ssl_*, kafka.sasl_*, "
+                     "kafka.oauth): a broker that refuses them does not answer either")
         raise KafkaUnreachable(
             f"no Kafka broker answers at {kafka.bootstrap_servers} within {timeout:g}s ({type(error).__name__})",
-            "start one (python -m harness kafka up), or give its address with --bootstrap-servers "
-            "or kafka.bootstrap_servers",
+            hint,
         ) from error
     client.close()
 
