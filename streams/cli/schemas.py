@@ -567,11 +567,15 @@ SERVERS: JsonObject = {
     "production": {
         "host": "kafka-bootstrap.kafka.svc:9093",
         "protocol": "kafka-secure",
-        "description": "The platform's Kafka (Strimzi): SASL_SSL with SCRAM-SHA-512, one principal per "
-                       "process and per upstream service, each allowed exactly its topics (docs/security.md). "
-                       "Settings: kafka.security_protocol, kafka.sasl_mechanism, kafka.sasl_username, "
-                       "kafka.sasl_password, kafka.ssl_cafile.",
-        "security": [{"$ref": "#/components/securitySchemes/scramSha512"}],
+        "description": "The platform's Kafka (Strimzi): TLS, one principal per process and per upstream "
+                       "service, each allowed exactly its topics (docs/security.md). The principal authenticates "
+                       "with SASL/SCRAM-SHA-512 (settings: kafka.security_protocol SASL_SSL, kafka.sasl_mechanism, "
+                       "kafka.sasl_username, kafka.sasl_password), a client certificate (kafka.security_protocol "
+                       "SSL, kafka.ssl_certfile, kafka.ssl_keyfile) or an OAuth 2 token (kafka.sasl_mechanism "
+                       "OAUTHBEARER, kafka.oauth); kafka.ssl_cafile verifies the brokers.",
+        "security": [{"$ref": "#/components/securitySchemes/scramSha512"},
+                     {"$ref": "#/components/securitySchemes/mutualTls"},
+                     {"$ref": "#/components/securitySchemes/oauthBearer"}],
     },
     "local": {
         "host": "127.0.0.1:9092",
@@ -583,6 +587,12 @@ SECURITY_SCHEMES: JsonObject = {
     "scramSha512": {"type": "scramSha512", "description": "SASL/SCRAM-SHA-512 over TLS: the user and "
                     "password of the principal (a Strimzi KafkaUser's Secret)."},
     "scramSha256": {"type": "scramSha256", "description": "SASL/SCRAM-SHA-256, where the platform uses it."},
+    "mutualTls": {"type": "X509", "description": "Mutual TLS: the principal's client certificate, CN=<principal> "
+                  "(a Strimzi type: tls KafkaUser's Secret: user.crt, user.key, ca.crt)."},
+    "oauthBearer": {"type": "oauth2", "description": "SASL/OAUTHBEARER: an access token of the platform's "
+                    "authorization server, whose subject is the principal (a Strimzi type: oauth listener).",
+                    "flows": {"clientCredentials": {"tokenUrl": "https://sso.example.com/realms/kafka/protocol/"
+                                                                "openid-connect/token", "availableScopes": {}}}},
 }
 
 

@@ -63,8 +63,10 @@ class KafkaSettings(BaseModel):
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = Field(
         default=None, description="PLAIN and SCRAM-*: sasl_username and sasl_password; OAUTHBEARER: a token as "
         "the oauth section says.")
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
+    sasl_username: str | None = Field(default=None, description="PLAIN and SCRAM-*: the principal's name (a "
+                                      "Strimzi type: scram-sha-512 KafkaUser's name).")
+    sasl_password: SecretStr | None = Field(default=None, description="PLAIN and SCRAM-*: its password (the "
+                                            "KafkaUser's Secret, key password; VMSTREAM_KAFKA__SASL_PASSWORD).")
     ssl_cafile: str | None = Field(default=None, description="The CA certificates (PEM) the brokers' certificates "
                                    "are verified with (a Strimzi cluster CA's ca.crt); default: the system's.")
     ssl_certfile: str | None = Field(
