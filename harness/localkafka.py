@@ -12,6 +12,12 @@ test fixture; a fresh cluster each start), while ``up`` / ``down`` / ``status`` 
 broker running in the background across commands, recorded in a state file (``main`` is
 the CLI for those). That one keeps its topics and records across ``down`` / ``up`` (and on
 the same ports when they are free) unless ``up --reset`` starts it empty.
+
+A ``LocalKafka`` may require its clients to authenticate: ``sasl=Sasl(...)`` with SCRAM and
+the StandardAuthorizer, ``tls=Tls.create(dir)`` with a client certificate (mutual TLS),
+``oauth=OAuthBearer(...)`` with an OAuth 2 token (harness/localoauth.py), ``tls`` and ``oauth``
+together over SASL_SSL; ``admin_options()`` are kafka-python's options of a client that may
+do anything there.
 """
 
 from __future__ import annotations
