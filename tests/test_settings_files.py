@@ -20,7 +20,7 @@ def named_files(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> set[tup
         kind: Any = field.annotation
         if isinstance(kind, type) and issubclass(kind, BaseModel):
             found |= named_files(kind, (*prefix, name))
-        elif name.endswith(("_file", "cafile")):
+        elif name.endswith(("_file", "cafile", "certfile", "keyfile")):
             found.add((*prefix, name))
     return found
 

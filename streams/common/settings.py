@@ -394,6 +394,10 @@ class ClientSettings(EnvironmentFirst):
 # from (examples/config.yaml, a ConfigMap); in a VMSTREAM_* variable, to the current directory.
 FILE_SETTINGS: tuple[tuple[str, ...], ...] = (
     ("kafka", "ssl_cafile"),
+    ("kafka", "ssl_certfile"),
+    ("kafka", "ssl_keyfile"),
+    ("kafka", "oauth", "token_file"),
+    ("kafka", "oauth", "ssl_cafile"),
     ("worker", "web_token_file"),
     ("api", "operator_token_file"),
     ("api", "project_tokens_file"),
