@@ -402,7 +402,7 @@ class ClientCertificate:
 
 
 class Tls:
-    """The client listener speaks TLS with a certificate of a throwaway CA (harness/localkube.py's
+    """The client listener speaks TLS with a certificate of a throwaway CA (harness/pki.py's
     ``CertificateAuthority``), the keystore and truststore as PEM files (Kafka's
     ``ssl.keystore.type=PEM``). Alone, it is mutual TLS: the listener is ``SSL`` with
     ``ssl.client.auth=required``, so only a client with a certificate of that CA connects, as
@@ -422,7 +422,7 @@ class Tls:
 
     @classmethod
     def create(cls, directory: Path) -> Tls:
-        from harness.localkube import CertificateAuthority
+        from harness.pki import CertificateAuthority
 
         directory.mkdir(parents=True, exist_ok=True)
         tls = cls(directory, CertificateAuthority.create(directory / "ca"))

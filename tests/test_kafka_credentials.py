@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.localkube import CertificateAuthority
+from harness.pki import CertificateAuthority
 from streams.common.errors import EXIT_USAGE, ConfigError
 from streams.common.startup import load_config, load_kafka_config
 

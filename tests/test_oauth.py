@@ -18,7 +18,7 @@ from aiokafka.abc import AbstractTokenProvider as AiokafkaTokenProvider
 from confluent_kafka import Producer
 from kafka.net.sasl.oauth import AbstractTokenProvider as KafkaPythonTokenProvider
 
-from harness.localkube import CertificateAuthority
+from harness.pki import CertificateAuthority
 from harness.localoauth import TokenEndpoint
 from harness.processes import free_ports
 from streams.common.kafka_clients import aiokafka_options, client_options, librdkafka_options

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -382,7 +381,6 @@ def test_the_worker_does_its_job_as_its_principal(secured: Secured, tmp_path: Pa
         "VMSTREAM_WORKER__APP_ID": app_id,
         "VMSTREAM_WORKER__WEB_PORT": str(web_port),
         "VMSTREAM_AUTH__MODE": "none",  # intents at their word: this test is about Kafka
-        "VMSTREAM_SIGNING__KEYS": json.dumps({"k1": secrets.token_urlsafe(32)}),
     }
     log_path = tmp_path / "worker.log"
     with open(log_path, "wb") as log:
