@@ -196,7 +196,8 @@ def test_the_asyncapi_examples_are_what_the_headers_and_payloads_promise() -> No
     assert list(Draft202012Validator(messages["Command"]["headers"]).iter_errors(broken))
     audit = document["channels"]["audit"]["bindings"]["kafka"]
     assert audit["topicConfiguration"]["retention.ms"] == -1 and audit["partitions"] >= 1
-    assert document["servers"]["production"]["security"] == [{"$ref": "#/components/securitySchemes/scramSha512"}]
+    assert document["servers"]["production"]["security"] == [
+        {"$ref": f"#/components/securitySchemes/{scheme}"} for scheme in ("scramSha512", "mutualTls", "oauthBearer")]
 
 
 def _model(name: str, payload: dict[str, object]) -> object:
