@@ -6,11 +6,12 @@ import json
 import urllib.error
 import urllib.request
 
-from prometheus_client import Counter
+from prometheus_client import CollectorRegistry, Counter
 
 from streams.common.probes import ProbeServer
 
-PROBED = Counter("vmstream_test_probed_total", "A counter only the probe test increments")
+REGISTRY = CollectorRegistry()
+PROBED = Counter("vmstream_test_probed_total", "A counter only the probe test increments", registry=REGISTRY)
 
 
 def _get(url: str) -> tuple[int, str, bytes]:
@@ -25,7 +26,7 @@ def test_health_ready_and_metrics_on_loopback() -> None:
     state = {"ready": False}
     refreshed = []
     with ProbeServer(ready=lambda: state["ready"], details=lambda: {"ledger": 3},
-                     before_metrics=lambda: refreshed.append(1)) as probes:
+                     before_metrics=lambda: refreshed.append(1), process=REGISTRY) as probes:
         assert probes.host == "127.0.0.1" and probes.port > 0
         assert _get(probes.url + "/health")[0] == 200
         status, _, body = _get(probes.url + "/ready")
@@ -45,6 +46,6 @@ def test_a_failing_readiness_check_is_not_ready() -> None:
     def broken() -> bool:
         raise RuntimeError("ledger unreadable")
 
-    with ProbeServer(ready=broken) as probes:
+    with ProbeServer(ready=broken, process="apply") as probes:
         status, _, body = _get(probes.url + "/ready")
         assert status == 503 and "ledger unreadable" in json.loads(body)["error"]

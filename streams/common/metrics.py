@@ -1,55 +1,187 @@
-"""Prometheus metrics of the worker and the applier: what came in, what went out, how fast,
-how far behind.
+"""Prometheus metrics of every vmstream process: what came in, what went out, how fast, how
+far behind, and what the worker's tables hold.
 
-Served at ``/metrics`` by the worker's web server, and by :mod:`streams.common.probes` in the
-applier and the watch bridge. Names follow Prometheus conventions (``_total`` counters,
-``_seconds`` histograms).
+Each process has a registry of its own (:func:`registry`), and its ``/metrics`` shows only
+that: the families it writes, plus those every process has (``vmstream_build_info``, the
+process's CPU, memory and file descriptors, Python's garbage collector). A family is declared
+once, with the processes that export it (:func:`family`); nothing goes into prometheus_client's
+default registry, which would carry every family imported into every process. Served by the
+worker's web server, by ``vmstream api``'s, and by :mod:`streams.common.probes` in the applier,
+the watch bridge and ``vmstream notify``. Names follow Prometheus conventions (``_total``
+counters, ``_seconds`` histograms); docs/operators.md lists them.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
+import platform
+from collections.abc import Callable, Iterator, Sequence
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Literal, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE_LATEST  # re-exported: the full exposition type
-from prometheus_client import Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from handlers.figures import NO_GPU, Figures
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST.split(";")[0]
 
+Process = Literal["worker", "apply", "watch", "notify", "api"]
+PROCESSES: tuple[Process, ...] = ("worker", "apply", "watch", "notify", "api")
+C = TypeVar("C", bound=Collector)
+
+_REGISTRIES: dict[str, CollectorRegistry] = {process: CollectorRegistry() for process in PROCESSES}
+
+
+def registry(process: Process) -> CollectorRegistry:
+    """The registry whose families ``process``'s ``/metrics`` shows."""
+    return _REGISTRIES[process]
+
+
+def family(collector: C, *processes: Process) -> C:
+    """Register ``collector`` (made with ``registry=None``) with the registries of ``processes``."""
+    for process in processes:
+        _REGISTRIES[process].register(collector)
+    return collector
+
+
+def _version() -> str:
+    try:
+        return version("vmstream")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
+
+BUILD_INFO = family(Gauge("vmstream_build_info", "Always 1: the vmstream version and the Python running it",
+                          ["version", "python"], registry=None), *PROCESSES)
+BUILD_INFO.labels(_version(), platform.python_version()).set(1)
+for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):  # process_*, python_*
+    family(_collector, *PROCESSES)
+
 PAUSE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
-INPUTS = Counter("vmstream_inputs_total", "Inputs decided, by topic and audit outcome", ["topic", "outcome"])
-OUTPUTS = Counter("vmstream_outputs_total", "Messages sent, by logical topic", ["topic"])
-DECISION_SECONDS = Histogram(
+# The worker's.
+INPUTS = family(Counter("vmstream_inputs_total", "Inputs decided, by topic and audit outcome", ["topic", "outcome"],
+                        registry=None), "worker")
+OUTPUTS = family(Counter("vmstream_outputs_total", "Messages sent, by logical topic", ["topic"], registry=None),
+                 "worker")
+DECISION_SECONDS = family(Histogram(
     "vmstream_decision_seconds",
     "Time to decide one input and hand its outputs to the producer",
     ["kind"],
     buckets=PAUSE_BUCKETS,
-)
-TABLE_ROWS = Gauge("vmstream_table_rows", "Rows held in each state table on this instance", ["table"])
-GC_PAUSE_SECONDS = Histogram(
+    registry=None,
+), "worker")
+TABLE_ROWS = family(Gauge("vmstream_table_rows", "Rows held in each state table on this instance", ["table"],
+                          registry=None), "worker")
+GC_PAUSE_SECONDS = family(Histogram(
     "vmstream_gc_pause_seconds",
     "Pauses of CPython's garbage collector, by generation (2: full); see streams/common/heap.py",
     ["generation"],
     buckets=PAUSE_BUCKETS,
-)
-GC_FROZEN = Gauge("vmstream_gc_frozen_objects", "Objects in CPython's permanent generation, skipped by collections")
-CONSUMER_LAG = Gauge("vmstream_consumer_lag", "Messages not yet consumed, per topic partition",
-                     ["topic", "partition"])
+    registry=None,
+), "worker")
+GC_FROZEN = family(Gauge("vmstream_gc_frozen_objects", "Objects in CPython's permanent generation, skipped by "
+                         "collections", registry=None), "worker")
+# The worker's (its Faust consumer and its route stage), the applier's and notify's (their group readers).
+CONSUMER_LAG = family(Gauge("vmstream_consumer_lag", "Messages not yet consumed, per topic partition",
+                            ["topic", "partition"], registry=None), "worker", "apply", "notify")
 
-
-# The applier's (streams/kube/applying.py); the watch bridge reuses the API ones.
-APPLY_RESULTS = Counter("vmstream_apply_results_total", "Commands applied, by command type and outcome",
-                        ["type", "outcome"])
-APPLY_SECONDS = Histogram(
+# The applier's (streams/kube/applying.py).
+APPLY_RESULTS = family(Counter("vmstream_apply_results_total", "Commands applied, by command type and outcome",
+                               ["type", "outcome"], registry=None), "apply")
+APPLY_SECONDS = family(Histogram(
     "vmstream_apply_seconds",
     "Time to apply one command to the Kubernetes API, retries included",
     ["type"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
-)
-API_ERRORS = Counter("vmstream_kube_api_errors_total",
-                     "Failed Kubernetes API calls (each attempt), by HTTP status or 'connection'", ["status"])
+    registry=None,
+), "apply")
+API_ERRORS = family(Counter("vmstream_kube_api_errors_total",
+                            "Failed Kubernetes API calls (each attempt), by HTTP status or 'connection'", ["status"],
+                            registry=None), "apply")
+
+
+
+class FiguresCollector(Collector):
+    """The worker's gauges of what its tables hold (:mod:`handlers.figures`), counted when
+    ``/metrics`` is read: ``source`` is set by the worker, and gives the figures of the
+    partitions this instance owns. Without a source (any other process, a worker not
+    started) the families are there with no samples."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], Figures] | None = None
+
+    def describe(self) -> list[Metric]:
+        return list(self._families(None))
+
+    def collect(self) -> Iterator[Metric]:
+        figures = None
+        if self.source is not None:
+            try:
+                figures = self.source()
+            except Exception:  # a failing count costs these gauges, never the page
+                log.exception("counting the tables' figures failed")
+        return self._families(figures)
+
+    @staticmethod
+    def _families(figures: Figures | None) -> Iterator[Metric]:
+        gpu = ["class", "device"]
+        drain = ["node", "source", "scope"]
+        total = GaugeMetricFamily("vmstream_gpus_total", "GPU cards of a class on the nodes of this worker's "
+                                  "partitions, schedulable or not (sum by class over the workers)", labels=gpu)
+        schedulable = GaugeMetricFamily("vmstream_gpus_schedulable", "GPU cards of a class on schedulable nodes "
+                                        "(Ready, not cordoned)", labels=gpu)
+        used = GaugeMetricFamily("vmstream_gpus_used", "GPU cards of a class held by VMIs on schedulable nodes",
+                                 labels=gpu)
+        free = GaugeMetricFamily("vmstream_gpus_free", "GPU cards of a class free on schedulable nodes", labels=gpu)
+        waiting = GaugeMetricFamily("vmstream_vms_waiting_for_gpu", "GPU VMs whose VMI waits for a card of the class "
+                                    "(ErrorUnschedulable)", labels=gpu)
+        pending = GaugeMetricFamily("vmstream_vms_pending_restart", "VMs whose GPU change applies after their next "
+                                    "restart, by the class they will have (class none: the GPU is taken away)",
+                                    labels=gpu)
+        drains = GaugeMetricFamily("vmstream_drains_open", "Drains started and not completed")
+        started = GaugeMetricFamily("vmstream_drain_started_timestamp_seconds", "When an open drain started",
+                                    labels=drain)
+        deadline = GaugeMetricFamily("vmstream_drain_deadline_timestamp_seconds", "When an open drain stops the GPU "
+                                     "VMs left on its node", labels=drain)
+        left = GaugeMetricFamily("vmstream_drain_vms_left", "GPU VMIs an open drain still has on its node",
+                                 labels=drain)
+        passed = GaugeMetricFamily("vmstream_drain_deadline_passed", "1 once an open drain's deadline fired",
+                                   labels=drain)
+        if figures is not None:
+            for c in figures.classes:
+                labels = [c.class_id, c.device_name]
+                total.add_metric(labels, c.capacity.total)
+                schedulable.add_metric(labels, c.capacity.schedulable)
+                used.add_metric(labels, c.capacity.used)
+                free.add_metric(labels, c.capacity.free)
+                waiting.add_metric(labels, c.waiting_for_gpu)
+                pending.add_metric(labels, c.pending_restart)
+            pending.add_metric([NO_GPU, ""], figures.pending_without_gpu)
+            drains.add_metric([], len(figures.drains))
+            for d in figures.drains:
+                labels = [d.node, d.source, d.scope]
+                started.add_metric(labels, d.started_at.timestamp())
+                deadline.add_metric(labels, d.deadline.timestamp())
+                left.add_metric(labels, d.vms_left)
+                passed.add_metric(labels, 1 if d.deadline_passed else 0)
+        yield from (total, schedulable, used, free, waiting, pending, drains, started, deadline, left, passed)
+
+
+FIGURES = family(FiguresCollector(), "worker")
 
 log = logging.getLogger(__name__)
 _LAG_FAILED: set[str] = set()
@@ -124,5 +256,17 @@ def record_aiokafka_lag(consumer: Any) -> None:
         set_lag(tp.topic, tp.partition, consumer.highwater(tp), position)
 
 
-def exposition() -> bytes:
-    return generate_latest()
+def exposition(process: Process) -> bytes:
+    """``process``'s ``/metrics`` page."""
+    return generate_latest(_REGISTRIES[process])
+
+
+_SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"),
+             "summary": ("", "_sum", "_count", "_created"), "info": ("_info",)}
+
+
+def series_names(process: Process) -> Sequence[str]:
+    """Every series name ``process``'s ``/metrics`` may show, samples or not yet (a labelled
+    family shows none until a child is made): what a query of a dashboard or a rule may name."""
+    return sorted({metric.name + suffix for metric in _REGISTRIES[process].collect()
+                   for suffix in _SUFFIXES.get(metric.type, ("",))})

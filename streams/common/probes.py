@@ -7,9 +7,9 @@ thread, bound to loopback unless told otherwise.
 - ``/health`` — 200 while the process runs (liveness: a hung process stops answering).
 - ``/ready`` — 200 when ``ready()`` says so, else 503; the body is ``{"ready": …}`` plus
   whatever ``details()`` adds.
-- ``/metrics`` — the process's Prometheus registry (:mod:`streams.common.metrics`).
+- ``/metrics`` — the process's own Prometheus registry (:func:`streams.common.metrics.registry`).
 
-    probes = ProbeServer(ready=applier.ready.is_set, port=6067).start()
+    probes = ProbeServer(ready=applier.ready.is_set, port=6067, process="apply").start()
     ...
     probes.close()
 """
@@ -25,13 +25,16 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from prometheus_client import CollectorRegistry, generate_latest
+
 from streams.common import metrics
 
 log = logging.getLogger(__name__)
 
 
 class ProbeServer:
-    """Serves the three pages on ``host:port`` (``port=0``: any free port, see :attr:`port`)."""
+    """Serves the three pages on ``host:port`` (``port=0``: any free port, see :attr:`port`);
+    ``/metrics`` shows ``process``'s registry (or the registry given)."""
 
     def __init__(
         self,
@@ -39,10 +42,12 @@ class ProbeServer:
         ready: Callable[[], bool],
         host: str = "127.0.0.1",
         port: int = 0,
+        process: metrics.Process | CollectorRegistry,
         details: Callable[[], dict[str, Any]] | None = None,
         before_metrics: Callable[[], None] | None = None,
     ) -> None:
         self.ready = ready
+        self.registry = process if isinstance(process, CollectorRegistry) else metrics.registry(process)
         self.details = details
         self.before_metrics = before_metrics
         self._server = ThreadingHTTPServer((host, port), _handler(self))
@@ -97,7 +102,7 @@ class ProbeServer:
                     self.before_metrics()
                 except Exception:  # a stale gauge beats no metrics at all
                     log.exception("refreshing metrics failed")
-            return 200, metrics.CONTENT_TYPE_LATEST, metrics.exposition()
+            return 200, metrics.CONTENT_TYPE_LATEST, generate_latest(self.registry)
         return 404, "text/plain", b"not found\n"
 
 

@@ -1054,7 +1054,7 @@ def _run(args: argparse.Namespace) -> int:
         return run_until_signalled(
             "apply", applier.run,
             lambda stop: ProbeServer(ready=lambda: applier.ready.is_set() and not stop.is_set(),
-                                     host=args.probe_host, port=args.probe_port),
+                                     host=args.probe_host, port=args.probe_port, process="apply"),
             host=args.probe_host, port=args.probe_port)
 
 

@@ -81,6 +81,7 @@ from handlers.topics import DLQ, K8S_EVENTS
 from handlers.tracing import ce_headers
 from streams.common.cloudevents import event_source, kafka_headers, trace_of
 from streams.common.kafka_clients import COMPRESSION, admin_client, consumer, producer
+from streams.common.metrics import family
 from streams.common.probes import ProbeServer, add_probe_arguments
 from streams.common.reading import assign_from_start, read_to_end
 from streams.common.settings import KafkaSettings, read_yaml
@@ -113,19 +114,21 @@ RECORD_OVERHEAD = 512
 REDUCED_HEADER = "vmstream-reduced"  # on an event whose object is its rule view: the whole size
 PROBE_PORT = 6068
 
-EVENTS = Metric("vmstream_watch_events_total", "Watch events Kafka acknowledged, by kind and type",
-                ["kind", "type"])
-RELISTS = Metric("vmstream_watch_relists_total", "Lists of a whole kind: at start, after 410 Gone, resyncs",
-                 ["kind"])
-DELETED_WHILE_AWAY = Metric("vmstream_watch_deleted_while_away_total",
-                            "Deletions a list found (objects last published but no longer listed)", ["kind"])
-ERRORS = Metric("vmstream_watch_errors_total",
-                "Failed attempts, retried: source=api (the API server or its data), kafka (a send)",
-                ["kind", "source"])
-OVERSIZED = Metric("vmstream_watch_oversized_total",
-                   "Events too large for the worker as they are, by what was published instead: "
-                   "reduced (the rule view), dead_letter", ["kind", "outcome"])
-LISTED = Gauge("vmstream_watch_listed", "1 once the kind's first list is on Kafka", ["kind"])
+EVENTS = family(Metric("vmstream_watch_events_total", "Watch events Kafka acknowledged, by kind and type",
+                       ["kind", "type"], registry=None), "watch")
+RELISTS = family(Metric("vmstream_watch_relists_total", "Lists of a whole kind: at start, after 410 Gone, resyncs",
+                        ["kind"], registry=None), "watch")
+DELETED_WHILE_AWAY = family(Metric("vmstream_watch_deleted_while_away_total",
+                                   "Deletions a list found (objects last published but no longer listed)", ["kind"],
+                                   registry=None), "watch")
+ERRORS = family(Metric("vmstream_watch_errors_total",
+                       "Failed attempts, retried: source=api (the API server or its data), kafka (a send)",
+                       ["kind", "source"], registry=None), "watch")
+OVERSIZED = family(Metric("vmstream_watch_oversized_total",
+                          "Events too large for the worker as they are, by what was published instead: "
+                          "reduced (the rule view), dead_letter", ["kind", "outcome"], registry=None), "watch")
+LISTED = family(Gauge("vmstream_watch_listed", "1 once the kind's first list is on Kafka", ["kind"], registry=None),
+                "watch")
 
 
 # A watched resource and the watched ones: declared once, with the messages (handlers/messages.py).
@@ -775,7 +778,7 @@ class Bridge:
 
     def probes(self, *, host: str = "127.0.0.1", port: int = PROBE_PORT) -> ProbeServer:
         """``/health``, ``/ready`` (:meth:`ready`) and ``/metrics`` for this bridge (not started)."""
-        return ProbeServer(ready=self.ready, details=self.details, host=host, port=port)
+        return ProbeServer(ready=self.ready, details=self.details, host=host, port=port, process="watch")
 
     def run(self, stop: threading.Event) -> None:
         """Watch until ``stop`` is set; then flush what was sent and return."""

@@ -7,6 +7,7 @@ JSON over HTTP, read-only::
     GET /v1/vms/{namespace}/{name}      a VM's GPU now, after its next restart, what it waits for
     GET /v1/projects/{project}          a project's waiting VMs and the drains that warned it
     GET /openapi.json                   this API (docs/schemas/openapi.json), /health, /ready
+    GET /metrics                        this process's Prometheus metrics, without a token
 
 No answer depends on which replica is asked: each reads every partition of the changelogs,
 not a share of them. Every ``/v1`` page wants ``Authorization: Bearer <token>``: an
@@ -27,11 +28,13 @@ import hmac
 import json
 import logging
 import signal
+import time
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import aiohttp.web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
@@ -54,6 +57,7 @@ from handlers.views import (
 from streams.common.cloudevents import event_source
 from streams.common.globalview import GlobalView
 from streams.common.kafka_clients import aiokafka_options
+from streams.common.metrics import CONTENT_TYPE, exposition, family
 from streams.common.reading import follow_from_start
 from streams.common.settings import ApiSettings, Caller, KafkaSettings
 from streams.common.topics import GPU_CLASSES, changelog_topic, ensure_topics
@@ -62,7 +66,18 @@ log = logging.getLogger(__name__)
 
 # The worker's tables the answers read, from their changelogs (``Table.stored_as``).
 VIEW_TABLES: tuple[Table[Any], ...] = (VMS, VMIS, TRACKING, DRAINS, USAGE, KUBEVIRT, NAMESPACES)
-PUBLIC = ("/health", "/ready", "/openapi.json")
+PUBLIC = ("/health", "/ready", "/openapi.json", "/metrics")
+
+REQUESTS = family(Counter("vmstream_api_requests_total", "Requests answered, by route and HTTP status",
+                          ["route", "status"], registry=None), "api")
+REQUEST_SECONDS = family(Histogram("vmstream_api_request_seconds", "Time to answer a request, by route", ["route"],
+                                   buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+                                   registry=None), "api")
+CLASS_RECORDS = family(Counter("vmstream_api_class_records_total", "Records this replica published on "
+                               "vmstream.gpu-classes (a class whose figures changed, or a tombstone)",
+                               registry=None), "api")
+READY = family(Gauge("vmstream_api_ready", "1 once the worker's changelogs and the class topic are read",
+                     registry=None), "api")
 
 
 class Problem(BaseModel):
@@ -205,20 +220,40 @@ class Api:
         changes = await self.classes.publish(producer, topic, self.gpu_classes().classes,
                                              source=self.source, time=computed)
         self.published += len(changes)
+        CLASS_RECORDS.inc(len(changes))
         if changes:
             log.info("gpu classes published", extra={"classes": changes})
 
     # -------------------------------------------------------------------- HTTP
 
     def web_app(self) -> aiohttp.web.Application:
-        app = aiohttp.web.Application(middlewares=[self._guard])
+        app = aiohttp.web.Application(middlewares=[self._count, self._guard])
         app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/ready", self._ready)
         app.router.add_get("/openapi.json", self._openapi)
         app.router.add_get("/v1/gpu-classes", self._gpu_classes)
         app.router.add_get("/v1/vms/{namespace}/{name}", self._vm)
         app.router.add_get("/v1/projects/{project}", self._project)
         return app
+
+    @aiohttp.web.middleware
+    async def _count(self, request: aiohttp.web.Request, handler: Any) -> aiohttp.web.StreamResponse:
+        """Count every answer by its route (the pattern, never the path: one series per page)."""
+        started = time.perf_counter()
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else "unknown"
+        status = 500
+        try:
+            answer: aiohttp.web.StreamResponse = await handler(request)
+            status = answer.status
+            return answer
+        except aiohttp.web.HTTPException as error:
+            status = error.status
+            raise
+        finally:
+            REQUESTS.labels(route, str(status)).inc()
+            REQUEST_SECONDS.labels(route).observe(time.perf_counter() - started)
 
     @aiohttp.web.middleware
     async def _guard(self, request: aiohttp.web.Request, handler: Any) -> aiohttp.web.StreamResponse:
@@ -242,6 +277,10 @@ class Api:
         body = {"ready": self.ready, "tables": self.view.caught_up.is_set(),
                 "gpu_classes_topic": self.classes.caught_up.is_set()}
         return aiohttp.web.json_response(body, status=200 if self.ready else 503)
+
+    async def _metrics(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        READY.set(1 if self.ready else 0)
+        return aiohttp.web.Response(body=exposition("api"), content_type=CONTENT_TYPE)
 
     async def _openapi(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
         return aiohttp.web.json_response(openapi_document())

@@ -57,6 +57,7 @@ from handlers.tracing import ce_headers, dead_letter_id
 from streams.common.cloudevents import TRACEPARENT, TRACESTATE, Trace, event_source, header_text, trace_of
 from streams.common.group_reading import GroupReader, Received
 from streams.common.kafka_clients import consumer, producer
+from streams.common.metrics import family
 from streams.common.probes import ProbeServer, add_probe_arguments
 from streams.common.reading import assign_from_start, read_to_end
 from streams.common.settings import NotifySettings, Settings, SmtpSettings
@@ -68,13 +69,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DELIVERIES = Counter("vmstream_notify_deliveries_total",
-                     "Deliveries of notifications, by channel and outcome (delivered, dead_lettered, skipped: "
-                     "already in the ledger)", ["channel", "outcome"])
-ATTEMPTS = Counter("vmstream_notify_attempts_total", "Attempts to deliver, by channel and what came of each",
-                   ["channel", "verdict"])
-LATENCY = Histogram("vmstream_notify_latency_seconds", "From a notification's time to its delivery",
-                    ["channel"], buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0))
+DELIVERIES = family(Counter(
+    "vmstream_notify_deliveries_total",
+    "Deliveries of notifications, by channel and outcome (delivered, dead_lettered, skipped: already in the ledger)",
+    ["channel", "outcome"], registry=None), "notify")
+ATTEMPTS = family(Counter("vmstream_notify_attempts_total", "Attempts to deliver, by channel and what came of each",
+                          ["channel", "verdict"], registry=None), "notify")
+LATENCY = family(Histogram("vmstream_notify_latency_seconds", "From a notification's time to its delivery",
+                           ["channel"], buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
+                           registry=None), "notify")
 
 
 class Failed(Exception):
@@ -539,7 +542,7 @@ def _run(args: argparse.Namespace) -> int:
     notifier = Notifier(settings)
     try:
         probes = ProbeServer(ready=lambda: notifier.ready.is_set() and not stop.is_set(), host=args.probe_host,
-                             port=args.probe_port).start()
+                             port=args.probe_port, process="notify").start()
     except OSError as exc:  # the kubelet probes this port: without it the Pod would be restarted
         raise cannot_listen(args.probe_host, args.probe_port, "--probe-port", exc) from exc
     signal.signal(signal.SIGTERM, _stop)

@@ -41,6 +41,7 @@ import aiohttp.web
 from faust.types import EventT
 
 from handlers.capacity import capacity_report
+from handlers.figures import Figures, figures
 from handlers.engine import Engine, Result, Source
 from handlers.inputs import DeadlineTick, ForgetTick, forget_value, kind_of, routed_input, tick_value
 from handlers.messages import KEY_MAX, MalformedMessage
@@ -230,6 +231,7 @@ class Worker:
         self._page("/health", self._health)
         self._page("/ready", self._ready)
         self._page("/metrics", self._metrics)
+        metrics.FIGURES.source = self.figures  # the gauges of what this instance's tables hold
         self._page("/capacity", self._capacity)
         self._page("/pending", self._pending)
         web: Any = self.app.web  # Faust's aiohttp driver; its type does not show the aiohttp app
@@ -614,5 +616,11 @@ class Worker:
         return web.json([d for key in view.keys(TRACKING) if (d := pending_detail(view, key)) is not None])
 
     async def _metrics(self, web: Any, request: Any) -> Any:
-        return web.bytes(metrics.exposition(), content_type=metrics.CONTENT_TYPE)
+        return web.bytes(metrics.exposition("worker"), content_type=metrics.CONTENT_TYPE)
+
+    def figures(self) -> Figures:
+        """GPUs, waiting VMs and open drains in the partitions this instance owns: its share of
+        the AZ, which the sum over every worker makes whole (docs/operators.md, "Metrics")."""
+        local = self.state.local()
+        return figures(local, self.engine.catalog, tracked=local.keys(TRACKING))
 

@@ -502,8 +502,40 @@ class TableState:
         self._staged.clear()
         self._encoded.clear()
 
+    def local(self) -> LocalRows:
+        """The rows of the partitions this instance owns, as recorded: no staged change, no
+        other instance's rows of a cluster-wide table (what the worker's gauges count)."""
+        return LocalRows(self)
+
     def sizes(self) -> dict[str, int]:
         sizes = {name: len(table) for name, table in self.tables.items()}
         if self.journal is not None:
             sizes["journal"] = len(self.journal.table)
         return sizes
+
+
+class LocalRows:
+    """A :class:`~handlers.state.StateView` of one instance's own rows (:meth:`TableState.local`),
+    decoded through the table state's cache."""
+
+    def __init__(self, state: TableState) -> None:
+        self.state = state
+
+    def get(self, table: Table[V], key: str) -> V | None:
+        raw = _rows(self.state.tables[table]).get(key)
+        if raw is None:
+            return None
+        cached = self.state._decoded.get((table, key))
+        if cached is not None and cached[0] is raw:
+            value: V = cached[1]
+            return value
+        return decode_state(table, raw)  # type: ignore[no-any-return]
+
+    def items(self, table: Table[V]) -> list[tuple[str, V]]:
+        return [(key, value) for key in sorted(self.keys(table)) if (value := self.get(table, key)) is not None]
+
+    def values(self, table: Table[V]) -> list[V]:
+        return [value for _, value in self.items(table)]
+
+    def keys(self, table: Table[Any]) -> list[str]:
+        return list(_rows(self.state.tables[table]).keys())

@@ -29,7 +29,6 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
 from kubernetes import client, config
-from prometheus_client import REGISTRY
 
 from handlers.capacity import capacity
 from handlers.engine import Result, Source
@@ -37,6 +36,7 @@ from tests.support.harness import EVENTS_TOPIC
 from handlers.ids import watch_event_id
 from handlers.messages import ORIGINAL_PREFIX_BYTES, DeadLetter, WatchEvent, object_key
 from handlers.tracing import ce_time, derived_trace
+from streams.common import metrics
 from streams.common.kafka_clients import admin_client, producer
 from harness.processes import free_ports
 from harness.running import Deployment, VmstreamProcess
@@ -552,7 +552,7 @@ def test_the_bridge_survives_a_network_cut_and_resumes_without_losing_events(
                     kinds=select_kinds("VirtualMachine"))
     watcher = bridge.watchers["VirtualMachine"]
     api_errors = {"kind": "VirtualMachine", "source": "api"}
-    errors_before = REGISTRY.get_sample_value("vmstream_watch_errors_total", api_errors) or 0.0
+    errors_before = metrics.registry("watch").get_sample_value("vmstream_watch_errors_total", api_errors) or 0.0
     with running(bridge) as thread:
         events.wait_for(lambda e: bool(e.types(before)), "the first relist")
         cluster.create_vm("vm-live")
@@ -578,7 +578,7 @@ def test_the_bridge_survives_a_network_cut_and_resumes_without_losing_events(
     assert watcher.stats.gone == 0
     assert proxy.accepted >= 2
     # Each failed attempt is an API error on /metrics.
-    errors = (REGISTRY.get_sample_value("vmstream_watch_errors_total", api_errors) or 0.0) - errors_before
+    errors = (metrics.registry("watch").get_sample_value("vmstream_watch_errors_total", api_errors) or 0.0) - errors_before
     assert errors == watcher.stats.failures >= 2
 
 
