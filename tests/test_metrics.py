@@ -29,6 +29,7 @@ OWN_PREFIXES = {
 }
 EVERY_PROCESS = {"vmstream_build_info", "process_cpu_seconds", "python_info", "python_gc_objects_collected"}
 LAG = "vmstream_consumer_lag"
+DEAD = "vmstream_dead_letters_total"
 
 
 def families(process: metrics.Process) -> set[str]:
@@ -47,6 +48,7 @@ def test_a_process_exports_its_own_families_and_no_other_process_s(process: metr
         else:
             assert not {name for name in metrics.series_names(process) if name.startswith(prefixes)}, owner
     assert (LAG in metrics.series_names(process)) == (process in ("worker", "apply", "notify"))
+    assert (DEAD in metrics.series_names(process)) == (process != "api")
 
 
 def test_the_default_registry_holds_no_vmstream_family() -> None:

@@ -99,6 +99,11 @@ GC_FROZEN = family(Gauge("vmstream_gc_frozen_objects", "Objects in CPython's per
 CONSUMER_LAG = family(Gauge("vmstream_consumer_lag", "Messages not yet consumed, per topic partition",
                             ["topic", "partition"], registry=None), "worker", "apply", "notify")
 
+# Every process that reads records sets aside what it cannot read or deliver.
+DEAD_LETTERS = family(Counter("vmstream_dead_letters_total", "Records this process set aside on vmstream.dlq, by "
+                              "the topic the record was read from", ["topic"], registry=None),
+                      "worker", "apply", "watch", "notify")
+
 # The applier's (streams/kube/applying.py).
 APPLY_RESULTS = family(Counter("vmstream_apply_results_total", "Commands applied, by command type and outcome",
                                ["type", "outcome"], registry=None), "apply")

@@ -991,6 +991,7 @@ class Applier:
             source = Source(record.topic, key, record.partition, record.offset)
             result = self.engine.dead_letter(raw, describe_validation_error(exc), source, self.clock())
             log.warning("malformed command at %s:%d:%d", record.topic, record.partition, record.offset)
+            metrics.DEAD_LETTERS.labels(record.topic).inc()
             dead.extend((self.kafka.topic(o.topic), o.key, o.value) for o in result.outputs())
             return None
 

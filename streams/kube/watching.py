@@ -81,7 +81,7 @@ from handlers.topics import DLQ, K8S_EVENTS
 from handlers.tracing import ce_headers
 from streams.common.cloudevents import event_source, kafka_headers, trace_of
 from streams.common.kafka_clients import COMPRESSION, admin_client, consumer, producer
-from streams.common.metrics import family
+from streams.common.metrics import DEAD_LETTERS, family
 from streams.common.probes import ProbeServer, add_probe_arguments
 from streams.common.reading import assign_from_start, read_to_end
 from streams.common.settings import KafkaSettings, read_yaml
@@ -300,6 +300,7 @@ class Publisher:
             original_sha256=hashlib.sha256(value).hexdigest(),
         )
         log.error("watch %s %s: %d bytes, too large even reduced; dead-lettered", type_, key, whole_size)
+        DEAD_LETTERS.labels(self.topic).inc()
         trace = trace_of(None, event_id)  # the event's, as if it had been published
         future = self.producer.send(self.dlq_topic, key=key.encode(), value=letter.model_dump_json().encode(),
                                     headers=list(kafka_headers(letter, source=self.source, trace=trace,

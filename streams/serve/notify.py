@@ -57,7 +57,7 @@ from handlers.tracing import ce_headers, dead_letter_id
 from streams.common.cloudevents import TRACEPARENT, TRACESTATE, Trace, event_source, header_text, trace_of
 from streams.common.group_reading import GroupReader, Received
 from streams.common.kafka_clients import consumer, producer
-from streams.common.metrics import family
+from streams.common.metrics import DEAD_LETTERS, family
 from streams.common.probes import ProbeServer, add_probe_arguments
 from streams.common.reading import assign_from_start, read_to_end
 from streams.common.settings import NotifySettings, Settings, SmtpSettings
@@ -502,6 +502,7 @@ class Notifier:
             id_ += f"|{about.get('channel', 'none')}|{about['recipient']}"
         out.send(self.kafka.topic(DLQ), key=record.key, value=letter.model_dump_json(exclude_none=True).encode(),
                  headers=self._envelope(id_, DEAD_LETTER_TYPE, at, trace)).get(timeout=30)
+        DEAD_LETTERS.labels(record.topic).inc()
 
     def _envelope(self, id_: str, type_: str, at: datetime, trace: Trace) -> list[tuple[str, bytes]]:
         """A record's CloudEvents headers and ``traceparent`` (docs/integrators.md)."""

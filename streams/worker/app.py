@@ -44,7 +44,7 @@ from handlers.capacity import capacity_report
 from handlers.figures import Figures, figures
 from handlers.engine import Engine, Result, Source
 from handlers.inputs import DeadlineTick, ForgetTick, forget_value, kind_of, routed_input, tick_value
-from handlers.messages import KEY_MAX, MalformedMessage
+from handlers.messages import KEY_MAX, DeadLetter, MalformedMessage
 from handlers.observing import decision_key
 from handlers.restarts import pending_detail
 from handlers.rows import DecidedIntent
@@ -382,10 +382,13 @@ class Worker:
         if wire is None:  # not fitted here: decided before, by another instance or run
             wire = [(o.topic, o.key.encode(), self._encode(o.value)) for o in result.outputs()]
         trace, when = self._trace(message, result)
+        outputs = result.outputs()
         outgoing = [Outgoing(self.kafka.topic(topic), key, value, list(self._ce_headers(output.value, trace, when).items()))
-                    for output, (topic, key, value) in zip(result.outputs(), wire, strict=True)]
-        for topic, _, _ in wire:
+                    for output, (topic, key, value) in zip(outputs, wire, strict=True)]
+        for output, (topic, _, _) in zip(outputs, wire, strict=True):
             metrics.child(metrics.OUTPUTS, topic).inc()
+            if isinstance(output.value, DeadLetter):
+                metrics.child(metrics.DEAD_LETTERS, output.value.source.topic).inc()
         for update in result.decision.forwards:  # the parent's timestamp keeps replays identical
             headers = {KIND_HEADER: b"resident",
                        TRACEPARENT: trace.child(f"{update.cause}@{update.node}/{update.vm_key}").encode()}
