@@ -816,6 +816,7 @@ class Applier:
         self.group_id = group_id or f"{settings.worker.app_id}-applier"
         self.clock = clock
         self.commands_topic = self.kafka.topic(COMMANDS)
+        metrics.DEAD_LETTERS.labels(self.commands_topic)  # shown at 0 from the start (the alert's increase())
         self.engine = Engine(settings.rules())  # only for its dead letters
         self.event_source = event_source("applier", settings.worker.app_id)  # CloudEvents ``source``
         self.traces = TraceBook()  # each command's trace, carried by what comes of it (docs/integrators.md)

@@ -267,6 +267,7 @@ class Publisher:
         self.topic = topic
         self.dlq_topic = dlq_topic or topic.replace(TOPIC, DLQ_TOPIC)
         self.max_bytes = max_bytes
+        DEAD_LETTERS.labels(topic)  # shown at 0 from the start (the alert's increase())
         self.message_bytes = message_bytes
 
     def send(self, kind: Kind, type_: EventType, obj: dict[str, Any]) -> Sent:

@@ -320,6 +320,7 @@ class Notifier:
         self.notify = settings.notify
         self.kafka = settings.kafka
         self.transport: Transport = transport or Senders(settings.notify)
+        DEAD_LETTERS.labels(self.kafka.topic(NOTIFICATIONS))  # shown at 0 from the start (the alert's increase())
         self.directory = Directory(settings.notify)
         self.clock = clock
         self.batch_size = batch_size

@@ -193,6 +193,8 @@ class Worker:
         self.routed_topic = self.kafka.topic(ROUTED)  # its name on the wire, for the worker's own producer
         # route: re-keys intents and watch events onto the routed topic, on a group of its own.
         self.router = Router(settings, [self.kafka.topic(topic.name) for topic in ROUTED_INPUTS],
+        for name in (*(topic.name for topic in ROUTED_INPUTS), ROUTED):  # at 0 from the start (the alert's increase())
+            metrics.child(metrics.DEAD_LETTERS, self.kafka.topic(name))
                              route=self._route_one, deliver=self._deliver_routed,
                              commit_interval=self.app.conf.broker_commit_interval, beacon=self.app.beacon)
         self.app.add_dependency(self.router)
