@@ -68,16 +68,17 @@ def trace_of(headers: HeaderItems, input_id: str) -> Trace:
                           states[0] if len(states) == 1 else None, input_id)
 
 
-def trace_headers(headers: HeaderItems) -> dict[str, bytes]:
+def trace_headers(headers: HeaderItems, *, parent: str | None = None) -> dict[str, bytes]:
     """The trace context a record brought, to pass on (an intent routed): only a valid one,
-    as version 00, so nothing but a well-formed, bounded header travels further."""
+    as version 00, so nothing but a well-formed, bounded header travels further. ``parent``:
+    the span id to name instead of the record's (the span that passed it on)."""
     parents = _values(headers, TRACEPARENT)
     trace = parse_traceparent(parents[0]) if len(parents) == 1 else None
     if trace is None:
         return {}
     states = _values(headers, TRACESTATE)
     trace = with_state(trace, states[0] if len(states) == 1 else None)
-    kept = {TRACEPARENT: f"00-{trace.trace_id}-{trace.span_id}-{trace.flags & 0x01:02x}".encode()}
+    kept = {TRACEPARENT: f"00-{trace.trace_id}-{parent or trace.span_id}-{trace.flags & 0x01:02x}".encode()}
     if trace.state:
         kept[TRACESTATE] = trace.state.encode()
     return kept

@@ -6,8 +6,8 @@ same one line on stderr and exit code (streams/common/errors.py). This module im
 subcommand, so a subcommand's module run as ``__main__`` is not imported a second time.
 
 The long-running processes (worker, watch, apply, notify, api: ``process=True`` in their
-parser's defaults) log JSON lines (streams/common/logs.py); the commands a person runs log
-plain text.
+parser's defaults) log JSON lines (streams/common/logs.py), and export spans when the
+environment asks for it (streams/common/spans.py); the commands a person runs log plain text.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
+from streams.common import spans
 from streams.common.errors import EXIT_CODES_HELP, EXIT_INTERRUPTED, UserError
 from streams.common.logs import configure_json_logs, limit_client_logs
 
@@ -38,6 +39,8 @@ def dispatch(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None)
     """Parse, set up logging, run the subcommand; a :class:`UserError` becomes its one line."""
     args = parser.parse_args(argv)
     _configure_logs(args)
+    if getattr(args, "process", False):
+        spans.configure(args.command)  # nothing unless OTEL_EXPORTER_OTLP_ENDPOINT is set
     handler: Handler = args.handler
     try:
         return handler(args)

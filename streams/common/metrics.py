@@ -57,7 +57,7 @@ def family(collector: C, *processes: Process) -> C:
     return collector
 
 
-def _version() -> str:
+def vmstream_version() -> str:
     try:
         return version("vmstream")
     except PackageNotFoundError:  # run from a checkout that was never installed
@@ -66,7 +66,7 @@ def _version() -> str:
 
 BUILD_INFO = family(Gauge("vmstream_build_info", "Always 1: the vmstream version and the Python running it",
                           ["version", "python"], registry=None), *PROCESSES)
-BUILD_INFO.labels(_version(), platform.python_version()).set(1)
+BUILD_INFO.labels(vmstream_version(), platform.python_version()).set(1)
 for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):  # process_*, python_*
     family(_collector, *PROCESSES)
 
