@@ -62,7 +62,7 @@ from handlers.messages import Command, CommandResult, describe_validation_error
 from handlers.results import Outcome, ResultDecision, decide_result
 from handlers.running import already_so
 from handlers.topics import AUDIT, COMMAND_RESULTS, COMMANDS, NOTIFICATIONS
-from streams.common import metrics
+from streams.common import metrics, spans
 from streams.common.cloudevents import TraceBook, event_source, kafka_headers, ref_of
 from streams.common.codecs import encode_message
 from streams.common.durable import Delivered, DurableProducer, Record
@@ -820,6 +820,7 @@ class Applier:
         self.engine = Engine(settings.rules())  # only for its dead letters
         self.event_source = event_source("applier", settings.worker.app_id)  # CloudEvents ``source``
         self.traces = TraceBook()  # each command's trace, carried by what comes of it (docs/integrators.md)
+        self.applied_spans: dict[str, Any] = {}  # command id → its apply span, while spans are on
         self.ready = threading.Event()
         self.uncommitted: dict[Any, int] = {}  # partition → offset past its last released command
         self.unpublished: BaseException | None = None  # why a release failed: nothing is committed after it
@@ -999,11 +1000,19 @@ class Applier:
     def apply_one(self, command: Command) -> ResultDecision:
         """Apply one command to the API server and decide what to record of it."""
         started = time.perf_counter()
-        try:
-            applied = self.kube.apply(command)
-        except Exception as exc:  # a bug must not stop the line: record it as a failure
-            log.exception("applying command %s failed unexpectedly", command.command_id)
-            applied = Applied("failed", error=f"internal error: {type(exc).__name__}: {exc}")
+        with spans.span(f"apply {command.type}", self.traces.trace(command.command_id), kind=spans.Kind.CONSUMER,
+                        attributes={"vmstream.command": command.command_id,
+                                    "vmstream.target": subject_key(command.target)}) as span:
+            try:
+                applied = self.kube.apply(command)
+            except Exception as exc:  # a bug must not stop the line: record it as a failure
+                log.exception("applying command %s failed unexpectedly", command.command_id)
+                applied = Applied("failed", error=f"internal error: {type(exc).__name__}: {exc}")
+            if span is not None:
+                span.set_attribute("vmstream.outcome", applied.outcome)
+                if applied.outcome == "failed":
+                    span.set_status(spans.Status(spans.StatusCode.ERROR, applied.error or "failed"))
+                self.applied_spans[command.command_id] = span.get_span_context()
         metrics.APPLY_SECONDS.labels(command.type).observe(time.perf_counter() - started)
         metrics.APPLY_RESULTS.labels(command.type, applied.outcome).inc()
         # The audit stream records every result; a line of its own only for what went otherwise.
@@ -1023,15 +1032,23 @@ class Applier:
     def _send(self, out: DurableProducer, messages: Sequence[tuple[str, str, BaseModel]]) -> list[Delivered]:
         """Send and wait for the broker; each record carries the CloudEvents headers and the
         trace of the command it comes of (streams/common/cloudevents.py). Where each landed."""
+        started = spans.now() if spans.enabled() else 0
         delivered = out.send_all([
             Record(topic, key.encode() if key else None, encode_message(value, keyring=self.keyring),
                    list(kafka_headers(value, source=self.event_source, trace=self.traces.trace(ref_of(value)),
                                       time=self.clock()).items()))
             for topic, key, value in messages
         ])
+        if started:  # each record's span, a child of its command's apply span (streams/common/spans.py)
+            ended = spans.now()
+            for topic, _, value in messages:
+                ref = ref_of(value)
+                spans.sent(value, self.applied_spans.get(ref) or self.traces.trace(ref), topic=topic,
+                           start=started, end=ended)
         for _, _, value in messages:
             if isinstance(value, CommandResult):  # the command is done: its trace is not needed again
                 self.traces.forget(value.command_id)
+                self.applied_spans.pop(value.command_id, None)
         return delivered
 
 

@@ -79,6 +79,7 @@ from handlers.messages import (
 )
 from handlers.topics import DLQ, K8S_EVENTS
 from handlers.tracing import ce_headers
+from streams.common import spans
 from streams.common.cloudevents import event_source, kafka_headers, trace_of
 from streams.common.kafka_clients import COMPRESSION, admin_client, consumer, producer
 from streams.common.metrics import DEAD_LETTERS, family
@@ -266,8 +267,8 @@ class Publisher:
         self.source = source  # the CloudEvents ``source`` of what it publishes
         self.topic = topic
         self.dlq_topic = dlq_topic or topic.replace(TOPIC, DLQ_TOPIC)
-        self.max_bytes = max_bytes
         DEAD_LETTERS.labels(topic)  # shown at 0 from the start (the alert's increase())
+        self.max_bytes = max_bytes
         self.message_bytes = message_bytes
 
     def send(self, kind: Kind, type_: EventType, obj: dict[str, Any]) -> Sent:
@@ -275,6 +276,12 @@ class Publisher:
         event_id, changed = event_id_of(kind, type_, obj), changed_at(obj) or datetime.now(UTC)
         key, value = watch_event(kind, type_, obj)
         envelope = event_headers(kind, type_, event_id, source=self.source, time=changed)
+        if spans.enabled():  # the trace's root: the id the event's traceparent names (handlers/tracing.py)
+            started = spans.now()
+            trace_id, root = spans.root_of(event_id)
+            spans.record(f"watch {kind.kind} {type_}", None, start=started, kind=spans.Kind.PRODUCER, own_span=root,
+                         root_trace=trace_id, attributes={"messaging.destination.name": self.topic,
+                                                          "messaging.message.id": event_id, "vmstream.key": key})
         if self._fits(key, value, envelope):
             future = self.producer.send(self.topic, key=key.encode(), value=value, headers=envelope)
             return self._sent(kind, future, pydantic_core.to_json(obj), "whole")

@@ -43,7 +43,7 @@ from handlers.config import Config
 from handlers.events import GPU_CLASS_TYPE
 from handlers.messages import vm_key
 from handlers.tables import DRAINS, KUBEVIRT, NAMESPACES, TRACKING, USAGE, VMIS, VMS, Table
-from handlers.tracing import ce_headers, derived_trace
+from handlers.tracing import ce_headers, derived_trace, parse_traceparent
 from handlers.views import (
     GPUClassList,
     GPUClassStatus,
@@ -54,6 +54,7 @@ from handlers.views import (
     project_view,
     vm_badge,
 )
+from streams.common import spans
 from streams.common.cloudevents import event_source
 from streams.common.globalview import GlobalView
 from streams.common.kafka_clients import aiokafka_options
@@ -244,16 +245,21 @@ class Api:
         resource = request.match_info.route.resource
         route = resource.canonical if resource is not None else "unknown"
         status = 500
-        try:
-            answer: aiohttp.web.StreamResponse = await handler(request)
-            status = answer.status
-            return answer
-        except aiohttp.web.HTTPException as error:
-            status = error.status
-            raise
-        finally:
-            REQUESTS.labels(route, str(status)).inc()
-            REQUEST_SECONDS.labels(route).observe(time.perf_counter() - started)
+        parent = parse_traceparent(request.headers.get("traceparent"))  # a console's trace, if it sent one
+        with spans.span(f"{request.method} {route}", parent, kind=spans.Kind.SERVER,
+                        attributes={"http.request.method": request.method, "http.route": route}) as span:
+            try:
+                answer: aiohttp.web.StreamResponse = await handler(request)
+                status = answer.status
+                return answer
+            except aiohttp.web.HTTPException as error:
+                status = error.status
+                raise
+            finally:
+                REQUESTS.labels(route, str(status)).inc()
+                REQUEST_SECONDS.labels(route).observe(time.perf_counter() - started)
+                if span is not None:
+                    span.set_attribute("http.response.status_code", status)
 
     @aiohttp.web.middleware
     async def _guard(self, request: aiohttp.web.Request, handler: Any) -> aiohttp.web.StreamResponse:

@@ -53,7 +53,8 @@ from handlers.delivery import Bucket, Endpoint, Target, Verdict
 from handlers.messages import DeadLetter, DeadLetterSource, Notification, clip, describe_validation_error
 from handlers.topics import DLQ, NOTIFICATIONS
 from handlers.events import DEAD_LETTER_TYPE, DELIVERY_TYPE, source_process
-from handlers.tracing import ce_headers, dead_letter_id
+from handlers.tracing import ce_headers, dead_letter_id, span_id
+from streams.common import spans
 from streams.common.cloudevents import TRACEPARENT, TRACESTATE, Trace, event_source, header_text, trace_of
 from streams.common.group_reading import GroupReader, Received
 from streams.common.kafka_clients import consumer, producer
@@ -319,8 +320,8 @@ class Notifier:
         self.settings = settings
         self.notify = settings.notify
         self.kafka = settings.kafka
-        self.transport: Transport = transport or Senders(settings.notify)
         DEAD_LETTERS.labels(self.kafka.topic(NOTIFICATIONS))  # shown at 0 from the start (the alert's increase())
+        self.transport: Transport = transport or Senders(settings.notify)
         self.directory = Directory(settings.notify)
         self.clock = clock
         self.batch_size = batch_size
@@ -377,6 +378,13 @@ class Notifier:
             self._dead_letter(out, record, f"not a notification: {describe_validation_error(exc)}")
             return
         trace = trace_of(record.headers, notification.notification_id)  # passed on (docs/integrators.md)
+        with spans.span(f"notify {notification.type}", trace, kind=spans.Kind.CONSUMER,
+                        attributes={"vmstream.notification": notification.notification_id}) as span:
+            self._handle(record, notification, trace, span.get_span_context() if span is not None else None,
+                         ledger, out)
+
+    def _handle(self, record: Received, notification: Notification, trace: Trace, span: Any,
+                ledger: DeliveryLedger, out: KafkaProducer) -> None:
         source = self._source_of(record)
         members = self.directory.members(delivery.projects_to_expand(notification, self.notify.routes))
         resolution = delivery.targets(notification, directory=members, routes=self.notify.routes,
@@ -397,7 +405,13 @@ class Notifier:
             if self.stop.is_set():
                 return
             self._limit(target)
+            started = spans.now() if span is not None else 0
             attempts, failure = self._deliver(target, notification, _trace_context(trace, key), source)
+            if started:  # the span the receiver's traceparent names (_trace_context)
+                spans.record(f"deliver {target.channel}", span, start=started, kind=spans.Kind.CLIENT,
+                             own_span=span_id(key), attributes={"vmstream.channel": target.channel,
+                                                                "vmstream.attempts": attempts},
+                             error=None if failure is None else failure.reason)
             if failure is not None and failure.verdict == "transient" and self.stop.is_set():
                 return  # stopping: neither delivered nor given up; the next process tries again
             if failure is None:

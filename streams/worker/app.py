@@ -50,7 +50,8 @@ from handlers.restarts import pending_detail
 from handlers.rows import DecidedIntent
 from handlers.tables import GLOBAL_TABLES, PROCESSED, TABLES, TRACKING, VMIS, VMS, Table
 from handlers.topics import INTENTS, ROUTED_INPUTS, WORKER_ROUTED, written_by
-from streams.common import metrics
+from handlers.tracing import span_id
+from streams.common import metrics, spans
 from streams.common.cloudevents import (
     TRACEPARENT,
     TRACESTATE,
@@ -192,9 +193,9 @@ class Worker:
         self.routed = self._topic(ROUTED)
         self.routed_topic = self.kafka.topic(ROUTED)  # its name on the wire, for the worker's own producer
         # route: re-keys intents and watch events onto the routed topic, on a group of its own.
-        self.router = Router(settings, [self.kafka.topic(topic.name) for topic in ROUTED_INPUTS],
         for name in (*(topic.name for topic in ROUTED_INPUTS), ROUTED):  # at 0 from the start (the alert's increase())
             metrics.child(metrics.DEAD_LETTERS, self.kafka.topic(name))
+        self.router = Router(settings, [self.kafka.topic(topic.name) for topic in ROUTED_INPUTS],
                              route=self._route_one, deliver=self._deliver_routed,
                              commit_interval=self.app.conf.broker_commit_interval, beacon=self.app.beacon)
         self.app.add_dependency(self.router)
@@ -226,6 +227,7 @@ class Worker:
         self.app.task(self.pages_view.run)
         self.missing_topics: list[str] | None = None  # checked at start, then while any is missing
         self._asked_to_forget: dict[str, float] = {}  # intent id → when a tick was sent to forget it
+        self._decided: dict[int, Any] = {}  # a batch's result (by id) → its decide span, while spans are on
         self.app.agent(self.routed, name="decide")(self._decide)
         self.app.timer(conf.tick_seconds)(self._tick)
         self.heap = Heap(full_every=conf.gc_full_seconds)
@@ -284,12 +286,34 @@ class Worker:
             origin = encode_json({"topic": message.topic, "partition": message.partition,
                                   "offset": message.offset, "key": source.key})
             headers = {KIND_HEADER: b"intent" if intent else b"event", SOURCE_HEADER: origin,
-                       **trace_headers(message.headers)}  # its trace goes on (docs/integrators.md)
+                       **self._route_trace(message, value, intent)}  # its trace goes on (docs/integrators.md)
             return [Outgoing(self.routed_topic, key.encode(), cast(bytes, message.value),  # screened: not None
                              list(headers.items()), timestamp_ms=_ms(message.timestamp))]
         except Exception as error:  # a bug here must cost this event only
             log.exception("routing failed", extra={"topic": message.topic, "offset": message.offset})
             return self._dead_end(message, source, f"internal error: {type(error).__name__}: {error}")
+
+    def _route_trace(self, message: Read, value: dict[str, Any], intent: bool) -> dict[str, bytes]:
+        """The routed record's trace context: the input's, passed on. With spans on, route's
+        span (streams/common/spans.py) is a child of the input's and the routed record names
+        it, so decide's span is route's child; an input without a trace gets route's span as
+        its trace's root, with the ids decide derives for it (from its intent or event id)."""
+        if not spans.enabled():
+            return trace_headers(message.headers)
+        started, ref = spans.now(), f"{message.topic}:{message.partition}:{message.offset}"
+        attributes = {"messaging.source.name": message.topic, "messaging.kafka.offset": message.offset,
+                      "vmstream.input": ref}
+        passed = trace_headers(message.headers)
+        if passed:
+            own = span_id(f"route/{ref}")
+            spans.record("route", trace_of(message.headers, ref), start=started, kind=spans.Kind.CONSUMER,
+                         own_span=own, attributes=attributes)
+            return trace_headers(message.headers, parent=own)
+        cause = value.get("intent_id" if intent else "event_id")
+        trace_id, root = spans.root_of(cause if isinstance(cause, str) and cause else ref)
+        spans.record("route", None, start=started, kind=spans.Kind.CONSUMER, own_span=root, root_trace=trace_id,
+                     attributes=attributes)
+        return passed
 
     def _dead_end(self, message: Read, source: Source, error: str) -> list[Outgoing]:
         now = self._time(message)
@@ -339,12 +363,14 @@ class Worker:
                 raise
             finally:
                 self.state.unstage()
+                self._decided.clear()
             if self.state.journal is not None and (tombstones := self.state.journal.prune()):
                 await self._deliver_own(tombstones)
 
     def _decide_safely(self, event: EventT[Any]) -> list[Result]:
         """Decide one input, staging its changes; a bug dead-letters the input, never stops us."""
         started = time.perf_counter()
+        began = spans.now() if spans.enabled() else 0
         kind = "unknown"
         source, now = _origin(event.message), self._time(event.message)
         try:
@@ -360,7 +386,27 @@ class Worker:
             self.state.stage(result.decision.changes)
             self._log(result)
         metrics.child(metrics.DECISION_SECONDS, kind).observe(time.perf_counter() - started)
+        if began:
+            self._decide_spans(event.message, kind, results, began)
         return results
+
+    def _decide_spans(self, message: Record, kind: str, results: list[Result], began: int) -> None:
+        """Decide's span of each result, a child of the span the routed record names (route's,
+        or a forwarding decision's send); a tick, which none names, is its trace's root."""
+        ended = spans.now()
+        rooted = kind not in ("intent", "event", "resident") and not trace_headers(message.headers)
+        for result in results:
+            trace, _ = self._trace(message, result)
+            audit = result.decision.audit
+            attributes = {"vmstream.kind": kind}
+            if audit is not None:
+                attributes.update({"vmstream.input": audit.input.ref, "vmstream.outcome": audit.outcome,
+                                   "vmstream.key": audit.input.key or ""})
+            context = spans.record(f"decide {kind}", None if rooted else trace, start=began, end=ended,
+                                   own_span=trace.span_id if rooted else None,
+                                   root_trace=trace.trace_id if rooted else None, attributes=attributes)
+            if context is not None:
+                self._decided[id(result)] = context
 
     def _decide_one(self, event: EventT[Any], source: Source, now: datetime) -> tuple[str, list[Result]]:
         """A routed record read as its input (handlers/inputs.py), decided by the one entry."""
@@ -376,7 +422,22 @@ class Worker:
         drop. Were state recorded first, a re-decision would find the intent ``processed``
         (or the owner told) and the lost messages would never be sent.
         """
+        started = spans.now() if spans.enabled() else 0
         await self._deliver([message for event, result in decided for message in self._outgoing(event.message, result)])
+        if started:
+            self._sent_spans(decided, started)
+
+    def _sent_spans(self, decided: list[tuple[EventT[Any], Result]], started: int) -> None:
+        """A span per message a batch sent, with the id its ``traceparent`` names, a child of
+        its decision's span (or, replayed from the journal, of the routed record's)."""
+        ended = spans.now()
+        for event, result in decided:
+            parent = self._decided.pop(id(result), None) or self._trace(event.message, result)[0]
+            for output in result.outputs():
+                spans.sent(output.value, parent, topic=output.topic, start=started, end=ended)
+            for update in result.decision.forwards:
+                spans.sent_as(f"{update.cause}@{update.node}/{update.vm_key}", parent, topic=ROUTED,
+                              start=started, end=ended, type_="resident")
 
     def _outgoing(self, message: Record, result: Result) -> list[Outgoing]:
         """A result's messages: its outputs as ``Engine.fitted`` encoded them, and what it tells nodes."""
