@@ -19,7 +19,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from harness.monitoring import operator_crds
-from tests.kube.test_deploy import NAMESPACE, ROOT, Api, _apply_order, kustomize
+from tests.kube.test_deploy import NAMESPACE, RECOMMENDED, ROOT, Api, _apply_order, kustomize
 from tests.support.kube_apiserver import Kube
 
 COMPONENT = ROOT / "deploy" / "components" / "monitoring"
@@ -31,10 +31,13 @@ PROCESSES = {"worker": 6066, "applier": 6067, "watch-bridge": 6068, "notify": 60
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> list[Manifest]:
     """deploy/base with the monitoring component, as an overlay would have it."""
     overlay = tmp_path_factory.mktemp("overlay")
+    base = yaml.safe_load((ROOT / "deploy" / "base" / "kustomization.yaml").read_text())
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "namespace": NAMESPACE,
         "resources": [os.path.relpath(ROOT / "deploy" / "base", overlay)],
         "components": [os.path.relpath(COMPONENT, overlay)],
+        "labels": base["labels"],  # as overlays/prod gives a component's objects the recommended labels
     }))
     return kustomize(overlay)
 
@@ -81,6 +84,18 @@ def test_a_service_monitor_scrapes_every_process_on_its_metrics_port(rendered: l
                                                                          "key": "token"}}
     others = {name for c, (name, _) in scraped.items() if c != "worker"}
     assert all("authorization" not in monitors[name]["spec"]["endpoints"][0] for name in others)
+
+
+def test_the_component_s_objects_have_the_recommended_labels(rendered: list[Manifest]) -> None:
+    ours = [obj for obj in rendered if obj["kind"] in ("ServiceMonitor", "PrometheusRule")
+            or (obj["kind"], obj["metadata"]["name"]) in (("ConfigMap", "vmstream-dashboard"),
+                                                          ("Service", "vmstream-apply"), ("Service", "vmstream-watch"),
+                                                          ("Service", "vmstream-notify"))]
+    assert len(ours) == 7
+    for obj in ours:
+        labels = obj["metadata"]["labels"]
+        assert {f"app.kubernetes.io/{key}" for key in RECOMMENDED} <= labels.keys(), obj["metadata"]["name"]
+        assert obj["metadata"]["namespace"] == NAMESPACE
 
 
 def test_the_dashboard_ships_as_a_config_map_for_grafana_s_sidecar(rendered: list[Manifest]) -> None:
