@@ -145,8 +145,8 @@ def bare_applier() -> Any:
 class Mailbox:
     contexts: list[dict[str, str]] = field(default_factory=list)
 
-    def send(self, target: Any, notification: Notification, context: dict[str, str] | None = None) -> None:
-        self.contexts.append(dict(context or {}))
+    def send(self, target: Any, notification: Notification, context: dict[str, str], *, source: str) -> None:
+        self.contexts.append(dict(context))
 
     def idle(self) -> None:
         pass
