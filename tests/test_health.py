@@ -40,7 +40,7 @@ FAKE_VMSTREAM = textwrap.dedent(
     parser.add_argument("--probe-host", default="127.0.0.1")
     parser.add_argument("--probe-port", type=int)
     args = parser.parse_args()
-    ProbeServer(ready=lambda: True, host=args.probe_host, port=args.probe_port).start()
+    ProbeServer(ready=lambda: True, host=args.probe_host, port=args.probe_port, process="worker").start()
     print("listening", flush=True)
     time.sleep(120)
     """
@@ -62,7 +62,7 @@ def _no_probe_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def probes() -> Iterator[ProbeServer]:
-    with ProbeServer(ready=lambda: True, host="127.0.0.1", port=0) as server:
+    with ProbeServer(ready=lambda: True, host="127.0.0.1", port=0, process="worker") as server:
         yield server
 
 
