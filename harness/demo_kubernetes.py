@@ -15,8 +15,6 @@ scheduler, the kubelet and virt-handler, and says what it does (``[node agent]``
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, TextIO
@@ -29,6 +27,7 @@ from handlers.messages import object_key
 from handlers.topics import K8S_EVENTS
 from harness.demo_people import ApiProcess, Console, MailSink, NotifyProcess, mails_due, start_together
 from harness.localkube import LocalKube
+from harness.processes import poll_until
 from harness.localkubevirt import HANDLER_USER, NAMESPACE, SERVICE_ACCOUNT_GROUPS
 from harness.publishing import publish, scenario_records
 from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess
@@ -164,8 +163,11 @@ def run(out: TextIO, stack: ExitStack, workdir: Path, bootstrap: str, printer: A
     # apply "after the next restart" of a VMI that was not running yet.
     running: list[set[str]] = []  # per VMI, the ids of the watch events that show it running
     for namespace, name in (("spx-proj-a", "train-1"), ("spx-proj-a", "batch-1"), ("spx-proj-b", "dev-1")):
-        vmi = _wait_for(lambda ns=namespace, n=name: cluster.running_vmi(ns, n), timeout,  # type: ignore[misc]
-                        f"KubeVirt to run {namespace}/{name}")
+        if not poll_until(lambda ns=namespace, n=name: cluster.running_vmi(ns, n) is not None,  # type: ignore[misc]
+                          timeout):
+            raise TimeoutError(f"timed out waiting for KubeVirt to run {namespace}/{name}")
+        vmi = cluster.running_vmi(namespace, name)
+        assert vmi is not None
         running.append({watch_event_id("VirtualMachineInstance", namespace, name, vmi["metadata"]["resourceVersion"],
                                        kind) for kind in ("ADDED", "MODIFIED", "RELISTED")})
     outputs.wait_for(lambda o: all(refs & {a["input"]["ref"] for a in o.audits(input__topic=events)}
@@ -212,15 +214,6 @@ def run(out: TextIO, stack: ExitStack, workdir: Path, bootstrap: str, printer: A
     out.write(f"  in Kubernetes now: train-1 (Always) runs on {cluster.vmi_node('spx-proj-a', 'train-1')}; "
               f"batch-1 (Manual) {'is off' if batch is None else 'runs on ' + batch}\n")
     return outputs
-
-
-def _wait_for(probe: Callable[[], dict[str, Any] | None], timeout: float, what: str) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while (found := probe()) is None:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    return found
 
 
 def _say(out: TextIO, what: str) -> None:
