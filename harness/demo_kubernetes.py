@@ -28,7 +28,7 @@ from handlers.topics import K8S_EVENTS
 from harness.demo_people import ApiProcess, Console, MailSink, NotifyProcess, mails_due, start_together
 from harness.localkube import LocalKube
 from harness.processes import poll_until
-from harness.localkubevirt import HANDLER_USER, NAMESPACE, SERVICE_ACCOUNT_GROUPS
+from harness.localkubevirt import HANDLER_USER, NAMESPACE, SERVICE_ACCOUNT_GROUPS, vm_subresource
 from harness.publishing import publish, scenario_records
 from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess
 from harness.scenarios import A100, INTENTS, PROJECT_LABEL, RTX, kubevirt_cr, node, vm
@@ -79,14 +79,9 @@ class Cluster:
             namespace, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
             self.custom.create_namespaced_custom_object(*KUBEVIRT, namespace, "virtualmachines", _created(obj))
             if obj["spec"].get("runStrategy") == "Manual":  # created stopped: its owner starts it
-                self.subresource(namespace, name, "start")
+                vm_subresource(self.api, namespace, name, "start")
             created |= {object_key("VirtualMachine", namespace, name), object_key("VirtualMachineInstance", namespace, name)}
         return created
-
-    def subresource(self, namespace: str, name: str, action: str) -> None:
-        """virt-api's start/stop/restart, through the API server (as ``virtctl`` calls it)."""
-        self.api.call_api(f"/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/virtualmachines/{name}/{action}",
-                          "PUT", body={}, auth_settings=["BearerToken"], _preload_content=False)
 
     def running_vmi(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The VM's VMI if it runs, else None."""

@@ -43,6 +43,7 @@ from handlers.messages import Preference
 from harness import processes
 from harness.locations import kubevirt_binary, kubevirt_control_plane_dir, third_party_versions
 from harness.pki import CertificateAuthority, write_kubeconfig
+from streams.kube.subresources import SUBRESOURCE_HEADERS, SUBRESOURCE_PATH
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,13 @@ class KubeVirtState:
     virt_controller_pid: int
     virt_api_binary: str
     virt_controller_binary: str
+
+
+def vm_subresource(api: client.ApiClient, namespace: str, name: str, action: str) -> None:
+    """virt-api's ``start``, ``stop`` or ``restart`` of a VM, through the API server's
+    aggregation layer, asked as the applier asks it (its path and Accept header)."""
+    api.call_api(SUBRESOURCE_PATH.format(namespace=namespace, name=name, action=action), "PUT",
+                 header_params=SUBRESOURCE_HEADERS, body={}, auth_settings=["BearerToken"], _preload_content=False)
 
 
 def _runs(binary: str) -> processes.ArgvCheck:
@@ -307,4 +315,4 @@ class KubeVirtControlPlane:
 
 __all__ = ["API_USER", "CONTROLLER_USER", "HANDLER_USER", "NAMESPACE", "SERVICE_ACCOUNT_GROUPS", "KubeVirtControlPlane",
            "KubeVirtState",
-           "service_account"]
+           "service_account", "vm_subresource"]

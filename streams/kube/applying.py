@@ -74,6 +74,7 @@ from streams.common.settings import Settings
 from streams.common.signing import Keyring, KeyringError, open_sealed
 from streams.common.topics import ensure_topics
 from streams.kube.informing import UNKNOWN, PolicyCache, Unknown
+from streams.kube.subresources import SUBRESOURCE_HEADERS, SUBRESOURCE_PATH
 
 if TYPE_CHECKING:
     from kafka import KafkaConsumer
@@ -83,7 +84,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 KUBEVIRT = ("kubevirt.io", "v1")
-SUBRESOURCE_PATH = "/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/virtualmachines/{name}/{action}"
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 # On a VM: the restart command last sent for it and the uid of the VMI it restarts, written
@@ -508,9 +508,7 @@ class KubeApplier:
         try:
             response = self._call(
                 self.api.call_api, path, "PUT",
-                # As client-go asks: virt-api's start/stop/restart routes declare no Produces, and
-                # go-restful answers 406 to an Accept of application/json alone, even for a 202.
-                header_params={"Accept": "application/json, */*", "Content-Type": "application/json"},
+                header_params=SUBRESOURCE_HEADERS,
                 body={}, auth_settings=["BearerToken"], _preload_content=False, _host=self.subresource_url,
             )
         except ApiException as exc:

@@ -18,6 +18,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from handlers.drains import RESTARTS_AFTER_DELETION, restarts_by_itself
+from harness.localkubevirt import vm_subresource
 from harness.scenarios import node as node_object
 from tests.support.kube_apiserver import Kube, minimal_vm
 from tests.support.node_agent import NodeAgent
@@ -75,9 +76,7 @@ class VMs:
         return eventually(probe, f"VMI {name} running")
 
     def subresource(self, name: str, action: str) -> None:
-        """virt-api's start/stop/restart, through the API server's aggregation layer."""
-        self.api.call_api(f"/apis/subresources.kubevirt.io/v1/namespaces/{self.namespace}/virtualmachines/{name}/{action}",
-                          "PUT", body={}, auth_settings=["BearerToken"], _preload_content=False)
+        vm_subresource(self.api, self.namespace, name, action)
 
     def delete_vmi(self, name: str) -> None:
         self.custom.delete_namespaced_custom_object(*KUBEVIRT, self.namespace, "virtualmachineinstances", name)

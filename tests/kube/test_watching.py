@@ -38,6 +38,7 @@ from handlers.messages import ORIGINAL_PREFIX_BYTES, DeadLetter, WatchEvent, obj
 from handlers.tracing import ce_time, derived_trace
 from streams.common import metrics
 from streams.common.kafka_clients import admin_client, producer
+from harness.localkubevirt import vm_subresource
 from harness.processes import free_ports
 from harness.running import Deployment, VmstreamProcess
 from harness.scenarios import RTX, node, vm
@@ -790,7 +791,7 @@ def test_deletions_while_the_bridge_is_stopped_are_published_after_its_restart_a
         cluster.custom.create_namespaced_custom_object(*KUBEVIRT, ns, "virtualmachines", created(
             vm(ns, name, project="proj-a", owner=ALICE, gpu=with_vmi.get(name),
                run_strategy=strategies.get(name, "Halted"))))
-    start_vm(kube, ns, "vm-6")
+    vm_subresource(cluster.custom.api_client, ns, "vm-6", "start")
     for name in with_vmi:
         wait_until(lambda name=name: _phase(cluster, name) == "Running", f"KubeVirt to run {name}")  # type: ignore[misc]
     mine = {f"Node/{node_name}"} | {f"{kind}/{ns}/{name}" for kind in ("VirtualMachine",) for name in names}
@@ -869,14 +870,6 @@ def test_deletions_while_the_bridge_is_stopped_are_published_after_its_restart_a
     assert [c for r in harness.wait(3600).tick() for c in r.decision.commands] == []
     assert harness.commands("delete_vmi") == []
     refused(harness.intent("drain_node", {"node": node_name, "reason": "again"}, by=OPS, project=None), "unknown")
-
-
-def start_vm(kube: Kube, namespace: str, name: str) -> None:
-    """virt-api's start, through the API server."""
-    with kube.api_client() as api:
-        api.call_api(f"/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/virtualmachines/{name}/start", "PUT",
-                     header_params={"Accept": "application/json, */*"}, body={}, auth_settings=["BearerToken"],
-                     _preload_content=False)
 
 
 def _phase(cluster: Cluster, name: str) -> str | None:
