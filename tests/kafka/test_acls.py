@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -40,7 +39,7 @@ from streams.common.signing import Keyring
 from streams.common.topics import TOPICS as TOPIC_SPECS
 from streams.common.topics import changelog_topic, ensure_topics
 from tests.support.kube_apiserver import Kube
-from tests.support.waiting import stop
+from tests.support.waiting import audit_of_intent, stop
 
 pytestmark = pytest.mark.kafka
 
@@ -397,29 +396,11 @@ def test_the_worker_does_its_job_on_its_own_acls(secured: SecuredBroker, tmp_pat
             portal.close(timeout=5)
         reader = KafkaConsumer(group_id=None, enable_auto_commit=False,
                                **client_options(secured.settings(secured.sasl.admin)))
-        try:
-            partition = TopicPartition(own.topic("audit"), 0)
-            reader.assign([partition])
-            reader.seek_to_beginning(partition)
-            deadline = time.monotonic() + 180
-            audits: list[dict[str, Any]] = []
-            while not audits:
-                assert process.poll() is None, log_path.read_text(errors="replace")[-4000:]
-                assert time.monotonic() < deadline, f"no audit record: {log_path.read_text(errors='replace')[-4000:]}"
-                for records in reader.poll(timeout_ms=500).values():
-                    audits += [v for v in (json.loads(r.value) for r in records)
-                               if (v.get("input") or {}).get("ref") == intent_id]
-        finally:
-            reader.close()
+        audits = audit_of_intent(reader, own.topic("audit"), intent_id, process, log_path)
         assert audits[0]["outcome"] in ("accepted", "rejected"), audits
         assert "AuthorizationFailed" not in log_path.read_text(errors="replace")
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process, grace=60)
 
 
 def test_notify_does_its_job_on_its_own_acls(secured: SecuredBroker, tmp_path: Path) -> None:
@@ -484,11 +465,6 @@ def test_notify_does_its_job_on_its_own_acls(secured: SecuredBroker, tmp_path: P
         assert [event["id"] for event in received] == [notice.notification_id]
         assert "AuthorizationFailed" not in log_path.read_text(errors="replace")
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process, grace=60)
         hook.shutdown()
         hook.server_close()

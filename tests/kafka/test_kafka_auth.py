@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -42,6 +41,7 @@ from streams.common.group_reading import GroupReader
 from streams.common.kafka_clients import admin_client, aiokafka_options, consumer, librdkafka_options, producer
 from streams.common.settings import KafkaSettings
 from streams.common.topics import ensure_topics
+from tests.support.waiting import audit_of_intent, stop
 
 pytestmark = pytest.mark.kafka
 
@@ -401,28 +401,10 @@ def test_the_worker_does_its_job_as_its_principal(secured: Secured, tmp_path: Pa
         finally:
             portal.close(timeout=5)
         reader = consumer(secured.settings("auditor"), group_id=None, enable_auto_commit=False)
-        try:
-            partition = TopicPartition(kafka.topic("audit"), 0)
-            reader.assign([partition])
-            reader.seek_to_beginning(partition)
-            deadline = time.monotonic() + 180
-            audits: list[dict[str, Any]] = []
-            while not audits:
-                assert process.poll() is None, log_path.read_text(errors="replace")[-4000:]
-                assert time.monotonic() < deadline, f"no audit record: {log_path.read_text(errors='replace')[-4000:]}"
-                for records in reader.poll(timeout_ms=500).values():
-                    audits += [v for v in (json.loads(r.value) for r in records)
-                               if (v.get("input") or {}).get("ref") == intent_id]
-        finally:
-            reader.close()
+        audits = audit_of_intent(reader, kafka.topic("audit"), intent_id, process, log_path)
         assert audits[0]["outcome"] in ("accepted", "rejected"), audits
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process, grace=60)
     assert process.returncode == 0, log_path.read_text(errors="replace")[-4000:]
     if secured.idp is not None:
         assert "vmstream-worker" in secured.idp.granted

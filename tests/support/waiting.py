@@ -6,11 +6,13 @@ turns a hang into a failure that says what was awaited.
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 DEADLINE = 60.0
@@ -38,3 +40,27 @@ def stop(process: subprocess.Popen[bytes] | subprocess.Popen[str] | None, grace:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def audit_of_intent(reader: Any, topic: str, intent_id: str, process: subprocess.Popen[bytes], log_path: Path,
+                    timeout: float = 180.0) -> list[dict[str, Any]]:
+    """The audit records of ``intent_id`` on partition 0 of ``topic``, read from the start with
+    ``reader`` (a kafka-python consumer, closed here) once there is one; the process deciding it
+    must stay up meanwhile (its log's tail is the failure's message)."""
+    from kafka import TopicPartition
+
+    try:
+        partition = TopicPartition(topic, 0)
+        reader.assign([partition])
+        reader.seek_to_beginning(partition)
+        deadline = time.monotonic() + timeout
+        audits: list[dict[str, Any]] = []
+        while not audits:
+            assert process.poll() is None, log_path.read_text(errors="replace")[-4000:]
+            assert time.monotonic() < deadline, f"no audit record: {log_path.read_text(errors='replace')[-4000:]}"
+            for records in reader.poll(timeout_ms=500).values():
+                audits += [v for v in (json.loads(r.value) for r in records)
+                           if (v.get("input") or {}).get("ref") == intent_id]
+        return audits
+    finally:
+        reader.close()
