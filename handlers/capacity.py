@@ -9,6 +9,7 @@ instance can answer for the whole AZ.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from handlers.admission import permitted
@@ -69,6 +70,43 @@ def _indexed(state: StateView, device_name: str, excluding_node: str | None) -> 
         for i in range(4):
             sums[i] += after[i] - before[i]
     return Capacity(device_name, *sums)
+
+
+def free_on_nodes(state: StateView, devices: Iterable[str], *, excluding_node: str | None = None) -> list[dict[str, int]]:
+    """The free cards of ``devices`` on each schedulable node (but one), where any is free."""
+    wanted = set(devices)
+    found = []
+    for usage in state.values(USAGE):
+        if usage.node == excluding_node or not usage.schedulable:
+            continue
+        free = {device: usage.free(device) for device in wanted if usage.free(device) > 0}
+        if free:
+            found.append(free)
+    return found
+
+
+def surely_placed(state: StateView, demand: Mapping[str, int], competing: Mapping[str, int], *,
+                  excluding_node: str | None = None) -> bool:
+    """Whether a VM that needs ``demand`` (cards by device, all on one node, as KubeVirt's
+    launcher pod asks for them) finds a node with them free, whatever the scheduler does
+    with the other VMs that want cards now, ``competing`` in all (by device).
+
+    A node serves the VM while it has ``demand[d]`` free of each of its devices ``d``. To
+    leave it none, the others must take, on every node that could serve it, ``free - demand
+    + 1`` cards of one of its devices; holding fewer cards of its devices than that in all,
+    they cannot. For VMs of one card each this is: the free cards are at least as many as
+    the VMs. Two cards free on two nodes are not two cards for one VM.
+    """
+    budget = sum(competing.get(device, 0) for device in demand)
+    if len(demand) == 1:
+        [(device, count)] = demand.items()
+        if count == 1:  # any free card serves it: the sums kept along, no pass over the nodes
+            return capacity(state, device, excluding_node=excluding_node).free > budget
+    cost = 0
+    for free in free_on_nodes(state, demand, excluding_node=excluding_node):
+        if all(free.get(device, 0) >= count for device, count in demand.items()):
+            cost += min(free[device] - count + 1 for device, count in demand.items())
+    return cost > budget
 
 
 def capacity_report(state: StateView, catalog: Catalog) -> dict[str, dict[str, object]]:

@@ -31,13 +31,14 @@ gets the tally.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
-from dataclasses import replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from handlers import ids
-from handlers.capacity import capacity
-from handlers.cluster import NodeRecord, Resident
+from handlers.capacity import capacity, surely_placed
+from handlers.cluster import NodeRecord, Resident, describe_gpus
+from handlers.frozen import direct_init
 from handlers.decisions import Context, node_subject, vm_subject
 from handlers.messages import ObjectRef
 from handlers.state import DeadlineIndex, DrainEpisode, DrainOutcome, DrainScope, DrainSource, ObservedFate, StateView
@@ -292,95 +293,129 @@ def _announce(ctx: Context, episode: DrainEpisode, newcomers: list[Resident]) ->
     announced = dict(episode.announced)
     warned = dict(episode.warned)
     for resident in newcomers:
-        fate, free, competing = plans[resident.key]
-        gpu = ctx.catalog.for_device((resident.template_gpus or resident.gpu_devices)[0])
-        subject = vm_subject(resident.key)
-        recipients = list(resident.recipients) if resident.has_vm else list(ctx.config.operators)
-        ctx.notify(
-            "drain_will_stop_gpu_vm",
-            subject=subject,
-            episode=episode.episode,
-            recipients=recipients,
-            project=resident.project,
-            severity="warning",
-            message=(
-                f"{_what_it_is(episode, subject)} will be stopped at "
-                f"{episode.deadline.strftime('%Y-%m-%d %H:%M:%S UTC')}, and "
-                + fate_text(fate, resident, gpu=gpu.display_name, free=free, competing=competing, node=episode.node)
-                + "."
-            ),
-            details={
-                "node": episode.node,
-                "reason": episode.reason,
-                "drain_source": episode.source,
-                "scope": episode.scope,
-                "outcome": fate,
-                "run_strategy": resident.run_strategy,
-                "restarts_by_itself": restarts_by_itself(resident.run_strategy),
-                "gpu": gpu.describe(),
-                "cards_free": free,
-                "restarting_gpu_vms": competing,
-            },
-            deadline=episode.deadline,
-        )
-        announced[resident.key] = fate
+        plan = plans[resident.key]
+        recipients = _recipients(ctx, resident)
+        ctx.notify("drain_will_stop_gpu_vm", subject=vm_subject(resident.key), episode=episode.episode,
+                   recipients=recipients, project=resident.project, severity="warning",
+                   message=_notice_text(ctx, episode, resident, plan), details=_notice_details(ctx, episode, resident, plan),
+                   deadline=episode.deadline)
+        announced[resident.key] = plan.fate
         warned[resident.key] = (resident.project, tuple(recipients))
     return replace(episode, announced=announced, warned=warned)
 
 
-def fate_text(
-    fate: DrainOutcome, resident: Resident, *, gpu: str, free: int | None, competing: int | None, node: str
-) -> str:
+def _recipients(ctx: Context, resident: Resident) -> list[str]:
+    return list(resident.recipients) if resident.has_vm else list(ctx.config.operators)
+
+
+def _display(ctx: Context) -> Callable[[str], str]:
+    return lambda device: ctx.catalog.for_device(device).display_name
+
+
+def _notice_text(ctx: Context, episode: DrainEpisode, resident: Resident, plan: FatePlan) -> str:
+    subject = vm_subject(resident.key)
+    return (f"{_what_it_is(episode, subject)} will be stopped at {episode.deadline.strftime('%Y-%m-%d %H:%M:%S UTC')}, "
+            f"and {fate_text(plan, resident, display=_display(ctx), node=episode.node)}.")
+
+
+def _notice_details(ctx: Context, episode: DrainEpisode, resident: Resident, plan: FatePlan) -> dict[str, object]:
+    gpus = resident.template_gpus or resident.gpu_devices
+    return {
+        "node": episode.node,
+        "reason": episode.reason,
+        "drain_source": episode.source,
+        "scope": episode.scope,
+        "outcome": plan.fate,
+        "run_strategy": resident.run_strategy,
+        "restarts_by_itself": restarts_by_itself(resident.run_strategy),
+        "gpu": ctx.catalog.for_device(gpus[0]).describe(),
+        "gpus": [ctx.catalog.for_device(d).describe() for d in resident.template_gpus],
+        "cards_free": plan.free,
+        "restarting_gpu_vms": plan.competing,
+        "cards_free_by_device": dict(plan.free_by_device),
+    }
+
+
+@direct_init
+@dataclass(frozen=True, slots=True)
+class FatePlan:
+    """What a drained VM is told will become of it, and the numbers it is told with."""
+
+    fate: DrainOutcome
+    free: int | None = None  # free cards elsewhere now of its (first) GPU's device
+    competing: int | None = None  # the drain's VMs that restart by themselves and want that device
+    free_by_device: tuple[tuple[str, int], ...] = ()  # free cards elsewhere now, by each of its devices
+
+
+def fate_text(plan: FatePlan, resident: Resident, *, display: Callable[[str], str], node: str) -> str:
     """What the owner is told will happen after the stop: only what is known now."""
     strategy = resident.run_strategy
     if not resident.has_vm:
         return "it will not come back (a VMI without a VM)"
-    if fate == "needs_manual_start":
+    if plan.fate == "needs_manual_start":
         return f"it will stay off until it is started again (run strategy {strategy})"
     if not resident.template_gpus:
         return f"it will start again by itself (run strategy {strategy}), without a GPU"
-    cards = (
-        f"{free} card(s) of this class free now for {competing} GPU VM(s) leaving node {node} "
-        "that restart by themselves"
-    )
-    if fate == "returns_automatically":
-        return f"it will start again by itself (run strategy {strategy}) on another node with a free {gpu}: {cards}"
+    gpus = resident.template_gpus
+    if len(gpus) == 1:
+        wanted = f"a free {display(gpus[0])}"
+        cards = (f"{plan.free} card(s) of this class free now for {plan.competing} GPU VM(s) leaving node {node} "
+                 "that restart by themselves")
+    else:
+        wanted = f"{describe_gpus(gpus, display)} free on one node"
+        free = ", ".join(f"{count} {display(device)}" for device, count in plan.free_by_device)
+        cards = (f"it needs them all on one node; free now on the other nodes: {free or 'none'}, for "
+                 f"{plan.competing} GPU VM(s) leaving node {node} that restart by themselves")
+    if plan.fate == "returns_automatically":
+        where = f"a free {display(gpus[0])}" if len(gpus) == 1 else wanted
+        return f"it will start again by itself (run strategy {strategy}) on another node with {where}: {cards}"
     return (
-        f"KubeVirt will start it again (run strategy {strategy}) only once a {gpu} is free for it, "
+        f"KubeVirt will start it again (run strategy {strategy}) only once {wanted} is there for it, "
         f"which may take a while: {cards}"
     )
 
 
-def plan_fates(
-    ctx: Context, episode: DrainEpisode, residents: list[Resident]
-) -> dict[str, tuple[DrainOutcome, int | None, int | None]]:
-    """Each of ``residents``' fate, with the free cards of its class and the VMs they are for.
+def restarting(residents: Iterable[Resident]) -> dict[str, Resident]:
+    """Those of ``residents`` KubeVirt starts again by themselves with GPUs: they compete for cards."""
+    return {r.key: r for r in residents if r.has_vm and restarts_by_itself(r.run_strategy) and r.template_gpus}
 
-    Every VM of the drain that KubeVirt restarts by itself with a GPU of a class competes
-    for that class's free cards elsewhere; which of them gets a card is the scheduler's
-    choice, so a VM is told it comes back only when there is a card for every one of them
-    (otherwise it waits for one, and is told the numbers). A drain promises no card twice.
+
+def plan_fates(ctx: Context, episode: DrainEpisode, residents: list[Resident]) -> dict[str, FatePlan]:
+    """Each of ``residents``' fate, with the free cards of its GPUs and the VMs they are for.
+
+    Every VM of the drain that KubeVirt restarts by itself with GPUs competes for the free
+    cards elsewhere; which of them gets a card is the scheduler's choice, so a VM is told
+    it comes back only when it finds its cards, all on one node, whatever the scheduler
+    does with the others (:func:`~handlers.capacity.surely_placed`; for VMs of one card:
+    a free card for every one of them). Otherwise it waits for them, and is told the
+    numbers. A drain promises no card twice.
     """
     on_node = in_scope(episode, residents_of(ctx, episode.node))
-    competing: Counter[str] = Counter(
-        r.template_gpus[0] for r in {r.key: r for r in [*on_node, *residents]}.values()
-        if r.has_vm and restarts_by_itself(r.run_strategy) and r.template_gpus
-    )
-    plans: dict[str, tuple[DrainOutcome, int | None, int | None]] = {}
-    free_of: dict[str, int] = {}  # the same for every VM of a class: asked once
+    competitors = restarting([*on_node, *residents])
+    wanted: Counter[str] = Counter()
+    for resident in competitors.values():
+        wanted.update(resident.template_gpus)
+    plans: dict[str, FatePlan] = {}
+    free_of: dict[str, int] = {}  # the same for every VM of a device: asked once
     for resident in sorted(residents, key=lambda r: r.key):
         if not resident.has_vm or not restarts_by_itself(resident.run_strategy):
-            plans[resident.key] = ("needs_manual_start", None, None)
+            plans[resident.key] = FatePlan("needs_manual_start")
             continue
-        if not resident.template_gpus:  # its GPU was removed: it returns without one
-            plans[resident.key] = ("returns_automatically", None, None)
+        if not resident.template_gpus:  # its GPUs were removed: it returns without one
+            plans[resident.key] = FatePlan("returns_automatically")
             continue
-        device = resident.template_gpus[0]
-        free = free_of.get(device)
-        if free is None:
-            free = free_of[device] = capacity(ctx.state, device, excluding_node=episode.node).free
-        fate: DrainOutcome = "returns_automatically" if free >= competing[device] else "waits_for_gpu"
-        plans[resident.key] = (fate, free, competing[device])
+        demand = Counter(resident.template_gpus)
+        for device in demand:
+            if device not in free_of:
+                free_of[device] = capacity(ctx.state, device, excluding_node=episode.node).free
+        placed = surely_placed(ctx.state, demand, wanted - demand, excluding_node=episode.node)
+        first = resident.template_gpus[0]
+        plans[resident.key] = FatePlan(
+            "returns_automatically" if placed else "waits_for_gpu",
+            free=free_of[first],
+            competing=sum(1 for r in competitors.values() if first in r.template_gpus),
+            free_by_device=tuple((device, free_of[device]) for device in sorted(demand)),
+        )
     return plans
 
 

@@ -306,6 +306,7 @@ class WatchedKind:
     group: str  # "" for the core API
     version: str
     plural: str
+    label_selector: str | None = None  # only the objects it selects are watched
 
     @property
     def api_version(self) -> str:
@@ -320,6 +321,10 @@ WATCHED_KINDS: tuple[WatchedKind, ...] = (
     WatchedKind("KubeVirt", "kubevirt.io", "v1", "kubevirts"),
     # Their project label says where a project's VMs may be created (docs/auth.md).
     WatchedKind("Namespace", "", "v1", "namespaces"),
+    # The instance types KubeVirt stored for VMs: their GPUs go into every VMI (docs/kubevirt.md).
+    WatchedKind("ControllerRevision", "apps", "v1", "controllerrevisions",
+                label_selector="instancetype.kubevirt.io/object-kind in "
+                               "(VirtualMachineInstancetype,VirtualMachineClusterInstancetype)"),
 )
 
 
@@ -362,6 +367,14 @@ class GPUMutation(Message):
     # without them, handlers/enforcement.py); a VM that no longer has exactly this GPU when
     # the applier plans again is left as it is.
     enforce: bool | None = None
+    # An enforce mutation of a VM whose GPUs are not one template GPU (several, GPU host devices,
+    # an instance type's): the template's device names (gpus and hostDevices, sorted) it was
+    # planned on. Its devices are never changed, and a VM whose template devices differ when
+    # the applier plans again is left as it is.
+    devices: list[str] | None = None
+    # False: leave the template's cpu.model alone, the instance type sets the CPU model
+    # (KubeVirt refuses a VM that sets both).
+    cpu_model: bool | None = None
 
 
 CommandType = Literal[

@@ -17,6 +17,7 @@ from typing import Any
 from handlers.availability import reconcile_availability
 from handlers.capacity import refresh_usage
 from handlers.cluster import (
+    InstancetypeRevision,
     KubeVirtRecord,
     MaintenanceRecord,
     NamespaceRecord,
@@ -33,7 +34,18 @@ from handlers.messages import WatchEvent, node_key, vm_key
 from handlers.outcomes import ACCEPTED, Accepted, Ignored
 from handlers.restarts import reconcile_pending
 from handlers.state import KUBEVIRT_KEY, ObservedFate, put_tracking, tracking_of
-from handlers.tables import DRAINS, KUBEVIRT, MAINTENANCES, NAMESPACES, NODES, RESIDENTS, TRACKING, VMIS, VMS
+from handlers.tables import (
+    DRAINS,
+    KUBEVIRT,
+    MAINTENANCES,
+    NAMESPACES,
+    NODES,
+    RESIDENTS,
+    REVISIONS,
+    TRACKING,
+    VMIS,
+    VMS,
+)
 
 CLUSTER_KEY = "cluster/kubevirt"
 
@@ -47,6 +59,8 @@ def decision_key(kind: str, obj: dict[str, Any]) -> str:
         return node_key(str(metadata.get("name")))
     if kind == "NodeMaintenance":
         return node_key(str((obj.get("spec") or {}).get("nodeName") or ""))
+    if kind == "ControllerRevision":
+        return InstancetypeRevision.owner(obj) or CLUSTER_KEY
     return CLUSTER_KEY
 
 
@@ -62,8 +76,16 @@ def observe(ctx: Context, event: WatchEvent) -> Accepted | Ignored:
 # ------------------------------------------------------------- under the VM's key
 
 
+def vm_record(ctx: Context, obj: dict[str, Any]) -> VMRecord:
+    """The record of a VM as the rules read it: its GPUs with its instance type's."""
+    metadata = obj.get("metadata") or {}
+    key = vm_key(metadata.get("namespace") or "default", str(metadata.get("name")))
+    return VMRecord.from_object(obj, project_label=ctx.config.labels.project, gpu_names=ctx.catalog.device_names,
+                                revisions=ctx.state.get(REVISIONS, key))
+
+
 def _vm(ctx: Context, event: WatchEvent) -> None:
-    vm = VMRecord.from_object(event.object, project_label=ctx.config.labels.project)
+    vm = vm_record(ctx, event.object)
     before = _residence(ctx, vm.key)
     if event.type == "DELETED":
         ctx.state.put(VMS, vm.key, None)
@@ -76,11 +98,34 @@ def _vm(ctx: Context, event: WatchEvent) -> None:
 
 
 def _vmi(ctx: Context, event: WatchEvent) -> None:
-    vmi = VMIRecord.from_object(event.object)
+    vmi = VMIRecord.from_object(event.object, gpu_names=ctx.catalog.device_names)
     before = _residence(ctx, vmi.key)
     ctx.state.put(VMIS, vmi.key, None if event.type == "DELETED" else vmi)
     _reconcile_vm(ctx, vmi.key)
     _tell_nodes(ctx, vmi.key, before)
+
+
+def _revision(ctx: Context, event: WatchEvent) -> None:
+    """An instance type KubeVirt stored for a VM: the VM's GPU set is read again with it."""
+    revision = InstancetypeRevision.from_object(event.object)
+    if revision is None:
+        return
+    known = ctx.state.get(REVISIONS, revision.vm)
+    revisions = dict(known) if known else {}
+    if event.type == "DELETED":
+        revisions.pop(revision.name, None)
+    else:
+        revisions[revision.name] = revision
+    ctx.state.put(REVISIONS, revision.vm, revisions or None)
+    vm = ctx.state.get(VMS, revision.vm)
+    if vm is None:
+        return
+    before = _residence(ctx, vm.key)
+    again = vm_record(ctx, vm.object)
+    if again != vm:
+        ctx.state.put(VMS, vm.key, again)
+        _reconcile_vm(ctx, vm.key)
+        _tell_nodes(ctx, vm.key, before)
 
 
 def _namespace(ctx: Context, event: WatchEvent) -> None:
@@ -223,4 +268,5 @@ _FOLDS = {
     "NodeMaintenance": _maintenance,
     "KubeVirt": _kubevirt,
     "Namespace": _namespace,
+    "ControllerRevision": _revision,
 }

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from handlers import ids
-from handlers.cluster import VMIRecord, VMRecord
+from handlers.cluster import VMIRecord, VMRecord, describe_gpus
 from handlers.decisions import Context, vm_subject
 from handlers.outcomes import ACCEPTED, Accepted, Refused
 from handlers.state import StateView, put_tracking, tracking_of
@@ -31,10 +31,12 @@ RESTART_REFUSED = {
 
 
 def change_pending(vm: VMRecord, vmi: VMIRecord | None) -> bool:
-    """A GPU change waits for a restart: a live VMI runs with other GPUs than the template."""
-    if vmi is None or not vmi.active:
+    """A GPU change waits for a restart: a live VMI runs with other GPUs than the VM's next
+    one gets (its template's and its instance type's, card for card). Not while the VM's
+    instance type is unknown: then nobody knows what its next VMI gets."""
+    if vmi is None or not vmi.active or not vm.gpus_known:
         return False
-    return set(vm.gpu_devices) != set(vmi.gpu_devices)
+    return vm.gpu_devices != vmi.gpu_devices
 
 
 def reconcile_pending(ctx: Context, vm: VMRecord) -> None:
@@ -49,9 +51,8 @@ def reconcile_pending(ctx: Context, vm: VMRecord) -> None:
     episode = ids.episode_id(vm.key, vmi.uid, *vm.gpu_devices)
     if tracking.pending_episode == episode:
         return
-    wanted = [ctx.catalog.for_device(d).display_name for d in vm.gpu_devices]
     running = [ctx.catalog.for_device(d).display_name for d in vmi.gpu_devices]
-    now_text = f"GPU {wanted[0]}" if wanted else "no GPU"
+    now_text = describe_gpus(vm.gpu_devices, lambda d: ctx.catalog.for_device(d).display_name)
     ctx.notify(
         "gpu_change_pending_restart",
         subject=vm_subject(vm.key),
