@@ -186,7 +186,14 @@ class Context:
         details: dict[str, Any] | None = None,
         deadline: datetime | None = None,
     ) -> Notification:
-        """A notification named by (type, subject, episode): the same fact, the same id."""
+        """A notification named by (type, subject, episode): the same fact, the same id.
+
+        Everyone is told: a notice with nobody to tell — a VM with neither an owner annotation
+        nor a project label — goes to the operators, and its details say why."""
+        if not recipients:
+            recipients = list(self.config.operators)
+            details = {**(details or {}), "told_instead": (
+                "the operators: no owner (annotation vmstream.io/owner) and no project label names anyone to tell")}
         notification = Notification(
             notification_id=ids.notification_id(type_, subject_key(subject), episode),
             type=type_,

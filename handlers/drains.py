@@ -295,12 +295,12 @@ def _announce(ctx: Context, episode: DrainEpisode, newcomers: list[Resident]) ->
     for resident in newcomers:
         plan = plans[resident.key]
         recipients = _recipients(ctx, resident)
-        ctx.notify("drain_will_stop_gpu_vm", subject=vm_subject(resident.key), episode=episode.episode,
-                   recipients=recipients, project=resident.project, severity="warning",
-                   message=_notice_text(ctx, episode, resident, plan), details=_notice_details(ctx, episode, resident, plan),
-                   deadline=episode.deadline)
+        told = ctx.notify("drain_will_stop_gpu_vm", subject=vm_subject(resident.key), episode=episode.episode,
+                          recipients=recipients, project=resident.project, severity="warning",
+                          message=_notice_text(ctx, episode, resident, plan),
+                          details=_notice_details(ctx, episode, resident, plan), deadline=episode.deadline)
         announced[resident.key] = plan.fate
-        warned[resident.key] = (resident.project, tuple(recipients))
+        warned[resident.key] = (resident.project, tuple(told.recipients))
     return replace(episode, announced=announced, warned=warned)
 
 
