@@ -87,9 +87,12 @@ def start_drain(
     existing = ctx.state.get(DRAINS, node)
     if existing is not None and not (existing.scope == "evictions" and existing.completed):
         if scope == "node" and existing.scope == "evictions":
-            widened = replace(existing, scope="node", source=source, reason=reason, requested_by=requested_by)
-            if existing.deadline_passed:
-                widened = replace(widened, deadline=ctx.now + timedelta(seconds=notice), deadline_passed=False)
+            # No VM told an eviction's deadline is stopped before it; the others get the notice.
+            stopped = set(existing.stopped)
+            told = [at for key, at in existing.due.items() if key not in stopped]
+            deadline = max([ctx.now + timedelta(seconds=notice), *told])
+            widened = replace(existing, scope="node", source=source, reason=reason, requested_by=requested_by,
+                              deadline=deadline, deadline_passed=False, due={})
             ctx.state.put(DRAINS, node, _cordon(ctx, widened))
         reconcile_drain(ctx, node)
         return existing
@@ -204,21 +207,85 @@ def reconcile_drain(ctx: Context, node: str) -> None:
     observed = ctx.state.get(NODES, node)
     if observed is not None and observed.unschedulable and not episode.cordon_observed:
         episode = replace(episode, cordon_observed=True)
-    on_node = in_scope(episode, residents_of(ctx, node))
+    residents = residents_of(ctx, node)
+    if episode.scope == "evictions" and not episode.completed:
+        retracted = _retract(ctx, episode, residents)
+        if retracted is None:
+            return  # nothing left of it: closed
+        episode = retracted
+    on_node = in_scope(episode, residents)
     newcomers = [r for r in on_node if r.key not in episode.announced]
-    if newcomers and episode.scope == "evictions" and episode.deadline_passed and not episode.completed:
-        # A VM marked for eviction after the others were stopped gets its own notice.
-        episode = replace(
-            episode, deadline=ctx.now + timedelta(seconds=ctx.config.drain.notice_seconds), deadline_passed=False
-        )
     if newcomers and not episode.completed:
         episode = _announce(ctx, episode, newcomers)
-    if episode.deadline_passed and nothing_new_can_start(episode, observed):
+    if episode.scope == "evictions":
+        episode = _stop_due(ctx, episode, on_node)
+    elif episode.deadline_passed and nothing_new_can_start(episode, observed):
         episode = _stop(ctx, episode, on_node)
     if not on_node and not episode.completed and all(k in episode.observed for k in episode.announced):
         episode = _complete(ctx, episode)
     if episode != before:  # a node's heartbeat during its drain changes no row
         ctx.state.put(DRAINS, node, episode)
+
+
+def _retract(ctx: Context, episode: DrainEpisode, residents: list[Resident]) -> DrainEpisode | None:
+    """Evictions whose mark went away are off: ``evacuate/cancel`` removes
+    ``status.evacuationNodeName`` (pkg/virt-api/rest/evacuate_cancel.go) and virt-controller
+    then drops ``EvictionRequested`` (``updateStatus``, pkg/virt-controller/watch/vmi/lifecycle.go).
+    The owner is told the stop is off and the VM leaves the episode: a later mark is a new
+    eviction, with a notice of its own and a full notice period. An episode left with no VM
+    is closed (None)."""
+    here = {r.key: r for r in residents}
+    stopped = set(episode.stopped)
+    off = [key for key in sorted(episode.announced)
+           if key not in stopped and key in here and not here[key].evacuating]
+    if not off:
+        return episode
+    told = dict(episode.told)
+    for key in off:
+        project, recipients = episode.warned.get(key, (None, ()))
+        subject = vm_subject(key)
+        ctx.notify(
+            "drain_called_off", subject=subject, episode=_notice_id(episode, key), recipients=list(recipients),
+            project=project, severity="info",
+            message=(f"The eviction of GPU VM {subject.namespace}/{subject.name} from node {episode.node} was "
+                     "cancelled (KubeVirt no longer marks it for eviction): it will not be stopped."),
+            details={"node": episode.node, "reason": episode.reason, "drain_source": episode.source,
+                     "scope": episode.scope, "called_off": "the eviction mark went away"},
+        )
+        told[key] = told.get(key, 0) + 1
+    gone = set(off)
+    episode = replace(
+        episode,
+        announced={k: v for k, v in episode.announced.items() if k not in gone},
+        warned={k: v for k, v in episode.warned.items() if k not in gone},
+        observed={k: v for k, v in episode.observed.items() if k not in gone},
+        due={k: v for k, v in episode.due.items() if k not in gone},
+        told=told,
+    )
+    if not episode.announced and not any(r.evacuating for r in residents):
+        ctx.state.put(DRAINS, episode.node, None)
+        return None
+    return episode
+
+
+def _notice_id(episode: DrainEpisode, key: str) -> str:
+    """The episode part of the id of the next notice about ``key`` in ``episode``."""
+    count = episode.told.get(key, 0)
+    return episode.episode if count == 0 else f"{episode.episode}/{count}"
+
+
+def _stop_due(ctx: Context, episode: DrainEpisode, on_node: list[Resident]) -> DrainEpisode:
+    """Evictions: stop each marked VM whose own deadline came; the episode's deadline is then
+    the next one still to come (none: nothing left to fire)."""
+    stopped = set(episode.stopped)
+    due = [r for r in on_node if r.key not in stopped and episode.due.get(r.key, episode.deadline) <= ctx.now]
+    if due:
+        episode = _stop(ctx, episode, due)
+    stopped = set(episode.stopped)
+    waiting = sorted(episode.due.get(r.key, episode.deadline) for r in on_node if r.key not in stopped)
+    if waiting:
+        return replace(episode, deadline=waiting[0], deadline_passed=False)
+    return replace(episode, deadline_passed=True)
 
 
 def nothing_new_can_start(episode: DrainEpisode, observed: NodeRecord | None) -> bool:
@@ -292,16 +359,25 @@ def _announce(ctx: Context, episode: DrainEpisode, newcomers: list[Resident]) ->
     plans = plan_fates(ctx, episode, newcomers)
     announced = dict(episode.announced)
     warned = dict(episode.warned)
+    due = dict(episode.due)
+    counts = dict(episode.told)
     for resident in newcomers:
         plan = plans[resident.key]
         recipients = _recipients(ctx, resident)
-        told = ctx.notify("drain_will_stop_gpu_vm", subject=vm_subject(resident.key), episode=episode.episode,
+        # A VM marked for eviction gets a full notice from its mark, whatever the others got.
+        deadline = (ctx.now + timedelta(seconds=ctx.config.drain.notice_seconds) if episode.scope == "evictions"
+                    else episode.deadline)
+        told = ctx.notify("drain_will_stop_gpu_vm", subject=vm_subject(resident.key),
+                          episode=_notice_id(replace(episode, told=counts), resident.key),
                           recipients=recipients, project=resident.project, severity="warning",
-                          message=_notice_text(ctx, episode, resident, plan),
-                          details=_notice_details(ctx, episode, resident, plan), deadline=episode.deadline)
+                          message=_notice_text(ctx, episode, resident, plan, deadline),
+                          details=_notice_details(ctx, episode, resident, plan), deadline=deadline)
         announced[resident.key] = plan.fate
         warned[resident.key] = (resident.project, tuple(told.recipients))
-    return replace(episode, announced=announced, warned=warned)
+        counts[resident.key] = counts.get(resident.key, 0) + 1
+        if episode.scope == "evictions":
+            due[resident.key] = deadline
+    return replace(episode, announced=announced, warned=warned, due=due, told=counts)
 
 
 def _recipients(ctx: Context, resident: Resident) -> list[str]:
@@ -312,9 +388,9 @@ def _display(ctx: Context) -> Callable[[str], str]:
     return lambda device: ctx.catalog.for_device(device).display_name
 
 
-def _notice_text(ctx: Context, episode: DrainEpisode, resident: Resident, plan: FatePlan) -> str:
+def _notice_text(ctx: Context, episode: DrainEpisode, resident: Resident, plan: FatePlan, deadline: datetime) -> str:
     subject = vm_subject(resident.key)
-    return (f"{_what_it_is(episode, subject)} will be stopped at {episode.deadline.strftime('%Y-%m-%d %H:%M:%S UTC')}, "
+    return (f"{_what_it_is(episode, subject)} will be stopped at {deadline.strftime('%Y-%m-%d %H:%M:%S UTC')}, "
             f"and {fate_text(plan, resident, display=_display(ctx), node=episode.node)}.")
 
 

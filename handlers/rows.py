@@ -62,6 +62,12 @@ class DrainEpisode:
     cordoned: bool = False  # vmstream cordoned the node itself (and so may uncordon it)
     warned: dict[str, tuple[str | None, tuple[str, ...]]] = field(default_factory=dict)  # key: (project, recipients)
     observed: dict[str, ObservedFate] = field(default_factory=dict)  # what became of each announced VM
+    # scope "evictions": each announced VM's own deadline (a full notice from its mark); the
+    # episode's deadline is the earliest still to come.
+    due: dict[str, datetime] = field(default_factory=dict)
+    # How many notices each VM was told in this episode (announced, corrected, retracted):
+    # each has an id of its own, so a later one is never taken for a repeat of an earlier.
+    told: dict[str, int] = field(default_factory=dict)
 
 
 @direct_init

@@ -51,3 +51,56 @@ def test_a_gpu_vm_with_neither_owner_nor_project_is_announced_to_the_operators_e
     loop.outputs.wait_for(lambda o: o.notifications("drain_will_stop_gpu_vm"), what="the eviction notice")
     [told] = loop.outputs.notifications("drain_will_stop_gpu_vm")
     assert told["subject"]["name"] == "anon-1" and told["recipients"] == [OPS]
+
+
+def cancel_eviction(loop: Loop, name: str, node: str) -> None:
+    """``virtctl``'s evacuate-cancel: PUT the VMI's ``evacuate/cancel`` subresource on virt-api
+    (EvacuateCancelHandler, pkg/virt-api/rest/evacuate_cancel.go), which removes
+    ``status.evacuationNodeName`` if it still names ``node``."""
+    loop.api.call_api(
+        f"/apis/subresources.kubevirt.io/v1/namespaces/{NAMESPACE}/virtualmachineinstances/{name}/evacuate/cancel",
+        "PUT", body={"evacuationNodeName": node},
+        header_params={"Accept": "application/json, */*", "Content-Type": "application/json"},
+        auth_settings=["BearerToken"], _preload_content=False)
+
+
+def marked(loop: Loop, name: str) -> bool:
+    status = (loop.get("virtualmachineinstances", name) or {}).get("status") or {}
+    return bool(status.get("evacuationNodeName")) or any(
+        c.get("type") == "EvictionRequested" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def test_a_cancelled_eviction_is_retracted_and_a_later_one_gets_a_full_notice_end_to_end(loop: Loop) -> None:
+    loop.node("gpu-node-1", gpus={RTX: 1})
+    loop.vm("ev-1", run_strategy="Always", gpu=RTX)
+    first = loop.running_vmi("ev-1")
+    loop.seen_by_worker("ev-1")
+
+    assert loop.evict("ev-1").status == 429
+    loop.outputs.wait_for(lambda o: o.notifications("drain_will_stop_gpu_vm"), what="the eviction notice")
+    cancel_eviction(loop, "ev-1", "gpu-node-1")
+    eventually(lambda: not marked(loop, "ev-1"), "KubeVirt to drop the mark and EvictionRequested",
+               timeout=LOOP_DEADLINE)
+    loop.outputs.wait_for(lambda o: o.notifications("drain_called_off"), what="the owner told it is off")
+    [off] = loop.outputs.notifications("drain_called_off")
+    assert off["subject"]["name"] == "ev-1" and off["recipients"] == [ALICE]
+
+    # Past the first deadline the VM runs on: the stop is off.
+    loop.agent.wait_passes(count=int(4 / loop.agent.interval))
+    vmi = loop.get("virtualmachineinstances", "ev-1") or {}
+    assert vmi["metadata"]["uid"] == first["metadata"]["uid"] and vmi["status"]["phase"] == "Running"
+    assert loop.outputs.commands("delete_vmi") == []
+
+    # Evicted again: a new notice, a full notice period, no stop with the mark.
+    assert loop.evict("ev-1").status == 429
+    loop.outputs.wait_for(lambda o: len(o.notifications("drain_will_stop_gpu_vm")) == 2, what="a fresh notice")
+    first_notice, second_notice = loop.outputs.notifications("drain_will_stop_gpu_vm")
+    assert second_notice["notification_id"] != first_notice["notification_id"]
+    loop.outputs.wait_for(lambda o: any(second_notice["notification_id"] in a["notifications"]
+                                        for a in o.seen["audit"]), what="the notice's audit record")
+    [announcing] = [a for a in loop.outputs.seen["audit"] if second_notice["notification_id"] in a["notifications"]]
+    assert announcing["commands"] == []
+    loop.outputs.wait_for(lambda o: o.commands("delete_vmi"), what="the stop at the new deadline",
+                          timeout=LOOP_DEADLINE)
+    [stop] = loop.outputs.commands("delete_vmi")
+    assert stop["issued_at"] >= second_notice["deadline"]

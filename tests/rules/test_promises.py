@@ -37,3 +37,80 @@ def test_every_notice_about_an_unowned_gpu_vm_reaches_the_operators() -> None:
                   vmi(NS, "anon-1", node_name="gpu-node-1"))
     assert [n.type for n in h.notifications()] == ["gpu_rules_applied", "gpu_change_pending_restart"]
     assert all(n.recipients == [OPS] for n in h.notifications())
+
+
+# ------------------------------------------------------------------ a cancelled eviction
+
+
+def evicted_az(*names: str) -> Harness:
+    """gpu-node-1 runs GPU VMs ``names`` (alice's, Always); KubeVirt marks each for eviction."""
+    h = Harness()
+    h.observe(node("gpu-node-1", gpus={RTX: 4}))
+    for name in names:
+        h.observe_all(vm(NS, name, project="proj-a", owner=ALICE, gpu=RTX),
+                      vmi(NS, name, node_name="gpu-node-1", gpu=RTX))
+    for name in names:
+        mark(h, name)
+    return h
+
+
+def mark(h: Harness, name: str, marked: bool = True) -> None:
+    h.observe(vmi(NS, name, node_name="gpu-node-1", gpu=RTX, eviction_requested=marked), "MODIFIED")
+
+
+def stops(h: Harness) -> list[str]:
+    return [c.target.name for c in h.commands("delete_vmi")]
+
+
+def test_a_cancelled_eviction_is_retracted() -> None:
+    h = evicted_az("ev-1")
+    [notice] = h.notifications("drain_will_stop_gpu_vm")
+    h.wait(300)
+    mark(h, "ev-1", marked=False)  # evacuate/cancel: the mark and EvictionRequested are gone
+    [off] = h.notifications("drain_called_off")
+    assert off.subject.name == "ev-1" and off.recipients == [ALICE]
+    assert "will not be stopped" in off.message
+    assert h.state.get("drains", "gpu-node-1") is None  # the episode is closed
+    h.wait(900)
+    h.tick()
+    assert stops(h) == []
+
+
+def test_a_later_eviction_after_a_cancel_starts_a_fresh_notice_with_a_full_notice_period() -> None:
+    h = evicted_az("ev-1")
+    [first] = h.notifications("drain_will_stop_gpu_vm")
+    h.wait(300)
+    mark(h, "ev-1", marked=False)
+    h.wait(900)  # past the first deadline
+    mark(h, "ev-1")  # evicted again
+    assert stops(h) == []  # never a stop in the same decision as the mark
+    [_, second] = h.notifications("drain_will_stop_gpu_vm")
+    assert second.notification_id != first.notification_id
+    assert second.deadline == h.now + (first.deadline - first.at)  # a full notice again
+    h.wait(899)
+    h.tick()
+    assert stops(h) == []
+    h.wait(1)
+    h.tick()
+    assert stops(h) == ["ev-1"]
+
+
+def test_a_cancel_among_evictions_spares_only_that_vm_and_its_next_eviction_gets_its_own_full_notice() -> None:
+    h = evicted_az("ev-1", "ev-2")
+    h.wait(300)
+    mark(h, "ev-2", marked=False)
+    assert [n.subject.name for n in h.notifications("drain_called_off")] == ["ev-2"]
+    h.wait(300)
+    mark(h, "ev-2")  # evicted again, 600 s into ev-1's notice
+    renotice = h.notifications("drain_will_stop_gpu_vm")[-1]
+    assert renotice.subject.name == "ev-2"
+    assert renotice.deadline is not None and (renotice.deadline - h.now).total_seconds() == 900
+    h.wait(300)
+    h.tick()
+    assert stops(h) == ["ev-1"]  # at its own deadline
+    h.wait(599)
+    h.tick()
+    assert stops(h) == ["ev-1"]
+    h.wait(1)
+    h.tick()
+    assert stops(h) == ["ev-1", "ev-2"]
