@@ -157,6 +157,7 @@ class Context:
         manifest: dict[str, Any] | None = None,
         mutation: GPUMutation | None = None,
         requested_by: str | None = None,
+        evacuation_node: str | None = None,
     ) -> Command:
         command = Command(
             command_id=ids.command_id(self.cause, type_, subject_key(target)),
@@ -169,6 +170,7 @@ class Context:
             manifest=manifest,
             mutation=mutation,
             requested_by=requested_by,
+            evacuation_node=evacuation_node,
         )
         self.commands.append(command)
         return command

@@ -85,6 +85,9 @@ def start_drain(
     """
     notice = ctx.config.drain.notice_seconds if notice_seconds is None else notice_seconds
     existing = ctx.state.get(DRAINS, node)
+    unmarking = existing.unmarking if existing is not None else {}
+    if existing is not None and existing.called_off:
+        existing = None  # only its cancelled marks are kept: by the new episode
     if existing is not None and not (existing.scope == "evictions" and existing.completed):
         if scope == "node" and existing.scope == "evictions":
             # No VM told an eviction's deadline is stopped before it; the others get the notice.
@@ -106,6 +109,7 @@ def start_drain(
         started_at=ctx.now,
         deadline=ctx.now + timedelta(seconds=notice),
         scope=scope,
+        unmarking=dict(unmarking),
     )
     if scope == "node":
         episode = _cordon(ctx, episode)
@@ -129,7 +133,7 @@ def call_off_drain(ctx: Context, node: str, *, why: str, undo_cordon: bool) -> D
     ``undo_cordon`` is false when the node was uncordoned by someone else already.
     """
     episode = ctx.state.get(DRAINS, node)
-    if episode is None:
+    if episode is None or episode.called_off:
         return None
     ctx.state.put(DRAINS, node, None)
     uncordoned = undo_cordon and episode.cordoned
@@ -139,22 +143,39 @@ def call_off_drain(ctx: Context, node: str, *, why: str, undo_cordon: bool) -> D
         return episode
     stopped = set(episode.stopped)
     spared = [key for key in sorted(episode.warned) if key not in stopped]
+    here = {r.key: r for r in residents_of(ctx, node)}
+    # KubeVirt keeps a VMI's eviction mark after the drain that caused it is gone (a
+    # NodeMaintenance deleted, a kubectl drain given up): a mark left would be a new eviction.
+    # vmstream, the external controller of these evictions, cancels each spared VM's mark.
+    marked = {key: here[key].vmi_uid for key in spared if key in here and here[key].evacuating}
     for key in spared:
         project, recipients = episode.warned[key]
         subject = vm_subject(key)
+        mark = ""
+        if key in marked:
+            ctx.command("cancel_evacuation",
+                        ObjectRef(kind="VirtualMachineInstance", namespace=subject.namespace, name=subject.name),
+                        requested_by=episode.requested_by, evacuation_node=node)
+            mark = (f" KubeVirt still marks it for eviction from node {node} (status.evacuationNodeName): "
+                    "vmstream cancels that mark, and will not stop it on that mark.")
         ctx.notify(
             "drain_called_off",
             subject=subject,
-            episode=episode.episode,
+            episode=_notice_id(episode, key),
             recipients=list(recipients),
             project=project,
             severity="info",
             message=(
                 f"The drain of node {node} ({episode.reason}) is called off ({why}): GPU VM "
-                f"{subject.namespace}/{subject.name} will not be stopped."
+                f"{subject.namespace}/{subject.name} will not be stopped.{mark}"
             ),
-            details={"node": node, "reason": episode.reason, "drain_source": episode.source, "called_off": why},
+            details={"node": node, "reason": episode.reason, "drain_source": episode.source, "called_off": why,
+                     "eviction_mark": "cancelled by vmstream" if key in marked else None},
         )
+    if marked:
+        # Until the marks are seen gone, they are no new eviction (settle_resident).
+        ctx.state.put(DRAINS, node, replace(episode, called_off=True, completed=True, deadline_passed=True,
+                                            unmarking={**episode.unmarking, **marked}))
     if uncordoned:
         node_text = "vmstream uncordons the node"
     elif episode.cordoned:
@@ -180,9 +201,24 @@ def call_off_drain(ctx: Context, node: str, *, why: str, undo_cordon: bool) -> D
             "told_it_is_off": spared,
             "already_stopped": sorted(stopped),
             "uncordoned": uncordoned,
+            "eviction_marks_cancelled": sorted(marked),
         },
     )
     return episode
+
+
+def cancelled_mark(episode: DrainEpisode | None, resident: Resident) -> bool:
+    """Whether ``resident``'s eviction mark is one vmstream cancels (its owner was told the
+    stop is off): no new eviction."""
+    return episode is not None and episode.unmarking.get(resident.key) == resident.vmi_uid
+
+
+def _unmarked(episode: DrainEpisode, residents: list[Resident]) -> DrainEpisode:
+    """Forget the cancelled marks seen gone (or their VMIs)."""
+    here = {r.key: r for r in residents}
+    left = {key: uid for key, uid in episode.unmarking.items()
+            if key in here and here[key].vmi_uid == uid and here[key].evacuating}
+    return episode if left == episode.unmarking else replace(episode, unmarking=left)
 
 
 def residents_of(ctx: Context, node: str) -> list[Resident]:
@@ -192,9 +228,10 @@ def residents_of(ctx: Context, node: str) -> list[Resident]:
 
 
 def in_scope(episode: DrainEpisode, residents: list[Resident]) -> list[Resident]:
-    """The residents the episode stops: all of them, or only those marked for eviction."""
+    """The residents the episode stops: all of them, or only those marked for eviction (and
+    not by a mark vmstream cancels)."""
     if episode.scope == "evictions":
-        return [r for r in residents if r.evacuating]
+        return [r for r in residents if r.evacuating and not cancelled_mark(episode, r)]
     return residents
 
 
@@ -204,10 +241,15 @@ def reconcile_drain(ctx: Context, node: str) -> None:
     if episode is None:
         return
     before = episode
+    residents = residents_of(ctx, node)
+    episode = _unmarked(episode, residents)
+    if episode.called_off:
+        if episode != before:
+            ctx.state.put(DRAINS, node, episode if episode.unmarking else None)
+        return
     observed = ctx.state.get(NODES, node)
     if observed is not None and observed.unschedulable and not episode.cordon_observed:
         episode = replace(episode, cordon_observed=True)
-    residents = residents_of(ctx, node)
     if episode.scope == "evictions" and not episode.completed:
         retracted = _retract(ctx, episode, residents)
         if retracted is None:

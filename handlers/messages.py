@@ -386,6 +386,7 @@ CommandType = Literal[
     "delete_vmi",
     "cordon_node",
     "uncordon_node",
+    "cancel_evacuation",  # virt-api's evacuate/cancel on a VMI: its eviction mark from one node removed
 ]
 
 COMMAND_TYPES: tuple[CommandType, ...] = get_args(CommandType)  # the applier dispatches on each
@@ -402,6 +403,9 @@ class Command(Message):
     manifest: dict[str, Any] | None = None
     mutation: GPUMutation | None = None
     requested_by: Recipient | None = None
+    # cancel_evacuation: the node whose eviction mark (status.evacuationNodeName) is removed;
+    # a mark naming another node is left alone.
+    evacuation_node: str | None = Field(None, max_length=NAME_MAX)
 
 
 class CommandResult(Message):

@@ -28,7 +28,14 @@ from handlers.cluster import (
     resident_of,
 )
 from handlers.decisions import Context, ResidentUpdate
-from handlers.drains import call_off_drain, observe_fate, reconcile_drain, restarts_by_itself, start_drain
+from handlers.drains import (
+    call_off_drain,
+    cancelled_mark,
+    observe_fate,
+    reconcile_drain,
+    restarts_by_itself,
+    start_drain,
+)
 from handlers.enforcement import reconcile_gpu_rules
 from handlers.messages import WatchEvent, node_key, vm_key
 from handlers.outcomes import ACCEPTED, Accepted, Ignored
@@ -248,7 +255,8 @@ def settle_resident(ctx: Context, update: ResidentUpdate) -> None:
     refresh_usage(ctx.state, update.node)
     if update.fate is not None:
         observe_fate(ctx, update.node, update.vm_key, update.fate)
-    if update.resident is not None and update.resident.evacuating:
+    if update.resident is not None and update.resident.evacuating and not cancelled_mark(
+            ctx.state.get(DRAINS, update.node), update.resident):
         # evictionStrategy External: KubeVirt marked this one VMI and leaves its stop to us.
         start_drain(
             ctx,

@@ -68,6 +68,11 @@ class DrainEpisode:
     # How many notices each VM was told in this episode (announced, corrected, retracted):
     # each has an id of its own, so a later one is never taken for a repeat of an earlier.
     told: dict[str, int] = field(default_factory=dict)
+    # Called off while KubeVirt still marked some of its VMs for eviction from the node: the
+    # row stays, completed, until the marks vmstream cancels are seen gone. VM key → the uid
+    # of the VMI whose mark is not a new eviction (its owner was told the stop is off).
+    called_off: bool = False
+    unmarking: dict[str, str] = field(default_factory=dict)
 
 
 @direct_init

@@ -84,6 +84,8 @@ log = logging.getLogger(__name__)
 
 KUBEVIRT = ("kubevirt.io", "v1")
 SUBRESOURCE_PATH = "/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/virtualmachines/{name}/{action}"
+EVACUATE_CANCEL_PATH = ("/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/virtualmachineinstances/{name}"
+                        "/evacuate/cancel")
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 # On a VM: the restart command last sent for it and the uid of the VMI it restarts, written
@@ -266,6 +268,8 @@ class KubeApplier:
                 return self._set_unschedulable(command, True)
             case "uncordon_node":
                 return self._set_unschedulable(command, False)
+            case "cancel_evacuation":
+                return self._cancel_evacuation(command)
             case _:
                 assert_never(command.type)
 
@@ -578,6 +582,32 @@ class KubeApplier:
             if exc.status == 404:
                 return Applied("noop")
             raise
+        return Applied("applied")
+
+    # --- cancel_evacuation ----------------------------------------------------------------
+
+    def _cancel_evacuation(self, command: Command) -> Applied:
+        """``PUT …/virtualmachineinstances/{name}/evacuate/cancel`` on virt-api
+        (``EvacuateCancelHandler``, pkg/virt-api/rest/evacuate_cancel.go): it removes
+        ``status.evacuationNodeName`` with a JSON Patch ``test`` on the node named in the
+        body, so a mark from another node is never removed. A VMI gone, or no longer marked
+        from that node, is a no-op."""
+        namespace, name = _where(command)
+        node = command.evacuation_node
+        if not node:
+            raise ApplyError("a cancel_evacuation command must name the node of the mark (evacuation_node)")
+        vmi = self._get_vmi(namespace, name)
+        if vmi is None or ((vmi.get("status") or {}).get("evacuationNodeName")) != node:
+            return Applied("noop")
+        path = EVACUATE_CANCEL_PATH.format(namespace=namespace, name=name)
+        response = self._call(
+            self.api.call_api, path, "PUT",
+            header_params={"Accept": "application/json, */*", "Content-Type": "application/json"},
+            body={"evacuationNodeName": node}, auth_settings=["BearerToken"], _preload_content=False,
+            _host=self.subresource_url,
+        )
+        response.read()
+        response.release_conn()
         return Applied("applied")
 
     # --- cordon_node, uncordon_node ------------------------------------------------------

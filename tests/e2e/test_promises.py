@@ -104,3 +104,33 @@ def test_a_cancelled_eviction_is_retracted_and_a_later_one_gets_a_full_notice_en
                           timeout=LOOP_DEADLINE)
     [stop] = loop.outputs.commands("delete_vmi")
     assert stop["issued_at"] >= second_notice["deadline"]
+
+
+def test_a_called_off_drain_cancels_the_eviction_marks_it_leaves_behind_end_to_end(loop: Loop) -> None:
+    """kubectl drain evicts through the Eviction API and virt-api marks the VMI; the drain is
+    called off, and KubeVirt would keep the mark: vmstream cancels it through virt-api's
+    evacuate/cancel, and never stops the VM on it."""
+    loop.node("gpu-node-1", gpus={RTX: 1})
+    loop.vm("ev-1", run_strategy="Always", gpu=RTX)
+    first = loop.running_vmi("ev-1")
+    loop.seen_by_worker("ev-1")
+    loop.intent("drain_node", {"node": "gpu-node-1", "reason": "BIOS update", "notice_seconds": 120}, by=OPS)
+    loop.outputs.wait_for(lambda o: o.notifications("drain_will_stop_gpu_vm"), what="the drain notice")
+    eventually(lambda: loop.cordoned("gpu-node-1"), "gpu-node-1 cordoned", timeout=LOOP_DEADLINE)
+    assert loop.evict("ev-1").status == 429  # the evictions of a kubectl drain
+    eventually(lambda: marked(loop, "ev-1"), "virt-api to mark the VMI", timeout=LOOP_DEADLINE)
+
+    undrain = loop.intent("undrain_node", {"node": "gpu-node-1", "reason": "postponed"}, by=OPS)
+    results = loop.result_of(undrain)
+    assert sorted(r["type"] for r in results) == ["cancel_evacuation", "uncordon_node"]
+    assert all(r["outcome"] == "applied" for r in results), results
+    off = [n for n in loop.outputs.notifications("drain_called_off") if n["subject"]["kind"] == "VirtualMachine"]
+    assert [n["recipients"] for n in off] == [[ALICE]] and "vmstream cancels that mark" in off[0]["message"]
+    eventually(lambda: not marked(loop, "ev-1"), "the mark and EvictionRequested gone", timeout=LOOP_DEADLINE)
+
+    # Longer than an eviction's notice (3 s here): the VM was not taken for evicted again.
+    loop.agent.wait_passes(count=int(6 / loop.agent.interval))
+    vmi = loop.get("virtualmachineinstances", "ev-1") or {}
+    assert vmi["metadata"]["uid"] == first["metadata"]["uid"] and vmi["status"]["phase"] == "Running"
+    assert loop.outputs.commands("delete_vmi") == []
+    assert len(loop.outputs.notifications("drain_will_stop_gpu_vm")) == 1

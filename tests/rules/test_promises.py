@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.scenarios import RTX, node, vm, vmi
+from harness.scenarios import RTX, node, node_maintenance, vm, vmi
 from tests.support.harness import Harness
 
 ALICE, BOB, OPS = "alice@example.com", "bob@example.com", "ops@example.com"
@@ -114,3 +114,62 @@ def test_a_cancel_among_evictions_spares_only_that_vm_and_its_next_eviction_gets
     h.wait(1)
     h.tick()
     assert stops(h) == ["ev-1", "ev-2"]
+
+
+# ------------------------------------------------------------------ a called-off drain's marks
+
+
+def maintained_and_evicted(h: Harness) -> None:
+    """A NodeMaintenance drains gpu-node-1 and, as the node-maintenance operator does, evicts
+    its pods: KubeVirt marks the GPU VMI (evictionStrategy External)."""
+    h.observe_all(node("gpu-node-1", gpus={RTX: 2}), vm(NS, "ev-1", project="proj-a", owner=ALICE, gpu=RTX),
+                  vmi(NS, "ev-1", node_name="gpu-node-1", gpu=RTX))
+    h.observe(node_maintenance("nm-1", "gpu-node-1", "PSU"))
+    h.observe(node("gpu-node-1", gpus={RTX: 2}, unschedulable=True, rv=2), "MODIFIED")
+    mark(h, "ev-1")
+
+
+def test_a_called_off_drain_cancels_the_eviction_marks_it_leaves_behind() -> None:
+    h = Harness()
+    maintained_and_evicted(h)
+    [notice] = h.notifications("drain_will_stop_gpu_vm")
+    h.wait(60)
+    h.observe(node_maintenance("nm-1", "gpu-node-1", "PSU"), "DELETED")
+    [cancel] = h.commands("cancel_evacuation")
+    assert (cancel.target.kind, cancel.target.name, cancel.evacuation_node) == (
+        "VirtualMachineInstance", "ev-1", "gpu-node-1")
+    [off] = [n for n in h.notifications("drain_called_off") if n.subject.kind == "VirtualMachine"]
+    assert off.recipients == [ALICE] and "will not be stopped" in off.message
+    assert "vmstream cancels that mark" in off.message
+    # KubeVirt shows the mark a while longer: no new eviction, no stop, whenever.
+    mark(h, "ev-1")
+    h.wait(3600)
+    h.tick()
+    mark(h, "ev-1")
+    assert stops(h) == [] and h.notifications("drain_will_stop_gpu_vm") == [notice]
+    # The mark gone, a later eviction is a new one: told, with a full notice.
+    mark(h, "ev-1", marked=False)
+    assert h.state.get("drains", "gpu-node-1") is None
+    mark(h, "ev-1")
+    assert stops(h) == []
+    second = h.notifications("drain_will_stop_gpu_vm")[-1]
+    assert second is not notice and second.deadline == h.now + (notice.deadline - notice.at)
+
+
+def test_a_mark_vmstream_could_not_cancel_never_stops_the_vm_and_the_owner_is_told_it_is_still_there() -> None:
+    from handlers.results import decide_result
+
+    h = Harness()
+    maintained_and_evicted(h)
+    h.observe(node_maintenance("nm-1", "gpu-node-1", "PSU"), "DELETED")
+    [cancel] = h.commands("cancel_evacuation")
+    failed = decide_result(cancel, outcome="failed", now=h.now, error="Node \"gpu-node-1\" has NodeDrainTaintKey",
+                           owner=ALICE)
+    assert failed.notification is not None and failed.notification.recipients == [ALICE]
+    assert "still marks VMI spx-proj-a/ev-1 for eviction from node gpu-node-1" in failed.notification.message
+    assert "will not stop the VM on that mark" in failed.notification.message
+    for _ in range(3):
+        h.wait(1800)
+        mark(h, "ev-1")
+        h.tick()
+    assert stops(h) == []
