@@ -186,6 +186,8 @@ class VMRecord:
     instancetype_cpu_model: str | None = None  # the instance type's cpu.model, which wins
     # status.runStrategy: what virt-controller last acted on (written when it creates a VMI).
     status_run_strategy: str | None = None
+    # A start request waits in status.stateChangeRequests: virt-controller starts a VMI for it.
+    start_requested: bool = False
 
     @classmethod
     def from_object(cls, obj: dict[str, Any], *, project_label: str, gpu_names: frozenset[str] = frozenset(),
@@ -220,6 +222,8 @@ class VMRecord:
             instancetype_gpus=from_instancetype,
             instancetype_cpu_model=instancetype.cpu_model if isinstance(instancetype, InstancetypeRevision) else None,
             status_run_strategy=status.get("runStrategy") if isinstance(status.get("runStrategy"), str) else None,
+            start_requested=any(isinstance(r, dict) and r.get("action") == "Start"
+                                for r in status.get("stateChangeRequests") or ()),
         )
 
     @property
@@ -488,6 +492,7 @@ RULE_PATHS: dict[str, tuple[tuple[str, ...], ...]] = {
         ("status", "conditions"),
         ("status", "instancetypeRef"),
         ("status", "runStrategy"),
+        ("status", "stateChangeRequests"),
     ),
     "VirtualMachineInstance": (
         ("spec", "domain"),

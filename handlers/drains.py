@@ -37,7 +37,7 @@ from datetime import datetime, timedelta
 
 from handlers import ids
 from handlers.capacity import capacity, surely_placed
-from handlers.cluster import NodeRecord, Resident, describe_gpus
+from handlers.cluster import NodeRecord, Resident, VMIRecord, VMRecord, describe_gpus
 from handlers.frozen import direct_init
 from handlers.decisions import Context, node_subject, vm_subject
 from handlers.messages import ObjectRef
@@ -67,6 +67,35 @@ OBSERVED_FATES: tuple[ObservedFate, ...] = ("came_back", "waits_for_gpu", "off")
 def restarts_by_itself(run_strategy: str | None) -> bool:
     """Whether KubeVirt starts a new VMI once this VM's VMI is deleted."""
     return RESTARTS_AFTER_DELETION.get(run_strategy or "", False)
+
+
+def restarts_after_it_ended(run_strategy: str | None, phase: str | None) -> bool:
+    """Whether KubeVirt starts a new VMI for a VM whose VMI ended and is still there
+    (``Controller.syncRunStrategy``, pkg/virt-controller/watch/vm/vm.go): Always stops it and
+    starts another (``vmi.IsFinal()``); RerunOnFailure stops it and, if it Failed, adds a
+    start request; Once, Manual and Halted leave it off."""
+    if run_strategy == "Always":
+        return True
+    return run_strategy == "RerunOnFailure" and phase == "Failed"
+
+
+def kubevirt_starts_it(vm: VMRecord, vmi: VMIRecord | None, *, ended: str | None = None) -> bool:
+    """Whether KubeVirt will start a new VMI for ``vm``, whose VMI ended (``vmi``) or is gone
+    (None), as ``syncRunStrategy`` decides: by run strategy, and for a VMI gone also on a
+    pending start request (RerunOnFailure, Manual) or a run strategy other than the one
+    KubeVirt last acted on (RerunOnFailure: "when coming here from a different RunStrategy").
+
+    ``ended`` is the phase the VMI gone was last seen ended in: a RerunOnFailure VMI that
+    Failed is deleted (``stopVMI``) before its start request is written (``addStartRequest``),
+    and the watch may show the one without the other."""
+    if vmi is not None:
+        return restarts_after_it_ended(vm.run_strategy, vmi.phase)
+    if restarts_by_itself(vm.run_strategy) or restarts_after_it_ended(vm.run_strategy, ended):
+        return True
+    if vm.run_strategy in ("RerunOnFailure", "Manual", "Halted") and vm.start_requested:
+        return True
+    return (vm.run_strategy == "RerunOnFailure" and vm.status_run_strategy is not None
+            and vm.status_run_strategy != vm.run_strategy)
 
 
 def start_drain(

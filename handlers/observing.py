@@ -31,9 +31,9 @@ from handlers.decisions import Context, ResidentUpdate
 from handlers.drains import (
     call_off_drain,
     cancelled_mark,
+    kubevirt_starts_it,
     observe_fate,
     reconcile_drain,
-    restarts_by_itself,
     start_drain,
 )
 from handlers.enforcement import reconcile_gpu_rules
@@ -172,20 +172,23 @@ def _tell_nodes(ctx: Context, key: str, before: tuple[str, Resident] | None) -> 
     tracking = tracking_of(ctx.state, key)
     if left:
         assert before is not None
-        tracking = replace(tracking, left_node=before[0], left_fate=None)
+        tracking = replace(tracking, left_node=before[0], left_fate=None, left_phase=None)
+    vmi = ctx.state.get(VMIS, key)
+    if tracking.left_node is not None and vmi is not None and not vmi.active and vmi.phase != tracking.left_phase:
+        tracking = replace(tracking, left_phase=vmi.phase)
     if tracking.left_node is None:
         return
-    fate = fate_since_left(ctx, key)
+    fate = fate_since_left(ctx, key, ended=tracking.left_phase)
     if fate is not None and fate != tracking.left_fate:
         ctx.forward(tracking.left_node, key, None, fate=fate)
         if fate == "waits_for_gpu":  # it may still get a card: keep listening
             tracking = replace(tracking, left_fate=fate)
         else:
-            tracking = replace(tracking, left_node=None, left_fate=None)
+            tracking = replace(tracking, left_node=None, left_fate=None, left_phase=None)
     put_tracking(ctx.state, key, tracking)
 
 
-def fate_since_left(ctx: Context, key: str) -> ObservedFate | None:
+def fate_since_left(ctx: Context, key: str, *, ended: str | None = None) -> ObservedFate | None:
     """What became of a VM whose GPU VMI left its node, as observed; None while unknown."""
     vm = ctx.state.get(VMS, key)
     vmi = ctx.state.get(VMIS, key)
@@ -197,8 +200,9 @@ def fate_since_left(ctx: Context, key: str) -> ObservedFate | None:
         # Running, not just placed: a Scheduled VMI's domain has not started (virt-handler
         # moves it to Running; lifecycle.go sets Scheduled once the pod is ready).
         return "came_back" if vmi.node and vmi.phase == "Running" else None
-    if restarts_by_itself(vm.run_strategy):
-        # KubeVirt is about to start a new VMI (its VM may already say it waits for a card).
+    if kubevirt_starts_it(vm, vmi, ended=ended):
+        # KubeVirt is about to start a new VMI (its VM may already say it waits for a card):
+        # the tally waits for it.
         return "waits_for_gpu" if vm.printable_status == "ErrorUnschedulable" else None
     return "off"
 

@@ -24,6 +24,7 @@ class VMTracking:
     unavailable_episode: str | None = None  # the gpu_unavailable episode the owner was told of
     left_node: str | None = None  # its GPU VMI left this node; where it went is not reported yet
     left_fate: str | None = None  # what was last reported to that node (waits_for_gpu)
+    left_phase: str | None = None  # the phase its VMI ended in, if it ended (Failed, Succeeded)
     # The GPU rules (handlers/enforcement.py): the VM content a GPU patch was planned from,
     # while it is in flight (or, enforce: notify, the gaps the owner was told of); and the
     # memory-not-pinned episode the owner was told of.

@@ -134,3 +134,76 @@ def test_a_called_off_drain_cancels_the_eviction_marks_it_leaves_behind_end_to_e
     assert vmi["metadata"]["uid"] == first["metadata"]["uid"] and vmi["status"]["phase"] == "Running"
     assert loop.outputs.commands("delete_vmi") == []
     assert len(loop.outputs.notifications("drain_will_stop_gpu_vm")) == 1
+
+
+def vm_action(loop: Loop, name: str, action: str) -> None:
+    """start, stop or restart through virt-api, as virtctl asks."""
+    loop.api.call_api(f"/apis/subresources.kubevirt.io/v1/namespaces/{NAMESPACE}/virtualmachines/{name}/{action}",
+                      "PUT", body={}, header_params={"Accept": "application/json, */*",
+                                                     "Content-Type": "application/json"},
+                      auth_settings=["BearerToken"], _preload_content=False)
+
+
+def test_a_rerun_on_failure_vm_that_fails_during_the_notice_comes_back_and_one_that_succeeds_stays_off_end_to_end(
+        loop: Loop) -> None:
+    loop.node("gpu-node-1", gpus={RTX: 2})
+    loop.vm("crash-1", run_strategy="RerunOnFailure", gpu=RTX)
+    loop.vm("done-1", run_strategy="RerunOnFailure", gpu=RTX)
+    crashed = loop.running_vmi("crash-1")
+    loop.running_vmi("done-1")
+    loop.node("gpu-node-2", gpus={RTX: 1})
+    loop.seen_by_worker("crash-1")
+    loop.seen_by_worker("done-1")
+    loop.intent("drain_node", {"node": "gpu-node-1", "reason": "kernel", "notice_seconds": 120}, by=OPS)
+    loop.outputs.wait_for(lambda o: len(o.notifications("drain_will_stop_gpu_vm")) == 2, what="both told")
+    eventually(lambda: loop.cordoned("gpu-node-1"), "gpu-node-1 cordoned", timeout=LOOP_DEADLINE)
+
+    loop.agent.fail(NAMESPACE, "crash-1")  # the guest crashed: KubeVirt starts it again (RerunOnFailure)
+    loop.agent.finish(NAMESPACE, "done-1")  # the guest shut down: it stays off
+    back = loop.running_vmi("crash-1", other_than=crashed["metadata"]["uid"])
+    assert back["status"]["nodeName"] == "gpu-node-2"
+    loop.outputs.wait_for(lambda o: o.notifications("drain_completed"), what="drain_completed",
+                          timeout=LOOP_DEADLINE)
+    [done] = loop.outputs.notifications("drain_completed")
+    assert done["details"]["observed"] == {"came_back": [f"vm/{NAMESPACE}/crash-1"], "waits_for_gpu": [],
+                                           "off": [f"vm/{NAMESPACE}/done-1"]}
+    assert loop.outputs.commands("delete_vmi") == []  # both left before the deadline
+
+
+def test_a_manual_vm_whose_vmi_has_ended_can_be_restarted_end_to_end(loop: Loop) -> None:
+    loop.node("gpu-node-1", gpus={RTX: 1})
+    loop.vm("man-1", run_strategy="Manual", gpu=RTX)
+    vm_action(loop, "man-1", "start")
+    first = loop.running_vmi("man-1")
+    loop.agent.finish(NAMESPACE, "man-1")  # the guest shut itself down; Manual leaves the VMI there
+    eventually(lambda: ((loop.get("virtualmachineinstances", "man-1") or {}).get("status") or {}).get("phase")
+               == "Succeeded", "the VMI Succeeded", timeout=LOOP_DEADLINE)
+    loop.outputs.wait_for(lambda o: any(a["input"]["key"] == f"VirtualMachineInstance/{NAMESPACE}/man-1"
+                                        for a in o.seen["audit"]), what="the worker to observe it")
+    loop.agent.wait_passes()
+    restart = loop.intent("restart_vm", {"namespace": NAMESPACE, "name": "man-1"}, by=ALICE, project="proj-a")
+    assert [r["outcome"] for r in loop.result_of(restart)] == ["applied"]
+    loop.running_vmi("man-1", other_than=first["metadata"]["uid"])
+
+
+def test_a_once_vm_is_told_how_its_gpu_change_takes_effect_end_to_end(loop: Loop) -> None:
+    loop.node("gpu-node-1", gpus={RTX: 1})
+    loop.vm("once-1", run_strategy="Once")
+    first = loop.running_vmi("once-1")
+    loop.seen_by_worker("once-1")
+    set_gpu = loop.intent("set_gpu", {"namespace": NAMESPACE, "name": "once-1",
+                                      "gpu_class": "nvidia-rtx-pro-6000-bse"}, by=ALICE, project="proj-a")
+    loop.result_of(set_gpu)
+    loop.outputs.wait_for(lambda o: o.notifications("gpu_change_pending_restart"), what="the pending notice")
+    [told] = loop.outputs.notifications("gpu_change_pending_restart")
+    assert "after its next restart" not in told["message"] and "stopped and started again" in told["message"]
+    # As told: KubeVirt refuses the restart; a stop and a start bring the GPU.
+    refused = loop.intent("restart_vm", {"namespace": NAMESPACE, "name": "once-1"}, by=ALICE, project="proj-a")
+    loop.outputs.wait_for(lambda o: o.audits(input__ref=refused), what="the restart's refusal")
+    [audit] = loop.outputs.audits(input__ref=refused)
+    assert audit["outcome"] == "rejected" and "Once" in audit["reason"]
+    vm_action(loop, "once-1", "stop")
+    eventually(lambda: loop.get("virtualmachineinstances", "once-1") is None, "the VMI gone", timeout=LOOP_DEADLINE)
+    vm_action(loop, "once-1", "start")
+    second = loop.running_vmi("once-1", other_than=first["metadata"]["uid"])
+    assert second["spec"]["domain"]["devices"]["gpus"][0]["deviceName"] == RTX

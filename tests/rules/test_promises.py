@@ -173,3 +173,67 @@ def test_a_mark_vmstream_could_not_cancel_never_stops_the_vm_and_the_owner_is_to
         mark(h, "ev-1")
         h.tick()
     assert stops(h) == []
+
+
+# ------------------------------------------------------------------ fates as KubeVirt decides them
+
+
+def drained_rerun(*names: str) -> Harness:
+    """gpu-node-1 runs RerunOnFailure GPU VMs ``names``; gpu-node-2 has cards; a drain is announced."""
+    h = Harness()
+    h.observe_all(node("gpu-node-1", gpus={RTX: 4}), node("gpu-node-2", gpus={RTX: 4}))
+    for name in names:
+        h.observe_all(vm(NS, name, project="proj-a", owner=ALICE, gpu=RTX, run_strategy="RerunOnFailure"),
+                      vmi(NS, name, node_name="gpu-node-1", gpu=RTX))
+    h.intent("drain_node", {"node": "gpu-node-1", "reason": "kernel", "notice_seconds": 600}, by=OPS, project=None)
+    h.observe(node("gpu-node-1", gpus={RTX: 4}, unschedulable=True, rv=2), "MODIFIED")
+    return h
+
+
+def test_a_rerun_on_failure_vm_whose_vmi_failed_during_the_notice_comes_back() -> None:
+    h = drained_rerun("rerun-1")
+    [notice] = h.notifications("drain_will_stop_gpu_vm")
+    assert notice.details["outcome"] == "needs_manual_start"
+    h.wait(60)
+    h.observe(vmi(NS, "rerun-1", node_name="gpu-node-1", gpu=RTX, phase="Failed"), "MODIFIED")
+    assert h.notifications("drain_completed") == []  # KubeVirt restarts a failed one: the tally waits
+    h.observe(vmi(NS, "rerun-1", node_name="gpu-node-1", gpu=RTX, phase="Failed"), "DELETED")  # stopVMI
+    assert h.notifications("drain_completed") == []  # its start request not seen yet: still waiting
+    started = vm(NS, "rerun-1", project="proj-a", owner=ALICE, gpu=RTX, run_strategy="RerunOnFailure", rv=2)
+    started["status"] = {"stateChangeRequests": [{"action": "Start"}]}  # addStartRequest
+    h.observe(started, "MODIFIED")
+    h.observe(vmi(NS, "rerun-1", node_name="gpu-node-2", gpu=RTX, generation=2))
+    [done] = h.notifications("drain_completed")
+    assert done.details["observed"]["came_back"] == [f"vm/{NS}/rerun-1"]
+
+
+def test_a_rerun_on_failure_vm_whose_vmi_succeeded_during_the_notice_stays_off() -> None:
+    h = drained_rerun("rerun-1")
+    h.wait(60)
+    h.observe(vmi(NS, "rerun-1", node_name="gpu-node-1", gpu=RTX, phase="Succeeded"), "MODIFIED")
+    [done] = h.notifications("drain_completed")
+    assert done.details["observed"]["off"] == [f"vm/{NS}/rerun-1"]
+
+
+def test_a_once_vm_is_told_how_its_gpu_change_takes_effect() -> None:
+    """RestartVMRequestHandler refuses Once: no 'after its next restart' for it."""
+    h = Harness()
+    h.observe_all(node("gpu-node-1", gpus={RTX: 1}),
+                  vm(NS, "once-1", project="proj-a", owner=ALICE, run_strategy="Once"),
+                  vmi(NS, "once-1", node_name="gpu-node-1"))
+    h.intent("set_gpu", {"namespace": NS, "name": "once-1", "gpu_class": "nvidia-rtx-pro-6000-bse"})
+    [told] = h.notifications("gpu_change_pending_restart")
+    assert "after its next restart" not in told.message
+    assert "stopped and started again" in told.message and told.details["restart_possible"] is False
+    refused = h.intent("restart_vm", {"namespace": NS, "name": "once-1"})
+    assert "stop it and start it again" in (refused.decision.audit.reason or "")  # type: ignore[union-attr]
+
+
+def test_a_manual_vm_whose_vmi_has_ended_can_be_restarted() -> None:
+    """virt-api restarts a Manual VM whose VMI ended and is still there: a stop request for
+    that VMI and a start request (RestartVMRequestHandler; syncRunStrategy, Manual)."""
+    h = Harness()
+    h.observe_all(vm(NS, "man-1", project="proj-a", owner=ALICE, run_strategy="Manual"),
+                  vmi(NS, "man-1", node_name="gpu-node-1", phase="Succeeded"))
+    result = h.intent("restart_vm", {"namespace": NS, "name": "man-1"})
+    assert [c.type for c in result.decision.commands] == ["restart_vm"]

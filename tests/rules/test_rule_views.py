@@ -86,6 +86,7 @@ def rich_objects() -> list[dict[str, Any]]:
     restart_vm = vm("p", "rich", project="proj-a", owner=ALICE, gpu=RTX, run_strategy="RerunOnFailure")
     restart_vm["spec"]["instancetype"] = {"kind": "VirtualMachineClusterInstancetype", "name": "u1.large"}
     restart_vm["status"] = {"printableStatus": "Running", "runStrategy": "RerunOnFailure",
+                            "stateChangeRequests": [{"action": "Start"}],
                             "conditions": [{"type": "RestartRequired", "status": "True"}],
                             "instancetypeRef": {"kind": "VirtualMachineClusterInstancetype", "name": "u1.large",
                                                 "controllerRevisionRef": {"name": "rich-u1.large-1"}}}
