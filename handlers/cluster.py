@@ -430,6 +430,7 @@ class Resident:
     recipients: tuple[str, ...]
     project: str | None
     template_gpus: tuple[str, ...]  # what the VM comes back with: its whole GPU set
+    vm_uid: str = ""  # which VM of that name: one deleted and made again is another VM
 
 
 def next_gpus(vm: VMRecord, vmi: VMIRecord | None) -> tuple[str, ...]:
@@ -454,6 +455,7 @@ def resident_of(vm: VMRecord | None, vmi: VMIRecord | None) -> tuple[str, Reside
         recipients=tuple(vm.recipients()) if vm else (),
         project=vm.project if vm else None,
         template_gpus=next_gpus(vm, vmi) if vm else (),
+        vm_uid=vm.uid if vm else "",
     )
 
 

@@ -183,7 +183,8 @@ def call_off_drain(ctx: Context, node: str, *, why: str, undo_cordon: bool) -> D
         mark = ""
         if key in marked:
             ctx.command("cancel_evacuation",
-                        ObjectRef(kind="VirtualMachineInstance", namespace=subject.namespace, name=subject.name),
+                        ObjectRef(kind="VirtualMachineInstance", namespace=subject.namespace, name=subject.name,
+                                  uid=marked[key] or None),
                         requested_by=episode.requested_by, evacuation_node=node)
             mark = (f" KubeVirt still marks it for eviction from node {node} (status.evacuationNodeName): "
                     "vmstream cancels that mark, and will not stop it on that mark.")
@@ -284,14 +285,13 @@ def reconcile_drain(ctx: Context, node: str) -> None:
         if retracted is None:
             return  # nothing left of it: closed
         episode = retracted
+    episode = _forget_replaced(episode, residents)
     on_node = in_scope(episode, residents)
     newcomers = [r for r in on_node if r.key not in episode.announced]
     if newcomers and not episode.completed:
         episode = _announce(ctx, episode, newcomers)
-    if episode.scope == "evictions":
+    if episode.scope == "evictions" or (episode.deadline_passed and nothing_new_can_start(episode, observed)):
         episode = _stop_due(ctx, episode, on_node)
-    elif episode.deadline_passed and nothing_new_can_start(episode, observed):
-        episode = _stop(ctx, episode, on_node)
     if not on_node and not episode.completed and all(k in episode.observed for k in episode.announced):
         episode = _complete(ctx, episode)
     if episode != before:  # a node's heartbeat during its drain changes no row
@@ -337,6 +337,26 @@ def _retract(ctx: Context, episode: DrainEpisode, residents: list[Resident]) -> 
         ctx.state.put(DRAINS, episode.node, None)
         return None
     return episode
+
+
+def _forget_replaced(episode: DrainEpisode, residents: list[Resident]) -> DrainEpisode:
+    """A VM announced, deleted and made again under its name (seen by its uid, even when the
+    watch bridge only relisted it) is another VM: the old one leaves the episode — what was
+    told and done to it is not the new one's — and the new one is announced as a newcomer,
+    to its own owner, with a full notice of its own."""
+    gone = {r.key for r in residents if r.vm_uid and episode.uids.get(r.key, r.vm_uid) != r.vm_uid}
+    if not gone:
+        return episode
+    return replace(
+        episode,
+        announced={k: v for k, v in episode.announced.items() if k not in gone},
+        warned={k: v for k, v in episode.warned.items() if k not in gone},
+        observed={k: v for k, v in episode.observed.items() if k not in gone},
+        due={k: v for k, v in episode.due.items() if k not in gone},
+        uids={k: v for k, v in episode.uids.items() if k not in gone},
+        stopped=tuple(k for k in episode.stopped if k not in gone),
+        replaced=tuple(sorted({*episode.replaced, *gone})),
+    )
 
 
 def _notice_id(episode: DrainEpisode, key: str) -> str:
@@ -432,12 +452,16 @@ def _announce(ctx: Context, episode: DrainEpisode, newcomers: list[Resident]) ->
     warned = dict(episode.warned)
     due = dict(episode.due)
     counts = dict(episode.told)
+    uids = dict(episode.uids)
+    full = ctx.now + timedelta(seconds=ctx.config.drain.notice_seconds)
     for resident in newcomers:
         plan = plans[resident.key]
         recipients = _recipients(ctx, resident)
-        # A VM marked for eviction gets a full notice from its mark, whatever the others got.
-        deadline = (ctx.now + timedelta(seconds=ctx.config.drain.notice_seconds) if episode.scope == "evictions"
-                    else episode.deadline)
+        # A VM marked for eviction gets a full notice from its mark, whatever the others got;
+        # so does a VM made again under an announced one's name, or one come after the deadline.
+        own = (episode.scope == "evictions" or resident.key in episode.replaced or episode.deadline_passed
+               or episode.deadline <= ctx.now)
+        deadline = max(full, episode.deadline) if own else episode.deadline
         told = ctx.notify("drain_will_stop_gpu_vm", subject=vm_subject(resident.key),
                           episode=_notice_id(replace(episode, told=counts), resident.key),
                           recipients=recipients, project=resident.project, severity="warning",
@@ -446,9 +470,11 @@ def _announce(ctx: Context, episode: DrainEpisode, newcomers: list[Resident]) ->
         announced[resident.key] = plan.fate
         warned[resident.key] = (resident.project, tuple(told.recipients))
         counts[resident.key] = counts.get(resident.key, 0) + 1
-        if episode.scope == "evictions":
+        if resident.vm_uid:
+            uids[resident.key] = resident.vm_uid
+        if own:
             due[resident.key] = deadline
-    return replace(episode, announced=announced, warned=warned, due=due, told=counts)
+    return replace(episode, announced=announced, warned=warned, due=due, told=counts, uids=uids)
 
 
 def _recipients(ctx: Context, resident: Resident) -> list[str]:
@@ -575,7 +601,8 @@ def _stop(ctx: Context, episode: DrainEpisode, on_node: list[Resident]) -> Drain
         _, namespace, name = resident.key.split("/", 2)
         ctx.command(
             "delete_vmi",
-            ObjectRef(kind="VirtualMachineInstance", namespace=namespace, name=name),
+            # This VMI, by uid: a VMI of the same name made since is another VM's, not stopped.
+            ObjectRef(kind="VirtualMachineInstance", namespace=namespace, name=name, uid=resident.vmi_uid or None),
             requested_by=episode.requested_by,
         )
         stopped.append(resident.key)
@@ -613,6 +640,7 @@ def _complete(ctx: Context, episode: DrainEpisode) -> DrainEpisode:
             "gpu_vms": len(episode.announced),
             "stopped_at_deadline": sorted(stopped),
             "stopped_before_deadline": sorted(set(episode.announced) - stopped),
+            "deleted_and_made_again": list(episode.replaced),
             "observed": observed,
             "announced_outcomes": predicted,
         },

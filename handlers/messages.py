@@ -356,6 +356,9 @@ class ObjectRef(Message):
     kind: str = Field(max_length=KIND_MAX)
     namespace: str | None = Field(None, max_length=63)
     name: str = Field(max_length=NAME_MAX)
+    # A command's target by identity as well as by name: the object of that name with another
+    # uid (deleted and made again) is not the one the command is for, and is left alone.
+    uid: str | None = Field(None, max_length=128)
 
 
 class GPUMutation(Message):

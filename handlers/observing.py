@@ -94,11 +94,20 @@ def vm_record(ctx: Context, obj: dict[str, Any]) -> VMRecord:
 def _vm(ctx: Context, event: WatchEvent) -> None:
     vm = vm_record(ctx, event.object)
     before = _residence(ctx, vm.key)
-    if event.type == "DELETED":
+    known = ctx.state.get(VMS, vm.key)
+    other = known is not None and bool(known.uid) and bool(vm.uid) and known.uid != vm.uid
+    if event.type == "DELETED" and other:
+        return  # the DELETED of a VM already made again under its name: nothing of the new one
+    if event.type == "DELETED" or other:
+        # Deleted — or deleted and made again under its name, seen only as another uid (a
+        # relist shows the new VM without the old one's DELETED): the old VM is gone, and
+        # what its owner was told is not the new one's.
         ctx.state.put(VMS, vm.key, None)
         _tell_nodes(ctx, vm.key, before)
         ctx.state.put(TRACKING, vm.key, None)
-        return
+        if event.type == "DELETED":
+            return
+        before = _residence(ctx, vm.key)
     ctx.state.put(VMS, vm.key, vm)
     _reconcile_vm(ctx, vm.key)
     _tell_nodes(ctx, vm.key, before)

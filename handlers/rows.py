@@ -74,6 +74,10 @@ class DrainEpisode:
     # of the VMI whose mark is not a new eviction (its owner was told the stop is off).
     called_off: bool = False
     unmarking: dict[str, str] = field(default_factory=dict)
+    # The uid of each announced VM: a VM of the same name with another uid was deleted and
+    # made again — another VM, announced to its own owner with a notice of its own.
+    uids: dict[str, str] = field(default_factory=dict)
+    replaced: tuple[str, ...] = ()  # announced VMs that were deleted and made again meanwhile
 
 
 @direct_init

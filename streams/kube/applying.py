@@ -573,13 +573,21 @@ class KubeApplier:
     # --- delete_vmi ----------------------------------------------------------------------
 
     def _delete_vmi(self, command: Command) -> Applied:
+        """Delete the VMI — the one of the command's ``target.uid`` only, when it names one (a
+        precondition the API server checks): a VMI of that name made since is another VM's."""
         namespace, name = _where(command)
+        uid = command.target.uid
+        options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)) if uid else None
         try:
             self._call(
-                self.custom.delete_namespaced_custom_object, *KUBEVIRT, namespace, "virtualmachineinstances", name
+                self.custom.delete_namespaced_custom_object, *KUBEVIRT, namespace, "virtualmachineinstances", name,
+                body=options,
             )
         except ApiException as exc:
             if exc.status == 404:
+                return Applied("noop")
+            if exc.status == 409 and uid:  # the precondition: that VMI is gone, another has its name
+                log.info("VMI %s/%s is no longer %s: not deleted", namespace, name, uid)
                 return Applied("noop")
             raise
         return Applied("applied")
@@ -599,6 +607,8 @@ class KubeApplier:
         vmi = self._get_vmi(namespace, name)
         if vmi is None or ((vmi.get("status") or {}).get("evacuationNodeName")) != node:
             return Applied("noop")
+        if command.target.uid and (vmi.get("metadata") or {}).get("uid") != command.target.uid:
+            return Applied("noop")  # another VMI of that name: its mark is not the one told off
         path = EVACUATE_CANCEL_PATH.format(namespace=namespace, name=name)
         response = self._call(
             self.api.call_api, path, "PUT",

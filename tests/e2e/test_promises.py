@@ -207,3 +207,70 @@ def test_a_once_vm_is_told_how_its_gpu_change_takes_effect_end_to_end(loop: Loop
     vm_action(loop, "once-1", "start")
     second = loop.running_vmi("once-1", other_than=first["metadata"]["uid"])
     assert second["spec"]["domain"]["devices"]["gpus"][0]["deviceName"] == RTX
+
+
+BOB = "bob@example.com"
+
+
+def owned_vm(loop: Loop, name: str, owner: str) -> None:
+    bare_vm(loop, name, labels={"superphenix.net/projectID": "proj-a"}, annotations={"vmstream.io/owner": owner})
+
+
+def delete_vm(loop: Loop, name: str) -> None:
+    client.CustomObjectsApi(loop.api).delete_namespaced_custom_object(*KUBEVIRT, NAMESPACE, "virtualmachines", name)
+    eventually(lambda: loop.get("virtualmachines", name) is None and loop.get("virtualmachineinstances", name) is None,
+               f"{name} and its VMI gone", timeout=LOOP_DEADLINE)
+
+
+def bobs_own_notice(loop: Loop) -> None:
+    """Bob's VM of alice's VM's name is evicted: he is told, with a full notice of his own, and
+    it is stopped at his deadline, not at alice's."""
+    assert loop.evict("ev-1").status == 429
+    loop.outputs.wait_for(lambda o: any(n["recipients"] == [BOB] for n in o.notifications("drain_will_stop_gpu_vm")),
+                          what="bob's own notice", timeout=LOOP_DEADLINE)
+    [bobs] = [n for n in loop.outputs.notifications("drain_will_stop_gpu_vm") if n["recipients"] == [BOB]]
+    loop.outputs.wait_for(lambda o: any(bobs["notification_id"] in a["notifications"] for a in o.seen["audit"]),
+                          what="the notice's audit record")
+    [announcing] = [a for a in loop.outputs.seen["audit"] if bobs["notification_id"] in a["notifications"]]
+    assert announcing["commands"] == []  # not stopped with the mark, on alice's deadline long past
+    loop.outputs.wait_for(lambda o: o.commands("delete_vmi"), what="bob's VM stopped at his deadline",
+                          timeout=LOOP_DEADLINE)
+    [stop] = loop.outputs.commands("delete_vmi")
+    assert stop["issued_at"] >= bobs["deadline"]
+
+
+def test_a_vm_deleted_and_made_again_under_its_name_gets_its_own_notice_end_to_end(loop: Loop) -> None:
+    loop.node("gpu-node-1", gpus={RTX: 1})
+    owned_vm(loop, "ev-1", ALICE)
+    loop.running_vmi("ev-1")
+    loop.seen_by_worker("ev-1")
+    assert loop.evict("ev-1").status == 429
+    loop.outputs.wait_for(lambda o: o.notifications("drain_will_stop_gpu_vm"), what="alice's notice")
+    delete_vm(loop, "ev-1")  # alice deletes her VM; bob makes one of the same name
+    owned_vm(loop, "ev-1", BOB)
+    loop.running_vmi("ev-1")
+    loop.outputs.wait_for(lambda o: sum(a["input"]["key"] == f"VirtualMachineInstance/{NAMESPACE}/ev-1"
+                                        for a in o.seen["audit"]) >= 4, what="the worker to see bob's VMI")
+    bobs_own_notice(loop)
+
+
+def test_a_vm_made_again_seen_only_in_a_relist_gets_its_own_notice_end_to_end(loop: Loop) -> None:
+    """The watch bridge is away while alice's VM is deleted and bob's made: it relists bob's VM
+    under the same key, and no DELETED of alice's is ever published."""
+    assert loop.bridge is not None
+    loop.node("gpu-node-1", gpus={RTX: 1})
+    owned_vm(loop, "ev-1", ALICE)
+    first = loop.running_vmi("ev-1")
+    loop.seen_by_worker("ev-1")
+    assert loop.evict("ev-1").status == 429
+    loop.outputs.wait_for(lambda o: o.notifications("drain_will_stop_gpu_vm"), what="alice's notice")
+    loop.bridge.stop()
+    delete_vm(loop, "ev-1")
+    owned_vm(loop, "ev-1", BOB)
+    second = loop.running_vmi("ev-1", other_than=first["metadata"]["uid"])
+    loop.bridge.start()
+    loop.outputs.wait_for(lambda o: any(e for e in o.seen["audit"]
+                                        if e["input"]["key"] == f"VirtualMachineInstance/{NAMESPACE}/ev-1"
+                                        and e["at"] > second["metadata"]["creationTimestamp"]),
+                          what="the relist decided", timeout=LOOP_DEADLINE)
+    bobs_own_notice(loop)

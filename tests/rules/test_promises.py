@@ -237,3 +237,81 @@ def test_a_manual_vm_whose_vmi_has_ended_can_be_restarted() -> None:
                   vmi(NS, "man-1", node_name="gpu-node-1", phase="Succeeded"))
     result = h.intent("restart_vm", {"namespace": NS, "name": "man-1"})
     assert [c.type for c in result.decision.commands] == ["restart_vm"]
+
+
+# ------------------------------------------------------------------ identity is the uid
+
+
+def made_again(name: str, owner: str, uid: str, **kwargs: Any) -> dict[str, Any]:
+    obj = vm(NS, name, project="proj-a", owner=owner, gpu=RTX, **kwargs)
+    obj["metadata"]["uid"] = uid
+    return obj
+
+
+def vmi_of(name: str, uid: str, *, marked: bool = False, node_name: str = "gpu-node-1") -> dict[str, Any]:
+    obj = vmi(NS, name, node_name=node_name, gpu=RTX, eviction_requested=marked)
+    obj["metadata"]["uid"] = uid
+    return obj
+
+
+def test_a_vm_deleted_and_made_again_under_its_name_gets_its_own_notice_and_a_full_notice_period() -> None:
+    h = evicted_az("ev-1")
+    [alices] = h.notifications("drain_will_stop_gpu_vm")
+    h.wait(600)
+    h.observe(vmi(NS, "ev-1", node_name="gpu-node-1", gpu=RTX, eviction_requested=True), "DELETED")
+    h.observe(vm(NS, "ev-1", project="proj-a", owner=ALICE, gpu=RTX), "DELETED")
+    h.observe(made_again("ev-1", BOB, "uid-bobs-ev-1"))
+    h.observe(vmi_of("ev-1", "uid-vmi-bobs", marked=True))  # on the same node, and evicted too
+    bobs = h.notifications("drain_will_stop_gpu_vm")[-1]
+    assert bobs is not alices and bobs.recipients == [BOB]
+    assert bobs.deadline == h.now + (alices.deadline - alices.at)  # a full notice of his own
+    h.wait(300)  # alice's deadline
+    h.tick()
+    assert stops(h) == []
+    h.wait(600)
+    h.tick()
+    assert stops(h) == ["ev-1"]
+
+
+def test_a_vm_made_again_seen_only_in_a_relist_is_a_new_vm_too() -> None:
+    """The watch bridge was away: the relist shows bob's VM and VMI, and no DELETED of alice's."""
+    h = evicted_az("ev-1")
+    h.wait(600)
+    h.observe(made_again("ev-1", BOB, "uid-bobs-ev-1"), "RELISTED")
+    h.observe(vmi_of("ev-1", "uid-vmi-bobs", marked=True), "RELISTED")
+    told = h.notifications("drain_will_stop_gpu_vm")
+    assert [n.recipients for n in told] == [[ALICE], [BOB]]
+    assert told[1].deadline == h.now + (told[0].deadline - told[0].at)
+    h.wait(300)
+    h.tick()
+    assert stops(h) == []
+
+
+def test_a_vm_made_again_during_a_node_drain_is_announced_to_its_owner_with_a_full_notice() -> None:
+    h = Harness()
+    h.observe_all(node("gpu-node-1", gpus={RTX: 2}), vm(NS, "x-1", project="proj-a", owner=ALICE, gpu=RTX),
+                  vmi(NS, "x-1", node_name="gpu-node-1", gpu=RTX))
+    h.intent("drain_node", {"node": "gpu-node-1", "reason": "kernel", "notice_seconds": 900}, by=OPS, project=None)
+    h.wait(600)
+    h.observe(made_again("x-1", BOB, "uid-bobs-x-1"), "RELISTED")
+    h.observe(vmi_of("x-1", "uid-vmi-bobs"), "RELISTED")
+    told = h.notifications("drain_will_stop_gpu_vm")
+    assert [n.recipients for n in told] == [[ALICE], [BOB]]
+    assert told[1].deadline == h.now + (told[0].deadline - told[0].at)
+    h.observe(node("gpu-node-1", gpus={RTX: 2}, unschedulable=True, rv=2), "MODIFIED")  # the cordon lands
+    h.wait(300)  # alice's deadline
+    h.tick()
+    assert stops(h) == []
+    h.wait(600)
+    h.tick()
+    assert stops(h) == ["x-1"]
+
+
+def test_a_stop_names_the_vmi_it_was_told_of_by_uid() -> None:
+    """At alice's deadline the worker may not have seen bob's VM yet (the bridge away): its stop
+    names alice's VMI by uid, and the applier leaves any other VMI of that name alone."""
+    h = evicted_az("ev-1")
+    h.wait(900)
+    h.tick()
+    [stop] = h.commands("delete_vmi")
+    assert stop.target.uid == f"uid-vmi-{NS}-ev-1-1"
