@@ -10,6 +10,7 @@ fraction of the memory a whole AZ's VMs would hold.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from handlers.frozen import direct_init
@@ -461,16 +462,30 @@ def resident_of(vm: VMRecord | None, vmi: VMIRecord | None) -> tuple[str, Reside
 
 @direct_init
 @dataclass(frozen=True, slots=True)
-class NodeUsage:
-    """One node's GPU cards: what it offers and what its residents hold.
+class Claim:
+    """A GPU VM a drain of a node stops (or stopped) and KubeVirt starts again by itself: it
+    will want its cards elsewhere from its deadline on, until it is seen back or off."""
 
-    Kept per node by the node's own decisions and read cluster-wide (capacity).
+    vm: str  # its key
+    due: datetime  # its deadline
+    gpus: tuple[str, ...]  # the cards it wants, one device name each
+
+
+@direct_init
+@dataclass(frozen=True, slots=True)
+class NodeUsage:
+    """One node's GPU cards: what it offers and what its residents hold — and, while it is
+    drained, the cards its GPU VMs will want elsewhere (``claims``).
+
+    Kept per node by the node's own decisions and read cluster-wide (capacity, and every
+    other drain's promises: a card is promised once across the AZ).
     """
 
     node: str
     schedulable: bool
     allocatable: dict[str, int]
     held: dict[str, int]
+    claims: tuple[Claim, ...] = ()
 
     def free(self, device_name: str) -> int:
         if not self.schedulable:

@@ -87,6 +87,9 @@ class ResidentUpdate:
     # elsewhere ("came_back"), its new VMI waits for a card ("waits_for_gpu"), or it stays
     # off ("off"). A drain of ``node`` reports it (drain_completed).
     fate: ObservedFate | None = None
+    # Not about a VM: the cards another node's drain counted may be taken, or wanted by a
+    # drain before it; ``node``'s drain plans its promises again (``vm_key`` is empty).
+    recheck: bool = False
 
 
 @dataclass(slots=True)
@@ -218,6 +221,12 @@ class Context:
 
     def forward(self, node: str, vm_key: str, resident: Resident | None, *, fate: ObservedFate | None = None) -> None:
         self.forwards.append(ResidentUpdate(node, vm_key, resident, self.cause, fate))
+
+    def recheck(self, node: str) -> None:
+        """Ask ``node``'s drain to plan its promises again (a card it counted may be gone)."""
+        update = ResidentUpdate(node, "", None, self.cause, None, True)
+        if update not in self.forwards:
+            self.forwards.append(update)
 
     def decide(
         self,

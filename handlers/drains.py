@@ -36,8 +36,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from handlers import ids
-from handlers.capacity import capacity, surely_placed
-from handlers.cluster import NodeRecord, Resident, VMIRecord, VMRecord, describe_gpus
+from handlers.capacity import capacity, claims_elsewhere, drain_claims, drained_nodes, refresh_usage, surely_placed, tighter
+from handlers.cluster import NodeRecord, NodeUsage, Resident, VMIRecord, VMRecord, describe_gpus
 from handlers.frozen import direct_init
 from handlers.decisions import Context, node_subject, vm_subject
 from handlers.messages import ObjectRef
@@ -206,6 +206,7 @@ def call_off_drain(ctx: Context, node: str, *, why: str, undo_cordon: bool) -> D
         # Until the marks are seen gone, they are no new eviction (settle_resident).
         ctx.state.put(DRAINS, node, replace(episode, called_off=True, completed=True, deadline_passed=True,
                                             unmarking={**episode.unmarking, **marked}))
+    refresh_usage(ctx.state, node)  # its claims on cards elsewhere are gone
     if uncordoned:
         node_text = "vmstream uncordons the node"
     elif episode.cordoned:
@@ -288,6 +289,8 @@ def reconcile_drain(ctx: Context, node: str) -> None:
     episode = _forget_replaced(episode, residents)
     on_node = in_scope(episode, residents)
     newcomers = [r for r in on_node if r.key not in episode.announced]
+    if not episode.completed:
+        episode = _correct(ctx, episode, on_node)
     if newcomers and not episode.completed:
         episode = _announce(ctx, episode, newcomers)
     if episode.scope == "evictions" or (episode.deadline_passed and nothing_new_can_start(episode, observed)):
@@ -296,6 +299,7 @@ def reconcile_drain(ctx: Context, node: str) -> None:
         episode = _complete(ctx, episode)
     if episode != before:  # a node's heartbeat during its drain changes no row
         ctx.state.put(DRAINS, node, episode)
+        recheck_others(ctx, node, *refresh_usage(ctx.state, node))
 
 
 def _retract(ctx: Context, episode: DrainEpisode, residents: list[Resident]) -> DrainEpisode | None:
@@ -335,6 +339,7 @@ def _retract(ctx: Context, episode: DrainEpisode, residents: list[Resident]) -> 
     )
     if not episode.announced and not any(r.evacuating for r in residents):
         ctx.state.put(DRAINS, episode.node, None)
+        refresh_usage(ctx.state, episode.node)
         return None
     return episode
 
@@ -447,34 +452,80 @@ def _what_it_is(episode: DrainEpisode, subject: ObjectRef) -> str:
 
 
 def _announce(ctx: Context, episode: DrainEpisode, newcomers: list[Resident]) -> DrainEpisode:
-    plans = plan_fates(ctx, episode, newcomers)
+    full = ctx.now + timedelta(seconds=ctx.config.drain.notice_seconds)
+    # A VM marked for eviction gets a full notice from its mark, whatever the others got; so
+    # does a VM made again under an announced one's name, or one come after the deadline.
+    late = episode.deadline_passed or episode.deadline <= ctx.now
+    own = {r.key: max(full, episode.deadline) for r in newcomers
+           if episode.scope == "evictions" or r.key in episode.replaced or late}
+    plans = plan_fates(ctx, episode, newcomers, own)
     announced = dict(episode.announced)
     warned = dict(episode.warned)
-    due = dict(episode.due)
+    due = {**episode.due, **own}
     counts = dict(episode.told)
     uids = dict(episode.uids)
-    full = ctx.now + timedelta(seconds=ctx.config.drain.notice_seconds)
+    told_gpus = dict(episode.told_gpus)
     for resident in newcomers:
         plan = plans[resident.key]
-        recipients = _recipients(ctx, resident)
-        # A VM marked for eviction gets a full notice from its mark, whatever the others got;
-        # so does a VM made again under an announced one's name, or one come after the deadline.
-        own = (episode.scope == "evictions" or resident.key in episode.replaced or episode.deadline_passed
-               or episode.deadline <= ctx.now)
-        deadline = max(full, episode.deadline) if own else episode.deadline
+        deadline = own.get(resident.key, episode.deadline)
         told = ctx.notify("drain_will_stop_gpu_vm", subject=vm_subject(resident.key),
                           episode=_notice_id(replace(episode, told=counts), resident.key),
-                          recipients=recipients, project=resident.project, severity="warning",
+                          recipients=_recipients(ctx, resident), project=resident.project, severity="warning",
                           message=_notice_text(ctx, episode, resident, plan, deadline),
                           details=_notice_details(ctx, episode, resident, plan), deadline=deadline)
         announced[resident.key] = plan.fate
         warned[resident.key] = (resident.project, tuple(told.recipients))
         counts[resident.key] = counts.get(resident.key, 0) + 1
+        told_gpus[resident.key] = resident.template_gpus
         if resident.vm_uid:
             uids[resident.key] = resident.vm_uid
-        if own:
-            due[resident.key] = deadline
-    return replace(episode, announced=announced, warned=warned, due=due, told=counts, uids=uids)
+    return replace(episode, announced=announced, warned=warned, due=due, told=counts, uids=uids,
+                   told_gpus=told_gpus)
+
+
+def _correct(ctx: Context, episode: DrainEpisode, on_node: list[Resident]) -> DrainEpisode:
+    """A notice that became false is corrected, once the VM is still to be stopped: its GPUs
+    changed (one removed: it comes back at once, without a GPU), its run strategy changed
+    what KubeVirt does, or the cards it was promised are taken or wanted first by another
+    drain's VMs (it now waits for one). A VM told it waits, that would now find a card, is
+    not told again: the numbers move, "may take a while" stays true."""
+    stopped = set(episode.stopped)
+    # A VM deleted meanwhile is its owner's doing: nothing to correct for it.
+    current = [r for r in on_node if r.key in episode.announced and r.key not in stopped and r.has_vm]
+    if not current:
+        return episode
+    plans = plan_fates(ctx, episode, current)
+    announced = dict(episode.announced)
+    counts = dict(episode.told)
+    told_gpus = dict(episode.told_gpus)
+    for resident in current:
+        plan, was = plans[resident.key], episode.announced[resident.key]
+        told = episode.told_gpus.get(resident.key, resident.template_gpus)
+        if (plan.fate, resident.template_gpus) == (was, told):
+            continue
+        if (was, plan.fate) == ("waits_for_gpu", "returns_automatically") and told == resident.template_gpus:
+            continue
+        deadline = episode.due.get(resident.key, episode.deadline)
+        project, recipients = episode.warned.get(resident.key, (resident.project, ()))
+        details = _notice_details(ctx, episode, resident, plan)
+        details["corrects"] = {"outcome": was, "gpus": [ctx.catalog.for_device(d).describe() for d in told]}
+        ctx.notify("drain_will_stop_gpu_vm", subject=vm_subject(resident.key),
+                   episode=_notice_id(replace(episode, told=counts), resident.key),
+                   recipients=list(recipients) or _recipients(ctx, resident), project=project, severity="warning",
+                   message="Correction: " + _notice_text(ctx, episode, resident, plan, deadline),
+                   details=details, deadline=deadline)
+        announced[resident.key] = plan.fate
+        counts[resident.key] = counts.get(resident.key, 0) + 1
+        told_gpus[resident.key] = resident.template_gpus
+    return replace(episode, announced=announced, told=counts, told_gpus=told_gpus)
+
+
+def recheck_others(ctx: Context, node: str, before: NodeUsage | None, after: NodeUsage | None) -> None:
+    """A card free on ``node`` was taken, or its drain wants more: the other drains, whose
+    promises counted on the cards, plan them again (:func:`~handlers.capacity.tighter`)."""
+    if tighter(before, after):
+        for other in drained_nodes(ctx.state, but=node):
+            ctx.recheck(other)
 
 
 def _recipients(ctx: Context, resident: Resident) -> list[str]:
@@ -506,6 +557,7 @@ def _notice_details(ctx: Context, episode: DrainEpisode, resident: Resident, pla
         "cards_free": plan.free,
         "restarting_gpu_vms": plan.competing,
         "cards_free_by_device": dict(plan.free_by_device),
+        "restarting_gpu_vms_of_other_drains": plan.elsewhere,
     }
 
 
@@ -518,6 +570,7 @@ class FatePlan:
     free: int | None = None  # free cards elsewhere now of its (first) GPU's device
     competing: int | None = None  # the drain's VMs that restart by themselves and want that device
     free_by_device: tuple[tuple[str, int], ...] = ()  # free cards elsewhere now, by each of its devices
+    elsewhere: int = 0  # VMs of drains of other nodes, back in the race before it, that want that device
 
 
 def fate_text(plan: FatePlan, resident: Resident, *, display: Callable[[str], str], node: str) -> str:
@@ -530,15 +583,16 @@ def fate_text(plan: FatePlan, resident: Resident, *, display: Callable[[str], st
     if not resident.template_gpus:
         return f"it will start again by itself (run strategy {strategy}), without a GPU"
     gpus = resident.template_gpus
+    others = (f", and {plan.elsewhere} more leaving other drained nodes no later" if plan.elsewhere else "")
     if len(gpus) == 1:
         wanted = f"a free {display(gpus[0])}"
         cards = (f"{plan.free} card(s) of this class free now for {plan.competing} GPU VM(s) leaving node {node} "
-                 "that restart by themselves")
+                 f"that restart by themselves{others}")
     else:
         wanted = f"{describe_gpus(gpus, display)} free on one node"
         free = ", ".join(f"{count} {display(device)}" for device, count in plan.free_by_device)
         cards = (f"it needs them all on one node; free now on the other nodes: {free or 'none'}, for "
-                 f"{plan.competing} GPU VM(s) leaving node {node} that restart by themselves")
+                 f"{plan.competing} GPU VM(s) leaving node {node} that restart by themselves{others}")
     if plan.fate == "returns_automatically":
         where = f"a free {display(gpus[0])}" if len(gpus) == 1 else wanted
         return f"it will start again by itself (run strategy {strategy}) on another node with {where}: {cards}"
@@ -553,21 +607,25 @@ def restarting(residents: Iterable[Resident]) -> dict[str, Resident]:
     return {r.key: r for r in residents if r.has_vm and restarts_by_itself(r.run_strategy) and r.template_gpus}
 
 
-def plan_fates(ctx: Context, episode: DrainEpisode, residents: list[Resident]) -> dict[str, FatePlan]:
-    """Each of ``residents``' fate, with the free cards of its GPUs and the VMs they are for.
+def plan_fates(ctx: Context, episode: DrainEpisode, residents: list[Resident],
+               due: dict[str, datetime] | None = None) -> dict[str, FatePlan]:
+    """Each of ``residents``' fate, with the free cards of its GPUs and the VMs they are for;
+    ``due`` is each one's deadline (else the episode's).
 
     Every VM of the drain that KubeVirt restarts by itself with GPUs competes for the free
     cards elsewhere; which of them gets a card is the scheduler's choice, so a VM is told
     it comes back only when it finds its cards, all on one node, whatever the scheduler
     does with the others (:func:`~handlers.capacity.surely_placed`; for VMs of one card:
     a free card for every one of them). Otherwise it waits for them, and is told the
-    numbers. A drain promises no card twice.
+    numbers. Competing too: the drain's own VMs stopped already and still waiting for a
+    card, and the VMs of drains of other nodes stopped before this one or with it (their
+    ``claims``, cluster-wide). A card is promised once across the AZ.
     """
     on_node = in_scope(episode, residents_of(ctx, episode.node))
     competitors = restarting([*on_node, *residents])
-    wanted: Counter[str] = Counter()
-    for resident in competitors.values():
-        wanted.update(resident.template_gpus)
+    own: list[tuple[str, tuple[str, ...]]] = [(key, r.template_gpus) for key, r in competitors.items()]
+    own += [(claim.vm, claim.gpus) for claim in drain_claims(episode) if claim.vm not in competitors]
+    others = claims_elsewhere(ctx.state, episode.node)
     plans: dict[str, FatePlan] = {}
     free_of: dict[str, int] = {}  # the same for every VM of a device: asked once
     for resident in sorted(residents, key=lambda r: r.key):
@@ -577,17 +635,26 @@ def plan_fates(ctx: Context, episode: DrainEpisode, residents: list[Resident]) -
         if not resident.template_gpus:  # its GPUs were removed: it returns without one
             plans[resident.key] = FatePlan("returns_automatically")
             continue
+        mine = (due or {}).get(resident.key, episode.due.get(resident.key, episode.deadline))
+        before = [claim for claim in others if claim.due <= mine]  # back in the race first
+        wanted: Counter[str] = Counter()
+        for key, gpus in own:
+            if key != resident.key:
+                wanted.update(gpus)
+        for claim in before:
+            wanted.update(claim.gpus)
         demand = Counter(resident.template_gpus)
         for device in demand:
             if device not in free_of:
                 free_of[device] = capacity(ctx.state, device, excluding_node=episode.node).free
-        placed = surely_placed(ctx.state, demand, wanted - demand, excluding_node=episode.node)
+        placed = surely_placed(ctx.state, demand, wanted, excluding_node=episode.node)
         first = resident.template_gpus[0]
         plans[resident.key] = FatePlan(
             "returns_automatically" if placed else "waits_for_gpu",
             free=free_of[first],
-            competing=sum(1 for r in competitors.values() if first in r.template_gpus),
+            competing=sum(1 for _, gpus in own if first in gpus),
             free_by_device=tuple((device, free_of[device]) for device in sorted(demand)),
+            elsewhere=sum(1 for claim in before if first in claim.gpus),
         )
     return plans
 

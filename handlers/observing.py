@@ -33,6 +33,7 @@ from handlers.drains import (
     cancelled_mark,
     kubevirt_starts_it,
     observe_fate,
+    recheck_others,
     reconcile_drain,
     start_drain,
 )
@@ -222,7 +223,7 @@ def fate_since_left(ctx: Context, key: str, *, ended: str | None = None) -> Obse
 def _node(ctx: Context, event: WatchEvent) -> None:
     new = NodeRecord.from_object(event.object)
     ctx.state.put(NODES, new.name, None if event.type == "DELETED" else new)
-    refresh_usage(ctx.state, new.name)
+    recheck_others(ctx, new.name, *refresh_usage(ctx.state, new.name))
     if event.type == "DELETED":
         reconcile_drain(ctx, new.name)
         return
@@ -257,7 +258,11 @@ def _maintenance(ctx: Context, event: WatchEvent) -> None:
 
 
 def settle_resident(ctx: Context, update: ResidentUpdate) -> None:
-    """A GPU VMI arrived on, changed on or left ``update.node``."""
+    """A GPU VMI arrived on, changed on or left ``update.node`` — or (``recheck``) the cards
+    the node's drain counted on other nodes changed."""
+    if update.recheck:
+        reconcile_drain(ctx, update.node)
+        return
     before = ctx.state.get(RESIDENTS, update.node)
     residents = dict(before) if before else {}
     if update.resident is None:
@@ -265,7 +270,7 @@ def settle_resident(ctx: Context, update: ResidentUpdate) -> None:
     else:
         residents[update.vm_key] = update.resident
     ctx.state.put(RESIDENTS, update.node, residents or None)
-    refresh_usage(ctx.state, update.node)
+    recheck_others(ctx, update.node, *refresh_usage(ctx.state, update.node))
     if update.fate is not None:
         observe_fate(ctx, update.node, update.vm_key, update.fate)
     if update.resident is not None and update.resident.evacuating and not cancelled_mark(

@@ -78,6 +78,7 @@ class DrainEpisode:
     # made again — another VM, announced to its own owner with a notice of its own.
     uids: dict[str, str] = field(default_factory=dict)
     replaced: tuple[str, ...] = ()  # announced VMs that were deleted and made again meanwhile
+    told_gpus: dict[str, tuple[str, ...]] = field(default_factory=dict)  # the GPUs each VM was told it comes back with
 
 
 @direct_init

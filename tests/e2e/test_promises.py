@@ -274,3 +274,54 @@ def test_a_vm_made_again_seen_only_in_a_relist_gets_its_own_notice_end_to_end(lo
                                         and e["at"] > second["metadata"]["creationTimestamp"]),
                           what="the relist decided", timeout=LOOP_DEADLINE)
     bobs_own_notice(loop)
+
+
+def test_a_gpu_removed_while_a_drain_waits_for_a_card_corrects_the_notice_end_to_end(loop: Loop) -> None:
+    loop.node("gpu-node-1", gpus={RTX: 1})
+    loop.vm("a-1", run_strategy="Always", gpu=RTX)
+    loop.running_vmi("a-1")
+    loop.seen_by_worker("a-1")
+    loop.intent("drain_node", {"node": "gpu-node-1", "reason": "kernel", "notice_seconds": 120}, by=OPS)
+    loop.outputs.wait_for(lambda o: o.notifications("drain_will_stop_gpu_vm"), what="the notice")
+    [waits] = loop.outputs.notifications("drain_will_stop_gpu_vm")
+    assert waits["details"]["outcome"] == "waits_for_gpu"
+    remove = loop.intent("set_gpu", {"namespace": NAMESPACE, "name": "a-1", "gpu_class": None}, by=ALICE,
+                         project="proj-a")
+    assert [r["outcome"] for r in loop.result_of(remove)] in (["applied"], ["conflict_retried"])
+    loop.outputs.wait_for(lambda o: len(o.notifications("drain_will_stop_gpu_vm")) == 2, what="the correction",
+                          timeout=LOOP_DEADLINE)
+    corrected = loop.outputs.notifications("drain_will_stop_gpu_vm")[1]
+    assert corrected["message"].startswith("Correction: ") and "without a GPU" in corrected["message"]
+    assert corrected["details"]["outcome"] == "returns_automatically" and corrected["recipients"] == [ALICE]
+
+
+def test_two_drains_do_not_both_promise_the_one_free_card_and_a_promise_is_corrected_when_it_is_taken_end_to_end(
+        loop: Loop) -> None:
+    loop.node("gpu-node-1", gpus={RTX: 1})
+    loop.vm("a-1", run_strategy="Always", gpu=RTX)
+    loop.running_vmi("a-1")
+    loop.node("gpu-node-2", gpus={RTX: 1})
+    loop.vm("b-1", run_strategy="Always", gpu=RTX)
+    assert loop.running_vmi("b-1")["status"]["nodeName"] == "gpu-node-2"
+    loop.node("gpu-node-3", gpus={RTX: 1})
+    loop.seen_by_worker("a-1")
+    loop.seen_by_worker("b-1")
+    loop.worker.wait_until("/capacity", lambda c: (c["nvidia-rtx-pro-6000-bse"]["total"],
+                                                   c["nvidia-rtx-pro-6000-bse"]["free"]) == (3, 1))
+
+    loop.intent("drain_node", {"node": "gpu-node-1", "reason": "kernel", "notice_seconds": 120}, by=OPS)
+    loop.outputs.wait_for(lambda o: o.notifications("drain_will_stop_gpu_vm"), what="the first drain's notice")
+    loop.agent.wait_passes(count=int(3 / loop.agent.interval))  # a few seconds apart
+    loop.intent("drain_node", {"node": "gpu-node-2", "reason": "kernel", "notice_seconds": 120}, by=OPS)
+    loop.outputs.wait_for(lambda o: len(o.notifications("drain_will_stop_gpu_vm")) == 2, what="the second's")
+    told = [(n["subject"]["name"], n["details"]["outcome"]) for n in loop.outputs.notifications("drain_will_stop_gpu_vm")]
+    assert told == [("a-1", "returns_automatically"), ("b-1", "waits_for_gpu")]
+
+    # The card a-1 was promised is taken: a VM started meanwhile lands on gpu-node-3.
+    loop.vm("c-1", run_strategy="Always", gpu=RTX)
+    assert loop.running_vmi("c-1")["status"]["nodeName"] == "gpu-node-3"
+    loop.outputs.wait_for(lambda o: len(o.notifications("drain_will_stop_gpu_vm")) == 3, what="the correction",
+                          timeout=LOOP_DEADLINE)
+    corrected = loop.outputs.notifications("drain_will_stop_gpu_vm")[2]
+    assert corrected["subject"]["name"] == "a-1" and corrected["details"]["outcome"] == "waits_for_gpu"
+    assert corrected["message"].startswith("Correction: ") and corrected["recipients"] == [ALICE]

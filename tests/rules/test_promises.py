@@ -315,3 +315,97 @@ def test_a_stop_names_the_vmi_it_was_told_of_by_uid() -> None:
     h.tick()
     [stop] = h.commands("delete_vmi")
     assert stop.target.uid == f"uid-vmi-{NS}-ev-1-1"
+
+
+# ------------------------------------------------------------------ a notice that became false
+
+
+def test_a_gpu_removed_while_a_drain_waits_for_a_card_corrects_the_notice() -> None:
+    h = Harness()
+    h.observe_all(node("gpu-node-1", gpus={RTX: 1}), vm(NS, "a-1", project="proj-a", owner=ALICE, gpu=RTX),
+                  vmi(NS, "a-1", node_name="gpu-node-1", gpu=RTX))
+    h.intent("drain_node", {"node": "gpu-node-1", "reason": "kernel", "notice_seconds": 600}, by=OPS, project=None)
+    [waits] = h.notifications("drain_will_stop_gpu_vm")
+    assert waits.details["outcome"] == "waits_for_gpu"
+    h.wait(60)
+    h.observe(vm(NS, "a-1", project="proj-a", owner=ALICE, rv=2), "MODIFIED")  # its GPU removed (kubectl)
+    [_, corrected] = h.notifications("drain_will_stop_gpu_vm")
+    assert corrected.notification_id != waits.notification_id and corrected.recipients == [ALICE]
+    assert corrected.message.startswith("Correction: ")
+    assert "it will start again by itself (run strategy Always), without a GPU" in corrected.message
+    assert corrected.details["outcome"] == "returns_automatically" and corrected.details["gpus"] == []
+    assert corrected.details["corrects"]["outcome"] == "waits_for_gpu"
+    assert corrected.deadline == waits.deadline
+
+
+# ------------------------------------------------------------------ promises never exceed the cards
+
+
+def three_nodes(h: Harness, *, spare: int = 1) -> None:
+    """gpu-node-1 and gpu-node-2 run one Always GPU VM each; gpu-node-3 has ``spare`` free cards."""
+    h.observe_all(node("gpu-node-1", gpus={RTX: 1}), node("gpu-node-2", gpus={RTX: 1}),
+                  node("gpu-node-3", gpus={RTX: spare}))
+    for name, where in (("a-1", "gpu-node-1"), ("b-1", "gpu-node-2")):
+        h.observe_all(vm(NS, name, project="proj-a", owner=ALICE if name == "a-1" else BOB, gpu=RTX),
+                      vmi(NS, name, node_name=where, gpu=RTX))
+
+
+def drain_of(h: Harness, name: str, notice: int) -> None:
+    h.intent("drain_node", {"node": name, "reason": "kernel", "notice_seconds": notice}, by=OPS, project=None)
+    h.observe(node(name, gpus={RTX: 1}, unschedulable=True, rv=2), "MODIFIED")
+
+
+def outcomes(h: Harness) -> list[tuple[str, str]]:
+    return [(n.subject.name, n.details["outcome"]) for n in h.notifications("drain_will_stop_gpu_vm")]
+
+
+def test_two_drains_a_few_seconds_apart_do_not_both_promise_the_one_free_card() -> None:
+    h = Harness()
+    three_nodes(h)
+    drain_of(h, "gpu-node-1", 600)
+    h.wait(5)
+    drain_of(h, "gpu-node-2", 600)
+    assert outcomes(h) == [("a-1", "returns_automatically"), ("b-1", "waits_for_gpu")]
+    second = h.notifications("drain_will_stop_gpu_vm")[-1]
+    assert "and 1 more leaving other drained nodes no later" in second.message
+
+
+def test_a_promise_is_corrected_when_the_cards_it_counted_are_taken() -> None:
+    h = Harness()
+    three_nodes(h)
+    drain_of(h, "gpu-node-1", 600)
+    assert outcomes(h) == [("a-1", "returns_automatically")]
+    h.wait(30)
+    h.observe_all(vm(NS, "c-1", project="proj-a", owner=BOB, gpu=RTX),  # someone else's VM takes the card
+                  vmi(NS, "c-1", node_name="gpu-node-3", gpu=RTX))
+    assert outcomes(h) == [("a-1", "returns_automatically"), ("a-1", "waits_for_gpu")]
+    corrected = h.notifications("drain_will_stop_gpu_vm")[-1]
+    assert corrected.message.startswith("Correction: ") and corrected.recipients == [ALICE]
+    assert "0 card(s) of this class free now" in corrected.message
+
+
+def test_a_later_drain_stopping_its_vms_first_takes_the_promise_back() -> None:
+    """Its VM is back in the race for the card before the first drain's: the first is corrected."""
+    h = Harness()
+    three_nodes(h)
+    drain_of(h, "gpu-node-1", 600)
+    h.wait(5)
+    drain_of(h, "gpu-node-2", 60)
+    assert outcomes(h) == [("a-1", "returns_automatically"), ("b-1", "returns_automatically"),
+                           ("a-1", "waits_for_gpu")]
+
+
+def test_promises_across_drains_never_exceed_the_cards() -> None:
+    """However many drains, each promise is backed by cards no earlier drain counted."""
+    h = Harness()
+    h.observe(node("spare", gpus={RTX: 2}))
+    for i in range(4):
+        h.observe_all(node(f"n-{i}", gpus={RTX: 1}), vm(NS, f"v-{i}", project="proj-a", owner=ALICE, gpu=RTX),
+                      vmi(NS, f"v-{i}", node_name=f"n-{i}", gpu=RTX))
+    for i in range(4):
+        drain_of(h, f"n-{i}", 600 - i)  # each later drain stops first
+        h.wait(2)
+    latest: dict[str, str] = {}
+    for name, outcome in outcomes(h):
+        latest[name] = outcome
+    assert sum(outcome == "returns_automatically" for outcome in latest.values()) <= 2
