@@ -269,6 +269,7 @@ class VMIRecord:
     unschedulable: bool
     eviction_requested: bool
     evacuation_node: str | None
+    deleting: bool = False  # metadata.deletionTimestamp set: on its way out, whatever its phase
 
     @classmethod
     def from_object(cls, obj: dict[str, Any], *, gpu_names: frozenset[str] = frozenset()) -> VMIRecord:
@@ -295,6 +296,7 @@ class VMIRecord:
             ),
             eviction_requested=_true_condition(conditions, "EvictionRequested") is not None,
             evacuation_node=status.get("evacuationNodeName"),
+            deleting=bool(metadata.get("deletionTimestamp")),
         )
 
     @property

@@ -88,8 +88,10 @@ def kubevirt_starts_it(vm: VMRecord, vmi: VMIRecord | None, *, ended: str | None
     ``ended`` is the phase the VMI gone was last seen ended in: a RerunOnFailure VMI that
     Failed is deleted (``stopVMI``) before its start request is written (``addStartRequest``),
     and the watch may show the one without the other."""
-    if vmi is not None:
+    if vmi is not None and not vmi.deleting:
         return restarts_after_it_ended(vm.run_strategy, vmi.phase)
+    # Gone, or being deleted (a drain's stop): what KubeVirt does once it is gone. A VMI that
+    # failed while being deleted gets no start request (syncRunStrategy acts on one that is not).
     if restarts_by_itself(vm.run_strategy) or restarts_after_it_ended(vm.run_strategy, ended):
         return True
     if vm.run_strategy in ("RerunOnFailure", "Manual", "Halted") and vm.start_requested:

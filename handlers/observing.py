@@ -184,8 +184,9 @@ def _tell_nodes(ctx: Context, key: str, before: tuple[str, Resident] | None) -> 
         assert before is not None
         tracking = replace(tracking, left_node=before[0], left_fate=None, left_phase=None)
     vmi = ctx.state.get(VMIS, key)
-    if tracking.left_node is not None and vmi is not None and not vmi.active and vmi.phase != tracking.left_phase:
-        tracking = replace(tracking, left_phase=vmi.phase)
+    if tracking.left_node is not None and vmi is not None and not vmi.active and not vmi.deleting \
+            and vmi.phase != tracking.left_phase:
+        tracking = replace(tracking, left_phase=vmi.phase)  # ended by itself, not stopped
     if tracking.left_node is None:
         return
     fate = fate_since_left(ctx, key, ended=tracking.left_phase)

@@ -409,3 +409,35 @@ def test_promises_across_drains_never_exceed_the_cards() -> None:
     for name, outcome in outcomes(h):
         latest[name] = outcome
     assert sum(outcome == "returns_automatically" for outcome in latest.values()) <= 2
+
+
+def deleting(obj: dict[str, Any]) -> dict[str, Any]:
+    obj["metadata"]["deletionTimestamp"] = "2026-11-30T10:10:00Z"
+    return obj
+
+
+def test_a_vmi_the_drain_stops_that_fails_on_its_way_out_is_no_failure_kubevirt_restarts() -> None:
+    """The launcher pod gone first, KubeVirt marks the VMI being deleted Failed; it adds no start
+    request for it (syncRunStrategy acts only on a VMI not being deleted): a RerunOnFailure VM
+    stays off, a Once VM comes back (its VMI deleted: startVMI)."""
+    h = Harness()
+    h.observe_all(node("gpu-node-1", gpus={RTX: 4}), node("gpu-node-2", gpus={RTX: 4}))
+    for name, strategy in (("rerun-1", "RerunOnFailure"), ("once-1", "Once")):
+        h.observe_all(vm(NS, name, project="proj-a", owner=ALICE, gpu=RTX, run_strategy=strategy),
+                      vmi(NS, name, node_name="gpu-node-1", gpu=RTX))
+    drain(h, "gpu-node-1", notice=60)
+    h.wait(60)
+    h.tick()
+    for name in ("rerun-1", "once-1"):
+        h.observe(deleting(vmi(NS, name, node_name="gpu-node-1", gpu=RTX, phase="Failed")), "MODIFIED")
+        h.observe(deleting(vmi(NS, name, node_name="gpu-node-1", gpu=RTX, phase="Failed")), "DELETED")
+    assert h.notifications("drain_completed") == []  # the Once VM comes back: wait for it
+    h.observe(vmi(NS, "once-1", node_name="gpu-node-2", gpu=RTX, generation=2))
+    [done] = h.notifications("drain_completed")
+    assert done.details["observed"]["came_back"] == [f"vm/{NS}/once-1"]
+    assert done.details["observed"]["off"] == [f"vm/{NS}/rerun-1"]
+
+
+def drain(h: Harness, node_name: str, *, notice: int) -> None:
+    h.intent("drain_node", {"node": node_name, "reason": "kernel", "notice_seconds": notice}, by=OPS, project=None)
+    h.observe(node(node_name, gpus={RTX: 4}, unschedulable=True, rv=2), "MODIFIED")
