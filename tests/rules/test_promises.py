@@ -255,22 +255,22 @@ def vmi_of(name: str, uid: str, *, marked: bool = False, node_name: str = "gpu-n
 
 
 def test_a_vm_deleted_and_made_again_under_its_name_gets_its_own_notice_and_a_full_notice_period() -> None:
-    h = evicted_az("ev-1")
-    [alices] = h.notifications("drain_will_stop_gpu_vm")
+    h = evicted_az("ev-1", "ev-2")  # ev-2 keeps the episode open
+    alices = h.notifications("drain_will_stop_gpu_vm")[0]
     h.wait(600)
     h.observe(vmi(NS, "ev-1", node_name="gpu-node-1", gpu=RTX, eviction_requested=True), "DELETED")
     h.observe(vm(NS, "ev-1", project="proj-a", owner=ALICE, gpu=RTX), "DELETED")
     h.observe(made_again("ev-1", BOB, "uid-bobs-ev-1"))
     h.observe(vmi_of("ev-1", "uid-vmi-bobs", marked=True))  # on the same node, and evicted too
     bobs = h.notifications("drain_will_stop_gpu_vm")[-1]
-    assert bobs is not alices and bobs.recipients == [BOB]
+    assert bobs.subject.name == "ev-1" and bobs.recipients == [BOB]
     assert bobs.deadline == h.now + (alices.deadline - alices.at)  # a full notice of his own
     h.wait(300)  # alice's deadline
     h.tick()
-    assert stops(h) == []
+    assert stops(h) == ["ev-2"]
     h.wait(600)
     h.tick()
-    assert stops(h) == ["ev-1"]
+    assert stops(h) == ["ev-2", "ev-1"]
 
 
 def test_a_vm_made_again_seen_only_in_a_relist_is_a_new_vm_too() -> None:
