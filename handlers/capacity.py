@@ -9,14 +9,15 @@ instance can answer for the whole AZ.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from handlers.admission import permitted
 from handlers.catalog import Catalog
-from handlers.cluster import NodeUsage
+from handlers.cluster import Claim, NodeUsage
 from handlers.frozen import direct_init
-from handlers.state import Overlay, StateView, UsageTotals
-from handlers.tables import NODES, RESIDENTS, USAGE
+from handlers.state import DrainEpisode, Overlay, StateView, UsageTotals
+from handlers.tables import DRAINS, NODES, RESIDENTS, USAGE
 
 
 @direct_init
@@ -71,6 +72,43 @@ def _indexed(state: StateView, device_name: str, excluding_node: str | None) -> 
     return Capacity(device_name, *sums)
 
 
+def free_on_nodes(state: StateView, devices: Iterable[str], *, excluding_node: str | None = None) -> list[dict[str, int]]:
+    """The free cards of ``devices`` on each schedulable node (but one), where any is free."""
+    wanted = set(devices)
+    found = []
+    for usage in state.values(USAGE):
+        if usage.node == excluding_node or not usage.schedulable:
+            continue
+        free = {device: usage.free(device) for device in wanted if usage.free(device) > 0}
+        if free:
+            found.append(free)
+    return found
+
+
+def surely_placed(state: StateView, demand: Mapping[str, int], competing: Mapping[str, int], *,
+                  excluding_node: str | None = None) -> bool:
+    """Whether a VM that needs ``demand`` (cards by device, all on one node, as KubeVirt's
+    launcher pod asks for them) finds a node with them free, whatever the scheduler does
+    with the other VMs that want cards now, ``competing`` in all (by device).
+
+    A node serves the VM while it has ``demand[d]`` free of each of its devices ``d``. To
+    leave it none, the others must take, on every node that could serve it, ``free - demand
+    + 1`` cards of one of its devices; holding fewer cards of its devices than that in all,
+    they cannot. For VMs of one card each this is: the free cards are at least as many as
+    the VMs. Two cards free on two nodes are not two cards for one VM.
+    """
+    budget = sum(competing.get(device, 0) for device in demand)
+    if len(demand) == 1:
+        [(device, count)] = demand.items()
+        if count == 1:  # any free card serves it: the sums kept along, no pass over the nodes
+            return capacity(state, device, excluding_node=excluding_node).free > budget
+    cost = 0
+    for free in free_on_nodes(state, demand, excluding_node=excluding_node):
+        if all(free.get(device, 0) >= count for device, count in demand.items()):
+            cost += min(free[device] - count + 1 for device, count in demand.items())
+    return cost > budget
+
+
 def capacity_report(state: StateView, catalog: Catalog) -> dict[str, dict[str, object]]:
     """Every configured class's capacity, plus devices seen on nodes that map to no class.
 
@@ -88,14 +126,28 @@ def capacity_report(state: StateView, catalog: Catalog) -> dict[str, dict[str, o
     return report
 
 
-def refresh_usage(state: Overlay, node: str) -> None:
-    """Recompute one node's usage from its record and its residents."""
+def drain_claims(episode: DrainEpisode | None) -> tuple[Claim, ...]:
+    """The cards a node's drain will want elsewhere: of every VM it announced that KubeVirt
+    starts again by itself with GPUs, not yet seen back (or off), from its deadline on."""
+    if episode is None or episode.completed or episode.called_off:
+        return ()
+    claims = []
+    for key, fate in sorted(episode.announced.items()):
+        gpus = episode.told_gpus.get(key, ())
+        if fate != "needs_manual_start" and gpus and episode.observed.get(key) in (None, "waits_for_gpu"):
+            claims.append(Claim(key, episode.due.get(key, episode.deadline), gpus))
+    return tuple(claims)
+
+
+def refresh_usage(state: Overlay, node: str) -> tuple[NodeUsage | None, NodeUsage | None]:
+    """Recompute one node's usage from its record, its residents and its drain; (before, after)."""
     record = state.get(NODES, node)
     residents = state.get(RESIDENTS, node) or {}
     held: Counter[str] = Counter()
     for resident in residents.values():
         held.update(resident.gpu_devices)
-    if record is None and not held:
+    claims = drain_claims(state.get(DRAINS, node))
+    if record is None and not held and not claims:
         usage = None
     else:
         usage = NodeUsage(
@@ -103,6 +155,31 @@ def refresh_usage(state: Overlay, node: str) -> None:
             schedulable=record.schedulable if record else False,
             allocatable=dict(record.gpu_allocatable) if record else {},
             held=dict(sorted(held.items())),
+            claims=claims,
         )
-    if usage != state.get(USAGE, node):
+    before = state.get(USAGE, node)
+    if usage != before:
         state.put(USAGE, node, usage)
+    return before, usage
+
+
+def tighter(before: NodeUsage | None, after: NodeUsage | None) -> bool:
+    """Whether a node's change may break a promise another drain made: a card it had free is
+    taken (or the node went unschedulable), or its drain wants cards it did not want before."""
+    if after is None:
+        return before is not None and any(before.free(d) for d in before.allocatable)
+    if before is None:
+        return bool(after.claims)
+    if set(after.claims) - set(before.claims):
+        return True
+    return any(after.free(device) < before.free(device) for device in before.allocatable)
+
+
+def claims_elsewhere(state: StateView, node: str) -> list[Claim]:
+    """What the drains of other nodes will want (cluster-wide: the ``usage`` rows)."""
+    return [claim for usage in state.values(USAGE) if usage.node != node for claim in usage.claims]
+
+
+def drained_nodes(state: StateView, *, but: str) -> list[str]:
+    """The other nodes whose drains hold claims: their promises may depend on a change here."""
+    return sorted(usage.node for usage in state.values(USAGE) if usage.node != but and usage.claims)

@@ -51,6 +51,11 @@ class Catalog:
         return cls(by_id, {c.device_name: c for c in by_id.values()})
 
     @property
+    def device_names(self) -> frozenset[str]:
+        """The classes' devices: a host device with one of these names is a GPU."""
+        return frozenset(self.by_device)
+
+    @property
     def offers_gpus(self) -> bool:
         return bool(self.by_id)
 

@@ -10,6 +10,7 @@ fraction of the memory a whole AZ's VMs would hold.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from handlers.frozen import direct_init
@@ -35,9 +36,37 @@ def _true_condition(conditions: Any, type_: str) -> dict[str, Any] | None:
     return None
 
 
-def _gpu_devices(domain: Any) -> tuple[str, ...]:
-    gpus = _get(domain, "devices", "gpus") or ()
-    return tuple(sorted(g["deviceName"] for g in gpus if isinstance(g, dict) and g.get("deviceName")))
+def _device_names(entries: Any) -> list[str]:
+    return [str(e["deviceName"]) for e in entries or () if isinstance(e, dict) and e.get("deviceName")]
+
+
+def gpu_set(devices: Any, gpu_names: frozenset[str] = frozenset()) -> tuple[str, ...]:
+    """The GPUs a domain's ``devices`` pass through, one device name per card, sorted.
+
+    KubeVirt asks the launcher pod for one of a device's resource per entry of ``gpus`` and
+    per entry of ``hostDevices`` alike (``WithGPUsDevicePlugins``, ``WithHostDevicesDevicePlugins``
+    in pkg/virt-controller/services/renderresources.go): a GPU's device name given as a host
+    device takes a card just the same. Every ``gpus`` entry is a GPU; a host device is one
+    when its device is a GPU class's (``gpu_names``) — a NIC's virtual function is not.
+    """
+    if not isinstance(devices, dict):
+        return ()
+    gpus = _device_names(devices.get("gpus"))
+    hosts = [name for name in _device_names(devices.get("hostDevices")) if name in gpu_names]
+    return tuple(sorted(gpus + hosts))
+
+
+def describe_gpus(devices: tuple[str, ...], display: Any = None) -> str:
+    """``devices`` in words: "no GPU", "GPU X", "GPUs 2 × X and 1 × Y" (``display`` names a device)."""
+    if not devices:
+        return "no GPU"
+    name = display or (lambda device: device)
+    counts: dict[str, int] = {}
+    for device in devices:
+        counts[device] = counts.get(device, 0) + 1
+    if len(devices) == 1:
+        return f"GPU {name(devices[0])}"
+    return "GPUs " + " and ".join(f"{count} × {name(device)}" for device, count in counts.items())
 
 
 def effective_run_strategy(spec: dict[str, Any]) -> str:
@@ -55,6 +84,80 @@ def effective_run_strategy(spec: dict[str, Any]) -> str:
     return "Halted"
 
 
+INSTANCETYPE_KINDS = ("VirtualMachineInstancetype", "VirtualMachineClusterInstancetype")
+REVISION_KIND_LABEL = "instancetype.kubevirt.io/object-kind"  # kubevirt.io/api instancetype/register.go
+REVISION_NAME_LABEL = "instancetype.kubevirt.io/object-name"
+
+
+@direct_init
+@dataclass(frozen=True, slots=True)
+class InstancetypeRevision:
+    """An instance type as KubeVirt applies it to a VM's VMIs: the ControllerRevision
+    virt-controller stores for the VM (``CreateControllerRevision``, pkg/instancetype/revision/store.go)
+    holds the instance type as it was when the VM first referenced it, and every VMI of the
+    VM is made from that copy (``specFinder.Find``, pkg/instancetype/find/spec.go; ``ApplyToVMI``,
+    pkg/instancetype/apply/vmi.go: its ``gpus`` and ``hostDevices`` go into every VMI). A later
+    change to the instance type itself changes nothing for the VM."""
+
+    name: str  # the ControllerRevision's
+    vm: str  # the key of the VM that owns it
+    kind: str  # VirtualMachineClusterInstancetype or VirtualMachineInstancetype
+    instancetype: str  # the instance type's name (the revision's object-name label)
+    gpus: tuple[str, ...]  # spec.gpus, device names
+    host_devices: tuple[str, ...]  # spec.hostDevices, device names (GPUs or not)
+    cpu_model: str | None  # spec.cpu.model: then the VM's own cpu.model is a conflict
+
+    @staticmethod
+    def owner(obj: dict[str, Any]) -> str | None:
+        """The key of the VM a ControllerRevision belongs to (its controller owner), if any."""
+        metadata = obj.get("metadata") or {}
+        for ref in metadata.get("ownerReferences") or ():
+            if isinstance(ref, dict) and ref.get("kind") == "VirtualMachine" and ref.get("name"):
+                return vm_key(metadata.get("namespace") or "default", str(ref["name"]))
+        return None
+
+    @classmethod
+    def from_object(cls, obj: dict[str, Any]) -> InstancetypeRevision | None:
+        """The instance type a ControllerRevision holds; None for any other revision."""
+        metadata = obj.get("metadata") or {}
+        labels = metadata.get("labels") or {}
+        data: dict[str, Any] = obj["data"] if isinstance(obj.get("data"), dict) else {}
+        kind = labels.get(REVISION_KIND_LABEL) or data.get("kind")
+        owner = cls.owner(obj)
+        if kind not in INSTANCETYPE_KINDS or owner is None:
+            return None
+        spec = data.get("spec") or {}
+        model = _get(spec, "cpu", "model")
+        return cls(
+            name=str(metadata["name"]),
+            vm=owner,
+            kind=str(kind),
+            instancetype=str(labels.get(REVISION_NAME_LABEL) or _get(data, "metadata", "name") or ""),
+            gpus=tuple(_device_names(spec.get("gpus"))),
+            host_devices=tuple(_device_names(spec.get("hostDevices"))),
+            cpu_model=model if isinstance(model, str) and model else None,
+        )
+
+    def gpu_devices(self, gpu_names: frozenset[str]) -> tuple[str, ...]:
+        return tuple(sorted([*self.gpus, *(d for d in self.host_devices if d in gpu_names)]))
+
+
+def applied_revision(spec: dict[str, Any], status: dict[str, Any]) -> str | None:
+    """The ControllerRevision KubeVirt takes a VM's instance type from, as
+    ``revisionFinder.Find`` (pkg/instancetype/find/revision.go): ``spec.instancetype.revisionName``,
+    else ``status.instancetypeRef.controllerRevisionRef.name`` (for the instance type named)."""
+    matcher = spec.get("instancetype")
+    if not isinstance(matcher, dict):
+        return None
+    if matcher.get("revisionName"):
+        return str(matcher["revisionName"])
+    ref: dict[str, Any] = status["instancetypeRef"] if isinstance(status.get("instancetypeRef"), dict) else {}
+    name = _get(ref, "controllerRevisionRef", "name")
+    if name and ref.get("name") in (None, matcher.get("name")):
+        return str(name)
+    return None
+
+
 @direct_init
 @dataclass(frozen=True, slots=True)
 class VMRecord:
@@ -66,6 +169,8 @@ class VMRecord:
     project: str | None
     owner: str | None
     run_strategy: str
+    # Every GPU the VM's next VMI gets, one device name per card, sorted: its template's
+    # ``gpus``, its template's GPU ``hostDevices`` and its instance type's (:func:`vm_gpu_set`).
     gpu_devices: tuple[str, ...]
     cpu_model: str | None
     printable_status: str | None
@@ -74,13 +179,30 @@ class VMRecord:
     # The VM as the rules read it (stored_view). A row written before it was reduced holds the
     # whole VM: the rules decide the same on either (tests/rules/test_rule_views.py).
     object: dict[str, Any] = field(compare=False, repr=False)
+    # The GPUs of the template alone (gpus and GPU hostDevices): what vmstream may change.
+    template_gpus: tuple[str, ...] = ()
+    # The instance type's share of gpu_devices, or None while the revision KubeVirt applies
+    # is not observed: then gpu_devices is not known to be all of them.
+    instancetype_gpus: tuple[str, ...] | None = ()
+    instancetype_cpu_model: str | None = None  # the instance type's cpu.model, which wins
+    # status.runStrategy: what virt-controller last acted on (written when it creates a VMI).
+    status_run_strategy: str | None = None
+    # A start request waits in status.stateChangeRequests: virt-controller starts a VMI for it.
+    start_requested: bool = False
 
     @classmethod
-    def from_object(cls, obj: dict[str, Any], *, project_label: str) -> VMRecord:
+    def from_object(cls, obj: dict[str, Any], *, project_label: str, gpu_names: frozenset[str] = frozenset(),
+                    revisions: dict[str, InstancetypeRevision] | None = None) -> VMRecord:
+        """The record of a VM; ``revisions`` are its observed instance-type ControllerRevisions."""
         metadata = obj.get("metadata") or {}
         spec = obj.get("spec") or {}
+        status: dict[str, Any] = obj["status"] if isinstance(obj.get("status"), dict) else {}
         domain = _get(spec, "template", "spec", "domain")
         namespace = metadata.get("namespace") or "default"
+        template = gpu_set(_get(domain, "devices"), gpu_names)
+        instancetype = vm_instancetype(spec, status, revisions or {})
+        from_instancetype = None if instancetype is _UNKNOWN else (
+            instancetype.gpu_devices(gpu_names) if isinstance(instancetype, InstancetypeRevision) else ())
         return cls(
             key=vm_key(namespace, metadata["name"]),
             namespace=namespace,
@@ -90,24 +212,49 @@ class VMRecord:
             project=(metadata.get("labels") or {}).get(project_label),
             owner=(metadata.get("annotations") or {}).get(OWNER_ANNOTATION),
             run_strategy=effective_run_strategy(spec),
-            gpu_devices=_gpu_devices(domain),
+            gpu_devices=tuple(sorted((*template, *(from_instancetype or ())))),
             cpu_model=_get(domain, "cpu", "model"),
             printable_status=_get(obj, "status", "printableStatus"),
             restart_required=_true_condition(_get(obj, "status", "conditions"), "RestartRequired")
             is not None,
             uses_instancetype=bool(spec.get("instancetype")),
             object=stored_view("VirtualMachine", obj),
+            template_gpus=template,
+            instancetype_gpus=from_instancetype,
+            instancetype_cpu_model=instancetype.cpu_model if isinstance(instancetype, InstancetypeRevision) else None,
+            status_run_strategy=status.get("runStrategy") if isinstance(status.get("runStrategy"), str) else None,
+            start_requested=any(isinstance(r, dict) and r.get("action") == "Start"
+                                for r in status.get("stateChangeRequests") or ()),
         )
 
     @property
     def has_gpu(self) -> bool:
         return bool(self.gpu_devices)
 
+    @property
+    def gpus_known(self) -> bool:
+        """Whether gpu_devices is every GPU the VM's next VMI gets (its instance type is known)."""
+        return self.instancetype_gpus is not None
+
     def recipients(self) -> list[str]:
         """Who hears about this VM: its recorded owner, else its project's group."""
         if self.owner:
             return [self.owner]
         return [f"project:{self.project}"] if self.project else []
+
+
+_UNKNOWN = object()
+
+
+def vm_instancetype(spec: dict[str, Any], status: dict[str, Any],
+                    revisions: dict[str, InstancetypeRevision]) -> InstancetypeRevision | None | object:
+    """The instance type KubeVirt applies to the VM's VMIs: None when it names none, the
+    revision when it is observed, else ``_UNKNOWN``."""
+    if not isinstance(spec.get("instancetype"), dict):
+        return None
+    name = applied_revision(spec, status)
+    revision = revisions.get(name) if name else None
+    return revision if revision is not None else _UNKNOWN
 
 
 @direct_init
@@ -122,9 +269,11 @@ class VMIRecord:
     unschedulable: bool
     eviction_requested: bool
     evacuation_node: str | None
+    deleting: bool = False  # metadata.deletionTimestamp set: on its way out, whatever its phase
 
     @classmethod
-    def from_object(cls, obj: dict[str, Any]) -> VMIRecord:
+    def from_object(cls, obj: dict[str, Any], *, gpu_names: frozenset[str] = frozenset()) -> VMIRecord:
+        """The record of a VMI; ``gpu_names`` are the GPU classes' devices (:func:`gpu_set`)."""
         metadata = obj.get("metadata") or {}
         status = obj.get("status") or {}
         domain = _get(obj, "spec", "domain")
@@ -138,7 +287,7 @@ class VMIRecord:
             uid=str(metadata.get("uid") or ""),
             node=status.get("nodeName"),
             phase=status.get("phase"),
-            gpu_devices=_gpu_devices(domain),
+            gpu_devices=gpu_set(_get(domain, "devices"), gpu_names),
             cpu_model=_get(domain, "cpu", "model"),
             unschedulable=bool(
                 scheduled
@@ -147,6 +296,7 @@ class VMIRecord:
             ),
             eviction_requested=_true_condition(conditions, "EvictionRequested") is not None,
             evacuation_node=status.get("evacuationNodeName"),
+            deleting=bool(metadata.get("deletionTimestamp")),
         )
 
     @property
@@ -282,7 +432,16 @@ class Resident:
     run_strategy: str | None
     recipients: tuple[str, ...]
     project: str | None
-    template_gpus: tuple[str, ...]  # what the VM comes back with
+    template_gpus: tuple[str, ...]  # what the VM comes back with: its whole GPU set
+    vm_uid: str = ""  # which VM of that name: one deleted and made again is another VM
+
+
+def next_gpus(vm: VMRecord, vmi: VMIRecord | None) -> tuple[str, ...]:
+    """The GPUs the VM's next VMI gets: its whole set (template and instance type); while its
+    instance type is not observed, those its VMI has (made from that instance type)."""
+    if vm.gpus_known or vmi is None:
+        return vm.gpu_devices
+    return vmi.gpu_devices
 
 
 def resident_of(vm: VMRecord | None, vmi: VMIRecord | None) -> tuple[str, Resident] | None:
@@ -298,22 +457,37 @@ def resident_of(vm: VMRecord | None, vmi: VMIRecord | None) -> tuple[str, Reside
         run_strategy=vm.run_strategy if vm else None,
         recipients=tuple(vm.recipients()) if vm else (),
         project=vm.project if vm else None,
-        template_gpus=vm.gpu_devices if vm else (),
+        template_gpus=next_gpus(vm, vmi) if vm else (),
+        vm_uid=vm.uid if vm else "",
     )
 
 
 @direct_init
 @dataclass(frozen=True, slots=True)
-class NodeUsage:
-    """One node's GPU cards: what it offers and what its residents hold.
+class Claim:
+    """A GPU VM a drain of a node stops (or stopped) and KubeVirt starts again by itself: it
+    will want its cards elsewhere from its deadline on, until it is seen back or off."""
 
-    Kept per node by the node's own decisions and read cluster-wide (capacity).
+    vm: str  # its key
+    due: datetime  # its deadline
+    gpus: tuple[str, ...]  # the cards it wants, one device name each
+
+
+@direct_init
+@dataclass(frozen=True, slots=True)
+class NodeUsage:
+    """One node's GPU cards: what it offers and what its residents hold — and, while it is
+    drained, the cards its GPU VMs will want elsewhere (``claims``).
+
+    Kept per node by the node's own decisions and read cluster-wide (capacity, and every
+    other drain's promises: a card is promised once across the AZ).
     """
 
     node: str
     schedulable: bool
     allocatable: dict[str, int]
     held: dict[str, int]
+    claims: tuple[Claim, ...] = ()
 
     def free(self, device_name: str) -> int:
         if not self.schedulable:
@@ -335,6 +509,9 @@ RULE_PATHS: dict[str, tuple[tuple[str, ...], ...]] = {
         ("spec", "template", "spec", "evictionStrategy"),
         ("status", "printableStatus"),
         ("status", "conditions"),
+        ("status", "instancetypeRef"),
+        ("status", "runStrategy"),
+        ("status", "stateChangeRequests"),
     ),
     "VirtualMachineInstance": (
         ("spec", "domain"),
@@ -347,6 +524,13 @@ RULE_PATHS: dict[str, tuple[tuple[str, ...], ...]] = {
     "NodeMaintenance": (("spec", "nodeName"), ("spec", "reason"), ("status", "phase")),
     "KubeVirt": (("spec", "configuration"),),
     "Namespace": (),  # its project label: kept with the metadata
+    "ControllerRevision": (
+        ("data", "kind"),
+        ("data", "metadata", "name"),
+        ("data", "spec", "gpus"),
+        ("data", "spec", "hostDevices"),
+        ("data", "spec", "cpu", "model"),
+    ),
 }
 # Kept for every kind: identity, labels and annotations (bounded by the API server to 256 KiB).
 KEPT_FOR_EVERY_KIND: tuple[tuple[str, ...], ...] = (("apiVersion",), ("kind",), ("metadata",))

@@ -87,6 +87,9 @@ class ResidentUpdate:
     # elsewhere ("came_back"), its new VMI waits for a card ("waits_for_gpu"), or it stays
     # off ("off"). A drain of ``node`` reports it (drain_completed).
     fate: ObservedFate | None = None
+    # Not about a VM: the cards another node's drain counted may be taken, or wanted by a
+    # drain before it; ``node``'s drain plans its promises again (``vm_key`` is empty).
+    recheck: bool = False
 
 
 @dataclass(slots=True)
@@ -157,6 +160,7 @@ class Context:
         manifest: dict[str, Any] | None = None,
         mutation: GPUMutation | None = None,
         requested_by: str | None = None,
+        evacuation_node: str | None = None,
     ) -> Command:
         command = Command(
             command_id=ids.command_id(self.cause, type_, subject_key(target)),
@@ -169,6 +173,7 @@ class Context:
             manifest=manifest,
             mutation=mutation,
             requested_by=requested_by,
+            evacuation_node=evacuation_node,
         )
         self.commands.append(command)
         return command
@@ -186,7 +191,14 @@ class Context:
         details: dict[str, Any] | None = None,
         deadline: datetime | None = None,
     ) -> Notification:
-        """A notification named by (type, subject, episode): the same fact, the same id."""
+        """A notification named by (type, subject, episode): the same fact, the same id.
+
+        Everyone is told: a notice with nobody to tell — a VM with neither an owner annotation
+        nor a project label — goes to the operators, and its details say why."""
+        if not recipients:
+            recipients = list(self.config.operators)
+            details = {**(details or {}), "told_instead": (
+                "the operators: no owner (annotation vmstream.io/owner) and no project label names anyone to tell")}
         notification = Notification(
             notification_id=ids.notification_id(type_, subject_key(subject), episode),
             type=type_,
@@ -209,6 +221,12 @@ class Context:
 
     def forward(self, node: str, vm_key: str, resident: Resident | None, *, fate: ObservedFate | None = None) -> None:
         self.forwards.append(ResidentUpdate(node, vm_key, resident, self.cause, fate))
+
+    def recheck(self, node: str) -> None:
+        """Ask ``node``'s drain to plan its promises again (a card it counted may be gone)."""
+        update = ResidentUpdate(node, "", None, self.cause, None, True)
+        if update not in self.forwards:
+            self.forwards.append(update)
 
     def decide(
         self,

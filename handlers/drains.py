@@ -31,13 +31,14 @@ gets the tally.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
-from dataclasses import replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from handlers import ids
-from handlers.capacity import capacity
-from handlers.cluster import NodeRecord, Resident
+from handlers.capacity import capacity, claims_elsewhere, drain_claims, drained_nodes, refresh_usage, surely_placed, tighter
+from handlers.cluster import NodeRecord, NodeUsage, Resident, VMIRecord, VMRecord, describe_gpus
+from handlers.frozen import direct_init
 from handlers.decisions import Context, node_subject, vm_subject
 from handlers.messages import ObjectRef
 from handlers.state import DeadlineIndex, DrainEpisode, DrainOutcome, DrainScope, DrainSource, ObservedFate, StateView
@@ -68,6 +69,37 @@ def restarts_by_itself(run_strategy: str | None) -> bool:
     return RESTARTS_AFTER_DELETION.get(run_strategy or "", False)
 
 
+def restarts_after_it_ended(run_strategy: str | None, phase: str | None) -> bool:
+    """Whether KubeVirt starts a new VMI for a VM whose VMI ended and is still there
+    (``Controller.syncRunStrategy``, pkg/virt-controller/watch/vm/vm.go): Always stops it and
+    starts another (``vmi.IsFinal()``); RerunOnFailure stops it and, if it Failed, adds a
+    start request; Once, Manual and Halted leave it off."""
+    if run_strategy == "Always":
+        return True
+    return run_strategy == "RerunOnFailure" and phase == "Failed"
+
+
+def kubevirt_starts_it(vm: VMRecord, vmi: VMIRecord | None, *, ended: str | None = None) -> bool:
+    """Whether KubeVirt will start a new VMI for ``vm``, whose VMI ended (``vmi``) or is gone
+    (None), as ``syncRunStrategy`` decides: by run strategy, and for a VMI gone also on a
+    pending start request (RerunOnFailure, Manual) or a run strategy other than the one
+    KubeVirt last acted on (RerunOnFailure: "when coming here from a different RunStrategy").
+
+    ``ended`` is the phase the VMI gone was last seen ended in: a RerunOnFailure VMI that
+    Failed is deleted (``stopVMI``) before its start request is written (``addStartRequest``),
+    and the watch may show the one without the other."""
+    if vmi is not None and not vmi.deleting:
+        return restarts_after_it_ended(vm.run_strategy, vmi.phase)
+    # Gone, or being deleted (a drain's stop): what KubeVirt does once it is gone. A VMI that
+    # failed while being deleted gets no start request (syncRunStrategy acts on one that is not).
+    if restarts_by_itself(vm.run_strategy) or restarts_after_it_ended(vm.run_strategy, ended):
+        return True
+    if vm.run_strategy in ("RerunOnFailure", "Manual", "Halted") and vm.start_requested:
+        return True
+    return (vm.run_strategy == "RerunOnFailure" and vm.status_run_strategy is not None
+            and vm.status_run_strategy != vm.run_strategy)
+
+
 def start_drain(
     ctx: Context,
     *,
@@ -84,11 +116,17 @@ def start_drain(
     """
     notice = ctx.config.drain.notice_seconds if notice_seconds is None else notice_seconds
     existing = ctx.state.get(DRAINS, node)
+    unmarking = existing.unmarking if existing is not None else {}
+    if existing is not None and existing.called_off:
+        existing = None  # only its cancelled marks are kept: by the new episode
     if existing is not None and not (existing.scope == "evictions" and existing.completed):
         if scope == "node" and existing.scope == "evictions":
-            widened = replace(existing, scope="node", source=source, reason=reason, requested_by=requested_by)
-            if existing.deadline_passed:
-                widened = replace(widened, deadline=ctx.now + timedelta(seconds=notice), deadline_passed=False)
+            # No VM told an eviction's deadline is stopped before it; the others get the notice.
+            stopped = set(existing.stopped)
+            told = [at for key, at in existing.due.items() if key not in stopped]
+            deadline = max([ctx.now + timedelta(seconds=notice), *told])
+            widened = replace(existing, scope="node", source=source, reason=reason, requested_by=requested_by,
+                              deadline=deadline, deadline_passed=False, due={})
             ctx.state.put(DRAINS, node, _cordon(ctx, widened))
         reconcile_drain(ctx, node)
         return existing
@@ -102,6 +140,7 @@ def start_drain(
         started_at=ctx.now,
         deadline=ctx.now + timedelta(seconds=notice),
         scope=scope,
+        unmarking=dict(unmarking),
     )
     if scope == "node":
         episode = _cordon(ctx, episode)
@@ -125,7 +164,7 @@ def call_off_drain(ctx: Context, node: str, *, why: str, undo_cordon: bool) -> D
     ``undo_cordon`` is false when the node was uncordoned by someone else already.
     """
     episode = ctx.state.get(DRAINS, node)
-    if episode is None:
+    if episode is None or episode.called_off:
         return None
     ctx.state.put(DRAINS, node, None)
     uncordoned = undo_cordon and episode.cordoned
@@ -135,22 +174,41 @@ def call_off_drain(ctx: Context, node: str, *, why: str, undo_cordon: bool) -> D
         return episode
     stopped = set(episode.stopped)
     spared = [key for key in sorted(episode.warned) if key not in stopped]
+    here = {r.key: r for r in residents_of(ctx, node)}
+    # KubeVirt keeps a VMI's eviction mark after the drain that caused it is gone (a
+    # NodeMaintenance deleted, a kubectl drain given up): a mark left would be a new eviction.
+    # vmstream, the external controller of these evictions, cancels each spared VM's mark.
+    marked = {key: here[key].vmi_uid for key in spared if key in here and here[key].evacuating}
     for key in spared:
         project, recipients = episode.warned[key]
         subject = vm_subject(key)
+        mark = ""
+        if key in marked:
+            ctx.command("cancel_evacuation",
+                        ObjectRef(kind="VirtualMachineInstance", namespace=subject.namespace, name=subject.name,
+                                  uid=marked[key] or None),
+                        requested_by=episode.requested_by, evacuation_node=node)
+            mark = (f" KubeVirt still marks it for eviction from node {node} (status.evacuationNodeName): "
+                    "vmstream cancels that mark, and will not stop it on that mark.")
         ctx.notify(
             "drain_called_off",
             subject=subject,
-            episode=episode.episode,
+            episode=_notice_id(episode, key),
             recipients=list(recipients),
             project=project,
             severity="info",
             message=(
                 f"The drain of node {node} ({episode.reason}) is called off ({why}): GPU VM "
-                f"{subject.namespace}/{subject.name} will not be stopped."
+                f"{subject.namespace}/{subject.name} will not be stopped.{mark}"
             ),
-            details={"node": node, "reason": episode.reason, "drain_source": episode.source, "called_off": why},
+            details={"node": node, "reason": episode.reason, "drain_source": episode.source, "called_off": why,
+                     "eviction_mark": "cancelled by vmstream" if key in marked else None},
         )
+    if marked:
+        # Until the marks are seen gone, they are no new eviction (settle_resident).
+        ctx.state.put(DRAINS, node, replace(episode, called_off=True, completed=True, deadline_passed=True,
+                                            unmarking={**episode.unmarking, **marked}))
+    refresh_usage(ctx.state, node)  # its claims on cards elsewhere are gone
     if uncordoned:
         node_text = "vmstream uncordons the node"
     elif episode.cordoned:
@@ -176,9 +234,24 @@ def call_off_drain(ctx: Context, node: str, *, why: str, undo_cordon: bool) -> D
             "told_it_is_off": spared,
             "already_stopped": sorted(stopped),
             "uncordoned": uncordoned,
+            "eviction_marks_cancelled": sorted(marked),
         },
     )
     return episode
+
+
+def cancelled_mark(episode: DrainEpisode | None, resident: Resident) -> bool:
+    """Whether ``resident``'s eviction mark is one vmstream cancels (its owner was told the
+    stop is off): no new eviction."""
+    return episode is not None and episode.unmarking.get(resident.key) == resident.vmi_uid
+
+
+def _unmarked(episode: DrainEpisode, residents: list[Resident]) -> DrainEpisode:
+    """Forget the cancelled marks seen gone (or their VMIs)."""
+    here = {r.key: r for r in residents}
+    left = {key: uid for key, uid in episode.unmarking.items()
+            if key in here and here[key].vmi_uid == uid and here[key].evacuating}
+    return episode if left == episode.unmarking else replace(episode, unmarking=left)
 
 
 def residents_of(ctx: Context, node: str) -> list[Resident]:
@@ -188,9 +261,10 @@ def residents_of(ctx: Context, node: str) -> list[Resident]:
 
 
 def in_scope(episode: DrainEpisode, residents: list[Resident]) -> list[Resident]:
-    """The residents the episode stops: all of them, or only those marked for eviction."""
+    """The residents the episode stops: all of them, or only those marked for eviction (and
+    not by a mark vmstream cancels)."""
     if episode.scope == "evictions":
-        return [r for r in residents if r.evacuating]
+        return [r for r in residents if r.evacuating and not cancelled_mark(episode, r)]
     return residents
 
 
@@ -200,24 +274,116 @@ def reconcile_drain(ctx: Context, node: str) -> None:
     if episode is None:
         return
     before = episode
+    residents = residents_of(ctx, node)
+    episode = _unmarked(episode, residents)
+    if episode.called_off:
+        if episode != before:
+            ctx.state.put(DRAINS, node, episode if episode.unmarking else None)
+        return
     observed = ctx.state.get(NODES, node)
     if observed is not None and observed.unschedulable and not episode.cordon_observed:
         episode = replace(episode, cordon_observed=True)
-    on_node = in_scope(episode, residents_of(ctx, node))
+    if episode.scope == "evictions" and not episode.completed:
+        retracted = _retract(ctx, episode, residents)
+        if retracted is None:
+            return  # nothing left of it: closed
+        episode = retracted
+    episode = _forget_replaced(episode, residents)
+    on_node = in_scope(episode, residents)
     newcomers = [r for r in on_node if r.key not in episode.announced]
-    if newcomers and episode.scope == "evictions" and episode.deadline_passed and not episode.completed:
-        # A VM marked for eviction after the others were stopped gets its own notice.
-        episode = replace(
-            episode, deadline=ctx.now + timedelta(seconds=ctx.config.drain.notice_seconds), deadline_passed=False
-        )
+    if not episode.completed:
+        episode = _correct(ctx, episode, on_node)
     if newcomers and not episode.completed:
         episode = _announce(ctx, episode, newcomers)
-    if episode.deadline_passed and nothing_new_can_start(episode, observed):
-        episode = _stop(ctx, episode, on_node)
+    if episode.scope == "evictions" or (episode.deadline_passed and nothing_new_can_start(episode, observed)):
+        episode = _stop_due(ctx, episode, on_node)
     if not on_node and not episode.completed and all(k in episode.observed for k in episode.announced):
         episode = _complete(ctx, episode)
     if episode != before:  # a node's heartbeat during its drain changes no row
         ctx.state.put(DRAINS, node, episode)
+        recheck_others(ctx, node, *refresh_usage(ctx.state, node))
+
+
+def _retract(ctx: Context, episode: DrainEpisode, residents: list[Resident]) -> DrainEpisode | None:
+    """Evictions whose mark went away are off: ``evacuate/cancel`` removes
+    ``status.evacuationNodeName`` (pkg/virt-api/rest/evacuate_cancel.go) and virt-controller
+    then drops ``EvictionRequested`` (``updateStatus``, pkg/virt-controller/watch/vmi/lifecycle.go).
+    The owner is told the stop is off and the VM leaves the episode: a later mark is a new
+    eviction, with a notice of its own and a full notice period. An episode left with no VM
+    is closed (None)."""
+    here = {r.key: r for r in residents}
+    stopped = set(episode.stopped)
+    off = [key for key in sorted(episode.announced)
+           if key not in stopped and key in here and not here[key].evacuating]
+    if not off:
+        return episode
+    told = dict(episode.told)
+    for key in off:
+        project, recipients = episode.warned.get(key, (None, ()))
+        subject = vm_subject(key)
+        ctx.notify(
+            "drain_called_off", subject=subject, episode=_notice_id(episode, key), recipients=list(recipients),
+            project=project, severity="info",
+            message=(f"The eviction of GPU VM {subject.namespace}/{subject.name} from node {episode.node} was "
+                     "cancelled (KubeVirt no longer marks it for eviction): it will not be stopped."),
+            details={"node": episode.node, "reason": episode.reason, "drain_source": episode.source,
+                     "scope": episode.scope, "called_off": "the eviction mark went away"},
+        )
+        told[key] = told.get(key, 0) + 1
+    gone = set(off)
+    episode = replace(
+        episode,
+        announced={k: v for k, v in episode.announced.items() if k not in gone},
+        warned={k: v for k, v in episode.warned.items() if k not in gone},
+        observed={k: v for k, v in episode.observed.items() if k not in gone},
+        due={k: v for k, v in episode.due.items() if k not in gone},
+        told=told,
+    )
+    if not episode.announced and not any(r.evacuating for r in residents):
+        ctx.state.put(DRAINS, episode.node, None)
+        refresh_usage(ctx.state, episode.node)
+        return None
+    return episode
+
+
+def _forget_replaced(episode: DrainEpisode, residents: list[Resident]) -> DrainEpisode:
+    """A VM announced, deleted and made again under its name (seen by its uid, even when the
+    watch bridge only relisted it) is another VM: the old one leaves the episode — what was
+    told and done to it is not the new one's — and the new one is announced as a newcomer,
+    to its own owner, with a full notice of its own."""
+    gone = {r.key for r in residents if r.vm_uid and episode.uids.get(r.key, r.vm_uid) != r.vm_uid}
+    if not gone:
+        return episode
+    return replace(
+        episode,
+        announced={k: v for k, v in episode.announced.items() if k not in gone},
+        warned={k: v for k, v in episode.warned.items() if k not in gone},
+        observed={k: v for k, v in episode.observed.items() if k not in gone},
+        due={k: v for k, v in episode.due.items() if k not in gone},
+        uids={k: v for k, v in episode.uids.items() if k not in gone},
+        stopped=tuple(k for k in episode.stopped if k not in gone),
+        replaced=tuple(sorted({*episode.replaced, *gone})),
+    )
+
+
+def _notice_id(episode: DrainEpisode, key: str) -> str:
+    """The episode part of the id of the next notice about ``key`` in ``episode``."""
+    count = episode.told.get(key, 0)
+    return episode.episode if count == 0 else f"{episode.episode}/{count}"
+
+
+def _stop_due(ctx: Context, episode: DrainEpisode, on_node: list[Resident]) -> DrainEpisode:
+    """Evictions: stop each marked VM whose own deadline came; the episode's deadline is then
+    the next one still to come (none: nothing left to fire)."""
+    stopped = set(episode.stopped)
+    due = [r for r in on_node if r.key not in stopped and episode.due.get(r.key, episode.deadline) <= ctx.now]
+    if due:
+        episode = _stop(ctx, episode, due)
+    stopped = set(episode.stopped)
+    waiting = sorted(episode.due.get(r.key, episode.deadline) for r in on_node if r.key not in stopped)
+    if waiting:
+        return replace(episode, deadline=waiting[0], deadline_passed=False)
+    return replace(episode, deadline_passed=True)
 
 
 def nothing_new_can_start(episode: DrainEpisode, observed: NodeRecord | None) -> bool:
@@ -288,99 +454,210 @@ def _what_it_is(episode: DrainEpisode, subject: ObjectRef) -> str:
 
 
 def _announce(ctx: Context, episode: DrainEpisode, newcomers: list[Resident]) -> DrainEpisode:
-    plans = plan_fates(ctx, episode, newcomers)
+    full = ctx.now + timedelta(seconds=ctx.config.drain.notice_seconds)
+    # A VM marked for eviction gets a full notice from its mark, whatever the others got; so
+    # does a VM made again under an announced one's name, or one come after the deadline.
+    late = episode.deadline_passed or episode.deadline <= ctx.now
+    own = {r.key: max(full, episode.deadline) for r in newcomers
+           if episode.scope == "evictions" or r.key in episode.replaced or late}
+    plans = plan_fates(ctx, episode, newcomers, own)
     announced = dict(episode.announced)
     warned = dict(episode.warned)
+    due = {**episode.due, **own}
+    counts = dict(episode.told)
+    uids = dict(episode.uids)
+    told_gpus = dict(episode.told_gpus)
     for resident in newcomers:
-        fate, free, competing = plans[resident.key]
-        gpu = ctx.catalog.for_device((resident.template_gpus or resident.gpu_devices)[0])
-        subject = vm_subject(resident.key)
-        recipients = list(resident.recipients) if resident.has_vm else list(ctx.config.operators)
-        ctx.notify(
-            "drain_will_stop_gpu_vm",
-            subject=subject,
-            episode=episode.episode,
-            recipients=recipients,
-            project=resident.project,
-            severity="warning",
-            message=(
-                f"{_what_it_is(episode, subject)} will be stopped at "
-                f"{episode.deadline.strftime('%Y-%m-%d %H:%M:%S UTC')}, and "
-                + fate_text(fate, resident, gpu=gpu.display_name, free=free, competing=competing, node=episode.node)
-                + "."
-            ),
-            details={
-                "node": episode.node,
-                "reason": episode.reason,
-                "drain_source": episode.source,
-                "scope": episode.scope,
-                "outcome": fate,
-                "run_strategy": resident.run_strategy,
-                "restarts_by_itself": restarts_by_itself(resident.run_strategy),
-                "gpu": gpu.describe(),
-                "cards_free": free,
-                "restarting_gpu_vms": competing,
-            },
-            deadline=episode.deadline,
-        )
-        announced[resident.key] = fate
-        warned[resident.key] = (resident.project, tuple(recipients))
-    return replace(episode, announced=announced, warned=warned)
+        plan = plans[resident.key]
+        deadline = own.get(resident.key, episode.deadline)
+        told = ctx.notify("drain_will_stop_gpu_vm", subject=vm_subject(resident.key),
+                          episode=_notice_id(replace(episode, told=counts), resident.key),
+                          recipients=_recipients(ctx, resident), project=resident.project, severity="warning",
+                          message=_notice_text(ctx, episode, resident, plan, deadline),
+                          details=_notice_details(ctx, episode, resident, plan), deadline=deadline)
+        announced[resident.key] = plan.fate
+        warned[resident.key] = (resident.project, tuple(told.recipients))
+        counts[resident.key] = counts.get(resident.key, 0) + 1
+        told_gpus[resident.key] = resident.template_gpus
+        if resident.vm_uid:
+            uids[resident.key] = resident.vm_uid
+    return replace(episode, announced=announced, warned=warned, due=due, told=counts, uids=uids,
+                   told_gpus=told_gpus)
 
 
-def fate_text(
-    fate: DrainOutcome, resident: Resident, *, gpu: str, free: int | None, competing: int | None, node: str
-) -> str:
+def _correct(ctx: Context, episode: DrainEpisode, on_node: list[Resident]) -> DrainEpisode:
+    """A notice that became false is corrected, once the VM is still to be stopped: its GPUs
+    changed (one removed: it comes back at once, without a GPU), its run strategy changed
+    what KubeVirt does, or the cards it was promised are taken or wanted first by another
+    drain's VMs (it now waits for one). A VM told it waits, that would now find a card, is
+    not told again: the numbers move, "may take a while" stays true."""
+    stopped = set(episode.stopped)
+    # A VM deleted meanwhile is its owner's doing: nothing to correct for it.
+    current = [r for r in on_node if r.key in episode.announced and r.key not in stopped and r.has_vm]
+    if not current:
+        return episode
+    plans = plan_fates(ctx, episode, current)
+    announced = dict(episode.announced)
+    counts = dict(episode.told)
+    told_gpus = dict(episode.told_gpus)
+    for resident in current:
+        plan, was = plans[resident.key], episode.announced[resident.key]
+        told = episode.told_gpus.get(resident.key, resident.template_gpus)
+        if (plan.fate, resident.template_gpus) == (was, told):
+            continue
+        if (was, plan.fate) == ("waits_for_gpu", "returns_automatically") and told == resident.template_gpus:
+            continue
+        deadline = episode.due.get(resident.key, episode.deadline)
+        project, recipients = episode.warned.get(resident.key, (resident.project, ()))
+        details = _notice_details(ctx, episode, resident, plan)
+        details["corrects"] = {"outcome": was, "gpus": [ctx.catalog.for_device(d).describe() for d in told]}
+        ctx.notify("drain_will_stop_gpu_vm", subject=vm_subject(resident.key),
+                   episode=_notice_id(replace(episode, told=counts), resident.key),
+                   recipients=list(recipients) or _recipients(ctx, resident), project=project, severity="warning",
+                   message="Correction: " + _notice_text(ctx, episode, resident, plan, deadline),
+                   details=details, deadline=deadline)
+        announced[resident.key] = plan.fate
+        counts[resident.key] = counts.get(resident.key, 0) + 1
+        told_gpus[resident.key] = resident.template_gpus
+    return replace(episode, announced=announced, told=counts, told_gpus=told_gpus)
+
+
+def recheck_others(ctx: Context, node: str, before: NodeUsage | None, after: NodeUsage | None) -> None:
+    """A card free on ``node`` was taken, or its drain wants more: the other drains, whose
+    promises counted on the cards, plan them again (:func:`~handlers.capacity.tighter`)."""
+    if tighter(before, after):
+        for other in drained_nodes(ctx.state, but=node):
+            ctx.recheck(other)
+
+
+def _recipients(ctx: Context, resident: Resident) -> list[str]:
+    return list(resident.recipients) if resident.has_vm else list(ctx.config.operators)
+
+
+def _display(ctx: Context) -> Callable[[str], str]:
+    return lambda device: ctx.catalog.for_device(device).display_name
+
+
+def _notice_text(ctx: Context, episode: DrainEpisode, resident: Resident, plan: FatePlan, deadline: datetime) -> str:
+    subject = vm_subject(resident.key)
+    return (f"{_what_it_is(episode, subject)} will be stopped at {deadline.strftime('%Y-%m-%d %H:%M:%S UTC')}, "
+            f"and {fate_text(plan, resident, display=_display(ctx), node=episode.node)}.")
+
+
+def _notice_details(ctx: Context, episode: DrainEpisode, resident: Resident, plan: FatePlan) -> dict[str, object]:
+    gpus = resident.template_gpus or resident.gpu_devices
+    return {
+        "node": episode.node,
+        "reason": episode.reason,
+        "drain_source": episode.source,
+        "scope": episode.scope,
+        "outcome": plan.fate,
+        "run_strategy": resident.run_strategy,
+        "restarts_by_itself": restarts_by_itself(resident.run_strategy),
+        "gpu": ctx.catalog.for_device(gpus[0]).describe(),
+        "gpus": [ctx.catalog.for_device(d).describe() for d in resident.template_gpus],
+        "cards_free": plan.free,
+        "restarting_gpu_vms": plan.competing,
+        "cards_free_by_device": dict(plan.free_by_device),
+        "restarting_gpu_vms_of_other_drains": plan.elsewhere,
+    }
+
+
+@direct_init
+@dataclass(frozen=True, slots=True)
+class FatePlan:
+    """What a drained VM is told will become of it, and the numbers it is told with."""
+
+    fate: DrainOutcome
+    free: int | None = None  # free cards elsewhere now of its (first) GPU's device
+    competing: int | None = None  # the drain's VMs that restart by themselves and want that device
+    free_by_device: tuple[tuple[str, int], ...] = ()  # free cards elsewhere now, by each of its devices
+    elsewhere: int = 0  # VMs of drains of other nodes, back in the race before it, that want that device
+
+
+def fate_text(plan: FatePlan, resident: Resident, *, display: Callable[[str], str], node: str) -> str:
     """What the owner is told will happen after the stop: only what is known now."""
     strategy = resident.run_strategy
     if not resident.has_vm:
         return "it will not come back (a VMI without a VM)"
-    if fate == "needs_manual_start":
+    if plan.fate == "needs_manual_start":
         return f"it will stay off until it is started again (run strategy {strategy})"
     if not resident.template_gpus:
         return f"it will start again by itself (run strategy {strategy}), without a GPU"
-    cards = (
-        f"{free} card(s) of this class free now for {competing} GPU VM(s) leaving node {node} "
-        "that restart by themselves"
-    )
-    if fate == "returns_automatically":
-        return f"it will start again by itself (run strategy {strategy}) on another node with a free {gpu}: {cards}"
+    gpus = resident.template_gpus
+    others = (f", and {plan.elsewhere} more leaving other drained nodes no later" if plan.elsewhere else "")
+    if len(gpus) == 1:
+        wanted = f"a free {display(gpus[0])}"
+        cards = (f"{plan.free} card(s) of this class free now for {plan.competing} GPU VM(s) leaving node {node} "
+                 f"that restart by themselves{others}")
+    else:
+        wanted = f"{describe_gpus(gpus, display)} free on one node"
+        free = ", ".join(f"{count} {display(device)}" for device, count in plan.free_by_device)
+        cards = (f"it needs them all on one node; free now on the other nodes: {free or 'none'}, for "
+                 f"{plan.competing} GPU VM(s) leaving node {node} that restart by themselves{others}")
+    if plan.fate == "returns_automatically":
+        where = f"a free {display(gpus[0])}" if len(gpus) == 1 else wanted
+        return f"it will start again by itself (run strategy {strategy}) on another node with {where}: {cards}"
     return (
-        f"KubeVirt will start it again (run strategy {strategy}) only once a {gpu} is free for it, "
+        f"KubeVirt will start it again (run strategy {strategy}) only once {wanted} is there for it, "
         f"which may take a while: {cards}"
     )
 
 
-def plan_fates(
-    ctx: Context, episode: DrainEpisode, residents: list[Resident]
-) -> dict[str, tuple[DrainOutcome, int | None, int | None]]:
-    """Each of ``residents``' fate, with the free cards of its class and the VMs they are for.
+def restarting(residents: Iterable[Resident]) -> dict[str, Resident]:
+    """Those of ``residents`` KubeVirt starts again by themselves with GPUs: they compete for cards."""
+    return {r.key: r for r in residents if r.has_vm and restarts_by_itself(r.run_strategy) and r.template_gpus}
 
-    Every VM of the drain that KubeVirt restarts by itself with a GPU of a class competes
-    for that class's free cards elsewhere; which of them gets a card is the scheduler's
-    choice, so a VM is told it comes back only when there is a card for every one of them
-    (otherwise it waits for one, and is told the numbers). A drain promises no card twice.
+
+def plan_fates(ctx: Context, episode: DrainEpisode, residents: list[Resident],
+               due: dict[str, datetime] | None = None) -> dict[str, FatePlan]:
+    """Each of ``residents``' fate, with the free cards of its GPUs and the VMs they are for;
+    ``due`` is each one's deadline (else the episode's).
+
+    Every VM of the drain that KubeVirt restarts by itself with GPUs competes for the free
+    cards elsewhere; which of them gets a card is the scheduler's choice, so a VM is told
+    it comes back only when it finds its cards, all on one node, whatever the scheduler
+    does with the others (:func:`~handlers.capacity.surely_placed`; for VMs of one card:
+    a free card for every one of them). Otherwise it waits for them, and is told the
+    numbers. Competing too: the drain's own VMs stopped already and still waiting for a
+    card, and the VMs of drains of other nodes stopped before this one or with it (their
+    ``claims``, cluster-wide). A card is promised once across the AZ.
     """
     on_node = in_scope(episode, residents_of(ctx, episode.node))
-    competing: Counter[str] = Counter(
-        r.template_gpus[0] for r in {r.key: r for r in [*on_node, *residents]}.values()
-        if r.has_vm and restarts_by_itself(r.run_strategy) and r.template_gpus
-    )
-    plans: dict[str, tuple[DrainOutcome, int | None, int | None]] = {}
-    free_of: dict[str, int] = {}  # the same for every VM of a class: asked once
+    competitors = restarting([*on_node, *residents])
+    own: list[tuple[str, tuple[str, ...]]] = [(key, r.template_gpus) for key, r in competitors.items()]
+    own += [(claim.vm, claim.gpus) for claim in drain_claims(episode) if claim.vm not in competitors]
+    others = claims_elsewhere(ctx.state, episode.node)
+    plans: dict[str, FatePlan] = {}
+    free_of: dict[str, int] = {}  # the same for every VM of a device: asked once
     for resident in sorted(residents, key=lambda r: r.key):
         if not resident.has_vm or not restarts_by_itself(resident.run_strategy):
-            plans[resident.key] = ("needs_manual_start", None, None)
+            plans[resident.key] = FatePlan("needs_manual_start")
             continue
-        if not resident.template_gpus:  # its GPU was removed: it returns without one
-            plans[resident.key] = ("returns_automatically", None, None)
+        if not resident.template_gpus:  # its GPUs were removed: it returns without one
+            plans[resident.key] = FatePlan("returns_automatically")
             continue
-        device = resident.template_gpus[0]
-        free = free_of.get(device)
-        if free is None:
-            free = free_of[device] = capacity(ctx.state, device, excluding_node=episode.node).free
-        fate: DrainOutcome = "returns_automatically" if free >= competing[device] else "waits_for_gpu"
-        plans[resident.key] = (fate, free, competing[device])
+        mine = (due or {}).get(resident.key, episode.due.get(resident.key, episode.deadline))
+        before = [claim for claim in others if claim.due <= mine]  # back in the race first
+        wanted: Counter[str] = Counter()
+        for key, gpus in own:
+            if key != resident.key:
+                wanted.update(gpus)
+        for claim in before:
+            wanted.update(claim.gpus)
+        demand = Counter(resident.template_gpus)
+        for device in demand:
+            if device not in free_of:
+                free_of[device] = capacity(ctx.state, device, excluding_node=episode.node).free
+        placed = surely_placed(ctx.state, demand, wanted, excluding_node=episode.node)
+        first = resident.template_gpus[0]
+        plans[resident.key] = FatePlan(
+            "returns_automatically" if placed else "waits_for_gpu",
+            free=free_of[first],
+            competing=sum(1 for _, gpus in own if first in gpus),
+            free_by_device=tuple((device, free_of[device]) for device in sorted(demand)),
+            elsewhere=sum(1 for claim in before if first in claim.gpus),
+        )
     return plans
 
 
@@ -393,7 +670,8 @@ def _stop(ctx: Context, episode: DrainEpisode, on_node: list[Resident]) -> Drain
         _, namespace, name = resident.key.split("/", 2)
         ctx.command(
             "delete_vmi",
-            ObjectRef(kind="VirtualMachineInstance", namespace=namespace, name=name),
+            # This VMI, by uid: a VMI of the same name made since is another VM's, not stopped.
+            ObjectRef(kind="VirtualMachineInstance", namespace=namespace, name=name, uid=resident.vmi_uid or None),
             requested_by=episode.requested_by,
         )
         stopped.append(resident.key)
@@ -431,6 +709,7 @@ def _complete(ctx: Context, episode: DrainEpisode) -> DrainEpisode:
             "gpu_vms": len(episode.announced),
             "stopped_at_deadline": sorted(stopped),
             "stopped_before_deadline": sorted(set(episode.announced) - stopped),
+            "deleted_and_made_again": list(episode.replaced),
             "observed": observed,
             "announced_outcomes": predicted,
         },

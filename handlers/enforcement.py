@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 from handlers import ids
-from handlers.cluster import VMRecord
+from handlers.cluster import VMRecord, describe_gpus
 from handlers.decisions import Context, vm_subject
 from handlers.gpus import (
     ANNOTATIONS,
@@ -40,8 +40,10 @@ from handlers.gpus import (
     PRE_GPU_ANNOTATION,
     GPURuleViolation,
     desired_vm,
+    gpu_devices,
     plan_patch,
     rule_gaps,
+    template_devices,
 )
 from handlers.messages import GPUMutation, Severity
 from handlers.policy import is_system_namespace
@@ -53,7 +55,7 @@ from handlers.tables import KUBEVIRT, VMIS
 FIELD_MANAGER = "vmstream"
 
 
-def rules_content(obj: dict[str, Any]) -> str:
+def rules_content(obj: dict[str, Any], instancetype_cpu_model: str | None = None) -> str:
     """The episode of a VM's content as far as the GPU rules read it (not its status).
 
     ``metadata.generation`` is part of it: the API server bumps it on every change of the
@@ -75,6 +77,8 @@ def rules_content(obj: dict[str, Any]) -> str:
         "instancetype": at(("spec", "instancetype")),
         "record": annotations.get(PRE_GPU_ANNOTATION) if isinstance(annotations, dict) else None,
     }
+    if instancetype_cpu_model is not None:
+        content["instancetype_cpu_model"] = instancetype_cpu_model
     return ids.episode_id("gpu-rules", json.dumps(content, sort_keys=True, default=str))
 
 
@@ -89,43 +93,58 @@ def reconcile_gpu_rules(ctx: Context, vm: VMRecord) -> None:
     policy = ctx.config.gpu_vm
     tracking = tracking_of(ctx.state, vm.key)
     deleting = bool((vm.object.get("metadata") or {}).get("deletionTimestamp"))
-    if len(vm.gpu_devices) != 1 or policy.enforce == "off" or is_system_namespace(vm.namespace) or deleting:
+    if not vm.gpu_devices or policy.enforce == "off" or is_system_namespace(vm.namespace) or deleting:
         if tracking.gpu_rules_episode is not None or tracking.unpinned_episode is not None:
             put_tracking(ctx.state, vm.key, replace(tracking, gpu_rules_episode=None, unpinned_episode=None))
         return
     device = vm.gpu_devices[0]
     warn_unpinned(ctx, vm, device)
     tracking = tracking_of(ctx.state, vm.key)
-    gaps = rule_gaps(vm.object, eviction_strategy=policy.eviction_strategy)
+    gaps = rule_gaps(vm.object, eviction_strategy=policy.eviction_strategy,
+                     instancetype_cpu_model=vm.instancetype_cpu_model)
     if not gaps:
         _forget(ctx, vm, tracking)
         return
     if policy.enforce == "notify":
-        episode = ids.episode_id(vm.key, vm.uid, device, *gaps)
+        episode = ids.episode_id(vm.key, vm.uid, *vm.gpu_devices, *gaps)
     else:
-        episode = rules_content(vm.object)
+        episode = rules_content(vm.object, vm.instancetype_cpu_model)
     if tracking.gpu_rules_episode == episode:
         return  # the patch planned from this very content is in flight (or the owner was told)
     gpu = ctx.catalog.for_device(device)
+    gpus = describe_gpus(vm.gpu_devices, lambda d: ctx.catalog.for_device(d).display_name)
     vmi = ctx.state.get(VMIS, vm.key)
     running = vmi is not None and vmi.active
     where = f"VM {vm.namespace}/{vm.name}"
     severity: Severity
     if policy.enforce == "patch":
-        mutation = GPUMutation(device_name=device, eviction_strategy=policy.eviction_strategy, enforce=True)
+        mutation = enforce_mutation(vm, policy.eviction_strategy)
         try:
             patch = plan_patch(vm.object, desired_vm(vm.object, mutation))
         except GPURuleViolation:
             return
-        ctx.command("patch_vm", vm_subject(vm.key), patch=patch, base_resource_version=vm.resource_version,
-                    mutation=mutation)
+        fixed = rule_gaps(desired_vm(vm.object, mutation), eviction_strategy=policy.eviction_strategy,
+                          instancetype_cpu_model=vm.instancetype_cpu_model)
+        if patch:
+            ctx.command("patch_vm", vm_subject(vm.key), patch=patch, base_resource_version=vm.resource_version,
+                        mutation=mutation)
         when = ("they apply at its next restart; until then it keeps running as it is" if running
                 else "they apply when it next starts")
-        message = (f"{where} has GPU {gpu.display_name} but was made without what a GPU needs "
+        message = (f"{where} has {gpus} but was made without what a GPU needs "
                    f"({'; '.join(gaps)}): vmstream sets it as for any GPU VM; {when}.")
-        severity = "info"
+        if fixed:
+            # What vmstream may not change: the instance type's own CPU model.
+            message = (f"{where} has {gpus} but lacks what a GPU needs ({'; '.join(gaps)}). "
+                       + (f"vmstream sets the rest ({when}); " if patch else "")
+                       + f"it cannot change {'; '.join(fixed)}: the instance type "
+                       f"{vm.object.get('spec', {}).get('instancetype', {}).get('name')} sets it, and KubeVirt "
+                       "refuses a VM that sets it too. Use an instance type with cpu.model host-passthrough, "
+                       "or none.")
+            severity = "warning"
+        else:
+            severity = "info"
     else:
-        message = (f"{where} has GPU {gpu.display_name} but lacks what a GPU needs ({'; '.join(gaps)}): "
+        message = (f"{where} has {gpus} but lacks what a GPU needs ({'; '.join(gaps)}): "
                    "it may hang at boot, fail to start or hold up a drain. vmstream changes nothing "
                    "(gpu_vm.enforce: notify): set these fields, or ask for its GPU class again.")
         severity = "warning"
@@ -137,10 +156,21 @@ def reconcile_gpu_rules(ctx: Context, vm: VMRecord) -> None:
         project=vm.project,
         severity=severity,
         message=message,
-        details={"gpu": gpu.describe(), "gaps": gaps, "enforce": policy.enforce, "running": running,
-                 "field_manager": FIELD_MANAGER},
+        details={"gpu": gpu.describe(), "gpus": [ctx.catalog.for_device(d).describe() for d in vm.gpu_devices],
+                 "gaps": gaps, "enforce": policy.enforce, "running": running, "field_manager": FIELD_MANAGER},
     )
     put_tracking(ctx.state, vm.key, replace(tracking, gpu_rules_episode=episode))
+
+
+def enforce_mutation(vm: VMRecord, eviction_strategy: Literal["External", "None"]) -> GPUMutation:
+    """The mutation that brings ``vm``'s own GPUs under the rules and changes none of them:
+    the one template GPU as a ``set_gpu`` would set it; any other set (several GPUs, GPU host
+    devices, an instance type's) with its devices left as they are."""
+    cpu_model = None if vm.instancetype_cpu_model is None else False
+    if gpu_devices(vm.object) == list(vm.gpu_devices) and len(vm.gpu_devices) == 1 and cpu_model is None:
+        return GPUMutation(device_name=vm.gpu_devices[0], eviction_strategy=eviction_strategy, enforce=True)
+    return GPUMutation(device_name=None, eviction_strategy=eviction_strategy, enforce=True,
+                       devices=template_devices(vm.object), cpu_model=cpu_model)
 
 
 def _forget(ctx: Context, vm: VMRecord, tracking: VMTracking) -> None:

@@ -17,9 +17,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from handlers.availability import waiting_for_gpu
+from handlers.availability import waiting_for_gpu, wanted_gpus
 from handlers.capacity import Capacity, capacity
 from handlers.catalog import Catalog
+from handlers.cluster import next_gpus
 from handlers.drains import in_scope
 from handlers.frozen import direct_init
 from handlers.restarts import change_pending
@@ -80,10 +81,10 @@ def figures(state: StateView, catalog: Catalog, *, tracked: Iterable[str] | None
         if vm is None:
             continue
         vmi = state.get(VMIS, key)
-        wanted = set(vm.gpu_devices)
         if waiting_for_gpu(vm, vmi):
-            waiting.update(wanted)
+            waiting.update(set(wanted_gpus(vm, vmi)))  # the set the console shows (handlers/views.py)
             continue
+        wanted = set(next_gpus(vm, vmi))
         tracking = state.get(TRACKING, key)
         if change_pending(vm, vmi) or (tracking is not None and tracking.pending_episode is not None):
             pending.update(wanted or {NO_GPU})

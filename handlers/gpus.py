@@ -28,6 +28,7 @@ Path = tuple[str, ...]
 TEMPLATE: Path = ("spec", "template", "spec")
 DOMAIN: Path = (*TEMPLATE, "domain")
 GPUS: Path = (*DOMAIN, "devices", "gpus")
+HOST_DEVICES: Path = (*DOMAIN, "devices", "hostDevices")
 CPU_MODEL: Path = (*DOMAIN, "cpu", "model")
 MEMORY_GUEST: Path = (*DOMAIN, "memory", "guest")
 MEMORY_REQUEST: Path = (*DOMAIN, "resources", "requests", "memory")
@@ -97,6 +98,13 @@ def gpu_devices(vm: dict[str, Any]) -> list[str]:
     return [g.get("deviceName", "") for g in gpus if isinstance(g, dict)]
 
 
+def template_devices(vm: dict[str, Any]) -> list[str]:
+    """Every device the template passes through (gpus and hostDevices), sorted."""
+    host = _get(vm, HOST_DEVICES)
+    hosts = [h.get("deviceName", "") for h in host if isinstance(h, dict)] if isinstance(host, list) else []
+    return sorted([*gpu_devices(vm), *hosts])
+
+
 def uses_instancetype(vm: dict[str, Any]) -> bool:
     return bool(_get(vm, ("spec", "instancetype")) not in (_ABSENT, None))
 
@@ -146,6 +154,12 @@ def desired_vm(observed: dict[str, Any], mutation: GPUMutation) -> dict[str, Any
     again after a conflict can never undo a ``set_gpu`` that came in between.
     """
     current = gpu_devices(observed)
+    if mutation.enforce and mutation.devices is not None:
+        if template_devices(observed) != sorted(mutation.devices):
+            return observed
+        kept: dict[str, Any] = copied(observed)
+        _apply_rules(kept, mutation, keep_gpus=True)
+        return kept
     if mutation.enforce and current != [mutation.device_name]:
         return observed
     if len(current) > 1:
@@ -161,23 +175,32 @@ def desired_vm(observed: dict[str, Any], mutation: GPUMutation) -> dict[str, Any
 
 
 def _add_gpu(vm: dict[str, Any], mutation: GPUMutation) -> None:
+    _apply_rules(vm, mutation, keep_gpus=False)
+
+
+def _apply_rules(vm: dict[str, Any], mutation: GPUMutation, *, keep_gpus: bool) -> None:
+    """The GPU rules on ``vm``; with ``keep_gpus``, its devices as they are (several GPUs,
+    GPU host devices, an instance type's), else its one GPU made ``mutation.device_name``."""
     record = pre_gpu_record(vm)
     if record is None:
         record = _snapshot(vm)
-        if gpu_devices(vm) == [mutation.device_name]:
-            # The VM came with this very GPU (kubectl, GitOps): before it, it had none, so
+        if keep_gpus or gpu_devices(vm) == [mutation.device_name]:
+            # The VM came with its GPUs (kubectl, GitOps): before them, it had none, so
             # removing the GPU later removes it rather than putting it back.
             key = _key(GPUS)
             record["values"].pop(key, None)
             record["absent"] = sorted({*record["absent"], key})
-    gpus = _get(vm, GPUS)
-    name = GPU_ENTRY_NAME
-    if isinstance(gpus, list) and gpus and isinstance(gpus[0], dict) and gpus[0].get("name"):
-        name = gpus[0]["name"]
-    _set(vm, GPUS, [{"name": name, "deviceName": mutation.device_name}])
+    if not keep_gpus:
+        gpus = _get(vm, GPUS)
+        name = GPU_ENTRY_NAME
+        if isinstance(gpus, list) and gpus and isinstance(gpus[0], dict) and gpus[0].get("name"):
+            name = gpus[0]["name"]
+        _set(vm, GPUS, [{"name": name, "deviceName": mutation.device_name}])
     # Only host-passthrough shows the guest the host's physical address width, so OVMF can
-    # size a 64-bit PCI window for the GPU's BARs; with a named model the guest hangs.
-    _set(vm, CPU_MODEL, HOST_PASSTHROUGH)
+    # size a 64-bit PCI window for the GPU's BARs; with a named model the guest hangs. An
+    # instance type that sets the CPU model owns it (its cpu.model and the VM's conflict).
+    if mutation.cpu_model is not False:
+        _set(vm, CPU_MODEL, HOST_PASSTHROUGH)
     # VFIO pins all guest memory: a request below guest memory (overcommit) cannot work.
     # With an instance type, memory belongs to the instance type (KubeVirt refuses both).
     guest = _get(vm, MEMORY_GUEST)
@@ -190,14 +213,15 @@ def _add_gpu(vm: dict[str, Any], mutation: GPUMutation) -> None:
     _set(vm, (*ANNOTATIONS, PRE_GPU_ANNOTATION), json.dumps(record, sort_keys=True))
 
 
-def rule_gaps(vm: dict[str, Any], *, eviction_strategy: str) -> list[str]:
+def rule_gaps(vm: dict[str, Any], *, eviction_strategy: str, instancetype_cpu_model: str | None = None) -> list[str]:
     """Which GPU rules a VM with a GPU breaks, in words; empty when it follows them all.
 
-    The same rules :func:`_add_gpu` applies: ``host-passthrough``, a memory request equal to
-    guest memory (unless an instance type owns the memory), the policy's eviction strategy.
+    The same rules :func:`_apply_rules` applies: ``host-passthrough``, a memory request equal
+    to guest memory (unless an instance type owns the memory), the policy's eviction strategy.
+    An instance type's CPU model is the VMI's (``applyCPU``, pkg/instancetype/apply/cpu.go).
     """
     gaps = []
-    model = _get(vm, CPU_MODEL)
+    model = instancetype_cpu_model or _get(vm, CPU_MODEL)
     if model != HOST_PASSTHROUGH:
         gaps.append(f"CPU model {model if model is not _ABSENT else 'unset'} instead of {HOST_PASSTHROUGH}")
     guest = _get(vm, MEMORY_GUEST)

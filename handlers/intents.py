@@ -17,7 +17,8 @@ from handlers.config import Config
 from handlers.decisions import Context, vm_subject
 from handlers.drains import call_off_drain, start_drain
 from handlers.enforcement import mark_in_flight, unpinned_overcommit, warn_unpinned
-from handlers.gpus import GPURuleViolation, desired_vm, plan_patch
+from handlers.gpus import GPURuleViolation, desired_vm, gpu_devices, plan_patch
+from handlers.observing import vm_record
 from handlers.messages import (
     CreateVMIntent,
     DrainNodeIntent,
@@ -105,6 +106,9 @@ def set_gpu(ctx: Context, intent: SetGPUIntent, principal: Principal) -> RuleOut
     vm = _owned_vm(ctx, intent)
     if isinstance(vm, Refused):
         return vm
+    refusal = _other_gpus(vm)
+    if refusal:
+        return Refused(refusal)
     try:
         mutation = _gpu_mutation(ctx, intent.spec.gpu_class)
         desired = desired_vm(vm.object, mutation)
@@ -120,7 +124,7 @@ def set_gpu(ctx: Context, intent: SetGPUIntent, principal: Principal) -> RuleOut
             return Refused(f"VM {vm.namespace}/{vm.name} takes its memory from an instance type and KubeVirt's "
                            f"memoryOvercommit is {unpinned}%: its memory would not be pinned for the GPU "
                            "(gpu_vm.instancetype_overcommit: refuse)")
-    after = VMRecord.from_object(desired, project_label=ctx.config.labels.project)
+    after = vm_record(ctx, desired)
     if unpinned is not None and mutation.device_name is not None:
         warn_unpinned(ctx, after, mutation.device_name)
     patch = plan_patch(vm.object, desired)
@@ -138,6 +142,18 @@ def set_gpu(ctx: Context, intent: SetGPUIntent, principal: Principal) -> RuleOut
     # Tell the owner now, not when the watch catches up: the change will wait for a restart.
     reconcile_pending(ctx, after)
     return ACCEPTED
+
+
+def _other_gpus(vm: VMRecord) -> Refusal:
+    """set_gpu changes the template's one ``gpus`` entry: not GPUs that come from elsewhere."""
+    where = f"VM {vm.namespace}/{vm.name}"
+    if vm.instancetype_gpus:
+        name = ((vm.object.get("spec") or {}).get("instancetype") or {}).get("name")
+        return (f"{where} takes its GPUs from its instance type {name}: change its instance type instead "
+                "(KubeVirt refuses a VM whose template and instance type both set GPUs)")
+    if len(vm.template_gpus) > len(gpu_devices(vm.object)):
+        return f"{where} passes its GPUs as hostDevices: change them there"
+    return None
 
 
 def restart_vm(ctx: Context, intent: RestartVMIntent, principal: Principal) -> RuleOutcome:

@@ -306,6 +306,7 @@ class WatchedKind:
     group: str  # "" for the core API
     version: str
     plural: str
+    label_selector: str | None = None  # only the objects it selects are watched
 
     @property
     def api_version(self) -> str:
@@ -320,6 +321,10 @@ WATCHED_KINDS: tuple[WatchedKind, ...] = (
     WatchedKind("KubeVirt", "kubevirt.io", "v1", "kubevirts"),
     # Their project label says where a project's VMs may be created (docs/auth.md).
     WatchedKind("Namespace", "", "v1", "namespaces"),
+    # The instance types KubeVirt stored for VMs: their GPUs go into every VMI (docs/kubevirt.md).
+    WatchedKind("ControllerRevision", "apps", "v1", "controllerrevisions",
+                label_selector="instancetype.kubevirt.io/object-kind in "
+                               "(VirtualMachineInstancetype,VirtualMachineClusterInstancetype)"),
 )
 
 
@@ -351,6 +356,9 @@ class ObjectRef(Message):
     kind: str = Field(max_length=KIND_MAX)
     namespace: str | None = Field(None, max_length=63)
     name: str = Field(max_length=NAME_MAX)
+    # A command's target by identity as well as by name: the object of that name with another
+    # uid (deleted and made again) is not the one the command is for, and is left alone.
+    uid: str | None = Field(None, max_length=128)
 
 
 class GPUMutation(Message):
@@ -362,6 +370,14 @@ class GPUMutation(Message):
     # without them, handlers/enforcement.py); a VM that no longer has exactly this GPU when
     # the applier plans again is left as it is.
     enforce: bool | None = None
+    # An enforce mutation of a VM whose GPUs are not one template GPU (several, GPU host devices,
+    # an instance type's): the template's device names (gpus and hostDevices, sorted) it was
+    # planned on. Its devices are never changed, and a VM whose template devices differ when
+    # the applier plans again is left as it is.
+    devices: list[str] | None = None
+    # False: leave the template's cpu.model alone, the instance type sets the CPU model
+    # (KubeVirt refuses a VM that sets both).
+    cpu_model: bool | None = None
 
 
 CommandType = Literal[
@@ -373,6 +389,7 @@ CommandType = Literal[
     "delete_vmi",
     "cordon_node",
     "uncordon_node",
+    "cancel_evacuation",  # virt-api's evacuate/cancel on a VMI: its eviction mark from one node removed
 ]
 
 COMMAND_TYPES: tuple[CommandType, ...] = get_args(CommandType)  # the applier dispatches on each
@@ -389,6 +406,9 @@ class Command(Message):
     manifest: dict[str, Any] | None = None
     mutation: GPUMutation | None = None
     requested_by: Recipient | None = None
+    # cancel_evacuation: the node whose eviction mark (status.evacuationNodeName) is removed;
+    # a mark naming another node is left alone.
+    evacuation_node: str | None = Field(None, max_length=NAME_MAX)
 
 
 class CommandResult(Message):

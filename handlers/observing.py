@@ -17,6 +17,7 @@ from typing import Any
 from handlers.availability import reconcile_availability
 from handlers.capacity import refresh_usage
 from handlers.cluster import (
+    InstancetypeRevision,
     KubeVirtRecord,
     MaintenanceRecord,
     NamespaceRecord,
@@ -27,13 +28,32 @@ from handlers.cluster import (
     resident_of,
 )
 from handlers.decisions import Context, ResidentUpdate
-from handlers.drains import call_off_drain, observe_fate, reconcile_drain, restarts_by_itself, start_drain
+from handlers.drains import (
+    call_off_drain,
+    cancelled_mark,
+    kubevirt_starts_it,
+    observe_fate,
+    recheck_others,
+    reconcile_drain,
+    start_drain,
+)
 from handlers.enforcement import reconcile_gpu_rules
 from handlers.messages import WatchEvent, node_key, vm_key
 from handlers.outcomes import ACCEPTED, Accepted, Ignored
 from handlers.restarts import reconcile_pending
 from handlers.state import KUBEVIRT_KEY, ObservedFate, put_tracking, tracking_of
-from handlers.tables import DRAINS, KUBEVIRT, MAINTENANCES, NAMESPACES, NODES, RESIDENTS, TRACKING, VMIS, VMS
+from handlers.tables import (
+    DRAINS,
+    KUBEVIRT,
+    MAINTENANCES,
+    NAMESPACES,
+    NODES,
+    RESIDENTS,
+    REVISIONS,
+    TRACKING,
+    VMIS,
+    VMS,
+)
 
 CLUSTER_KEY = "cluster/kubevirt"
 
@@ -47,6 +67,8 @@ def decision_key(kind: str, obj: dict[str, Any]) -> str:
         return node_key(str(metadata.get("name")))
     if kind == "NodeMaintenance":
         return node_key(str((obj.get("spec") or {}).get("nodeName") or ""))
+    if kind == "ControllerRevision":
+        return InstancetypeRevision.owner(obj) or CLUSTER_KEY
     return CLUSTER_KEY
 
 
@@ -62,25 +84,65 @@ def observe(ctx: Context, event: WatchEvent) -> Accepted | Ignored:
 # ------------------------------------------------------------- under the VM's key
 
 
+def vm_record(ctx: Context, obj: dict[str, Any]) -> VMRecord:
+    """The record of a VM as the rules read it: its GPUs with its instance type's."""
+    metadata = obj.get("metadata") or {}
+    key = vm_key(metadata.get("namespace") or "default", str(metadata.get("name")))
+    return VMRecord.from_object(obj, project_label=ctx.config.labels.project, gpu_names=ctx.catalog.device_names,
+                                revisions=ctx.state.get(REVISIONS, key))
+
+
 def _vm(ctx: Context, event: WatchEvent) -> None:
-    vm = VMRecord.from_object(event.object, project_label=ctx.config.labels.project)
+    vm = vm_record(ctx, event.object)
     before = _residence(ctx, vm.key)
-    if event.type == "DELETED":
+    known = ctx.state.get(VMS, vm.key)
+    other = known is not None and bool(known.uid) and bool(vm.uid) and known.uid != vm.uid
+    if event.type == "DELETED" and other:
+        return  # the DELETED of a VM already made again under its name: nothing of the new one
+    if event.type == "DELETED" or other:
+        # Deleted — or deleted and made again under its name, seen only as another uid (a
+        # relist shows the new VM without the old one's DELETED): the old VM is gone, and
+        # what its owner was told is not the new one's.
         ctx.state.put(VMS, vm.key, None)
         _tell_nodes(ctx, vm.key, before)
         ctx.state.put(TRACKING, vm.key, None)
-        return
+        if event.type == "DELETED":
+            return
+        before = _residence(ctx, vm.key)
     ctx.state.put(VMS, vm.key, vm)
     _reconcile_vm(ctx, vm.key)
     _tell_nodes(ctx, vm.key, before)
 
 
 def _vmi(ctx: Context, event: WatchEvent) -> None:
-    vmi = VMIRecord.from_object(event.object)
+    vmi = VMIRecord.from_object(event.object, gpu_names=ctx.catalog.device_names)
     before = _residence(ctx, vmi.key)
     ctx.state.put(VMIS, vmi.key, None if event.type == "DELETED" else vmi)
     _reconcile_vm(ctx, vmi.key)
     _tell_nodes(ctx, vmi.key, before)
+
+
+def _revision(ctx: Context, event: WatchEvent) -> None:
+    """An instance type KubeVirt stored for a VM: the VM's GPU set is read again with it."""
+    revision = InstancetypeRevision.from_object(event.object)
+    if revision is None:
+        return
+    known = ctx.state.get(REVISIONS, revision.vm)
+    revisions = dict(known) if known else {}
+    if event.type == "DELETED":
+        revisions.pop(revision.name, None)
+    else:
+        revisions[revision.name] = revision
+    ctx.state.put(REVISIONS, revision.vm, revisions or None)
+    vm = ctx.state.get(VMS, revision.vm)
+    if vm is None:
+        return
+    before = _residence(ctx, vm.key)
+    again = vm_record(ctx, vm.object)
+    if again != vm:
+        ctx.state.put(VMS, vm.key, again)
+        _reconcile_vm(ctx, vm.key)
+        _tell_nodes(ctx, vm.key, before)
 
 
 def _namespace(ctx: Context, event: WatchEvent) -> None:
@@ -120,20 +182,24 @@ def _tell_nodes(ctx: Context, key: str, before: tuple[str, Resident] | None) -> 
     tracking = tracking_of(ctx.state, key)
     if left:
         assert before is not None
-        tracking = replace(tracking, left_node=before[0], left_fate=None)
+        tracking = replace(tracking, left_node=before[0], left_fate=None, left_phase=None)
+    vmi = ctx.state.get(VMIS, key)
+    if tracking.left_node is not None and vmi is not None and not vmi.active and not vmi.deleting \
+            and vmi.phase != tracking.left_phase:
+        tracking = replace(tracking, left_phase=vmi.phase)  # ended by itself, not stopped
     if tracking.left_node is None:
         return
-    fate = fate_since_left(ctx, key)
+    fate = fate_since_left(ctx, key, ended=tracking.left_phase)
     if fate is not None and fate != tracking.left_fate:
         ctx.forward(tracking.left_node, key, None, fate=fate)
         if fate == "waits_for_gpu":  # it may still get a card: keep listening
             tracking = replace(tracking, left_fate=fate)
         else:
-            tracking = replace(tracking, left_node=None, left_fate=None)
+            tracking = replace(tracking, left_node=None, left_fate=None, left_phase=None)
     put_tracking(ctx.state, key, tracking)
 
 
-def fate_since_left(ctx: Context, key: str) -> ObservedFate | None:
+def fate_since_left(ctx: Context, key: str, *, ended: str | None = None) -> ObservedFate | None:
     """What became of a VM whose GPU VMI left its node, as observed; None while unknown."""
     vm = ctx.state.get(VMS, key)
     vmi = ctx.state.get(VMIS, key)
@@ -145,8 +211,9 @@ def fate_since_left(ctx: Context, key: str) -> ObservedFate | None:
         # Running, not just placed: a Scheduled VMI's domain has not started (virt-handler
         # moves it to Running; lifecycle.go sets Scheduled once the pod is ready).
         return "came_back" if vmi.node and vmi.phase == "Running" else None
-    if restarts_by_itself(vm.run_strategy):
-        # KubeVirt is about to start a new VMI (its VM may already say it waits for a card).
+    if kubevirt_starts_it(vm, vmi, ended=ended):
+        # KubeVirt is about to start a new VMI (its VM may already say it waits for a card):
+        # the tally waits for it.
         return "waits_for_gpu" if vm.printable_status == "ErrorUnschedulable" else None
     return "off"
 
@@ -157,7 +224,7 @@ def fate_since_left(ctx: Context, key: str) -> ObservedFate | None:
 def _node(ctx: Context, event: WatchEvent) -> None:
     new = NodeRecord.from_object(event.object)
     ctx.state.put(NODES, new.name, None if event.type == "DELETED" else new)
-    refresh_usage(ctx.state, new.name)
+    recheck_others(ctx, new.name, *refresh_usage(ctx.state, new.name))
     if event.type == "DELETED":
         reconcile_drain(ctx, new.name)
         return
@@ -192,7 +259,11 @@ def _maintenance(ctx: Context, event: WatchEvent) -> None:
 
 
 def settle_resident(ctx: Context, update: ResidentUpdate) -> None:
-    """A GPU VMI arrived on, changed on or left ``update.node``."""
+    """A GPU VMI arrived on, changed on or left ``update.node`` — or (``recheck``) the cards
+    the node's drain counted on other nodes changed."""
+    if update.recheck:
+        reconcile_drain(ctx, update.node)
+        return
     before = ctx.state.get(RESIDENTS, update.node)
     residents = dict(before) if before else {}
     if update.resident is None:
@@ -200,10 +271,11 @@ def settle_resident(ctx: Context, update: ResidentUpdate) -> None:
     else:
         residents[update.vm_key] = update.resident
     ctx.state.put(RESIDENTS, update.node, residents or None)
-    refresh_usage(ctx.state, update.node)
+    recheck_others(ctx, update.node, *refresh_usage(ctx.state, update.node))
     if update.fate is not None:
         observe_fate(ctx, update.node, update.vm_key, update.fate)
-    if update.resident is not None and update.resident.evacuating:
+    if update.resident is not None and update.resident.evacuating and not cancelled_mark(
+            ctx.state.get(DRAINS, update.node), update.resident):
         # evictionStrategy External: KubeVirt marked this one VMI and leaves its stop to us.
         start_drain(
             ctx,
@@ -223,4 +295,5 @@ _FOLDS = {
     "NodeMaintenance": _maintenance,
     "KubeVirt": _kubevirt,
     "Namespace": _namespace,
+    "ControllerRevision": _revision,
 }

@@ -60,6 +60,7 @@ KINDS: dict[str, str] = {
     "delete_vmi": "VirtualMachineInstance",
     "cordon_node": "Node",
     "uncordon_node": "Node",
+    "cancel_evacuation": "VirtualMachineInstance",
 }
 
 

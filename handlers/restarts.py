@@ -18,23 +18,43 @@ from __future__ import annotations
 from dataclasses import replace
 
 from handlers import ids
-from handlers.cluster import VMIRecord, VMRecord
+from handlers.cluster import VMIRecord, VMRecord, describe_gpus
 from handlers.decisions import Context, vm_subject
 from handlers.outcomes import ACCEPTED, Accepted, Refused
 from handlers.state import StateView, put_tracking, tracking_of
 from handlers.tables import TRACKING, VMIS, VMS
 
+# ``RestartVMRequestHandler`` (pkg/virt-api/rest/lifecycle.go) refuses these (409).
 RESTART_REFUSED = {
     "Halted": "its run strategy is Halted: start it instead",
-    "Once": "its run strategy is Once: KubeVirt refuses to restart it",
+    "Once": "its run strategy is Once: KubeVirt refuses to restart it; stop it and start it again "
+            "(the stop makes its run strategy Halted, the start then Always)",
 }
 
 
+def how_it_applies(vm: VMRecord) -> str:
+    """When a GPU change of a running VM takes effect, by what KubeVirt lets it do.
+
+    ``RestartVMRequestHandler`` restarts Always, RerunOnFailure and Manual VMs, and refuses
+    Once and Halted (409). A Once VM is started again by nobody — ``StartVMRequestHandler``
+    refuses it too, and ``syncRunStrategy`` leaves its ended VMI off — until a stop makes it
+    Halted (``StopVMRequestHandler``: ``getRunningPatch(vm, false)``) and a start then Always.
+    """
+    if vm.run_strategy == "Once":
+        return ("the next time it starts. KubeVirt does not restart a VM of run strategy Once (it refuses a "
+                "restart, and a start): the change takes effect once it is stopped and started again — the stop "
+                "makes its run strategy Halted, the start then Always")
+    return "after its next restart"
+
+
+
 def change_pending(vm: VMRecord, vmi: VMIRecord | None) -> bool:
-    """A GPU change waits for a restart: a live VMI runs with other GPUs than the template."""
-    if vmi is None or not vmi.active:
+    """A GPU change waits for a restart: a live VMI runs with other GPUs than the VM's next
+    one gets (its template's and its instance type's, card for card). Not while the VM's
+    instance type is unknown: then nobody knows what its next VMI gets."""
+    if vmi is None or not vmi.active or not vm.gpus_known:
         return False
-    return set(vm.gpu_devices) != set(vmi.gpu_devices)
+    return vm.gpu_devices != vmi.gpu_devices
 
 
 def reconcile_pending(ctx: Context, vm: VMRecord) -> None:
@@ -49,9 +69,8 @@ def reconcile_pending(ctx: Context, vm: VMRecord) -> None:
     episode = ids.episode_id(vm.key, vmi.uid, *vm.gpu_devices)
     if tracking.pending_episode == episode:
         return
-    wanted = [ctx.catalog.for_device(d).display_name for d in vm.gpu_devices]
     running = [ctx.catalog.for_device(d).display_name for d in vmi.gpu_devices]
-    now_text = f"GPU {wanted[0]}" if wanted else "no GPU"
+    now_text = describe_gpus(vm.gpu_devices, lambda d: ctx.catalog.for_device(d).display_name)
     ctx.notify(
         "gpu_change_pending_restart",
         subject=vm_subject(vm.key),
@@ -60,7 +79,7 @@ def reconcile_pending(ctx: Context, vm: VMRecord) -> None:
         project=vm.project,
         severity="info",
         message=(
-            f"VM {vm.namespace}/{vm.name} will have {now_text} after its next restart; "
+            f"VM {vm.namespace}/{vm.name} will have {now_text} {how_it_applies(vm)}; "
             "until then it keeps running as it is."
         ),
         details={
@@ -68,6 +87,7 @@ def reconcile_pending(ctx: Context, vm: VMRecord) -> None:
             "running_gpus": [ctx.catalog.for_device(d).describe() for d in vmi.gpu_devices],
             "running_gpu_names": running,
             "restart_required_condition": vm.restart_required,
+            "restart_possible": vm.run_strategy not in RESTART_REFUSED,
         },
     )
     put_tracking(ctx.state, vm.key, replace(tracking, pending_episode=episode))
@@ -90,10 +110,13 @@ def pending_detail(state: StateView, key: str) -> dict[str, object] | None:
 
 
 def restart_judgement(vm: VMRecord, vmi: VMIRecord | None) -> Accepted | Refused:
-    """Whether a restart of ``vm`` may go ahead, and if not, why."""
+    """Whether a restart of ``vm`` may go ahead, and if not, why — as virt-api judges it
+    (``RestartVMRequestHandler``): refused for Halted and Once, and without a VMI ("VM is not
+    running"); a VMI that ended and is still there (a Manual VM whose guest shut down) is
+    restarted: virt-api sends a stop request for it and a start request."""
     if vm.run_strategy in RESTART_REFUSED:
         return Refused(f"cannot restart VM {vm.namespace}/{vm.name}: {RESTART_REFUSED[vm.run_strategy]}")
-    if vmi is None or not vmi.active:
+    if vmi is None:
         return Refused(f"cannot restart VM {vm.namespace}/{vm.name}: it is not running")
     return ACCEPTED
 

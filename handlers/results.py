@@ -57,13 +57,20 @@ def decide_result(
         recipients = sorted({p for p in (command.requested_by, owner) if p})
         target = command.target
         where = f"{target.namespace}/{target.name}" if target.namespace else target.name
+        message = f"vmstream could not {command.type.replace('_', ' ')} {target.kind} {where}: {error}."
+        if command.type == "cancel_evacuation":
+            # Told plainly: the owner was told the stop is off, and the mark is still there.
+            message = (f"KubeVirt still marks VMI {where} for eviction from node {command.evacuation_node}: "
+                       f"vmstream could not cancel the mark ({error}). vmstream will not stop the VM on that "
+                       "mark; until it is removed (virtctl evacuate-cancel) KubeVirt refuses any new eviction of "
+                       "it as already in progress.")
         notification = Notification(
             notification_id=ids.notification_id("command_failed", subject_key(target), command.command_id),
             type="command_failed",
             recipients=recipients,
             subject=target,
             severity="critical",
-            message=f"vmstream could not {command.type.replace('_', ' ')} {target.kind} {where}: {error}.",
+            message=message,
             details={"command_id": command.command_id, "cause": command.cause, "error": error},
             at=now,
         )

@@ -24,6 +24,7 @@ class VMTracking:
     unavailable_episode: str | None = None  # the gpu_unavailable episode the owner was told of
     left_node: str | None = None  # its GPU VMI left this node; where it went is not reported yet
     left_fate: str | None = None  # what was last reported to that node (waits_for_gpu)
+    left_phase: str | None = None  # the phase its VMI ended in, if it ended (Failed, Succeeded)
     # The GPU rules (handlers/enforcement.py): the VM content a GPU patch was planned from,
     # while it is in flight (or, enforce: notify, the gaps the owner was told of); and the
     # memory-not-pinned episode the owner was told of.
@@ -62,6 +63,22 @@ class DrainEpisode:
     cordoned: bool = False  # vmstream cordoned the node itself (and so may uncordon it)
     warned: dict[str, tuple[str | None, tuple[str, ...]]] = field(default_factory=dict)  # key: (project, recipients)
     observed: dict[str, ObservedFate] = field(default_factory=dict)  # what became of each announced VM
+    # scope "evictions": each announced VM's own deadline (a full notice from its mark); the
+    # episode's deadline is the earliest still to come.
+    due: dict[str, datetime] = field(default_factory=dict)
+    # How many notices each VM was told in this episode (announced, corrected, retracted):
+    # each has an id of its own, so a later one is never taken for a repeat of an earlier.
+    told: dict[str, int] = field(default_factory=dict)
+    # Called off while KubeVirt still marked some of its VMs for eviction from the node: the
+    # row stays, completed, until the marks vmstream cancels are seen gone. VM key → the uid
+    # of the VMI whose mark is not a new eviction (its owner was told the stop is off).
+    called_off: bool = False
+    unmarking: dict[str, str] = field(default_factory=dict)
+    # The uid of each announced VM: a VM of the same name with another uid was deleted and
+    # made again — another VM, announced to its own owner with a notice of its own.
+    uids: dict[str, str] = field(default_factory=dict)
+    replaced: tuple[str, ...] = ()  # announced VMs that were deleted and made again meanwhile
+    told_gpus: dict[str, tuple[str, ...]] = field(default_factory=dict)  # the GPUs each VM was told it comes back with
 
 
 @direct_init

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any, Generic, Literal, TypeVar
 
 from handlers.cluster import (
+    InstancetypeRevision,
     KubeVirtRecord,
     MaintenanceRecord,
     NamespaceRecord,
@@ -34,7 +35,7 @@ V = TypeVar("V")
 
 TableName = Literal[
     "vms", "vmis", "tracking", "nodes", "residents", "drains", "maintenances", "processed", "usage", "kubevirt",
-    "namespaces",
+    "namespaces", "revisions",
 ]
 Scope = Literal["partition", "global"]
 
@@ -109,8 +110,12 @@ NAMESPACES: Table[NamespaceRecord] = Table(
     "namespaces", NamespaceRecord, key="<namespace>", written_under="the cluster; read by all", scope="global",
     help="namespace → the project its label names: cluster-wide, read by every instance")
 
+REVISIONS: Table[dict[str, InstancetypeRevision]] = Table(
+    "revisions", dict[str, InstancetypeRevision], key="vm/<ns>/<name>", written_under="that VM (its owner)",
+    help="VM key → its instance-type ControllerRevisions by name: the GPUs KubeVirt puts into its VMIs")
+
 TABLES: tuple[Table[Any], ...] = (
-    VMS, VMIS, TRACKING, NODES, RESIDENTS, DRAINS, MAINTENANCES, PROCESSED, USAGE, KUBEVIRT, NAMESPACES,
+    VMS, VMIS, TRACKING, NODES, RESIDENTS, DRAINS, MAINTENANCES, PROCESSED, USAGE, KUBEVIRT, NAMESPACES, REVISIONS,
 )
 GLOBAL_TABLES: tuple[Table[Any], ...] = tuple(table for table in TABLES if table.scope == "global")
 BY_NAME: dict[str, Table[Any]] = {table.name: table for table in TABLES}

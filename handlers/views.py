@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from handlers.availability import waiting_for_gpu
 from handlers.capacity import capacity_report
 from handlers.catalog import Catalog
+from handlers.cluster import next_gpus
 from handlers.messages import vm_key
 from handlers.restarts import change_pending
 from handlers.state import DrainEpisode, DrainOutcome, ObservedFate, StateView, tracking_of
@@ -71,8 +72,10 @@ class VMBadge(_Model):
     run_strategy: str
     running: bool = Field(description="A VMI that has not ended exists")
     node: str | None = Field(description="The node its VMI runs on")
-    gpus_now: list[GPURef] = Field(description="The GPUs of its running VMI (none when it does not run)")
-    gpus_after_restart: list[GPURef] = Field(description="The GPUs of its template, as last observed")
+    gpus_now: list[GPURef] = Field(description="The GPUs of its running VMI, one per card: gpus and GPU "
+                                   "hostDevices (none when it does not run)")
+    gpus_after_restart: list[GPURef] = Field(description="The GPUs its next VMI gets, one per card: its "
+                                             "template's gpus and GPU hostDevices and its instance type's")
     waits_for: WaitsFor | None = Field(description="restart: a GPU change applies after the next restart; "
                                                    "gpu: it waits for a free card of its class")
     badge: str | None = Field(description="What a console shows beside the GPU, e.g. '(applies after restart)'")
@@ -149,7 +152,7 @@ def vm_badge(state: StateView, catalog: Catalog, namespace: str, name: str) -> V
         running=running,
         node=vmi.node if running and vmi is not None else None,
         gpus_now=_refs(catalog, vmi.gpu_devices) if running and vmi is not None else [],
-        gpus_after_restart=_refs(catalog, vm.gpu_devices),
+        gpus_after_restart=_refs(catalog, next_gpus(vm, vmi)),
         waits_for=waits_for,
         badge=BADGES[waits_for] if waits_for else None,
         owner_told=waits_for is not None and told[waits_for] is not None,

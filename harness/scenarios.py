@@ -148,6 +148,73 @@ def vmi(namespace: str, name: str, *, node_name: str | None, phase: str = "Runni
     }
 
 
+def with_devices(obj: dict[str, Any], *, gpus: list[str] | None = None,
+                 host_devices: list[str] | None = None) -> dict[str, Any]:
+    """A VM (its template) or a VMI with these ``gpus`` and ``hostDevices`` (device names), one
+    entry per card as KubeVirt takes them; the lists replace what it had."""
+    domain = obj["spec"]["template"]["spec"]["domain"] if obj["kind"] == "VirtualMachine" else obj["spec"]["domain"]
+    devices = domain.setdefault("devices", {})
+    for field, names, prefix in (("gpus", gpus, "gpu"), ("hostDevices", host_devices, "hostdev")):
+        if names is None:
+            continue
+        if names:
+            devices[field] = [{"name": f"{prefix}-{i}", "deviceName": name} for i, name in enumerate(names)]
+        else:
+            devices.pop(field, None)
+    return obj
+
+
+def with_instancetype(vm_obj: dict[str, Any], name: str, *, revision: str | None = None,
+                      kind: str = "VirtualMachineClusterInstancetype") -> dict[str, Any]:
+    """A VM that takes its CPU and memory (and GPUs) from an instance type, as KubeVirt
+    admits it: no cpu topology nor memory of its own; ``revision``, the ControllerRevision
+    virt-controller stored for it (``status.instancetypeRef``)."""
+    spec = vm_obj["spec"]
+    spec["instancetype"] = {"kind": kind, "name": name}
+    domain = spec["template"]["spec"]["domain"]
+    for key in ("sockets", "cores", "threads"):
+        domain.get("cpu", {}).pop(key, None)
+    domain.pop("memory", None)
+    (domain.get("resources") or {}).get("requests", {}).pop("memory", None)
+    if revision:
+        vm_obj.setdefault("status", {})["instancetypeRef"] = {
+            "kind": kind, "name": name, "controllerRevisionRef": {"name": revision}}
+    return vm_obj
+
+
+def instancetype_revision(namespace: str, vm_name: str, name: str, *, instancetype: str,
+                          gpus: list[str] | None = None, host_devices: list[str] | None = None,
+                          cpu_model: str | None = None, kind: str = "VirtualMachineClusterInstancetype",
+                          guest_cpus: int = 4, memory: str = "16Gi") -> dict[str, Any]:
+    """The ControllerRevision virt-controller stores for a VM's instance type
+    (``CreateControllerRevision``, pkg/instancetype/revision/store.go): the instance type
+    itself under ``data``, labelled with its kind and name, owned by the VM."""
+    spec: dict[str, Any] = {"cpu": {"guest": guest_cpus}, "memory": {"guest": memory}}
+    if cpu_model:
+        spec["cpu"]["model"] = cpu_model
+    if gpus:
+        spec["gpus"] = [{"name": f"gpu-{i}", "deviceName": d} for i, d in enumerate(gpus)]
+    if host_devices:
+        spec["hostDevices"] = [{"name": f"hostdev-{i}", "deviceName": d} for i, d in enumerate(host_devices)]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "ControllerRevision",
+        "metadata": {
+            "name": name, "namespace": namespace, "uid": f"uid-cr-{namespace}-{name}", "resourceVersion": "1",
+            "labels": {"instancetype.kubevirt.io/object-kind": kind,
+                       "instancetype.kubevirt.io/object-name": instancetype,
+                       "instancetype.kubevirt.io/object-generation": "1",
+                       "instancetype.kubevirt.io/object-version": "v1beta1"},
+            "ownerReferences": [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "name": vm_name,
+                                 "uid": f"uid-vm-{namespace}-{vm_name}", "controller": True,
+                                 "blockOwnerDeletion": True}],
+        },
+        "data": {"apiVersion": "instancetype.kubevirt.io/v1beta1", "kind": kind,
+                 "metadata": {"name": instancetype, "generation": 1}, "spec": spec},
+        "revision": 0,
+    }
+
+
 def kubevirt_cr() -> dict[str, Any]:
     return {
         "apiVersion": "kubevirt.io/v1",

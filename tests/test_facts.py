@@ -231,7 +231,7 @@ def test_the_cli_asks_for_exactly_the_intent_types() -> None:
 
 def test_command_types_derive_from_the_literal() -> None:
     assert set(COMMAND_TYPES) == {"patch_vm", "create_vm", "restart_vm", "start_vm", "stop_vm", "delete_vmi",
-                                  "cordon_node", "uncordon_node"}
+                                  "cordon_node", "uncordon_node", "cancel_evacuation"}
 
 
 def test_the_applier_policy_knows_the_target_kind_of_every_command_type() -> None:
@@ -263,6 +263,9 @@ class _Recording(applying.KubeApplier):
     def _set_unschedulable(self, command: Command, unschedulable: bool) -> applying.Applied:
         return self._made("cordon" if unschedulable else "uncordon")
 
+    def _cancel_evacuation(self, command: Command) -> applying.Applied:
+        return self._made("cancel eviction mark")
+
 
 def test_the_applier_makes_one_distinct_change_per_command_type() -> None:
     """``KubeApplier._dispatch`` has a case for each command type (mypy checks it too, by
@@ -271,4 +274,5 @@ def test_the_applier_makes_one_distinct_change_per_command_type() -> None:
     for command_type in COMMAND_TYPES:
         command = Command.model_construct(type=command_type, target=ObjectRef(kind="Node", namespace=None, name="n"))
         assert applier._dispatch(command) == applying.Applied("applied")
-    assert applier.made == ["patch", "create", "restart", "start", "stop", "delete VMI", "cordon", "uncordon"]
+    assert applier.made == ["patch", "create", "restart", "start", "stop", "delete VMI", "cordon", "uncordon",
+                            "cancel eviction mark"]

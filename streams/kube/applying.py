@@ -74,7 +74,7 @@ from streams.common.settings import Settings
 from streams.common.signing import Keyring, KeyringError, open_sealed
 from streams.common.topics import ensure_topics
 from streams.kube.informing import UNKNOWN, PolicyCache, Unknown
-from streams.kube.subresources import SUBRESOURCE_HEADERS, SUBRESOURCE_PATH
+from streams.kube.subresources import EVACUATE_CANCEL_PATH, SUBRESOURCE_HEADERS, SUBRESOURCE_PATH
 
 if TYPE_CHECKING:
     from kafka import KafkaConsumer
@@ -266,6 +266,8 @@ class KubeApplier:
                 return self._set_unschedulable(command, True)
             case "uncordon_node":
                 return self._set_unschedulable(command, False)
+            case "cancel_evacuation":
+                return self._cancel_evacuation(command)
             case _:
                 assert_never(command.type)
 
@@ -567,15 +569,51 @@ class KubeApplier:
     # --- delete_vmi ----------------------------------------------------------------------
 
     def _delete_vmi(self, command: Command) -> Applied:
+        """Delete the VMI — the one of the command's ``target.uid`` only, when it names one (a
+        precondition the API server checks): a VMI of that name made since is another VM's."""
         namespace, name = _where(command)
+        uid = command.target.uid
+        options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)) if uid else None
         try:
             self._call(
-                self.custom.delete_namespaced_custom_object, *KUBEVIRT, namespace, "virtualmachineinstances", name
+                self.custom.delete_namespaced_custom_object, *KUBEVIRT, namespace, "virtualmachineinstances", name,
+                body=options,
             )
         except ApiException as exc:
             if exc.status == 404:
                 return Applied("noop")
+            if exc.status == 409 and uid:  # the precondition: that VMI is gone, another has its name
+                log.info("VMI %s/%s is no longer %s: not deleted", namespace, name, uid)
+                return Applied("noop")
             raise
+        return Applied("applied")
+
+    # --- cancel_evacuation ----------------------------------------------------------------
+
+    def _cancel_evacuation(self, command: Command) -> Applied:
+        """``PUT …/virtualmachineinstances/{name}/evacuate/cancel`` on virt-api
+        (``EvacuateCancelHandler``, pkg/virt-api/rest/evacuate_cancel.go): it removes
+        ``status.evacuationNodeName`` with a JSON Patch ``test`` on the node named in the
+        body, so a mark from another node is never removed. A VMI gone, or no longer marked
+        from that node, is a no-op."""
+        namespace, name = _where(command)
+        node = command.evacuation_node
+        if not node:
+            raise ApplyError("a cancel_evacuation command must name the node of the mark (evacuation_node)")
+        vmi = self._get_vmi(namespace, name)
+        if vmi is None or ((vmi.get("status") or {}).get("evacuationNodeName")) != node:
+            return Applied("noop")
+        if command.target.uid and (vmi.get("metadata") or {}).get("uid") != command.target.uid:
+            return Applied("noop")  # another VMI of that name: its mark is not the one told off
+        path = EVACUATE_CANCEL_PATH.format(namespace=namespace, name=name)
+        response = self._call(
+            self.api.call_api, path, "PUT",
+            header_params=SUBRESOURCE_HEADERS,
+            body={"evacuationNodeName": node}, auth_settings=["BearerToken"], _preload_content=False,
+            _host=self.subresource_url,
+        )
+        response.read()
+        response.release_conn()
         return Applied("applied")
 
     # --- cordon_node, uncordon_node ------------------------------------------------------

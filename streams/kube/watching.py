@@ -463,6 +463,8 @@ class Watcher:
 
     def _call(self, api: client.ApiClient, **params: Any) -> BaseHTTPResponse:
         kind = self.kind
+        if kind.label_selector:
+            params["label_selector"] = kind.label_selector
         try:
             if kind.group:
                 response = client.CustomObjectsApi(api).list_cluster_custom_object(

@@ -49,6 +49,7 @@ class Loop:
     applier: VmstreamProcess
     agent: NodeAgent
     signer: DevSigner  # the upstream service: the worker verifies what it signs (docs/auth.md)
+    bridge: VmstreamProcess | None = None  # the watch bridge, for a test that stops it a while
 
     # ------------------------------------------------------------ the cluster
 
@@ -179,7 +180,7 @@ def loop(kube: Kube, kafka_bootstrap: str, tmp_path: Path) -> Iterator[Loop]:
     try:
         bridge.start()
         applier.start()
-        yield Loop(api, deployment, outputs, worker, applier, kube.agent, signer)
+        yield Loop(api, deployment, outputs, worker, applier, kube.agent, signer, bridge)
     finally:
         print(_timeline(outputs, kube.agent.history[history_before:]))  # shown only when the test fails
         outputs.close()

@@ -438,6 +438,28 @@ def test_delete_vmi_brings_back_only_an_always_vm(
     assert published.result(again)["outcome"] == "noop"
 
 
+def test_delete_vmi_of_a_uid_leaves_another_vmi_of_that_name_alone(
+    api: client.ApiClient, kube_namespace: str, deployment: Deployment, published: Published,
+    make_node: Callable[..., str],
+) -> None:
+    """A drain's stop names the VMI it was told of by uid: the VMI KubeVirt made since under
+    that name (the VM restarted, or deleted and made again) is not stopped with it."""
+    make_node(gpus={A100: 2})
+    create_vm(api, kube_namespace, "always", run_strategy="Always", gpu_class="nvidia-a100")
+    first = running_vmi(api, kube_namespace, "always")
+    delete = command("delete_vmi", ObjectRef(kind="VirtualMachineInstance", namespace=kube_namespace,
+                                             name="always", uid=first["metadata"]["uid"]))
+    publish(deployment, delete)
+    assert published.result(delete)["outcome"] == "applied"
+    second = running_vmi(api, kube_namespace, "always", other_than=first["metadata"]["uid"])
+
+    stale = command("delete_vmi", ObjectRef(kind="VirtualMachineInstance", namespace=kube_namespace,
+                                            name="always", uid=first["metadata"]["uid"]))
+    publish(deployment, stale)
+    assert published.result(stale)["outcome"] == "noop"
+    assert running_vmi(api, kube_namespace, "always")["metadata"]["uid"] == second["metadata"]["uid"]
+
+
 def test_cordon_and_uncordon(
     api: client.ApiClient, deployment: Deployment, published: Published, make_node: Callable[..., str]
 ) -> None:

@@ -93,6 +93,7 @@ WATCH_GRANTS: dict[tuple[str, str], set[str]] = {
     ("", "nodes"): {"list", "watch"},
     ("", "namespaces"): {"list", "watch"},
     ("nodemaintenance.medik8s.io", "nodemaintenances"): {"list", "watch"},
+    ("apps", "controllerrevisions"): {"list", "watch"},  # the instance types KubeVirt stored for VMs
 }
 APPLY_GRANTS: dict[tuple[str, str], set[str]] = {
     # VMs and namespaces also listed and watched: the policy's copy (streams/kube/informing.py)
@@ -103,13 +104,14 @@ APPLY_GRANTS: dict[tuple[str, str], set[str]] = {
     ("subresources.kubevirt.io", "virtualmachines/restart"): {"update"},
     ("subresources.kubevirt.io", "virtualmachines/start"): {"update"},
     ("subresources.kubevirt.io", "virtualmachines/stop"): {"update"},
+    ("subresources.kubevirt.io", "virtualmachineinstances/evacuate/cancel"): {"update"},
 }
 # KubeVirt's aggregated API (virt-api) is not served locally: its subresources are
 # checked by name, beside everything discovery lists.
 EXTRA_RESOURCES: dict[tuple[str, str], bool] = {  # → namespaced
     ("subresources.kubevirt.io", f"virtualmachines/{action}"): True
     for action in ("start", "stop", "restart", "migrate", "softreboot", "pause", "unpause")
-}
+} | {("subresources.kubevirt.io", "virtualmachineinstances/evacuate/cancel"): True}
 # Verbs RBAC knows beyond the usual eight, where they matter.
 SPECIAL_VERBS: dict[tuple[str, str], tuple[str, ...]] = {
     ("", "users"): ("impersonate",),
@@ -1033,6 +1035,7 @@ def test_the_applier_can_do_what_it_applies(rbac: Api, namespace_: str) -> None:
         ("subresources.kubevirt.io", "virtualmachines/restart", "update"),
         ("subresources.kubevirt.io", "virtualmachines/start", "update"),
         ("subresources.kubevirt.io", "virtualmachines/stop", "update"),
+        ("subresources.kubevirt.io", "virtualmachineinstances/evacuate/cancel", "update"),
     ):
         assert _can(rbac, APPLY, group, resource, verb, namespace_), (group, resource, verb)
     assert _can(rbac, APPLY, "", "nodes", "patch")

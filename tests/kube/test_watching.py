@@ -41,7 +41,7 @@ from streams.common.kafka_clients import admin_client, producer
 from harness.localkubevirt import vm_subresource
 from harness.processes import free_ports
 from harness.running import Deployment, VmstreamProcess
-from harness.scenarios import RTX, node, vm
+from harness.scenarios import RTX, instancetype_revision, node, vm
 from streams.common.settings import KafkaSettings
 from streams.kube.watching import (
     DLQ_TOPIC,
@@ -335,6 +335,34 @@ def test_existing_objects_are_published_as_relisted_with_contract_keys(
     written = max(entry["time"] for entry in created_vm["metadata"]["managedFields"])
     [vm_headers] = events.headers_of(f"VirtualMachine/{ns}/vm-a")
     assert vm_headers["ce_time"].decode() == ce_time(datetime.fromisoformat(written))
+
+
+def test_only_the_instance_types_kubevirt_stored_for_vms_are_watched_among_controller_revisions(
+    kube: Kube, deployment: Deployment, events: Events, cluster: Cluster
+) -> None:
+    """ControllerRevisions are every StatefulSet's and DaemonSet's too: the bridge lists and
+    watches only those labelled with an instance type's kind (WATCHED_KINDS' label selector)."""
+    ns = cluster.namespace
+    apps = client.AppsV1Api(cluster.custom.api_client)
+    stored = instancetype_revision(ns, "vm-a", "vm-a-u1-gpu-1", instancetype="u1-gpu", gpus=[RTX])
+    for field in ("uid", "resourceVersion"):
+        del stored["metadata"][field]
+    stored["metadata"]["ownerReferences"] = []
+    apps.create_namespaced_controller_revision(ns, stored)
+    apps.create_namespaced_controller_revision(ns, {"apiVersion": "apps/v1", "kind": "ControllerRevision",
+                                                    "metadata": {"name": "web-5d8f", "labels": {"app": "web"}},
+                                                    "data": {"spec": {}}, "revision": 1})
+    bridge = Bridge(deployment.kafka, kube_configuration(kube), app_id="az1")
+    with running(bridge):
+        events.wait_for(lambda e: e.types(f"ControllerRevision/{ns}/vm-a-u1-gpu-1"), "the instance type's revision")
+        apps.create_namespaced_controller_revision(ns, {**stored, "metadata": {**stored["metadata"],
+                                                                               "name": "vm-a-u1-gpu-2"}})
+        events.wait_for(lambda e: e.types(f"ControllerRevision/{ns}/vm-a-u1-gpu-2"), "a new one, watched")
+    assert events.types(f"ControllerRevision/{ns}/vm-a-u1-gpu-1") == ["RELISTED"]
+    assert events.types(f"ControllerRevision/{ns}/vm-a-u1-gpu-2") == ["ADDED"]
+    assert events.of(f"ControllerRevision/{ns}/vm-a-u1-gpu-1")[0]["object"]["data"]["spec"]["gpus"] == [
+        {"name": "gpu-0", "deviceName": RTX}]
+    assert events.types(f"ControllerRevision/{ns}/web-5d8f") == []
 
 
 # ------------------------------------------------------------------------- live changes

@@ -21,6 +21,7 @@ from handlers.capacity import capacity_report
 from handlers.cluster import (
     KEPT_FOR_EVERY_KIND,
     RULE_PATHS,
+    InstancetypeRevision,
     KubeVirtRecord,
     MaintenanceRecord,
     NamespaceRecord,
@@ -36,11 +37,13 @@ from harness.scenarios import (
     A100,
     PROJECT_LABEL,
     RTX,
+    instancetype_revision,
     kubevirt_cr,
     node,
     node_maintenance,
     vm,
     vmi,
+    with_devices,
 )
 from streams.common.codecs import decode_state, encode_state
 from streams.kube.watching import KINDS
@@ -82,8 +85,12 @@ def rich_objects() -> list[dict[str, Any]]:
     """One of each kind, with every field a record reads set to something other than its default."""
     restart_vm = vm("p", "rich", project="proj-a", owner=ALICE, gpu=RTX, run_strategy="RerunOnFailure")
     restart_vm["spec"]["instancetype"] = {"kind": "VirtualMachineClusterInstancetype", "name": "u1.large"}
-    restart_vm["status"] = {"printableStatus": "Running",
-                            "conditions": [{"type": "RestartRequired", "status": "True"}]}
+    restart_vm["status"] = {"printableStatus": "Running", "runStrategy": "RerunOnFailure",
+                            "stateChangeRequests": [{"action": "Start"}],
+                            "conditions": [{"type": "RestartRequired", "status": "True"}],
+                            "instancetypeRef": {"kind": "VirtualMachineClusterInstancetype", "name": "u1.large",
+                                                "controllerRevisionRef": {"name": "rich-u1.large-1"}}}
+    with_devices(restart_vm, host_devices=[A100, "intel.com/sriov_vf"])
     evicted = vmi("p", "rich", node_name="gpu-node-1", gpu=RTX, cpu_model="host-passthrough",
                   eviction_requested=True, unschedulable=True, phase="Scheduling")
     cordoned = node("gpu-node-1", gpus={RTX: 2, A100: 1}, unschedulable=True)
@@ -92,13 +99,23 @@ def rich_objects() -> list[dict[str, Any]]:
     namespace = {"apiVersion": "v1", "kind": "Namespace",
                  "metadata": {"name": "spx-proj-a", "labels": {PROJECT_LABEL: "proj-a"}},
                  "spec": {"finalizers": ["kubernetes"]}}
-    return [padded(o) for o in (restart_vm, evicted, cordoned, maintenance, kubevirt_cr(), namespace)]
+    with_devices(evicted, host_devices=[A100])
+    revision = instancetype_revision("p", "rich", "rich-u1.large-1", instancetype="u1.large", gpus=[RTX],
+                                     host_devices=[A100], cpu_model="host-passthrough")
+    return [padded(o) for o in (restart_vm, evicted, cordoned, maintenance, kubevirt_cr(), namespace, revision)]
 
+
+GPU_NAMES = frozenset({RTX, A100})
+REVISION = InstancetypeRevision.from_object(instancetype_revision(
+    "p", "rich", "rich-u1.large-1", instancetype="u1.large", gpus=[RTX], host_devices=[A100]))
+assert REVISION is not None
 
 RECORDS = {
     "Namespace": lambda o: NamespaceRecord.from_object(o, project_label=PROJECT_LABEL),
-    "VirtualMachine": lambda o: VMRecord.from_object(o, project_label=PROJECT_LABEL),
-    "VirtualMachineInstance": VMIRecord.from_object,
+    "VirtualMachine": lambda o: VMRecord.from_object(o, project_label=PROJECT_LABEL, gpu_names=GPU_NAMES,
+                                                     revisions={REVISION.name: REVISION}),
+    "VirtualMachineInstance": lambda o: VMIRecord.from_object(o, gpu_names=GPU_NAMES),
+    "ControllerRevision": InstancetypeRevision.from_object,
     "Node": NodeRecord.from_object,
     "NodeMaintenance": MaintenanceRecord.from_object,
     "KubeVirt": KubeVirtRecord.from_object,
