@@ -18,7 +18,7 @@ import hashlib
 import json
 import logging
 import reprlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -27,7 +27,6 @@ from handlers import ids, topics
 from handlers.auth import (
     CREDENTIAL_FIELD,
     KeySet,
-    Principal,
     Unauthenticated,
     Verification,
     agreement_problem,
@@ -49,7 +48,7 @@ from handlers.inputs import (
     Source,
     WatchInput,
 )
-from handlers.intents import RuleOutcome, create_vm, drain_node, restart_vm, set_gpu, undrain_node
+from handlers.intents import RULES, Rule
 from handlers.messages import (
     KEY_MAX,
     ORIGINAL_PREFIX_BYTES,
@@ -57,21 +56,21 @@ from handlers.messages import (
     AuditRecord,
     DeadLetter,
     DeadLetterSource,
+    IntentBase,
     IntentEnvelope,
     InvalidIntent,
     MalformedMessage,
-    VMIntent,
     WatchEvent,
     clip,
     decode_json_object,
+    intent_type,
     label_value_problem,
-    node_key,
     object_key,
     parse_intent,
     parse_watch_event,
     wire_bytes,
 )
-from handlers.observing import observe, settle_resident
+from handlers.observing import FOLDS, Fold, decision_key, observe, settle_resident
 from handlers.outcomes import ACCEPTED, Accepted, Duplicate, Judgement, Refused, Unproven, judgement_of
 from handlers.rows import DecidedIntent
 from handlers.state import Change, ExpiryIndex, StateView, dedup_window
@@ -86,15 +85,6 @@ log = logging.getLogger(__name__)
 FORGET_AT_ONCE = 5_000  # intent ids past the window that one call of Engine.due names at most
 
 __all__ = ["Engine", "RawInput", "Result", "Source"]
-
-_RULES: dict[str, Callable[[Context, Any, Principal], RuleOutcome]] = {
-    "create_vm": create_vm,
-    "set_gpu": set_gpu,
-    "restart_vm": restart_vm,
-    "drain_node": drain_node,
-    "undrain_node": undrain_node,
-}
-
 
 @dataclass(slots=True)
 class Result:
@@ -143,11 +133,18 @@ class Engine:
     """The rules bound to one AZ's policy. Holds no state between calls.
 
     ``keys`` are the public keys intents' credentials are verified with: a key set, or a
-    function the shell refreshes behind (a JWKS URL, a file that changes).
+    function the shell refreshes behind (a JWKS URL, a file that changes). ``rules`` are the
+    intent types it decides, each model with its rule (handlers/intents.py ``RULES``), and
+    ``folds`` the watched kinds (handlers/observing.py ``FOLDS``): an extension decides through
+    the same engine with its own added (docs/howto.md).
     """
 
-    def __init__(self, config: Config, keys: KeySet | KeySource | None = None) -> None:
+    def __init__(self, config: Config, keys: KeySet | KeySource | None = None, *,
+                 rules: Mapping[type[IntentBase], Rule] = RULES, folds: Mapping[str, Fold] = FOLDS) -> None:
         self.config = config
+        self._models = {intent_type(model): model for model in rules}
+        self._rules = {intent_type(model): rule for model, rule in rules.items()}
+        self._folds = folds
         self.catalog = Catalog.from_config(config)
         self._dedup_window = dedup_window(config.intents.dedup_window_seconds)
         fixed = keys if isinstance(keys, KeySet) else KeySet()
@@ -226,7 +223,7 @@ class Engine:
         previous = self._decided(state, intent.intent_id, now)
         if previous is not None:
             return self._closed(ctx, source, Duplicate(f"intent {intent.intent_id} was already decided ({previous})"))
-        judgement = _RULES[intent.type](ctx, intent, who)
+        judgement = self._rules[intent.type](ctx, intent, who)
         if isinstance(judgement, Refused):
             return self._reject(state, intent.intent_id, intent.requested_by, intent.project,
                                 judgement.reason, source, now)
@@ -322,7 +319,7 @@ class Engine:
         except MalformedMessage as exc:
             return self.dead_letter(raw, str(exc), source, now)
         ctx = self._context(state, now, event.event_id)
-        return self._closed(ctx, source, observe(ctx, event))
+        return self._closed(ctx, source, observe(ctx, event, self._folds))
 
     def on_resident(self, state: StateView, update: ResidentUpdate, now: datetime) -> Result:
         """A node's view of its GPU VMIs changed; audited only if it led to an effect."""
@@ -378,11 +375,23 @@ class Engine:
             raise MalformedMessage(f"a key of {len(source.key)} characters, over the limit of {KEY_MAX}")
         return decode_json_object(raw, max_bytes=self.config.limits.max_input_bytes)
 
+    def intent_key(self, value: Mapping[str, Any]) -> str | None:
+        """The key an intent (its JSON object, screened, not yet validated) is decided under,
+        as its type declares (``decided_under``); None for a type it does not decide or
+        fields that name no key."""
+        kind = value.get("type")
+        model = self._models.get(kind) if isinstance(kind, str) else None
+        return None if model is None else model.decided_under.of(value)
+
+    def event_key(self, kind: str, obj: dict[str, Any]) -> str:
+        """The key a watch event about ``obj`` is decided under, as its kind's fold declares."""
+        return decision_key(kind, obj, self._folds)
+
     def _parse_intent(self, raw: RawInput, source: Source) -> Any:
-        """An intent, keyed as docs/contracts.md says: its state is kept under its spec's key, so a
-        key that names another VM or node (or no key, on Kafka) would write it elsewhere."""
-        intent: Any = parse_intent(self.screen(raw, source))  # a concrete intent, its spec checked
-        self._check_key(source, intent.vm_key() if isinstance(intent, VMIntent) else node_key(intent.spec.node))
+        """An intent, keyed as its type declares (docs/contracts.md): its state is kept under that
+        key, so a Kafka key that names another (or no key, on Kafka) would write it elsewhere."""
+        intent: IntentBase = parse_intent(self.screen(raw, source), self._models)  # its spec checked
+        self._check_key(source, intent.decision_key())
         return intent
 
     def _parse_event(self, raw: RawInput, source: Source) -> WatchEvent:

@@ -9,6 +9,9 @@ reason, the requester gets ``intent_rejected``, the audit says why. Each rule re
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any
+
 from handlers.admission import device_refusal
 from handlers.auth import Principal
 from handlers.catalog import UnknownGPUClass
@@ -23,6 +26,7 @@ from handlers.messages import (
     CreateVMIntent,
     DrainNodeIntent,
     GPUMutation,
+    IntentBase,
     RestartVMIntent,
     SetGPUIntent,
     UndrainNodeIntent,
@@ -35,6 +39,7 @@ from handlers.vms import vm_manifest
 
 Refusal = str | None
 RuleOutcome = Accepted | Refused
+Rule = Callable[[Context, Any, Principal], RuleOutcome]
 
 
 def _gpu_mutation(ctx: Context, gpu_class: str | None) -> GPUMutation:
@@ -198,3 +203,14 @@ def undrain_node(ctx: Context, intent: UndrainNodeIntent, principal: Principal) 
     if call_off_drain(ctx, intent.spec.node, why=why, undo_cordon=True) is None:
         return Refused(f"node {intent.spec.node} is not being drained")
     return ACCEPTED
+
+
+# The rule of each intent type (its model, in handlers/messages.py, declares the wire contract
+# and the key it is decided under): the engine decides an intent by this table alone.
+RULES: Mapping[type[IntentBase], Rule] = {
+    CreateVMIntent: create_vm,
+    SetGPUIntent: set_gpu,
+    RestartVMIntent: restart_vm,
+    DrainNodeIntent: drain_node,
+    UndrainNodeIntent: undrain_node,
+}

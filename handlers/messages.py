@@ -10,8 +10,10 @@ Flow: raw bytes → :func:`parse_intent` / :func:`parse_watch_event` → handler
 from __future__ import annotations
 
 import re
+import string
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Union, get_args
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple, Union, get_args
 
 import pydantic_core
 from pydantic import (
@@ -21,7 +23,6 @@ from pydantic import (
     ConfigDict,
     Field,
     JsonValue,
-    TypeAdapter,
     ValidationError,
     field_validator,
 )
@@ -167,6 +168,43 @@ class VMRef(Spec):
 # ---------------------------------------------------------------------------- intents
 
 
+class DecisionKey(NamedTuple):
+    """The key an intent type is decided under, read off its fields by a template:
+    ``vm/{spec.namespace}/{spec.name}``, ``node/{spec.node}``, ``project/{project}``.
+
+    Each intent model declares its own (``decided_under``), so that nothing else tells the
+    types apart: the engine checks an intent's Kafka key against it, the route stage routes
+    by it, the CLI sends under it (docs/worker.md, "Decision keys"). A decision sees the rows
+    written under its key and the cluster-wide tables (handlers/tables.py), so the key says
+    what state the intent's rule may read.
+    """
+
+    template: str
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The dotted paths the template reads: ``spec.namespace``, ``project``."""
+        return tuple(field for _, field, _, _ in string.Formatter().parse(self.template) if field)
+
+    @property
+    def pattern(self) -> str:
+        """The key as the contracts show it: ``vm/<spec.namespace>/<spec.name>``."""
+        return self.template.replace("{", "<").replace("}", ">")
+
+    def of(self, intent: object) -> str | None:
+        """The key of ``intent`` — a parsed intent or its JSON object, not yet validated —
+        or None where a field it reads is missing, empty or not a string."""
+        key = self.template
+        for path in self.fields:
+            value: object = intent
+            for part in path.split("."):
+                value = value.get(part) if isinstance(value, Mapping) else getattr(value, part, None)
+            if not isinstance(value, str) or not value:
+                return None
+            key = key.replace("{" + path + "}", value)
+        return key
+
+
 class CreateVMSpec(VMRef):
     cores: Cores = Field(description="vCPU cores, on one socket.")
     memory_gib: MemoryGiB = Field(description="Guest memory in GiB.")
@@ -226,9 +264,19 @@ class IntentBase(Message):
     _check_requested_by = field_validator("requested_by")(_principal)
     _check_project = field_validator("project")(_project)
 
+    # Declared by every intent type: the key it is decided, routed and sent under.
+    decided_under: ClassVar[DecisionKey]
+
+    def decision_key(self) -> str:
+        key = self.decided_under.of(self)
+        if key is None:  # a validated intent has every field its declaration reads
+            raise ValueError(f"{self.decided_under.template} reads a field {type(self).__name__} does not require")
+        return key
+
 
 class VMIntent(IntentBase):
     project: str = Field(min_length=1)  # a VM intent must name the VM's project
+    decided_under = DecisionKey("vm/{spec.namespace}/{spec.name}")
 
     def vm_key(self) -> str:
         spec: VMRef = self.spec  # type: ignore[attr-defined]
@@ -253,11 +301,13 @@ class RestartVMIntent(VMIntent):
 class DrainNodeIntent(IntentBase):
     type: Literal["drain_node"]
     spec: DrainNodeSpec
+    decided_under = DecisionKey("node/{spec.node}")
 
 
 class UndrainNodeIntent(IntentBase):
     type: Literal["undrain_node"]
     spec: UndrainNodeSpec
+    decided_under = DecisionKey("node/{spec.node}")
 
 
 # The intent types are declared here, once: each by its model's ``type`` literal, the set by
@@ -273,6 +323,15 @@ INTENT_TYPES: tuple[str, ...] = tuple(
 VM_INTENT_TYPES: tuple[str, ...] = tuple(  # those about a VM; the others are about a node
     tag for model in INTENT_MODELS if issubclass(model, VMIntent)
     for tag in get_args(model.model_fields["type"].annotation))
+
+
+def intent_type(model: type[IntentBase]) -> str:
+    """The type an intent model stands for: its ``type`` literal."""
+    (tag,) = get_args(model.model_fields["type"].annotation)
+    return str(tag)
+
+
+INTENT_MODEL_OF: Mapping[str, type[IntentBase]] = {intent_type(model): model for model in INTENT_MODELS}
 
 
 class IntentEnvelope(Message):
@@ -519,9 +578,6 @@ class InvalidIntent(ValueError):
         self.reason = reason
 
 
-_INTENT: TypeAdapter[Any] = TypeAdapter(Intent)
-
-
 def describe_validation_error(error: ValidationError, *, most: int = 10) -> str:
     """One line per problem, each naming the field and the reason; at most ``most`` problems,
     each field name cut to 64 characters (a field's name may be anything a sender chose)."""
@@ -572,8 +628,8 @@ def wire_bytes(value: BaseModel) -> bytes:
     return value.model_dump_json(exclude_none=True).encode()
 
 
-def parse_intent(raw: object) -> IntentEnvelope | Any:
-    """Parse an intent in two stages.
+def parse_intent(raw: object, models: Mapping[str, type[IntentBase]] = INTENT_MODEL_OF) -> Any:
+    """Parse an intent in two stages: its envelope, then the model of its type in ``models``.
 
     Raises :class:`MalformedMessage` when the envelope is unusable and
     :class:`InvalidIntent` when the envelope is fine but the intent is not.
@@ -583,12 +639,13 @@ def parse_intent(raw: object) -> IntentEnvelope | Any:
         envelope = IntentEnvelope.model_validate(data)
     except ValidationError as exc:
         raise MalformedMessage(describe_validation_error(exc)) from exc
-    if envelope.type not in INTENT_TYPES:
+    model = models.get(envelope.type)
+    if model is None:
         raise InvalidIntent(
-            envelope, f"type: unknown intent type {envelope.type!r}; expected one of {', '.join(INTENT_TYPES)}"
+            envelope, f"type: unknown intent type {envelope.type!r}; expected one of {', '.join(models)}"
         )
     try:
-        return _INTENT.validate_python(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise InvalidIntent(envelope, describe_validation_error(exc)) from exc
 

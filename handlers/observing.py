@@ -1,9 +1,10 @@
 """Watch events: fold what Kubernetes shows into state, then reconcile what it touches.
 
 event → record → state → the rules of the VM or of the node. Each event is decided under
-its *decision key* (:func:`decision_key`): VMs and VMIs under their VM, Nodes and
-NodeMaintenances under their node. What a VM's decision must tell its node — a GPU VMI
-arrived, changed or left — travels as a :class:`~handlers.decisions.ResidentUpdate`.
+its *decision key* (:func:`decision_key`, declared with its fold in :data:`FOLDS`): VMs
+and VMIs under their VM, Nodes and NodeMaintenances under their node. What a VM's decision
+must tell its node — a GPU VMI arrived, changed or left — travels as a
+:class:`~handlers.decisions.ResidentUpdate`.
 
 The rules read the observed state, not the event type (level-based): a relist, a missed
 event or a redelivery converge to the same decisions.
@@ -11,8 +12,9 @@ event or a redelivery converge to the same decisions.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from handlers.availability import reconcile_availability
 from handlers.capacity import refresh_usage
@@ -58,27 +60,54 @@ from handlers.tables import (
 CLUSTER_KEY = "cluster/kubevirt"
 
 
-def decision_key(kind: str, obj: dict[str, Any]) -> str:
-    """The key a watch event about ``obj`` is decided under: its VM, its node, or the cluster."""
-    metadata = obj.get("metadata") or {}
-    if kind in ("VirtualMachine", "VirtualMachineInstance"):
-        return vm_key(metadata.get("namespace") or "default", str(metadata.get("name")))
-    if kind == "Node":
-        return node_key(str(metadata.get("name")))
-    if kind == "NodeMaintenance":
-        return node_key(str((obj.get("spec") or {}).get("nodeName") or ""))
-    if kind == "ControllerRevision":
-        return InstancetypeRevision.owner(obj) or CLUSTER_KEY
-    return CLUSTER_KEY
+class Fold(NamedTuple):
+    """What the rules make of one watched kind's events: the key an event is decided under,
+    read off its object, and what folds it into state and reconciles what it touches.
+
+    Declared once per kind in :data:`FOLDS`, so that the route stage (which keys an event)
+    and the engine (which folds it) never tell the kinds apart themselves.
+    """
+
+    key: Callable[[dict[str, Any]], str]
+    apply: Callable[[Context, WatchEvent], None]
 
 
-def observe(ctx: Context, event: WatchEvent) -> Accepted | Ignored:
+def decision_key(kind: str, obj: dict[str, Any], folds: Mapping[str, Fold] | None = None) -> str:
+    """The key a watch event about ``obj`` is decided under: its VM, its node, or the cluster
+    (a kind nothing folds: the engine ignores it there)."""
+    fold = (FOLDS if folds is None else folds).get(kind)
+    return CLUSTER_KEY if fold is None else fold.key(obj)
+
+
+def observe(ctx: Context, event: WatchEvent, folds: Mapping[str, Fold] | None = None) -> Accepted | Ignored:
     """Fold ``event`` into state and reconcile; ignored (and why) if nothing reads it."""
-    fold = _FOLDS.get(event.kind)
+    fold = (FOLDS if folds is None else folds).get(event.kind)
     if fold is None:
         return Ignored(f"kind {event.kind} is not watched")
-    fold(ctx, event)
+    fold.apply(ctx, event)
     return ACCEPTED
+
+
+def _vm_key_of(obj: dict[str, Any]) -> str:
+    """A VM's key, and its VMI's (a VMI is named after its VM)."""
+    metadata = obj.get("metadata") or {}
+    return vm_key(metadata.get("namespace") or "default", str(metadata.get("name")))
+
+
+def _node_key_of(obj: dict[str, Any]) -> str:
+    return node_key(str((obj.get("metadata") or {}).get("name")))
+
+
+def _maintained_node_key(obj: dict[str, Any]) -> str:
+    return node_key(str((obj.get("spec") or {}).get("nodeName") or ""))
+
+
+def _revision_key(obj: dict[str, Any]) -> str:
+    return InstancetypeRevision.owner(obj) or CLUSTER_KEY
+
+
+def _cluster_key(obj: dict[str, Any]) -> str:
+    return CLUSTER_KEY
 
 
 # ------------------------------------------------------------- under the VM's key
@@ -288,12 +317,14 @@ def settle_resident(ctx: Context, update: ResidentUpdate) -> None:
     reconcile_drain(ctx, update.node)
 
 
-_FOLDS = {
-    "VirtualMachine": _vm,
-    "VirtualMachineInstance": _vmi,
-    "Node": _node,
-    "NodeMaintenance": _maintenance,
-    "KubeVirt": _kubevirt,
-    "Namespace": _namespace,
-    "ControllerRevision": _revision,
+# Each watched kind (handlers/messages.py WATCHED_KINDS) by the key its events are decided
+# under and its fold (docs/worker.md, "Decision keys").
+FOLDS: Mapping[str, Fold] = {
+    "VirtualMachine": Fold(_vm_key_of, _vm),
+    "VirtualMachineInstance": Fold(_vm_key_of, _vmi),
+    "Node": Fold(_node_key_of, _node),
+    "NodeMaintenance": Fold(_maintained_node_key, _maintenance),
+    "KubeVirt": Fold(_cluster_key, _kubevirt),
+    "Namespace": Fold(_cluster_key, _namespace),
+    "ControllerRevision": Fold(_revision_key, _revision),
 }

@@ -20,7 +20,7 @@ from typing import Any, get_args
 import pytest
 import yaml
 
-from handlers import engine, events, gpus, observing, policy, topics
+from handlers import events, gpus, intents, observing, policy, topics
 from handlers.cluster import OWNER_ANNOTATION, RULE_PATHS
 from handlers.messages import (
     COMMAND_TYPES,
@@ -180,7 +180,7 @@ def test_the_watch_bridge_watches_the_declared_kinds() -> None:
 def test_every_watched_kind_is_folded_and_viewed() -> None:
     names = {kind.kind for kind in WATCHED_KINDS}
     assert len(names) == len(WATCHED_KINDS)
-    assert set(observing._FOLDS) == names  # every event of a watched kind changes the state
+    assert set(observing.FOLDS) == names  # every event of a watched kind changes the state, under its key
     assert set(RULE_PATHS) == names  # and an oversized one keeps what the rules read
 
 
@@ -214,7 +214,14 @@ def test_vm_intents_are_those_of_vm_intent_models() -> None:
 
 
 def test_the_engine_has_a_rule_for_exactly_the_intent_types() -> None:
-    assert set(engine._RULES) == set(INTENT_TYPES)
+    assert tuple(intents.RULES) == INTENT_MODELS
+
+
+@pytest.mark.parametrize("model", INTENT_MODELS, ids=lambda model: model.__name__)
+def test_every_intent_type_declares_the_key_it_is_decided_under(model: type) -> None:
+    key = model.decided_under
+    assert key.fields and all(field.split(".")[0] in model.model_fields for field in key.fields)
+    assert f"`{key.template.split('/')[0]}/" in topics.INTENTS.key  # the intents' contract names it
 
 
 def test_the_cli_asks_for_exactly_the_intent_types() -> None:

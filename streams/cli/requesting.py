@@ -63,8 +63,6 @@ from handlers.messages import (
     RunStrategy,
     SetGPUIntent,
     UndrainNodeIntent,
-    VMIntent,
-    node_key,
 )
 from handlers.topics import AUDIT, COMMAND_RESULTS, INTENTS, NOTIFICATIONS
 from streams.cli.tailing import (
@@ -203,10 +201,8 @@ def build_intent(args: argparse.Namespace, *, now: datetime | None = None) -> An
 
 
 def intent_key(intent: AnyIntent) -> str:
-    """The contract key: ``vm/<namespace>/<name>`` or ``node/<name>``."""
-    if isinstance(intent, VMIntent):
-        return intent.vm_key()
-    return node_key(intent.spec.node)
+    """The contract key: the one its type is decided under (``vm/<namespace>/<name>``, ``node/<name>``)."""
+    return intent.decision_key()
 
 
 def sign(intent: AnyIntent, key: SigningKey, *, projects: list[str] | None = None, operator: bool = False,

@@ -35,17 +35,16 @@ from handlers.messages import (
     CreateVMIntent,
     DeadLetter,
     DrainNodeIntent,
+    IntentBase,
     InvalidIntent,
     MalformedMessage,
     Notification,
     ObjectRef,
     SetGPUIntent,
     UndrainNodeIntent,
-    VMIntent,
     WatchEvent,
     decode_json_object,
     describe_validation_error,
-    node_key,
     parse_intent,
 )
 from handlers.topics import AUDIT, COMMAND_RESULTS, COMMANDS, DLQ, INTENTS, K8S_EVENTS, NOTIFICATIONS, TOPICS
@@ -152,11 +151,7 @@ def render_dead_letter(letter: DeadLetter) -> str:
 
 
 def _intent_target(intent: Any) -> str:
-    if isinstance(intent, VMIntent):
-        return intent.vm_key()
-    if isinstance(intent, DrainNodeIntent | UndrainNodeIntent):
-        return node_key(intent.spec.node)
-    return "?"
+    return intent.decision_key() if isinstance(intent, IntentBase) else "?"
 
 
 def _intent_details(intent: Any) -> str:

@@ -45,7 +45,6 @@ from handlers.figures import Figures, figures
 from handlers.engine import Engine, Result, Source
 from handlers.inputs import DeadlineTick, ForgetTick, forget_value, kind_of, routed_input, tick_value
 from handlers.messages import KEY_MAX, DeadLetter, MalformedMessage
-from handlers.observing import decision_key
 from handlers.restarts import pending_detail
 from handlers.rows import DecidedIntent
 from handlers.tables import GLOBAL_TABLES, PROCESSED, TABLES, TRACKING, VMIS, VMS, Table
@@ -260,10 +259,11 @@ class Worker:
         a JSON object, an oversized key) is dead-lettered here, with its own topic, partition
         and offset; the rest goes on, and ``decide`` validates it in full.
 
-        An intent's decision key is its Kafka key (docs/contracts.md; one naming another VM or
-        node than its spec is dead-lettered by ``decide``), so the same intent always lands
-        in the same routed partition, with its ``processed`` row. A watch event's is read
-        off its object. The routed record keeps the input's value and timestamp (the time it
+        An intent's decision key is read off it as its type declares, and is its Kafka key too
+        (docs/contracts.md; one whose Kafka key differs is dead-lettered by ``decide``), so the
+        same intent always lands in the same routed partition, with its ``processed`` row; one
+        that names no key goes under its Kafka key, for ``decide`` to refuse. A watch event's is
+        read off its object, as its kind declares. The routed record keeps the input's value and timestamp (the time it
         is decided at), and names its origin in ``SOURCE_HEADER``; of the input's own headers
         only its trace context goes on.
         """
@@ -274,13 +274,11 @@ class Worker:
                 value = self.engine.screen(message.value, source)
             except MalformedMessage as exc:  # as ``on_intent`` / ``on_event`` would dead-letter it
                 return self._dead_end(message, source, str(exc))
-            if intent:
-                key = source.key or ""
-            else:
-                try:  # a light look at the event
-                    key = decision_key(str(value["kind"]), value["object"])
-                except Exception:
-                    key = ""
+            try:  # a light look at the input: the key its type or kind declares
+                key = (self.engine.intent_key(value) if intent
+                       else self.engine.event_key(str(value["kind"]), value["object"])) or ""
+            except Exception:
+                key = ""
             if not key or len(key) > KEY_MAX:
                 key = source.key or UNROUTABLE_KEY  # decide dead-letters it, with its source
             origin = encode_json({"topic": message.topic, "partition": message.partition,
