@@ -16,12 +16,12 @@ directory, the ledger's keys and the time in.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 from handlers.events import notification_type
 from handlers.frozen import direct_init
@@ -29,7 +29,6 @@ from handlers.messages import Notification, NotificationType, Severity
 from handlers.tracing import SPEC_VERSION, ce_time
 
 Channel = Literal["email", "webhook"]
-Format = Literal["cloudevent", "slack"]
 Verdict = Literal["delivered", "transient", "permanent"]
 
 PROJECT_PREFIX = "project:"
@@ -61,9 +60,17 @@ class Endpoint(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     url: str = Field(min_length=1, description="Where to POST (http or https).")
-    format: Format = Field("cloudevent", description="cloudevent: a structured-mode CloudEvent 1.0 (JSON); "
-                           "slack: a Slack-compatible incoming-webhook payload (Mattermost, Rocket.Chat too).")
+    format: str = Field("cloudevent", description="cloudevent: a structured-mode CloudEvent 1.0 (JSON); "
+                        "slack: a Slack-compatible incoming-webhook payload (Mattermost, Rocket.Chat too).",
+                        json_schema_extra=lambda schema: schema.update(enum=list(PAYLOADS)))
     headers: dict[str, str] = Field(default_factory=dict, description="Extra request headers (e.g. a token).")
+
+    @field_validator("format")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value not in PAYLOADS:
+            raise ValueError(f"unknown format {value!r}; expected one of {', '.join(PAYLOADS)}")
+        return value
 
 
 class Route(BaseModel):
@@ -236,6 +243,31 @@ def slack_payload(notification: Notification) -> dict[str, Any]:
             {"type": "context", "elements": [{"type": "mrkdwn", "text": " · ".join(context)}]},
         ],
     }
+
+
+class Payload(NamedTuple):
+    """What an endpoint of one format is sent: the request's content type and its body, made of
+    the notification, the CloudEvents source of the record that carried it and the delivery's
+    W3C trace context (sent as HTTP headers as well)."""
+
+    content_type: str
+    body: Callable[[Notification, str, dict[str, str]], dict[str, Any]]
+
+
+def _cloud_event_body(notification: Notification, source: str, context: dict[str, str]) -> dict[str, Any]:
+    return {**cloud_event(notification, source=source), **context}  # the trace as extension attributes
+
+
+def _slack_body(notification: Notification, source: str, context: dict[str, str]) -> dict[str, Any]:
+    return slack_payload(notification)
+
+
+# Each webhook format (``Endpoint.format``) by what its endpoints are sent: vmstream notify posts
+# what the entry makes, and nothing else tells the formats apart (docs/howto.md, "A notification sink").
+PAYLOADS: dict[str, Payload] = {
+    "cloudevent": Payload("application/cloudevents+json; charset=utf-8", _cloud_event_body),
+    "slack": Payload("application/json", _slack_body),
+}
 
 
 # ---------------------------------------------------------------------------- outcomes

@@ -216,13 +216,9 @@ class Senders:
             self.mail.send(target.recipient, notification)
             return
         endpoint: Endpoint = self.settings.endpoints[target.recipient]
-        if endpoint.format == "slack":
-            post_json(endpoint.url, delivery.slack_payload(notification), content_type="application/json",
-                      headers={**endpoint.headers, **context}, timeout=self.settings.http_timeout_seconds)
-        else:
-            event = {**delivery.cloud_event(notification, source=source), **context}
-            post_json(endpoint.url, event, content_type="application/cloudevents+json; charset=utf-8",
-                      headers={**endpoint.headers, **context}, timeout=self.settings.http_timeout_seconds)
+        payload = delivery.PAYLOADS[endpoint.format]
+        post_json(endpoint.url, payload.body(notification, source, context), content_type=payload.content_type,
+                  headers={**endpoint.headers, **context}, timeout=self.settings.http_timeout_seconds)
 
     def idle(self) -> None:
         self.mail.idle()
