@@ -188,8 +188,11 @@ class DecisionKey(NamedTuple):
 
     @property
     def pattern(self) -> str:
-        """The key as the contracts show it: ``vm/<spec.namespace>/<spec.name>``."""
-        return self.template.replace("{", "<").replace("}", ">")
+        """The key as the contracts show it, each field by its last name: ``vm/<namespace>/<name>``."""
+        key = self.template
+        for path in self.fields:
+            key = key.replace("{" + path + "}", f"<{path.rsplit('.', 1)[-1]}>")
+        return key
 
     def of(self, intent: object) -> str | None:
         """The key of ``intent`` — a parsed intent or its JSON object, not yet validated —

@@ -21,7 +21,16 @@ from typing import Any, Literal, get_args
 from handlers.delivery import DeliveryRecord
 from handlers.events import DELIVERY_TYPE
 from handlers.frozen import direct_init
-from handlers.messages import AuditRecord, Command, CommandResult, DeadLetter, Intent, Notification, WatchEvent
+from handlers.messages import (
+    INTENT_MODELS,
+    AuditRecord,
+    Command,
+    CommandResult,
+    DeadLetter,
+    Intent,
+    Notification,
+    WatchEvent,
+)
 from handlers.views import GPUClassStatus
 
 # The long-running vmstream processes, as the AsyncAPI document tags them.
@@ -32,6 +41,8 @@ DAY_MS = 24 * 3600 * 1000
 INTENT_TIMESTAMP_BEFORE_MS = 5 * 60 * 1000  # how far in the past an intent's timestamp may lie
 
 _VM_OR_NODE = "`vm/<namespace>/<name>` or `node/<name>`"
+# An intent's key is the one its type is decided under (handlers/messages.py ``decided_under``).
+_INTENT_KEYS = " or ".join(dict.fromkeys(f"`{model.decided_under.pattern}`" for model in INTENT_MODELS))
 
 
 @direct_init
@@ -52,7 +63,7 @@ class Topic:
 
 
 INTENTS = Topic(
-    "intents", "Intents", _VM_OR_NODE, Intent,
+    "intents", "Intents", _INTENT_KEYS, Intent,
     "Requests from upstream services and the CLI. Any partitioner will do (murmur2, FNV-1a, CRC32, "
     "explicit partitions): the worker re-keys each intent by its key onto a topic it partitions "
     "itself ({worker-routed}, internal) and decides it there, with its VM's or node's state.",
