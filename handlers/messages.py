@@ -9,6 +9,7 @@ Flow: raw bytes → :func:`parse_intent` / :func:`parse_watch_event` → handler
 
 from __future__ import annotations
 
+import functools
 import re
 import string
 from collections.abc import Mapping
@@ -168,6 +169,12 @@ class VMRef(Spec):
 # ---------------------------------------------------------------------------- intents
 
 
+@functools.cache
+def _template_fields(template: str) -> tuple[str, ...]:
+    """Parsed once per template: the route stage reads a key off every intent."""
+    return tuple(field for _, field, _, _ in string.Formatter().parse(template) if field)
+
+
 class DecisionKey(NamedTuple):
     """The key an intent type is decided under, read off its fields by a template:
     ``vm/{spec.namespace}/{spec.name}``, ``node/{spec.node}``, ``project/{project}``.
@@ -184,7 +191,7 @@ class DecisionKey(NamedTuple):
     @property
     def fields(self) -> tuple[str, ...]:
         """The dotted paths the template reads: ``spec.namespace``, ``project``."""
-        return tuple(field for _, field, _, _ in string.Formatter().parse(self.template) if field)
+        return _template_fields(self.template)
 
     @property
     def pattern(self) -> str:
