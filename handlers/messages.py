@@ -170,9 +170,10 @@ class VMRef(Spec):
 
 
 @functools.cache
-def _template_fields(template: str) -> tuple[str, ...]:
-    """Parsed once per template: the route stage reads a key off every intent."""
-    return tuple(field for _, field, _, _ in string.Formatter().parse(template) if field)
+def _template_parts(template: str) -> tuple[tuple[str, str], ...]:
+    """Parsed once per template (the route stage reads a key off every intent): each literal
+    text with the field after it ("" at the end)."""
+    return tuple((literal, field or "") for literal, field, _, _ in string.Formatter().parse(template))
 
 
 class DecisionKey(NamedTuple):
@@ -191,28 +192,29 @@ class DecisionKey(NamedTuple):
     @property
     def fields(self) -> tuple[str, ...]:
         """The dotted paths the template reads: ``spec.namespace``, ``project``."""
-        return _template_fields(self.template)
+        return tuple(field for _, field in _template_parts(self.template) if field)
 
     @property
     def pattern(self) -> str:
         """The key as the contracts show it, each field by its last name: ``vm/<namespace>/<name>``."""
-        key = self.template
-        for path in self.fields:
-            key = key.replace("{" + path + "}", f"<{path.rsplit('.', 1)[-1]}>")
-        return key
+        return "".join(literal + (f"<{field.rsplit('.', 1)[-1]}>" if field else "")
+                       for literal, field in _template_parts(self.template))
 
     def of(self, intent: object) -> str | None:
         """The key of ``intent`` — a parsed intent or its JSON object, not yet validated —
         or None where a field it reads is missing, empty or not a string."""
-        key = self.template
-        for path in self.fields:
+        parts = []
+        for literal, field in _template_parts(self.template):
+            parts.append(literal)
+            if not field:
+                continue
             value: object = intent
-            for part in path.split("."):
-                value = value.get(part) if isinstance(value, Mapping) else getattr(value, part, None)
+            for name in field.split("."):
+                value = value.get(name) if isinstance(value, Mapping) else getattr(value, name, None)
             if not isinstance(value, str) or not value:
                 return None
-            key = key.replace("{" + path + "}", value)
-        return key
+            parts.append(value)
+        return "".join(parts)
 
 
 class CreateVMSpec(VMRef):
@@ -320,9 +322,10 @@ class UndrainNodeIntent(IntentBase):
     decided_under = DecisionKey("node/{spec.node}")
 
 
-# The intent types are declared here, once: each by its model's ``type`` literal, the set by
-# this union. INTENT_TYPES derives from it; the engine's rules and the CLI's sub-commands are
-# checked against it (tests/test_facts.py).
+# The intent types are declared here, once: each by its model's ``type`` literal and the key
+# it is decided under (``decided_under``), the set by this union. INTENT_TYPES derives from it;
+# the engine's rules (handlers/intents.py RULES) and the CLI's sub-commands are checked
+# against it (tests/test_facts.py).
 Intent = Annotated[
     Union[CreateVMIntent, SetGPUIntent, RestartVMIntent, DrainNodeIntent, UndrainNodeIntent],
     Field(discriminator="type"),
@@ -330,7 +333,7 @@ Intent = Annotated[
 INTENT_MODELS: tuple[type[IntentBase], ...] = get_args(get_args(Intent)[0])
 INTENT_TYPES: tuple[str, ...] = tuple(
     tag for model in INTENT_MODELS for tag in get_args(model.model_fields["type"].annotation))
-VM_INTENT_TYPES: tuple[str, ...] = tuple(  # those about a VM; the others are about a node
+VM_INTENT_TYPES: tuple[str, ...] = tuple(  # those about a VM
     tag for model in INTENT_MODELS if issubclass(model, VMIntent)
     for tag in get_args(model.model_fields["type"].annotation))
 

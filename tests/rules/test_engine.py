@@ -190,3 +190,20 @@ def test_each_event_is_decided_under_its_vm_its_node_or_the_cluster(obj: dict, k
     from handlers.observing import decision_key
 
     assert decision_key(obj["kind"], obj) == key
+
+
+@pytest.mark.parametrize(
+    ("value", "key"),
+    [
+        ({"type": "set_gpu", "spec": {"namespace": "p", "name": "v", "gpu_class": None}}, "vm/p/v"),
+        ({"type": "drain_node", "spec": {"node": "n1", "reason": "r"}}, "node/n1"),
+        ({"type": "undrain_node", "spec": {"node": "n1"}}, "node/n1"),
+        ({"type": "restart_vm", "spec": {"namespace": "p"}}, None),  # no name: routed by its Kafka key
+        ({"type": "restart_vm", "spec": {"namespace": "p", "name": 7}}, None),
+        ({"type": "set_gpu", "spec": "vm/p/v"}, None),
+        ({"type": "resize_vm", "spec": {"namespace": "p", "name": "v"}}, None),  # not a type it decides
+        ({"type": ["set_gpu"], "spec": {}}, None),
+    ],
+)
+def test_each_intent_is_routed_under_the_key_its_type_declares(value: dict, key: str | None) -> None:
+    assert Harness().engine.intent_key(value) == key
