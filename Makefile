@@ -52,7 +52,7 @@ test: check parts
 	$(BIN)/python -m pytest -q
 
 test-fast: setup
-	$(BIN)/python -m pytest -q tests/rules tests/test_simulate.py tests/test_schemas.py
+	$(BIN)/python -m pytest -q tests/rules tests/test_simulate.py tests/test_schemas.py tests/test_extending.py
 
 simulate: setup
 	$(BIN)/vmstream simulate --config examples/config.yaml --input examples/drain.jsonl
