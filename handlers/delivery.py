@@ -24,7 +24,6 @@ from typing import Any, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from handlers.events import notification_type
-from handlers.frozen import direct_init
 from handlers.messages import Notification, NotificationType, Severity
 from handlers.tracing import SPEC_VERSION, ce_time
 
@@ -81,7 +80,6 @@ class Route(BaseModel):
                 and (not self.types or notification.type in self.types))
 
 
-@direct_init
 @dataclass(frozen=True, slots=True, order=True)
 class Target:
     """One delivery: a channel and who on it (an address, or an endpoint's name)."""
@@ -94,7 +92,6 @@ class Target:
         return f"{notification_id}|{self.channel}|{self.recipient}"
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class Resolution:
     targets: tuple[Target, ...]
@@ -157,7 +154,6 @@ def pending(notification_id: str, wanted: Iterable[Target], done: Iterable[str] 
 # ------------------------------------------------------------------------------ rendering
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class Email:
     subject: str
@@ -260,7 +256,6 @@ def classify_smtp(code: int) -> Verdict:
 # ----------------------------------------------------------------------------- rate limits
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class Bucket:
     """A token bucket's state: ``tokens`` left at ``at`` (seconds on any monotonic clock)."""

@@ -20,7 +20,6 @@ from typing import Any, Literal, get_args
 
 from handlers.delivery import DeliveryRecord
 from handlers.events import DELIVERY_TYPE
-from handlers.frozen import direct_init
 from handlers.messages import AuditRecord, Command, CommandResult, DeadLetter, Intent, Notification, WatchEvent
 from handlers.views import GPUClassStatus
 
@@ -34,7 +33,6 @@ INTENT_TIMESTAMP_BEFORE_MS = 5 * 60 * 1000  # how far in the past an intent's ti
 _VM_OR_NODE = "`vm/<namespace>/<name>` or `node/<name>`"
 
 
-@direct_init
 @dataclass(frozen=True, slots=True, eq=False)  # each is one object, compared by identity
 class Topic:
     """One topic. ``value`` is the pydantic type of a record's value (``None``: several kinds

@@ -22,7 +22,6 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from handlers.frozen import direct_init
 from streams.common.kafka_clients import LIBRDKAFKA_LOG, librdkafka_options
 from streams.common.settings import KafkaSettings
 
@@ -37,7 +36,6 @@ MAX_REQUEST_BYTES = 1_048_576
 REPORT_POLL_SECONDS = 0.1  # the reporting thread's longest wait for a delivery report (it wakes on one)
 
 
-@direct_init  # several per input the worker decides: a third of the dataclass's own __init__
 @dataclass(frozen=True, slots=True)
 class Record:
     """One record to send: bytes as they go on the wire. ``value`` None is a tombstone;
@@ -51,7 +49,6 @@ class Record:
     timestamp_ms: int | None = None
 
 
-@direct_init  # several per input the worker decides: a third of the dataclass's own __init__
 @dataclass(frozen=True, slots=True)
 class Delivered:
     """Where the broker put a record (-1: the broker did not say)."""
