@@ -138,8 +138,6 @@ class WorkerSettings(BaseModel):
     tick_seconds: float = Field(default=1.0, gt=0)
     batch_size: int = Field(default=500, ge=1)  # inputs decided per group commit, at most
     batch_seconds: float = Field(default=0.005, gt=0)  # how long a batch waits to fill
-    # … and after a batch of a fifth of batch_size or more: a backlog fills it (faustfixes.py, fix 5).
-    busy_batch_seconds: float = Field(default=0.025, gt=0)
     # The consumer's long poll; Faust's own 1.5 s stalls busy partitions (streams/worker/faustfixes.py).
     # A fetch returns once it holds fetch_min_bytes or fetch_max_wait_ms has passed: under load,
     # one fetch per 10 ms instead of one per record; when idle, one per fetch_idle_wait_ms,
