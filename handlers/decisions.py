@@ -236,7 +236,6 @@ class Context:
         """Close the decision with its one audit record."""
         if self.remarks:
             reason = "; ".join([*([reason] if reason else []), *self.remarks])
-        # Validated as one mapping (its input too): a third cheaper than building the input apart.
         audit = AuditRecord.model_validate({
             "audit_id": ids.audit_id(topic, self.cause, outcome),
             "at": self.now,

@@ -3,10 +3,9 @@
 The applier publishes what each command came to before it commits the command's offset
 (streams/kube/applying.py), and the worker its journal, messages and table rows before
 its inputs are acknowledged (streams/worker/app.py): every send waits for ``acks=all``.
-kafka-python does that in Python, on a sender thread and an I/O thread of its own, about
-1.3 ms of the applier's CPU per command (two records) on the benchmark of
-benchmarks/apply_rate.py, more than the API call it records; aiokafka on the worker's event
-loop, 17 µs per record against librdkafka's 4 (benchmarks/README.md). librdkafka
+kafka-python does that in Python, on a sender thread and an I/O thread of its own, which
+cost the applier more CPU per command than the API call it records; aiokafka does it on the
+worker's event loop, beside the decisions (benchmarks/README.md, apply_rate.py). librdkafka
 (confluent-kafka) does it in C, outside the GIL. Idempotent, as every producer of
 vmstream's: a retried send never writes a record twice.
 """

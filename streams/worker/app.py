@@ -178,8 +178,7 @@ class Worker:
             **conf.faust_consumer_settings(),  # static membership, session: back at once after a crash
         )
         # The batch's journal, messages and rows through librdkafka (streams/common/durable.py),
-        # their reports served off the loop: 4 µs of CPU per record, aiokafka's producer on the
-        # loop 17 (benchmarks/README.md). Faust's producer sends the ticks.
+        # their reports served off the loop that decides. Faust's producer sends the ticks.
         self.durable = DurableProducer(self.kafka, client_id=f"{conf.app_id}-outputs")
         self.routed = self._topic(ROUTED)
         self.routed_topic = self.kafka.topic(ROUTED)  # its name on the wire, for the worker's own producer
