@@ -1,15 +1,77 @@
-"""One of the worker's fixes to Faust (streams/worker/faustfixes.py), without a broker: the
-in-memory tables drop the rows of partitions given away, written or recovered (fix 3)."""
+"""The worker's fixes to Faust (streams/worker/faustfixes.py), without a broker: recovery
+resumes the input partitions only after flow control has cleared the queues (fix 1),
+aiokafka is asked for the partitions active when the call starts (fix 2), and the in-memory
+tables drop the rows of partitions given away, written or recovered (fix 3)."""
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import faust
 import pytest
+from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
 
-from streams.worker.faustfixes import App, PartitionTrackedTable
+from streams.worker.faustfixes import App, HeldRecovery, PartitionTrackedTable, WorkerConsumer
+
+
+class _Consumer:
+    """What recovery's end asks of the consumer, each call recorded in order."""
+
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+
+    def assignment(self) -> set[TP]:
+        return {TP("vmstream.routed", 0), TP("vmstream.routed", 1)}
+
+    def resume_partitions(self, tps: set[TP]) -> None:
+        self.calls.append(f"resume {len(tps)} partitions")
+
+    async def perform_seek(self) -> None:
+        self.calls.append("seek")
+
+    def resume_flow(self) -> None:
+        self.calls.append("resume flow")
+
+
+async def test_recovery_resumes_the_inputs_only_once_flow_control_has_cleared_the_queues() -> None:
+    """Faust resumes the inputs, seeks, then resumes flow control, which clears the agents'
+    queues: a batch fetched in between would be thrown away unacknowledged."""
+    app = App("faustfixes-recovery", broker="kafka://127.0.0.1:9", store="memory://",
+              loop=asyncio.get_running_loop())
+    calls: list[str] = []
+    app._consumer = _Consumer(calls)
+    app.flow_control.resume = lambda: calls.append("clear the queues")  # type: ignore[method-assign]
+
+    async def fetching() -> None:
+        calls.append("fetch")
+
+    app.__dict__["_fetcher"] = SimpleNamespace(maybe_start=fetching)  # Faust's fetcher needs a broker
+    app.on_rebalance_end = lambda: None  # type: ignore[method-assign]
+    recovery = app.tables.recovery
+    assert isinstance(recovery, HeldRecovery)
+    await recovery._resume_streams(app.consumer_generation_id)
+    assert calls == ["seek", "clear the queues", "resume flow", "fetch", "resume 2 partitions"]
+
+
+async def test_aiokafka_is_asked_for_the_partitions_active_when_the_call_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recovery pausing the changelogs empties Faust's live set during the call: aiokafka
+    would read the empty set as every partition and return input records Faust then drops."""
+    asked: list[set[TP]] = []
+
+    async def getmany(self: Any, active_partitions: set[TP], timeout: float) -> dict[TP, list[Any]]:
+        asked.append(active_partitions)
+        live.clear()  # recovery pauses the changelogs meanwhile
+        return {}
+
+    monkeypatch.setattr(aiokafka_driver.Consumer, "_getmany", getmany)
+    consumer = object.__new__(WorkerConsumer)  # only _getmany is under test: no broker, no thread
+    consumer._thread = SimpleNamespace(pace=lambda busy: None)
+    live = {TP("vmstream.state-changelog", 0)}
+    await consumer._getmany(live, 1.0)
+    assert asked == [{TP("vmstream.state-changelog", 0)}]
 
 
 @pytest.fixture

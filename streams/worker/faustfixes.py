@@ -6,8 +6,7 @@ A worker that starts over a backlog must decide every waiting message. Two races
 Faust resumes its input partitions after table recovery lose a run of them instead; the
 offsets of the lost run are never acked, so the committed offset stops before it until the
 next restart decides it, late. ``benchmarks/restart_backlog.py`` saw it in restarts over a
-backlog; ``tests/kafka/test_worker.py`` reproduces it every time with a slowed seek
-(``tests/faults/``).
+backlog; ``tests/test_faustfixes.py`` holds each fix to the order it makes.
 
 1. **The queue clear.** Recovery ends by resuming the input partitions, seeking them to the
    committed offsets, and only then resuming flow control, which clears the agents' queues.
@@ -60,8 +59,9 @@ log = logging.getLogger(__name__)
 
 
 class HeldRecovery(Recovery):
-    """Recovery whose input partitions resume only after flow control has cleared the queues;
-    fetches are filled (``fetch_min_bytes``) only once it is over."""
+    """Recovery whose input partitions resume only after flow control has cleared the queues
+    (fix 1), so that no batch fetched in between is thrown away unacknowledged; fetches are
+    filled (``fetch_min_bytes``) only once it is over."""
 
     async def on_rebalance(self, *args: Any, **kwargs: Any) -> None:
         self._fill_fetches(False)
@@ -154,8 +154,9 @@ class ShortPollConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
 
 
 class WorkerConsumer(aiokafka_driver.Consumer):
-    """Faust's consumer, asking aiokafka for a snapshot of the active partitions (race 2),
-    through a thread that paces its fetches."""
+    """Faust's consumer, asking aiokafka for a snapshot of the active partitions (fix 2), so
+    that records fetched while recovery empties the set are not dropped as inactive; through
+    a thread that paces its fetches."""
 
     def _new_consumer_thread(self) -> aiokafka_driver.AIOKafkaConsumerThread:
         return ShortPollConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -200,7 +201,8 @@ class StaticMemberAssignor(PartitionAssignor):
 class PartitionTrackedTable(faust.Table):  # type: ignore[type-arg]  # generic over key and value; rows are bytes
     """A table whose in-memory store knows the partition of every row, written or recovered,
     so that :meth:`~faust.stores.memory.Store.on_recovery_completed` drops the rows of the
-    partitions given away (fix 3)."""
+    partitions given away (fix 3): stale, they would answer reads before the current rows
+    of the instance that owns them now."""
 
     def send_changelog(self, partition: int | None, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
         owners = getattr(self.data, "_key_partition", None)  # the in-memory store's map
