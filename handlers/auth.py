@@ -29,7 +29,6 @@ import jwt
 from jwt.exceptions import InvalidTokenError, PyJWKError
 
 from handlers.config import AuthPolicy
-from handlers.frozen import direct_init
 from handlers.messages import principal_problem
 
 CREDENTIAL_FIELD = "credential"
@@ -43,7 +42,6 @@ PROJECTS_CLAIM = "projects"
 ROLES_CLAIM = "roles"
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class Principal:
     """The requester as the credential proves them (or, with ``auth: none``, as claimed)."""
@@ -54,7 +52,6 @@ class Principal:
     verified: bool = True
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class Unauthenticated:
     """Why an intent's credential is refused. ``signer`` is set only when the signature

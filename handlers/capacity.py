@@ -15,12 +15,10 @@ from dataclasses import dataclass
 from handlers.admission import permitted
 from handlers.catalog import Catalog
 from handlers.cluster import Claim, NodeUsage
-from handlers.frozen import direct_init
 from handlers.state import DrainEpisode, Overlay, StateView, UsageTotals
 from handlers.tables import DRAINS, NODES, RESIDENTS, USAGE
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class Capacity:
     device_name: str

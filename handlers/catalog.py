@@ -9,10 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from handlers.config import Config
-from handlers.frozen import direct_init
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class GPUClass:
     id: str | None  # None: an undefined class, known only by its device
@@ -36,7 +34,6 @@ class UnknownGPUClass(LookupError):
     pass
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class Catalog:
     by_id: dict[str, GPUClass]

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from handlers.frozen import direct_init
 from handlers.messages import vm_key
 
 HOST_PASSTHROUGH = "host-passthrough"
@@ -89,7 +88,6 @@ REVISION_KIND_LABEL = "instancetype.kubevirt.io/object-kind"  # kubevirt.io/api 
 REVISION_NAME_LABEL = "instancetype.kubevirt.io/object-name"
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class InstancetypeRevision:
     """An instance type as KubeVirt applies it to a VM's VMIs: the ControllerRevision
@@ -158,7 +156,6 @@ def applied_revision(spec: dict[str, Any], status: dict[str, Any]) -> str | None
     return None
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class VMRecord:
     key: str
@@ -257,7 +254,6 @@ def vm_instancetype(spec: dict[str, Any], status: dict[str, Any],
     return revision if revision is not None else _UNKNOWN
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class VMIRecord:
     key: str  # the VM's key: a VMI is named after its VM
@@ -305,7 +301,6 @@ class VMIRecord:
         return self.phase not in ENDED_PHASES
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class NodeRecord:
     name: str
@@ -337,7 +332,6 @@ class NodeRecord:
         return self.ready and not self.unschedulable
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class MaintenanceRecord:
     name: str
@@ -355,7 +349,6 @@ class MaintenanceRecord:
         )
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class NamespaceRecord:
     """A namespace and the project its label names (None: no project's namespace)."""
@@ -369,7 +362,6 @@ class NamespaceRecord:
         return cls(name=obj["metadata"]["name"], project=project if isinstance(project, str) and project else None)
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class KubeVirtRecord:
     """What the rules read of the KubeVirt CR's ``spec.configuration``.
@@ -414,7 +406,6 @@ class KubeVirtRecord:
         return self.permitted_devices is None or device_name in self.permitted_devices
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class Resident:
     """A GPU VMI on a node, with what a drain needs to know of its VM.
@@ -462,7 +453,6 @@ def resident_of(vm: VMRecord | None, vmi: VMIRecord | None) -> tuple[str, Reside
     )
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class Claim:
     """A GPU VM a drain of a node stops (or stopped) and KubeVirt starts again by itself: it
@@ -473,7 +463,6 @@ class Claim:
     gpus: tuple[str, ...]  # the cards it wants, one device name each
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class NodeUsage:
     """One node's GPU cards: what it offers and what its residents hold — and, while it is

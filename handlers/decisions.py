@@ -17,7 +17,6 @@ from handlers import ids
 from handlers.catalog import Catalog
 from handlers.cluster import Resident
 from handlers.config import Config
-from handlers.frozen import direct_init
 from handlers.messages import (
     AuditOutcome,
     AuditRecord,
@@ -62,7 +61,6 @@ def subject_of_key(key: str | None, *, fallback: str) -> ObjectRef:
     return ObjectRef(kind="Intent", name=fallback)
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class Output:
     topic: OutputTopic
@@ -70,7 +68,6 @@ class Output:
     value: Command | Notification | AuditRecord | Any
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class ResidentUpdate:
     """A VM-keyed decision telling a node-keyed one that a GPU VMI arrived, changed or left.
@@ -239,7 +236,6 @@ class Context:
         """Close the decision with its one audit record."""
         if self.remarks:
             reason = "; ".join([*([reason] if reason else []), *self.remarks])
-        # Validated as one mapping (its input too): a third cheaper than building the input apart.
         audit = AuditRecord.model_validate({
             "audit_id": ids.audit_id(topic, self.cause, outcome),
             "at": self.now,

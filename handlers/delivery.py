@@ -24,7 +24,6 @@ from typing import Any, Literal, NamedTuple
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 from handlers.events import notification_type
-from handlers.frozen import direct_init
 from handlers.messages import Notification, NotificationType, Severity
 from handlers.tracing import SPEC_VERSION, ce_time
 
@@ -88,7 +87,6 @@ class Route(BaseModel):
                 and (not self.types or notification.type in self.types))
 
 
-@direct_init
 @dataclass(frozen=True, slots=True, order=True)
 class Target:
     """One delivery: a channel and who on it (an address, or an endpoint's name)."""
@@ -101,7 +99,6 @@ class Target:
         return f"{notification_id}|{self.channel}|{self.recipient}"
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class Resolution:
     targets: tuple[Target, ...]
@@ -164,7 +161,6 @@ def pending(notification_id: str, wanted: Iterable[Target], done: Iterable[str] 
 # ------------------------------------------------------------------------------ rendering
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class Email:
     subject: str
@@ -292,7 +288,6 @@ def classify_smtp(code: int) -> Verdict:
 # ----------------------------------------------------------------------------- rate limits
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class Bucket:
     """A token bucket's state: ``tokens`` left at ``at`` (seconds on any monotonic clock)."""

@@ -38,7 +38,6 @@ from datetime import datetime, timedelta
 from handlers import ids
 from handlers.capacity import capacity, claims_elsewhere, drain_claims, drained_nodes, refresh_usage, surely_placed, tighter
 from handlers.cluster import NodeRecord, NodeUsage, Resident, VMIRecord, VMRecord, describe_gpus
-from handlers.frozen import direct_init
 from handlers.decisions import Context, node_subject, vm_subject
 from handlers.messages import ObjectRef
 from handlers.state import DeadlineIndex, DrainEpisode, DrainOutcome, DrainScope, DrainSource, ObservedFate, StateView
@@ -563,7 +562,6 @@ def _notice_details(ctx: Context, episode: DrainEpisode, resident: Resident, pla
     }
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class FatePlan:
     """What a drained VM is told will become of it, and the numbers it is told with."""

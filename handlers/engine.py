@@ -37,7 +37,6 @@ from handlers.catalog import Catalog
 from handlers.config import Config
 from handlers.decisions import Context, Decision, Output, ResidentUpdate, subject_of_key
 from handlers.drains import due_nodes, fire_deadline, is_due
-from handlers.frozen import direct_init
 from handlers.inputs import (
     DeadlineTick,
     ForgetTick,
@@ -464,7 +463,6 @@ class Engine:
         return Result(Decision(audit=audit), [letter], key)
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class _Original:
     """A dead letter's copy of its input: UTF-8 text or base64, at most 16 KiB of it."""

@@ -22,7 +22,6 @@ from handlers.capacity import Capacity, capacity
 from handlers.catalog import Catalog
 from handlers.cluster import next_gpus
 from handlers.drains import in_scope
-from handlers.frozen import direct_init
 from handlers.restarts import change_pending
 from handlers.state import StateView
 from handlers.tables import DRAINS, RESIDENTS, TRACKING, USAGE, VMIS, VMS
@@ -30,7 +29,6 @@ from handlers.tables import DRAINS, RESIDENTS, TRACKING, USAGE, VMIS, VMS
 NO_GPU = "none"  # the class a pending change names when it takes the GPU away
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class ClassFigures:
     """One GPU class (or an undefined one, by its device) in the rows counted."""
@@ -42,7 +40,6 @@ class ClassFigures:
     pending_restart: int  # VMs whose change to this class applies after their next restart
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class DrainFigures:
     """One open drain (not completed)."""
@@ -56,7 +53,6 @@ class DrainFigures:
     vms_left: int  # GPU VMIs of the drain still on the node
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class Figures:
     classes: tuple[ClassFigures, ...]

@@ -12,7 +12,7 @@ and applying the same mutation twice changes nothing the second time.
 
 from __future__ import annotations
 
-import functools
+import copy
 import json
 from collections.abc import Iterator
 from decimal import Decimal, InvalidOperation
@@ -49,19 +49,6 @@ _ABSENT = object()
 
 class GPURuleViolation(ValueError):
     """The VM cannot take this mutation (e.g. it already has several GPUs)."""
-
-
-def copied(value: Any) -> Any:
-    """A copy of JSON data (a VM as the API server or a changelog gives it: dicts, lists and
-    scalars) that shares no dict or list with ``value``. ``copy.deepcopy`` does the same for
-    any object, memo and dispatch per node: 3.4× slower on a VM, and 3.7 % of the worker's
-    samples at saturation (benchmarks/README.md)."""
-    kind = type(value)
-    if kind is dict:
-        return {key: copied(item) for key, item in value.items()}
-    if kind is list:
-        return [copied(item) for item in value]
-    return value
 
 
 def _get(obj: Any, path: Path) -> Any:
@@ -157,7 +144,7 @@ def desired_vm(observed: dict[str, Any], mutation: GPUMutation) -> dict[str, Any
     if mutation.enforce and mutation.devices is not None:
         if template_devices(observed) != sorted(mutation.devices):
             return observed
-        kept: dict[str, Any] = copied(observed)
+        kept: dict[str, Any] = copy.deepcopy(observed)
         _apply_rules(kept, mutation, keep_gpus=True)
         return kept
     if mutation.enforce and current != [mutation.device_name]:
@@ -166,7 +153,7 @@ def desired_vm(observed: dict[str, Any], mutation: GPUMutation) -> dict[str, Any
         raise GPURuleViolation(f"the VM has {len(current)} GPUs; a VM may have at most one")
     if mutation.device_name is None and not current:
         return observed
-    vm: dict[str, Any] = copied(observed)
+    vm: dict[str, Any] = copy.deepcopy(observed)
     if mutation.device_name is not None:
         _add_gpu(vm, mutation)
     else:
@@ -242,16 +229,11 @@ _SUFFIXES: dict[str, int | Decimal] = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "T
 
 
 _LONGEST_FIRST = tuple(sorted(_SUFFIXES, key=len, reverse=True))  # "Mi" is tried before "M"
-_CACHED_TEXT = 64  # characters: a real quantity is far shorter, a forged one is not kept
 
 
 def quantity(value: Any) -> Decimal | None:
     """A Kubernetes quantity ("32Gi", "34359738368", "1e3") as a number; None if it is none."""
     text = str(value).strip()
-    return _known_quantity(text) if len(text) <= _CACHED_TEXT else _read_quantity(text)
-
-
-def _read_quantity(text: str) -> Decimal | None:
     for suffix in _LONGEST_FIRST:
         if text.endswith(suffix) and len(text) > len(suffix):
             number, factor = text[: -len(suffix)], Decimal(_SUFFIXES[suffix])
@@ -262,11 +244,6 @@ def _read_quantity(text: str) -> Decimal | None:
         return Decimal(number) * factor
     except InvalidOperation:
         return None
-
-
-# A GPU VM's memory is checked on each of its events, and an AZ's VMs use a few sizes: each
-# short text is read once (a Decimal is immutable, so the one read is shared).
-_known_quantity = functools.lru_cache(maxsize=1024)(_read_quantity)
 
 
 def same_quantity(a: Any, b: Any) -> bool:
@@ -298,8 +275,8 @@ def plan_patch(observed: dict[str, Any], desired: dict[str, Any]) -> list[dict[s
 
     Objects are diffed key by key; a list that changed is replaced whole. The applier sends
     the patch with the observed ``resourceVersion``, so a whole-list replace cannot undo a
-    change made meanwhile, and it is far cheaper than a list diff: ``jsonpatch.make_patch``
-    here was 17 % of the worker's CPU at 1,000 intents/s.
+    change made meanwhile, and no list is diffed element by element (``jsonpatch.make_patch``
+    does, for every list of the VM, on each decision).
     """
     return list(_diff(observed, desired, ""))
 
@@ -314,9 +291,9 @@ def _diff(before: dict[str, Any], after: dict[str, Any], path: str) -> Iterator[
             if isinstance(old, dict) and isinstance(new, dict):
                 yield from _diff(old, new, here)
             else:
-                yield {"op": "replace", "path": here, "value": copied(new)}
+                yield {"op": "replace", "path": here, "value": copy.deepcopy(new)}
         elif key in after:
-            yield {"op": "add", "path": f"{path}/{_pointer_token(key)}", "value": copied(after[key])}
+            yield {"op": "add", "path": f"{path}/{_pointer_token(key)}", "value": copy.deepcopy(after[key])}
         else:
             yield {"op": "remove", "path": f"{path}/{_pointer_token(key)}"}
 

@@ -17,7 +17,6 @@ from typing import Any, Literal
 from pydantic import TypeAdapter
 
 from handlers.decisions import ResidentUpdate
-from handlers.frozen import direct_init
 from handlers.messages import MalformedMessage
 
 # Whatever a topic may hold: bytes, or None for a tombstone (simulate and the tests also pass
@@ -29,7 +28,6 @@ KINDS: tuple[InputKind, ...] = ("intent", "event", "resident", "tick")
 RESIDENT_UPDATE: TypeAdapter[ResidentUpdate] = TypeAdapter(ResidentUpdate)
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class Source:
     """Where an input came from; partition and offset are known only on Kafka."""
@@ -40,7 +38,6 @@ class Source:
     offset: int | None = None
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class IntentInput:
     """An intent as read, not parsed yet: malformed ones are decided too (a dead letter)."""
@@ -50,7 +47,6 @@ class IntentInput:
     at: datetime
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class WatchInput:
     """A watch event as read (``vmstream.k8s-events``)."""
@@ -60,7 +56,6 @@ class WatchInput:
     at: datetime
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class ResidentInput:
     """A node learns that a GPU VMI came, changed or went (sent by a VM's decision)."""
@@ -69,7 +64,6 @@ class ResidentInput:
     at: datetime
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class DeadlineTick:
     """The time is ``at``: fire the drain deadlines due (only ``node``'s, when named)."""
@@ -78,7 +72,6 @@ class DeadlineTick:
     node: str | None = None
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class ForgetTick:
     """The time is ``at``: forget these intent ids if they are past the dedup window.

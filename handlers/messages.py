@@ -28,8 +28,6 @@ from pydantic import (
     field_validator,
 )
 
-from handlers.frozen import direct_init
-
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 # ------------------------------------------------------------------------------ limits
@@ -366,7 +364,6 @@ class IntentEnvelope(Message):
 # ------------------------------------------------------------------------ watch events
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class WatchedKind:
     """A kind the watch bridge watches: its name (as in ``WatchEvent.kind`` and the key) and where

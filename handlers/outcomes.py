@@ -13,13 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from handlers.frozen import direct_init
 from handlers.messages import AuditRecord
 
 AuditVerdict = Literal["accepted", "rejected", "unauthenticated", "ignored", "duplicate"]
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class Accepted:
     """Decided as asked; ``reason`` only qualifies it (nothing to change: already so)."""
@@ -28,7 +26,6 @@ class Accepted:
     outcome: ClassVar[AuditVerdict] = "accepted"  # what the audit record says
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class Refused:
     """Not done, and the requester is told ``reason``; a malformed input is refused too."""
@@ -37,7 +34,6 @@ class Refused:
     outcome: ClassVar[AuditVerdict] = "rejected"
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class Unproven(Refused):
     """Refused for who asks: the intent's credential is missing, forged, expired or not its
@@ -47,7 +43,6 @@ class Unproven(Refused):
     outcome: ClassVar[AuditVerdict] = "unauthenticated"
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class Ignored:
     """Nothing to decide: a kind not watched, a node update that changed nothing anybody
@@ -57,7 +52,6 @@ class Ignored:
     outcome: ClassVar[AuditVerdict] = "ignored"
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class Duplicate(Ignored):
     """Ignored because the same intent was decided already (its ``intent_id``)."""

@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+import jsonpatch
+
 from handlers import ids
 from handlers.cluster import OWNER_ANNOTATION
 from handlers.decisions import subject_key
@@ -134,34 +136,6 @@ def node_refusal(command: Command, *, labels: Mapping[str, str], annotations: Ma
 # ------------------------------------------------------------------------ VM changes
 
 
-class _Owned:
-    """A document copied on write: a change copies only the maps and lists on its way, and
-    everything else stays shared with the original, which is never changed. The policy
-    judges a whole VM per command; three whole copies of it were most of that cost
-    (benchmarks/policy_cost.py)."""
-
-    def __init__(self, doc: dict[str, Any]) -> None:
-        self.doc = dict(doc)
-        self._mine = {id(self.doc)}  # the containers this copy made, free to change
-
-    def child(self, node: Any, key: str | int) -> Any:
-        """``node[key]``, copied first if it is a container of the original."""
-        value = node[key]
-        if isinstance(value, (dict, list)) and id(value) not in self._mine:
-            value = node[key] = dict(value) if isinstance(value, dict) else list(value)
-            self._mine.add(id(value))
-        return value
-
-    def delete(self, path: Path) -> None:
-        """Delete ``path`` where it exists (the maps on the way copied, not the rest)."""
-        if not isinstance(parent := _get(self.doc, path[:-1]), dict) or path[-1] not in parent:
-            return
-        node: Any = self.doc
-        for part in path[:-1]:
-            node = self.child(node, part)
-        del node[path[-1]]
-
-
 def _get(obj: Any, path: Path) -> Any:
     for part in path:
         if not isinstance(obj, dict) or part not in obj:
@@ -170,21 +144,28 @@ def _get(obj: Any, path: Path) -> Any:
     return obj
 
 
+def _delete(doc: dict[str, Any], path: Path) -> None:
+    """Delete ``path`` from ``doc`` where it exists."""
+    parent = _get(doc, path[:-1])
+    if isinstance(parent, dict):
+        parent.pop(path[-1], None)
+
+
 def _outside_gpu_paths(vm: dict[str, Any]) -> dict[str, Any]:
     """``vm`` without what vmstream may change: the GPU paths, their annotation, and the maps
     it creates to hold them when they are left empty. ``vm`` itself is left as it is."""
-    rest = _Owned(vm)
-    rest.doc.pop("status", None)
+    rest = copy.deepcopy(vm)
+    rest.pop("status", None)
     for key in ("resourceVersion", "generation", "managedFields"):  # the API server's own
-        rest.delete(("metadata", key))
+        _delete(rest, ("metadata", key))
     for path in VM_PATHS:
-        rest.delete(path)
+        _delete(rest, path)
     for key in VM_ANNOTATIONS:
-        rest.delete((*ANNOTATIONS, key))
+        _delete(rest, (*ANNOTATIONS, key))
     for path in reversed(CONTAINERS):
-        if _get(rest.doc, path) == {}:
-            rest.delete(path)
-    return rest.doc
+        if _get(rest, path) == {}:
+            _delete(rest, path)
+    return rest
 
 
 def vm_change_refusal(before: dict[str, Any], after: dict[str, Any]) -> str | None:
@@ -196,63 +177,27 @@ def vm_change_refusal(before: dict[str, Any], after: dict[str, Any]) -> str | No
     return None
 
 
-def _token(token: str) -> str:
-    return token.replace("~1", "/").replace("~0", "~")
-
-
-def _parent(doc: _Owned, pointer: str) -> tuple[Any, str]:
-    """The container ``pointer`` ends in, copied on the way, and its last token."""
-    if not pointer.startswith("/"):
-        raise PatchError(f"not a JSON pointer: {pointer!r}")
-    parts = [_token(p) for p in pointer[1:].split("/")]
-    node: Any = doc.doc
-    for part in parts[:-1]:
-        if isinstance(node, dict) and part in node:
-            node = doc.child(node, part)
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = doc.child(node, int(part))
-        else:
-            raise PatchError(f"{pointer}: no such path")
-    return node, parts[-1]
-
-
 def apply_patch(doc: dict[str, Any], patch: list[dict[str, Any]]) -> dict[str, Any]:
-    """RFC 6902 ``add``, ``remove``, ``replace`` and ``test`` on a copy of ``doc`` (vmstream
-    sends nothing else: ``move`` and ``copy`` are refused). ``doc`` is left as it is; the
-    result shares with it what the patch does not touch, so it is for reading."""
-    result = _Owned(doc)
+    """RFC 6902 ``add``, ``remove``, ``replace`` and ``test`` on a copy of ``doc``, which is
+    left as it is. vmstream sends nothing else, so ``move`` and ``copy`` are refused, as is
+    a patch of the whole document: what is judged is a change to a VM's fields. An operation
+    that fails is named by its path alone, never by the document it was applied to."""
+    result = copy.deepcopy(doc)
     for op in patch:
         kind, pointer = op.get("op"), op.get("path")
-        if kind not in ("add", "remove", "replace", "test") or not isinstance(pointer, str):
+        if kind not in ("add", "remove", "replace", "test"):
             raise PatchError(f"unsupported patch operation {kind!r}")
-        parent, key = _parent(result, pointer)
-        value = op.get("value") if kind == "test" else copy.deepcopy(op.get("value"))
-        if isinstance(parent, dict):
-            if kind != "add" and key not in parent:
-                raise PatchError(f"{pointer}: no such path")
-            if kind == "test":
-                if parent[key] != value:
-                    raise PatchError(f"{pointer}: test failed")
-            elif kind == "remove":
-                del parent[key]
-            else:
-                parent[key] = value
-        elif isinstance(parent, list):
-            index = len(parent) if key == "-" and kind == "add" else (int(key) if key.isdigit() else -1)
-            if not 0 <= index <= len(parent) - (0 if kind == "add" else 1):
-                raise PatchError(f"{pointer}: no such index")
-            if kind == "test":
-                if parent[index] != value:
-                    raise PatchError(f"{pointer}: test failed")
-            elif kind == "remove":
-                del parent[index]
-            elif kind == "add":
-                parent.insert(index, value)
-            else:
-                parent[index] = value
-        else:
-            raise PatchError(f"{pointer}: no such path")
-    return result.doc
+        if not isinstance(pointer, str) or not pointer.startswith("/"):
+            raise PatchError(f"not a JSON pointer: {pointer!r}")
+        try:
+            jsonpatch.apply_patch(result, [op], in_place=True)
+        except jsonpatch.JsonPatchTestFailed as exc:
+            raise PatchError(f"{pointer}: test failed") from exc
+        except jsonpatch.InvalidJsonPatch as exc:
+            raise PatchError(f"{pointer}: a malformed {kind} operation") from exc
+        except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:  # a path that is not there
+            raise PatchError(f"{pointer}: no such path") from exc
+    return result
 
 
 def patch_refusal(live: dict[str, Any], patch: list[dict[str, Any]]) -> str | None:

@@ -14,7 +14,6 @@ from typing import Literal
 
 from handlers import ids
 from handlers.decisions import subject_key
-from handlers.frozen import direct_init
 from handlers.messages import AuditInput, AuditRecord, Command, CommandResult, Notification
 from handlers.topics import COMMANDS
 
@@ -22,7 +21,6 @@ Outcome = Literal["applied", "noop", "conflict_retried", "failed"]
 COMMANDS_TOPIC = COMMANDS.name  # what a result records as its input, without the shell's prefix
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class ResultDecision:
     result: CommandResult

@@ -7,15 +7,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-from handlers.frozen import direct_init
-
 DrainSource = Literal["intent", "maintenance", "cordon", "eviction"]
 DrainOutcome = Literal["returns_automatically", "waits_for_gpu", "needs_manual_start"]
 DrainScope = Literal["node", "evictions"]
 ObservedFate = Literal["came_back", "waits_for_gpu", "off"]
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class VMTracking:
     """What vmstream has told a VM's owner, so that each fact is told once."""
@@ -41,7 +38,6 @@ class VMTracking:
 NOTHING_TOLD = VMTracking()
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class DrainEpisode:
     """One drain of one node, from its first signal until no GPU VM is left on it."""
@@ -81,7 +77,6 @@ class DrainEpisode:
     told_gpus: dict[str, tuple[str, ...]] = field(default_factory=dict)  # the GPUs each VM was told it comes back with
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class DecidedIntent:
     """An intent id already decided: a redelivery within ``intents.dedup_window_seconds`` of

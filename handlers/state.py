@@ -18,7 +18,6 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
 from handlers.cluster import NodeUsage
-from handlers.frozen import direct_init
 from handlers.rows import (
     NOTHING_TOLD,
     DecidedIntent,
@@ -50,7 +49,6 @@ __all__ = [
 V = TypeVar("V")
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class Change:
     table: Table[Any]

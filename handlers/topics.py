@@ -20,7 +20,6 @@ from typing import Any, Literal, get_args
 
 from handlers.delivery import DeliveryRecord
 from handlers.events import DELIVERY_TYPE
-from handlers.frozen import direct_init
 from handlers.messages import (
     INTENT_MODELS,
     AuditRecord,
@@ -45,7 +44,6 @@ _VM_OR_NODE = "`vm/<namespace>/<name>` or `node/<name>`"
 _INTENT_KEYS = " or ".join(dict.fromkeys(f"`{model.decided_under.pattern}`" for model in INTENT_MODELS))
 
 
-@direct_init
 @dataclass(frozen=True, slots=True, eq=False)  # each is one object, compared by identity
 class Topic:
     """One topic. ``value`` is the pydantic type of a record's value (``None``: several kinds

@@ -24,7 +24,6 @@ from handlers.events import (
     intent_type,
     notification_type,
 )
-from handlers.frozen import direct_init
 from handlers.messages import (
     AuditRecord,
     Command,
@@ -49,7 +48,6 @@ _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
 
 
-@direct_init
 @dataclass(frozen=True, slots=True)
 class Trace:
     """A trace-id with the parent span and flags it was received with (W3C Trace Context)."""

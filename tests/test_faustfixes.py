@@ -1,28 +1,77 @@
-"""Three of the worker's fixes to Faust (streams/worker/faustfixes.py), without a broker: the
-in-memory tables drop the rows of partitions given away, written or recovered (fix 3), each
-record is handed over as Faust's race would hand it, without its tasks when the callback
-does not wait (fix 4), and each batch waits as long as the batch before says (fix 5)."""
+"""The worker's fixes to Faust (streams/worker/faustfixes.py), without a broker: recovery
+resumes the input partitions only after flow control has cleared the queues (fix 1),
+aiokafka is asked for the partitions active when the call starts (fix 2), and the in-memory
+tables drop the rows of partitions given away, written or recovered (fix 3)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
-import sys
-from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import faust
 import pytest
+from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
-from mode import Service
-from mode.utils.locks import Event
 
-from streams.common.settings import WorkerSettings
-from streams.worker.app import batch_window
-from streams.worker.faustfixes import App, PartitionTrackedTable, WorkerConsumer
+from streams.worker.faustfixes import App, HeldRecovery, PartitionTrackedTable, WorkerConsumer
 
-REPO = Path(__file__).resolve().parents[1]
+
+class _Consumer:
+    """What recovery's end asks of the consumer, each call recorded in order."""
+
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+
+    def assignment(self) -> set[TP]:
+        return {TP("vmstream.routed", 0), TP("vmstream.routed", 1)}
+
+    def resume_partitions(self, tps: set[TP]) -> None:
+        self.calls.append(f"resume {len(tps)} partitions")
+
+    async def perform_seek(self) -> None:
+        self.calls.append("seek")
+
+    def resume_flow(self) -> None:
+        self.calls.append("resume flow")
+
+
+async def test_recovery_resumes_the_inputs_only_once_flow_control_has_cleared_the_queues() -> None:
+    """Faust resumes the inputs, seeks, then resumes flow control, which clears the agents'
+    queues: a batch fetched in between would be thrown away unacknowledged."""
+    app = App("faustfixes-recovery", broker="kafka://127.0.0.1:9", store="memory://",
+              loop=asyncio.get_running_loop())
+    calls: list[str] = []
+    app._consumer = _Consumer(calls)
+    app.flow_control.resume = lambda: calls.append("clear the queues")  # type: ignore[method-assign]
+
+    async def fetching() -> None:
+        calls.append("fetch")
+
+    app.__dict__["_fetcher"] = SimpleNamespace(maybe_start=fetching)  # Faust's fetcher needs a broker
+    app.on_rebalance_end = lambda: None  # type: ignore[method-assign]
+    recovery = app.tables.recovery
+    assert isinstance(recovery, HeldRecovery)
+    await recovery._resume_streams(app.consumer_generation_id)
+    assert calls == ["seek", "clear the queues", "resume flow", "fetch", "resume 2 partitions"]
+
+
+async def test_aiokafka_is_asked_for_the_partitions_active_when_the_call_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recovery pausing the changelogs empties Faust's live set during the call: aiokafka
+    would read the empty set as every partition and return input records Faust then drops."""
+    asked: list[set[TP]] = []
+
+    async def getmany(self: Any, active_partitions: set[TP], timeout: float) -> dict[TP, list[Any]]:
+        asked.append(active_partitions)
+        live.clear()  # recovery pauses the changelogs meanwhile
+        return {}
+
+    monkeypatch.setattr(aiokafka_driver.Consumer, "_getmany", getmany)
+    consumer = object.__new__(WorkerConsumer)  # only _getmany is under test: no broker, no thread
+    consumer._thread = SimpleNamespace(pace=lambda busy: None)
+    live = {TP("vmstream.state-changelog", 0)}
+    await consumer._getmany(live, 1.0)
+    assert asked == [{TP("vmstream.state-changelog", 0)}]
 
 
 @pytest.fixture
@@ -53,139 +102,3 @@ async def test_without_the_partition_a_written_row_would_stay(table: Any) -> Non
     await table.data.on_recovery_completed({TP(changelog, 0)}, set())
     assert "node/b" in table.data
 
-
-# ---------------------------------------------------------------- fix 4: the hand-over of each record
-
-
-class _Flow(Service):
-    """What ``WorkerConsumer._deliver`` reads of its consumer: mode's ``Service`` (its
-    ``wait_first``, its stop and crash events) and a flow that a rebalance suspends."""
-
-    _deliver = WorkerConsumer._deliver
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.suspend_flow = Event()
-        self.raced = 0  # how often Faust's race was run
-
-    async def wait_first(self, *coros: Any, timeout: Any = None) -> Any:
-        self.raced += 1
-        return await super().wait_first(*coros, timeout=timeout)
-
-
-async def test_a_callback_that_does_not_wait_is_delivered_without_the_race() -> None:
-    flow, delivered = _Flow(), []
-
-    async def callback(message: Any) -> None:
-        delivered.append(message)
-
-    await flow._deliver(callback, "m1")
-    assert delivered == ["m1"] and flow.raced == 0
-
-
-async def test_a_callback_that_waits_goes_on_from_its_wait_with_what_it_waited_for() -> None:
-    flow, delivered = _Flow(), []
-    room: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-
-    async def callback(message: Any) -> None:
-        delivered.append((message, await room, await asyncio.sleep(0, "after")))
-
-    handing = asyncio.ensure_future(flow._deliver(callback, "m1"))
-    await asyncio.sleep(0)
-    assert not handing.done() and delivered == []  # it waits for room in the queue
-    room.set_result("room")
-    await handing
-    assert delivered == [("m1", "room", "after")] and flow.raced == 1
-
-
-async def test_a_waiting_callback_is_abandoned_when_the_flow_is_suspended_as_faust_abandons_it() -> None:
-    flow, ended = _Flow(), []
-    never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    async def callback(message: Any) -> None:
-        try:
-            await never
-        except asyncio.CancelledError:
-            ended.append("cancelled")
-            raise
-
-    handing = asyncio.ensure_future(flow._deliver(callback, "m1"))
-    await asyncio.sleep(0)
-    flow.suspend_flow.set()  # a rebalance begins
-    await asyncio.wait_for(handing, 5)
-    assert ended == ["cancelled"]
-
-
-@pytest.mark.parametrize("waits_first", [False, True])
-async def test_a_callback_that_fails_fails_the_hand_over(waits_first: bool) -> None:
-    flow = _Flow()
-
-    async def callback(message: Any) -> None:
-        if waits_first:
-            await asyncio.sleep(0)
-        raise ValueError("undecodable")
-
-    with pytest.raises(ValueError, match="undecodable"):
-        await flow._deliver(callback, "m1")
-    assert flow.raced == (1 if waits_first else 0)
-
-
-async def test_while_the_flow_is_suspended_it_is_faust_s_race_as_it_is() -> None:
-    flow, delivered = _Flow(), []
-    flow.suspend_flow.set()
-
-    async def callback(message: Any) -> None:
-        delivered.append(message)
-
-    await flow._deliver(callback, "m1")
-    assert flow.raced == 1
-
-
-# ---------------------------------------------------------------- fix 5: batches under a backlog
-
-
-# Faust's agent test context leaves an event loop of its own open when it is done, which the
-# suite's warnings-as-errors would blame on a later test: the stream runs in a process of its own.
-_BATCHES = """
-import asyncio, json
-from streams.worker.faustfixes import App, take_events
-
-async def main():
-    app = App("faustfixes-batches", broker="kafka://127.0.0.1:9", store="memory://", loop=asyncio.get_running_loop())
-    topic = app.topic("inputs", value_type=bytes, value_serializer="raw")
-    batches, asked = [], []
-
-    def window(last):
-        asked.append(last)
-        return 0.01
-
-    @app.agent(topic)
-    async def decide(stream):
-        async for events in take_events(stream, 3, window):
-            batches.append([event.value.decode() for event in events])
-
-    async with decide.test_context() as agent:
-        for value in range(7):
-            await agent.put(str(value).encode())
-        for _ in range(500):  # a batch closes at its window's end: poll for the last one
-            if sum(map(len, batches)) == 7:
-                break
-            await asyncio.sleep(0.01)
-    print(json.dumps({"batches": batches, "asked": asked}))
-
-asyncio.run(main())
-"""
-
-
-def test_batches_are_at_most_max_in_order_each_waiting_as_the_batch_before_says() -> None:
-    run = subprocess.run([sys.executable, "-W", "ignore::DeprecationWarning", "-c", _BATCHES],
-                         capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert run.returncode == 0, run.stderr
-    seen = json.loads(run.stdout.strip().splitlines()[-1])
-    assert seen["batches"] == [["0", "1", "2"], ["3", "4", "5"], ["6"]]
-    assert seen["asked"][:4] == [0, 3, 3, 1]  # the first batch waits as after none
-
-
-@pytest.mark.parametrize(("last", "waits"), [(0, 0.005), (1, 0.005), (99, 0.005), (100, 0.025), (500, 0.025)])
-def test_a_batch_waits_long_only_after_a_batch_of_a_fifth_of_batch_size(last: int, waits: float) -> None:
-    assert batch_window(WorkerSettings(batch_size=500, batch_seconds=0.005, busy_batch_seconds=0.025), last) == waits

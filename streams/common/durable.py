@@ -3,10 +3,9 @@
 The applier publishes what each command came to before it commits the command's offset
 (streams/kube/applying.py), and the worker its journal, messages and table rows before
 its inputs are acknowledged (streams/worker/app.py): every send waits for ``acks=all``.
-kafka-python does that in Python, on a sender thread and an I/O thread of its own, about
-1.3 ms of the applier's CPU per command (two records) on the benchmark of
-benchmarks/apply_rate.py, more than the API call it records; aiokafka on the worker's event
-loop, 17 µs per record against librdkafka's 4 (benchmarks/README.md). librdkafka
+kafka-python does that in Python, on a sender thread and an I/O thread of its own, which
+cost the applier more CPU per command than the API call it records; aiokafka does it on the
+worker's event loop, beside the decisions (benchmarks/README.md, apply_rate.py). librdkafka
 (confluent-kafka) does it in C, outside the GIL. Idempotent, as every producer of
 vmstream's: a retried send never writes a record twice.
 """
@@ -22,7 +21,6 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from handlers.frozen import direct_init
 from streams.common.kafka_clients import LIBRDKAFKA_LOG, librdkafka_options
 from streams.common.settings import KafkaSettings
 
@@ -37,7 +35,6 @@ MAX_REQUEST_BYTES = 1_048_576
 REPORT_POLL_SECONDS = 0.1  # the reporting thread's longest wait for a delivery report (it wakes on one)
 
 
-@direct_init  # several per input the worker decides: a third of the dataclass's own __init__
 @dataclass(frozen=True, slots=True)
 class Record:
     """One record to send: bytes as they go on the wire. ``value`` None is a tombstone;
@@ -51,7 +48,6 @@ class Record:
     timestamp_ms: int | None = None
 
 
-@direct_init  # several per input the worker decides: a third of the dataclass's own __init__
 @dataclass(frozen=True, slots=True)
 class Delivered:
     """Where the broker put a record (-1: the broker did not say)."""

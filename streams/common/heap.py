@@ -3,8 +3,8 @@
 The worker holds its state decoded in memory (``streams/worker/tablestate.py``): some 150,000
 container objects for 1,000 VMs. CPython runs a full collection each time a quarter as
 many objects again have survived the young generations, and each full collection walks
-every tracked object: at 1,000 intents/s that was a 75–140 ms pause every one to two
-seconds, and most of the worker's p99 latency (``docs/worker.md``, "Latency").
+every tracked object: under load, a pause of the event loop every second or two, and most
+of the worker's p99 latency (``docs/worker.md``, "Latency").
 
 So, as many long-running Python services do, the worker *freezes* what has survived:
 ``gc.freeze()`` moves every tracked object into CPython's permanent generation, which
@@ -15,7 +15,7 @@ CPython still starts then walk only what survived since, a few thousand objects.
 Young collections are made rarer too: CPython starts one each time 700 more container
 objects were allocated than freed, and a batch of 500 inputs keeps thousands alive until
 it is done, so the worker ran one every millisecond or so, each walking what the batch
-holds (some 5 % of its CPU at saturation: ``benchmarks/README.md``, worker_throughput).
+holds (``benchmarks/README.md``, worker_throughput).
 From the first :meth:`Heap.tend` on the threshold is :data:`YOUNG_OBJECTS`; objects freed by
 reference counting in between are never walked at all.
 
@@ -49,9 +49,8 @@ class Heap:
     def watch(self) -> None:
         """Time every collection into ``vmstream_gc_pause_seconds``; count the frozen objects
         into ``vmstream_gc_frozen_objects`` when it is read. Counting walks CPython's list of
-        frozen objects: 29 ms for two million, which a worker holds after a benchmark's
-        burst. Counted on each :meth:`freeze_survivors`, once a second, it was 4 % of the
-        worker's samples at saturation and a pause on the event loop (benchmarks/README.md)."""
+        frozen objects, millions after a burst: counted when scraped, not on each
+        :meth:`freeze_survivors`, it does not pause the event loop once a second."""
         if self._on_collection not in gc.callbacks:
             gc.callbacks.append(self._on_collection)
         metrics.GC_FROZEN.set_function(gc.get_freeze_count)

@@ -138,8 +138,6 @@ class WorkerSettings(BaseModel):
     tick_seconds: float = Field(default=1.0, gt=0)
     batch_size: int = Field(default=500, ge=1)  # inputs decided per group commit, at most
     batch_seconds: float = Field(default=0.005, gt=0)  # how long a batch waits to fill
-    # … and after a batch of a fifth of batch_size or more: a backlog fills it (faustfixes.py, fix 5).
-    busy_batch_seconds: float = Field(default=0.025, gt=0)
     # The consumer's long poll; Faust's own 1.5 s stalls busy partitions (streams/worker/faustfixes.py).
     # A fetch returns once it holds fetch_min_bytes or fetch_max_wait_ms has passed: under load,
     # one fetch per 10 ms instead of one per record; when idle, one per fetch_idle_wait_ms,
@@ -206,15 +204,15 @@ class ApplySettings(BaseModel):
     max_in_flight: int = Field(default=200, ge=1)  # commands read and not yet released, at most
     # What settled is published at most this often while commands keep coming (sooner once
     # max_in_flight are unreleased, and when partitions go): each release is two produce
-    # requests, and a request that comes alone costs the broker three to four times one of a
-    # stream (benchmarks/README.md, broker_cost.py). It delays results, never an API call;
+    # requests, and a request that comes alone costs the broker several times one of a stream
+    # (benchmarks/README.md, broker_cost.py). It delays results, never an API call;
     # 0: a release at every turn.
     release_seconds: float = Field(default=0.05, ge=0, le=60)
     # How long the broker may hold the commands' fetch for more of them (GroupReader's
     # ``fetch_wait_ms``): a command arriving alone waits up to this long; commands arriving
-    # one by one come several to a fetch instead of a fetch request each, which at 53–137
-    # commands/s took a fifth to a half off the broker's CPU per command (benchmarks/README.md,
-    # apply_rate.py, lever 11). 0: every fetch is answered at the first command.
+    # one by one come several to a fetch instead of a fetch request each, which takes much of
+    # the broker's CPU per command off (benchmarks/README.md, apply_rate.py, lever 11).
+    # 0: every fetch is answered at the first command.
     fetch_wait_ms: int = Field(default=20, ge=0, le=500)
     cache: bool = True  # the policy's reads from a watched copy (streams/kube/informing.py); false: live
 

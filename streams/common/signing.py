@@ -127,8 +127,7 @@ def sealed_json(value: BaseModel, keyring: Keyring) -> bytes | None:
     """``value`` as compact JSON with its ``mac``; None for messages that are not sealed.
 
     Written by pydantic-core: the bytes ``json.dumps`` writes with the same separators and
-    UTF-8 as it is (tests/rules/test_policy.py), in a fifth of the time for a ``patch_vm``
-    (2.2 against 10.1 µs, ``timeit``). A float may be spelled otherwise (``1e-7``, not
+    UTF-8 as it is (tests/rules/test_policy.py). A float may be spelled otherwise (``1e-7``, not
     ``1e-07``): the same number, and the MAC covers the canonical form, not these bytes.
     """
     purpose = purpose_of(value)

@@ -677,8 +677,8 @@ class ResultLedger:
     def wrote(self, delivered: Iterable[Delivered]) -> None:
         """Results this applier wrote, where the broker says it put them. Their commands were
         added to :attr:`done` as they were read (a refusal of an unsealed command marks
-        nothing done, sealed or not), so reading them back needs no parse and no MAC check,
-        which was a tenth of the loop's own CPU per command. Only the partitions this ledger
+        nothing done, sealed or not), so reading them back needs no parse and no MAC check.
+        Only the partitions this ledger
         reads, and only offsets the broker reported."""
         for place in delivered:
             mine = self.written.get(place.partition)

@@ -26,7 +26,6 @@ repeats.
 from __future__ import annotations
 
 import asyncio
-import functools
 import hmac
 import json
 import logging
@@ -67,7 +66,7 @@ from streams.common.durable import Record as Outgoing  # a message to send, as b
 from streams.common.globalview import GlobalView
 from streams.common.heap import Heap
 from streams.common.kafka_clients import aiokafka_options
-from streams.common.settings import Settings, WorkerSettings
+from streams.common.settings import Settings
 from streams.common.signing import KeyringError
 from streams.common.topics import KIND_HEADER, ROUTED, SOURCE_HEADER, changelog_topic, missing_topics
 from streams.worker import faustfixes
@@ -86,15 +85,7 @@ PENDING_TABLES: tuple[Table[Any], ...] = (TRACKING, VMS, VMIS)  # the rows /pend
 UNROUTABLE_KEY = "malformed"  # the routed key of an input with no usable key of its own
 FORGET_PER_TICK = 1000  # intent ids one forgetting tick names at most (a record well under 1 MB)
 FORGET_AGAIN_SECONDS = 30.0  # an id asked to be forgotten is not asked again sooner
-BUSY_SHARE = 5  # a batch of batch_size / BUSY_SHARE inputs or more: the next one may wait busy_batch_seconds
 PUBLIC_PAGES = ("/health", "/ready")  # what probes read; everything else needs the token
-
-
-def batch_window(conf: WorkerSettings, last: int) -> float:
-    """How long the next batch waits to fill, after a batch of ``last`` inputs: briefly,
-    unless that one held a fifth of ``batch_size`` or more (inputs are waiting, and a fuller
-    batch shares the group commit's round trips among more of them)."""
-    return conf.busy_batch_seconds if last >= max(1, conf.batch_size // BUSY_SHARE) else conf.batch_seconds
 
 
 def pages_guard(token: str | None) -> Any:
@@ -186,8 +177,7 @@ class Worker:
             **conf.faust_consumer_settings(),  # static membership, session: back at once after a crash
         )
         # The batch's journal, messages and rows through librdkafka (streams/common/durable.py),
-        # their reports served off the loop: 4 µs of CPU per record, aiokafka's producer on the
-        # loop 17 (benchmarks/README.md). Faust's producer sends the ticks.
+        # their reports served off the loop that decides. Faust's producer sends the ticks.
         self.durable = DurableProducer(self.kafka, client_id=f"{conf.app_id}-outputs")
         self.routed = self._topic(ROUTED)
         self.routed_topic = self.kafka.topic(ROUTED)  # its name on the wire, for the worker's own producer
@@ -336,7 +326,7 @@ class Worker:
         decided again: its recorded results are sent and written as they were.
         """
         conf = self.settings.worker
-        async for events in faustfixes.take_events(stream, conf.batch_size, functools.partial(batch_window, conf)):
+        async for events in stream.take_events(conf.batch_size, within=conf.batch_seconds):
             fresh, decided = [], []
             for event in events:
                 results = self.state.recorded(event)

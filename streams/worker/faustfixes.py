@@ -1,12 +1,12 @@
-"""Faust (faust-streaming 0.15.3) with two of its start-up races closed, a shorter long poll,
-a lighter hand-over of each record and batches that fill while inputs wait.
+"""Faust (faust-streaming 0.15.3) with the patches that keep it from losing or delaying
+the worker's inputs: two start-up races closed, the rows of partitions given away dropped,
+a shorter long poll, and a restarted static member taken back.
 
 A worker that starts over a backlog must decide every waiting message. Two races in how
 Faust resumes its input partitions after table recovery lose a run of them instead; the
 offsets of the lost run are never acked, so the committed offset stops before it until the
-next restart decides it, late. ``benchmarks/restart_backlog.py`` saw it in 3 of 5 restarts
-over 5,000 intents; ``tests/kafka/test_worker.py`` reproduces it every time with a slowed
-seek (``tests/faults/``).
+next restart decides it, late. ``benchmarks/restart_backlog.py`` saw it in restarts over a
+backlog; ``tests/test_faustfixes.py`` holds each fix to the order it makes.
 
 1. **The queue clear.** Recovery ends by resuming the input partitions, seeking them to the
    committed offsets, and only then resuming flow control, which clears the agents' queues.
@@ -17,7 +17,6 @@ seek (``tests/faults/``).
    aiokafka reads the empty set as "every partition" and returns input records, which Faust
    then drops as inactive, although aiokafka's position has moved past them.
    :class:`WorkerConsumer` passes a copy taken when the call starts.
-
 3. **Rows of partitions given away.** The in-memory store forgets, after a rebalance, the
    keys of partitions this instance no longer owns, but it knows a key's partition only
    for rows it recovered from a changelog, not for rows it wrote itself. A worker that
@@ -29,40 +28,20 @@ seek (``tests/faults/``).
 
 And one setting Faust hard-codes: its consumer long-polls the broker for up to 1.5 s
 (``fetch_max_wait_ms=1500``). aiokafka keeps one fetch in flight per broker and leaves out of
-it the partitions whose records are still being consumed; at 1,000 intents/s the intents
-partitions were left out of nearly every fetch, which then waited out its 1.5 s on partitions
-without news (changelogs, the routed topic). Every intent waited with it: 1.2–1.5 s from
-intent to audit record, at any load above a few hundred a second. :class:`App` takes
-``fetch_max_wait_ms``, ``fetch_min_bytes`` and ``fetch_idle_wait_ms``, and paces its fetches
-by what the worker is doing (:class:`ShortPollConsumerThread`): a busy worker fetches once
-per wait instead of once per few records, an idle one once per idle wait, and while tables
-recover a fetch returns as soon as it has anything (with 16 KiB fetches throughout, 10,000
-VMs took 8.2 s to recover instead of 5.8 s).
-
-4. **The hand-over of each record.** Faust hands each record to its agents' queues through
-   ``wait_first(callback(message), suspend_flow.wait())``, which makes four tasks (the
-   callback, the flow's, the consumer's stop and crash waits) and cancels three: 28.7 µs a
-   record where the callback itself takes a fraction (``timeit``), about 6 % of the worker at
-   saturation. The callback almost never waits (a full queue, flow control during a
-   rebalance): :meth:`WorkerConsumer._deliver` runs it up to its first wait, and only a
-   callback that does wait goes on as Faust's race, from where it stopped.
-
-5. **Batches under a backlog.** Faust's ``take_events(max_, within)`` waits ``within`` for
-   each batch to fill, counted from when the last one was done, and events reach the batch
-   only while it waits. With the worker's 5 ms, a backlog of routed records came in
-   batches of about 150 of the 500 allowed, each paying the group commit's three
-   round trips to the broker. :func:`take_events` waits ``window(len(last batch))``
-   instead: the worker's ``batch_seconds`` (5 ms) after a small batch, so a lone input
-   is decided as soon as before, and ``busy_batch_seconds`` (25 ms) after a batch that
-   held a fifth of ``batch_size`` or more, which a backlog then fills.
+it the partitions whose records are still being consumed; under load the intents partitions
+were left out of nearly every fetch, which then waited out its long poll on partitions
+without news (changelogs, the routed topic), and every intent waited with it before it was
+decided. :class:`App` takes ``fetch_max_wait_ms``, ``fetch_min_bytes`` and
+``fetch_idle_wait_ms``, and paces its fetches by what the worker is doing
+(:class:`ShortPollConsumerThread`): a busy worker fetches once per wait instead of once per
+few records, an idle one once per idle wait, and while tables recover a fetch returns as
+soon as it has anything, so that recovery is not held back by fetches waiting to fill.
 """
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Generator, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
@@ -70,11 +49,9 @@ import faust
 from faust.assignor import PartitionAssignor
 from faust.tables import TableManager
 from faust.tables.recovery import Recovery
-from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as aiokafka_driver
-from faust.types import TP, EventT
+from faust.types import TP
 from faust.types.transports import TransportT
-from mode.utils.futures import notify
 
 from streams.common.kafka_clients import pace_fetches
 
@@ -82,8 +59,9 @@ log = logging.getLogger(__name__)
 
 
 class HeldRecovery(Recovery):
-    """Recovery whose input partitions resume only after flow control has cleared the queues;
-    fetches are filled (``fetch_min_bytes``) only once it is over."""
+    """Recovery whose input partitions resume only after flow control has cleared the queues
+    (fix 1), so that no batch fetched in between is thrown away unacknowledged; fetches are
+    filled (``fetch_min_bytes``) only once it is over."""
 
     async def on_rebalance(self, *args: Any, **kwargs: Any) -> None:
         self._fill_fetches(False)
@@ -176,8 +154,9 @@ class ShortPollConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
 
 
 class WorkerConsumer(aiokafka_driver.Consumer):
-    """Faust's consumer, asking aiokafka for a snapshot of the active partitions (race 2),
-    through a thread that paces its fetches."""
+    """Faust's consumer, asking aiokafka for a snapshot of the active partitions (fix 2), so
+    that records fetched while recovery empties the set are not dropped as inactive; through
+    a thread that paces its fetches."""
 
     def _new_consumer_thread(self) -> aiokafka_driver.AIOKafkaConsumerThread:
         return ShortPollConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -191,126 +170,6 @@ class WorkerConsumer(aiokafka_driver.Consumer):
         records = await super()._getmany(snapshot, timeout)
         self.pacer.pace(busy=any(records.values()))
         return records
-
-    async def _deliver(self, callback: Callable[[Any], Awaitable[Any]], message: Any) -> None:
-        """Hand ``message`` to the agents (fix 4): what Faust's ``wait_first(callback(message),
-        suspend_flow.wait())`` does, without its tasks when the callback does not wait.
-
-        While the flow is suspended or the consumer stops, Faust's race as it is. Else the
-        callback runs here up to its first wait; most finish without one. One that waits is
-        raced, from there on, against the flow's suspension and the consumer's stop, as Faust
-        races it: abandoned (cancelled) if the flow is suspended first.
-        """
-        started = callback(message)
-        racing = self.suspend_flow.is_set() or self._stopped.is_set() or self._crashed.is_set()
-        if racing or not inspect.iscoroutine(started):  # Faust's conductor gives a coroutine
-            await self.wait_first(started, self.suspend_flow.wait())
-            return
-        try:
-            waits_for = started.send(None)
-        except StopIteration:
-            return  # delivered without waiting: the common case
-        await self.wait_first(_Resumed(started, waits_for), self.suspend_flow.wait())
-
-    async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover - Faust's loop, run by every worker test
-        """Faust 0.15.3's ``Consumer._drain_messages``, line for line, but for the hand-over
-        of each record (:meth:`_deliver`, fix 4)."""
-        callback = self.callback
-        getmany = self.getmany
-        consumer_should_stop = self._stopped.is_set
-        fetcher_should_stop = fetcher._stopped.is_set
-
-        get_read_offset = self._read_offset.__getitem__
-        set_read_offset = self._read_offset.__setitem__
-        flag_consumer_fetching = CONSUMER_FETCHING
-        set_flag = self.diag.set_flag
-        unset_flag = self.diag.unset_flag
-        commit_every = self._commit_every
-        acks_enabled_for = self.app.topics.acks_enabled_for
-
-        yield_every = 100
-        num_since_yield = 0
-        sleep = asyncio.sleep
-
-        try:
-            while not (consumer_should_stop() or fetcher_should_stop()):
-                set_flag(flag_consumer_fetching)
-                ait = getmany(timeout=1.0)
-
-                # Sleeping because sometimes getmany is called in a loop
-                # never releasing to the event loop
-                await self.sleep(0)
-                if not self.should_stop:
-                    async for tp, message in ait:
-                        num_since_yield += 1
-                        if num_since_yield > yield_every:
-                            await sleep(0)
-                            num_since_yield = 0
-
-                        offset = message.offset
-                        r_offset = get_read_offset(tp)
-                        if r_offset is None or offset >= r_offset:
-                            gap = offset - (r_offset or 0)
-                            # We have a gap in income messages
-                            if gap > 1 and r_offset:
-                                acks_enabled = acks_enabled_for(message.topic)
-                                if acks_enabled:
-                                    await self._add_gap(tp, r_offset + 1, offset)
-                            if commit_every is not None:
-                                if self._n_acked >= commit_every:
-                                    self._n_acked = 0
-                                    await self.commit()
-                            await self._deliver(callback, message)
-                            set_read_offset(tp, offset)
-                        else:
-                            self.log.dev("DROPPED MESSAGE ROFF %r: k=%r v=%r", offset, message.key, message.value)
-                    unset_flag(flag_consumer_fetching)
-
-        except self.consumer_stopped_errors:
-            if self.transport.app.should_stop:
-                # we're already stopping so ignore
-                self.log.info("Broker stopped consumer, shutting down...")
-                return
-            raise
-        except asyncio.CancelledError:
-            if self.transport.app.should_stop:
-                # we're already stopping so ignore
-                self.log.info("Consumer shutting down for user cancel.")
-                return
-            raise
-        except Exception as exc:
-            self.log.exception("Drain messages raised: %r", exc)
-            raise
-        finally:
-            unset_flag(flag_consumer_fetching)
-
-
-class _Resumed(Awaitable[Any]):
-    """A coroutine that ran up to a wait, awaited from there: the wait it yielded is handed to
-    whoever drives this (a task), then each value sent or error thrown goes on into it, as
-    ``yield from`` would have passed them."""
-
-    __slots__ = ("coroutine", "waits_for")
-
-    def __init__(self, coroutine: Coroutine[Any, Any, Any], waits_for: Any) -> None:
-        self.coroutine = coroutine
-        self.waits_for = waits_for
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        coroutine, waits_for = self.coroutine, self.waits_for
-        while True:
-            try:
-                sent = yield waits_for
-            except BaseException as error:  # a cancellation, thrown in by the task
-                try:
-                    waits_for = coroutine.throw(error)
-                except StopIteration as done:
-                    return done.value
-            else:
-                try:
-                    waits_for = coroutine.send(sent)
-                except StopIteration as done:
-                    return done.value
 
 
 class WorkerTransport(aiokafka_driver.Transport):
@@ -342,7 +201,8 @@ class StaticMemberAssignor(PartitionAssignor):
 class PartitionTrackedTable(faust.Table):  # type: ignore[type-arg]  # generic over key and value; rows are bytes
     """A table whose in-memory store knows the partition of every row, written or recovered,
     so that :meth:`~faust.stores.memory.Store.on_recovery_completed` drops the rows of the
-    partitions given away (fix 3)."""
+    partitions given away (fix 3): stale, they would answer reads before the current rows
+    of the instance that owns them now."""
 
     def send_changelog(self, partition: int | None, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
         owners = getattr(self.data, "_key_partition", None)  # the in-memory store's map
@@ -366,92 +226,3 @@ class App(faust.App):
 
     def _new_transport(self) -> TransportT:
         return WorkerTransport(self.conf.broker_consumer, self)
-
-
-def take_events(stream: Any, max_: int, window: Callable[[int], float]) -> AsyncGenerator[list[EventT[Any]], None]:
-    """Batches of at most ``max_`` events of ``stream``, each waiting at most ``window(n)``
-    seconds to fill, ``n`` the size of the batch before it (0 for the first): Faust 0.15.3's
-    ``Stream.take_events``, line for line but for that wait (fix 5). Each batch's events are
-    acknowledged once the caller asks for the next, as Faust's are."""
-    batches = _take_events(stream, max_, window)
-    stream._active_agens.add(batches)  # closed with the stream, as Faust tracks its own
-    return batches
-
-
-async def _take_events(self: Any, max_: int, window: Callable[[int], float]) -> AsyncGenerator[list[EventT[Any]], None]:
-    buffer: list[Any] = []
-    events: list[EventT[Any]] = []
-    buffer_add = buffer.append
-    event_add = events.append
-    buffer_size = buffer.__len__
-    buffer_full = asyncio.Event()
-    buffer_consumed = asyncio.Event()
-    last = 0  # the size of the batch before (fix 5)
-    stream_enable_acks: bool = self.enable_acks
-
-    buffer_consuming: asyncio.Future[Any] | None = None
-
-    channel_it = aiter(self.channel)
-
-    # We add this processor to populate the buffer, and the stream
-    # is passively consumed in the background (enable_passive below).
-    async def add_to_buffer(value: Any) -> Any:
-        try:
-            # buffer_consuming is set when consuming buffer after timeout.
-            nonlocal buffer_consuming
-            if buffer_consuming is not None:
-                try:
-                    await buffer_consuming
-                finally:
-                    buffer_consuming = None
-            buffer_add(value)
-            event = self.current_event
-            if event is None:
-                raise RuntimeError("Take buffer found current_event is None")
-            event_add(event)
-            if buffer_size() >= max_:
-                # signal that the buffer is full and should be emptied.
-                buffer_full.set()
-                # strict wait for buffer to be consumed after buffer full.
-                # If max is 1000, we are not allowed to return 1001 values.
-                buffer_consumed.clear()
-                await self.wait(buffer_consumed)
-        except asyncio.CancelledError:  # pragma: no cover
-            raise
-        except Exception as exc:
-            self.log.exception("Error adding to take buffer: %r", exc)
-            await self.crash(exc)
-        return value
-
-    # Disable acks to ensure this method acks manually
-    # events only after they are consumed by the user
-    self.enable_acks = False
-
-    self.add_processor(add_to_buffer)
-    self._enable_passive(channel_it)
-    try:
-        while not self.should_stop:
-            # wait until buffer full, or timeout.
-            await self.wait_for_stopped(buffer_full, timeout=window(last))
-            if buffer:
-                # make sure background thread does not add new items to
-                # buffer while we read.
-                buffer_consuming = self.loop.create_future()
-                last = len(events)
-                try:
-                    yield list(events)
-                finally:
-                    buffer.clear()
-                    for event in events:
-                        await self.ack(event)
-                    events.clear()
-                    # allow writing to buffer again
-                    notify(buffer_consuming)
-                    buffer_full.clear()
-                    buffer_consumed.set()
-            else:
-                last = 0
-    finally:
-        # Restore last behaviour of "enable_acks"
-        self.enable_acks = stream_enable_acks
-        self._processors.remove(add_to_buffer)

@@ -9,8 +9,8 @@ input, and still: no state is recorded whose messages might have been lost (see
 worker's own producer, sent with the batch's and waited for before its inputs are
 acknowledged; the local store is written as Faust's table would write it. (Faust's own way,
 a table's ``__setitem__``, queues each row in its changelog buffer, a task and a future per
-row: about a tenth of the worker's CPU, benchmarks/README.md. Under ``worker.exactly_once``
-rows take that way still, inside Faust's transaction.)
+row, sent apart from the batch's own records. Under ``worker.exactly_once`` rows take that
+way still, inside Faust's transaction.)
 
 The rows of one decision go to several changelogs (one per table), and a worker can die
 between any two of them. So before anything of a batch leaves, the :class:`Journal` records
@@ -277,9 +277,8 @@ class Journal:
 
 
 def _rows(table: Any) -> Any:
-    """A Faust table's store, read as a mapping: the rows without Faust's per-read sensor
-    calls (a read through the table costs 0.5 µs, a miss 1 µs; through its store 0.1 and
-    0.35, ``timeit``); a plain mapping in tests is its own store."""
+    """A Faust table's store, read as a mapping: where :func:`_store` writes the rows, read
+    the same way; a plain mapping in tests is its own store."""
     return getattr(table, "data", table)
 
 

@@ -20,7 +20,7 @@ from harness.running import Deployment, Outputs, WorkerProcess, capacity_after
 
 pytestmark = pytest.mark.kafka
 
-FAULTS = Path(__file__).resolve().parent.parent / "faults"
+FAULTS = Path(__file__).resolve().parent.parent / "support" / "crashpoints"  # sitecustomize.py
 
 CLUSTER = list(cluster().jsonl())
 SET_GPU = {"intent_id": "it-gpu-1", "type": "set_gpu", "requested_by": "bob@example.com", "project": "proj-b",
@@ -212,8 +212,8 @@ def test_a_restarted_worker_decides_its_whole_backlog(deployment: Deployment, ou
     """A worker restarted over a backlog decides every waiting intent (streams/worker/faustfixes.py).
 
     Its tables have rows to recover, and its seek to the committed offsets is slowed down
-    (tests/faults/), as on a busy broker: without the fixes, the batches fetched meanwhile
-    are dropped and never decided.
+    (tests/support/crashpoints/), as on a busy broker: the batches fetched meanwhile are
+    decided too. Each fix alone is held to its order in tests/test_faustfixes.py.
     """
     first = WorkerProcess(deployment, "w1").start()
     try:

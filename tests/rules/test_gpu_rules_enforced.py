@@ -16,7 +16,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handlers import gpus
 from handlers.gpus import PRE_GPU_ANNOTATION, desired_vm, gpu_devices, plan_patch, quantity, rule_gaps, same_quantity
 from handlers.messages import Command, GPUMutation
 from harness.scenarios import A100, RTX, vm, vmi
@@ -250,14 +249,10 @@ def test_an_enforce_mutation_never_changes_which_gpu_a_vm_has(
         assert once == obj
 
 
-def test_a_short_quantity_is_read_once_and_a_forged_long_one_is_not_kept() -> None:
-    gpus._known_quantity.cache_clear()
-    assert same_quantity("32Gi", "32768Mi") and same_quantity("32Gi", "32768Mi")
-    assert gpus._known_quantity.cache_info().hits == 2  # the second comparison read nothing again
+def test_a_forged_long_quantity_is_read_as_any_other() -> None:
     forged = "9" * 100_000 + "Gi"  # a watch event forged on the bus: memory.guest of 100 kB
     assert quantity(forged) == quantity(forged) != quantity("9Gi")
     assert quantity("x" * 100_000) is None
-    assert gpus._known_quantity.cache_info().currsize == 3  # "32Gi", "32768Mi" and "9Gi" only
 
 
 @settings(max_examples=80, deadline=None)
