@@ -31,7 +31,8 @@ from harness.processes import poll_until
 from harness.localkubevirt import HANDLER_USER, NAMESPACE, SERVICE_ACCOUNT_GROUPS, vm_subresource
 from harness.publishing import publish, scenario_records
 from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess
-from harness.scenarios import A100, INTENTS, PROJECT_LABEL, RTX, kubevirt_cr, node, vm
+from harness.scenarios import INTENTS
+from samples.cluster import A100, PROJECT_LABEL, RTX, kubevirt_cr, node, vm
 from streams.common.credentials import DevSigner
 from tests.support.node_agent import NodeAgent
 

@@ -22,7 +22,7 @@ from handlers.engine import Result, Source
 from handlers.inputs import IntentInput
 from handlers.messages import Command, Notification
 from handlers.tracing import derived_trace, parse_traceparent, span_id
-from harness.scenarios import RTX, node, vm, vmi
+from samples.cluster import RTX, node, vm, vmi
 from streams.common import spans
 from streams.common.cloudevents import TraceBook, kafka_headers, trace_headers
 from streams.common.group_reading import Received

@@ -15,7 +15,7 @@ import pytest
 
 from handlers import ids
 from handlers.gpus import rule_gaps
-from harness.scenarios import RTX
+from samples.cluster import RTX
 from tests.e2e.test_loop import (  # noqa: F401 (fixtures)
     ALICE,
     NAMESPACE,

@@ -21,7 +21,7 @@ from kubernetes.client.rest import ApiException
 from streams.cli import requesting
 from harness.locations import REPO_ROOT
 from harness.running import CONFIG
-from harness.scenarios import RTX
+from samples.cluster import RTX
 from tests.e2e.test_loop import ALICE, KUBEVIRT, NAMESPACE, Loop, loop  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]

@@ -22,8 +22,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess
-from harness.scenarios import PROJECT_LABEL, RTX
-from harness.scenarios import node as node_object
+from samples.cluster import PROJECT_LABEL, RTX
+from samples.cluster import node as node_object
 from streams.common.credentials import DevSigner
 from tests.support.kubevirt_schema import validate_vm
 from tests.support.kube_apiserver import Kube

@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client
 
 from harness.running import Outputs
-from harness.scenarios import RTX
+from samples.cluster import RTX
 from streams.kube.subresources import EVACUATE_CANCEL_PATH, SUBRESOURCE_HEADERS
 from tests.e2e.test_gpu_sets import own_domain
 from tests.e2e.test_loop import (  # noqa: F401 (fixtures)

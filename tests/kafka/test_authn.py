@@ -25,7 +25,8 @@ from kafka import KafkaConsumer, TopicPartition
 from streams.cli import requesting
 from streams.common.credentials import SigningKey, jwks, sign_intent, signed
 from harness.running import Deployment, WorkerProcess
-from harness.scenarios import START, cluster, iso
+from harness.scenarios import START, cluster
+from samples.cluster import iso
 
 pytestmark = pytest.mark.kafka
 

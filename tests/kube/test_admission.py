@@ -26,9 +26,9 @@ from handlers import policy
 from handlers.gpus import desired_vm, plan_patch
 from handlers.messages import GPUMutation
 from streams.kube.applying import RESTART_ANNOTATION
-from harness.scenarios import A100, PROJECT_LABEL
-from harness.scenarios import node as node_object
-from harness.scenarios import vm as vm_object
+from samples.cluster import A100, PROJECT_LABEL
+from samples.cluster import node as node_object
+from samples.cluster import vm as vm_object
 from tests.support.kube_apiserver import Kube, as_others_write_it
 from tests.support.waiting import eventually
 

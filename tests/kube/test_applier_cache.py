@@ -21,8 +21,8 @@ from kubernetes import client
 from handlers import ids
 from handlers.decisions import subject_key
 from handlers.messages import Command, ObjectRef
-from harness.scenarios import A100, PROJECT_LABEL
-from harness.scenarios import vm as scenario_vm
+from samples.cluster import A100, PROJECT_LABEL
+from samples.cluster import vm as scenario_vm
 from streams.kube.applying import KUBEVIRT, KubeApplier
 from streams.kube.informing import NAMESPACES, UNKNOWN, Informer, PolicyCache
 from tests.support.harness import Harness

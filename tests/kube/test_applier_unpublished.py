@@ -24,7 +24,7 @@ from handlers import ids
 from handlers.decisions import subject_key
 from handlers.messages import Command, ObjectRef
 from harness.running import CONFIG, Deployment
-from harness.scenarios import node as node_object
+from samples.cluster import node as node_object
 from streams.common.codecs import encode_message
 from streams.common.durable import Delivered, DurableProducer, NotDelivered, Record
 from streams.common.settings import load_settings

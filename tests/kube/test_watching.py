@@ -41,7 +41,7 @@ from streams.common.kafka_clients import admin_client, producer
 from harness.localkubevirt import vm_subresource
 from harness.processes import free_ports
 from harness.running import Deployment, VmstreamProcess
-from harness.scenarios import RTX, instancetype_revision, node, vm
+from samples.cluster import RTX, instancetype_revision, node, vm
 from streams.common.settings import KafkaSettings
 from streams.kube.watching import (
     DLQ_TOPIC,

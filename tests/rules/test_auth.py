@@ -17,7 +17,7 @@ from handlers.engine import Result
 from handlers.messages import principal_problem
 from handlers.outcomes import Unproven
 from streams.common.credentials import SigningKey, jwks, sign_intent, signed
-from harness.scenarios import RTX, node, vm, vmi
+from samples.cluster import RTX, node, vm, vmi
 from tests.support.harness import INTENTS_TOPIC, KEYS, SIGNER, START, Harness, config
 
 ALICE, BOB, OPS = "alice@example.com", "bob@example.com", "ops@example.com"

@@ -19,7 +19,7 @@ from handlers.outcomes import Accepted, Duplicate, Refused
 from handlers.rows import DecidedIntent
 from handlers.state import Change, MemoryState
 from handlers.tables import PROCESSED
-from harness.scenarios import RTX, node
+from samples.cluster import RTX, node
 from streams.common.codecs import decode_state, encode_state
 from streams.worker import tablestate
 from tests.support.harness import EVENTS_TOPIC, INTENTS_TOPIC, START, config

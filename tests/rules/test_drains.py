@@ -9,7 +9,7 @@ import pytest
 
 from handlers.topics import TIMER
 from handlers.state import DrainEpisode
-from harness.scenarios import A100, RTX, node, node_maintenance, vm, vmi
+from samples.cluster import A100, RTX, node, node_maintenance, vm, vmi
 from tests.support.harness import START, Harness
 
 ALICE, BOB, OPS = "alice@example.com", "bob@example.com", "ops@example.com"

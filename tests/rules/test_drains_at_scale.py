@@ -11,7 +11,7 @@ from handlers.cluster import NodeUsage
 from handlers.drains import due_deadlines
 from handlers.engine import TIMER_TOPIC
 from handlers.state import Change, DeadlineIndex, DrainEpisode, MemoryState, Overlay
-from harness.scenarios import A100, RTX, node, node_maintenance, vm, vmi
+from samples.cluster import A100, RTX, node, node_maintenance, vm, vmi
 from tests.support.harness import START, Harness
 
 OPS = "ops@example.com"

@@ -13,7 +13,7 @@ from handlers.capacity import capacity
 from handlers.catalog import Catalog
 from handlers.cluster import KubeVirtRecord, NodeRecord
 from handlers.messages import parse_intent
-from harness.scenarios import A100, RTX, kubevirt_cr, node, vm, vmi
+from samples.cluster import A100, RTX, kubevirt_cr, node, vm, vmi
 from tests.support.harness import Harness, config
 
 ALICE = "alice@example.com"

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from handlers import gpus
 from handlers.gpus import PRE_GPU_ANNOTATION, desired_vm, gpu_devices, plan_patch, quantity, rule_gaps, same_quantity
 from handlers.messages import Command, GPUMutation
-from harness.scenarios import A100, RTX, vm, vmi
+from samples.cluster import A100, RTX, vm, vmi
 from streams.common.settings import load_settings
 from tests.support.harness import Harness, config
 from tests.support.kubevirt_schema import validate_vm

@@ -18,7 +18,7 @@ from handlers.policy import apply_patch
 from handlers.restarts import pending_detail
 from handlers.tables import USAGE, VMIS, VMS
 from handlers.views import vm_badge
-from harness.scenarios import (
+from samples.cluster import (
     A100,
     RTX,
     instancetype_revision,

@@ -26,7 +26,7 @@ from handlers.messages import (
     ObjectRef,
     wire_bytes,
 )
-from harness.scenarios import RTX, node, vm
+from samples.cluster import RTX, node, vm
 from tests.support.harness import EVENTS_TOPIC, INTENTS_TOPIC, START, Harness, config
 
 ALICE = "alice@example.com"

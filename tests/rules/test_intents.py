@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.scenarios import A100, RTX, node, vm, vmi
+from samples.cluster import A100, RTX, node, vm, vmi
 from tests.support.harness import Harness
 from tests.support.kubevirt_schema import validate_vm
 

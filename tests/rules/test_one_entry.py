@@ -21,7 +21,7 @@ from handlers.rows import DrainEpisode, VMTracking
 from handlers.running import already_so
 from handlers.state import Change, MemoryState, Overlay
 from handlers.tables import DRAINS, GLOBAL_TABLES, TABLES, TRACKING, VMS, table_named
-from harness.scenarios import RTX, node, vm, vmi
+from samples.cluster import RTX, node, vm, vmi
 from streams.common.codecs import encode_resident_update, encode_state
 from streams.kube import applying
 from tests.support.harness import EVENTS_TOPIC, INTENTS_TOPIC, START, config

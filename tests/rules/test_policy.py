@@ -16,7 +16,7 @@ from handlers import policy
 from handlers.gpus import desired_vm, plan_patch
 from handlers.messages import AuditInput, AuditRecord, Command, CommandResult, GPUMutation, ObjectRef
 from streams.common.codecs import encode_message
-from harness.scenarios import A100, PROJECT_LABEL, vm
+from samples.cluster import A100, PROJECT_LABEL, vm
 from streams.common.signing import Keyring, KeyringError, canonical, open_sealed
 
 NOW = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.scenarios import RTX, node, node_maintenance, vm, vmi
+from samples.cluster import RTX, node, node_maintenance, vm, vmi
 from tests.support.harness import Harness
 
 ALICE, BOB, OPS = "alice@example.com", "bob@example.com", "ops@example.com"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.scenarios import A100, RTX, node, vm, vmi
+from samples.cluster import A100, RTX, node, vm, vmi
 from tests.support.harness import Harness
 
 ALICE = "alice@example.com"

@@ -33,7 +33,7 @@ from handlers.cluster import (
 from handlers.gpus import desired_vm, plan_patch
 from handlers.messages import GPUMutation
 from handlers.tables import VMS
-from harness.scenarios import (
+from samples.cluster import (
     A100,
     PROJECT_LABEL,
     RTX,

@@ -20,7 +20,7 @@ from handlers.messages import AuditRecord, Command, Notification
 from handlers.state import MemoryState
 from handlers.topics import INTENTS, K8S_EVENTS
 from streams.common.credentials import SigningKey, jwks, signed
-from harness.scenarios import EXAMPLE_CONFIG
+from samples.cluster import EXAMPLE_CONFIG
 from streams.common.settings import KafkaSettings
 
 # The full names the worker passes as an input's source (the default prefix).

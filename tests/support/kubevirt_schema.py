@@ -72,7 +72,7 @@ from typing import Any
 import yaml
 from jsonschema import Draft202012Validator, FormatChecker, ValidationError, validators
 
-from harness.locations import kubevirt_crd
+from harness.locations import kubevirt_crd, kubevirt_examples_dir
 
 __all__ = [
     "KINDS",
@@ -545,3 +545,15 @@ def vmi_errors(obj: dict[str, Any], *, allow_unknown_fields: bool = False) -> li
 def validate_vmi(obj: dict[str, Any], *, allow_unknown_fields: bool = False) -> None:
     """:func:`validate` for a VirtualMachineInstance."""
     validate("VirtualMachineInstance", obj, allow_unknown_fields=allow_unknown_fields)
+
+
+def example_vms() -> list[dict[str, Any]]:
+    """The VirtualMachines of KubeVirt's own ``examples/`` at the pinned version: VMs KubeVirt
+    itself writes, for the rules to take as they come, found beside the CRDs."""
+    found = []
+    for path in sorted(kubevirt_examples_dir().glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if isinstance(doc, dict) and doc.get("kind") == "VirtualMachine":
+                found.append(doc)
+    assert found, f"no VirtualMachine examples found in {kubevirt_examples_dir()}"
+    return found
