@@ -406,7 +406,7 @@ def _quantity(instance: object) -> bool:
     return not isinstance(instance, str) or bool(_QUANTITY.match(instance))
 
 
-_Validator = validators.extend(
+_Validator = validators.extend(  # type: ignore[no-untyped-call]  # jsonschema's stubs leave extend unannotated
     Draft202012Validator,
     {"x-kubernetes-list-type": _list_type, "x-vmstream-one-of-required": _one_of_required},
 )
@@ -466,13 +466,15 @@ def _short(value: object, limit: int = 80) -> str:
 def _messages(error: ValidationError) -> Iterator[str]:
     where = _path(error.absolute_path)
     here = where or "<root>"
-    instance, value = error.instance, error.validator_value
+    # The typed stubs allow an unset instance and value; an error that was raised has both.
+    instance: Any = error.instance
+    value: Any = error.validator_value
     if list(error.absolute_schema_path)[-2:-1] == ["propertyNames"]:
         yield f"{here}: invalid key {_short(instance)} ({error.validator} {value!r})"
         return
     match error.validator:
         case "additionalProperties" if value is False:
-            known = set(error.schema.get("properties", {}))
+            known = set(error.schema.get("properties", {})) if isinstance(error.schema, Mapping) else set()
             for name in sorted(set(instance) - known):
                 yield f"{_join(where, name)}: unknown field"
         case "required":
