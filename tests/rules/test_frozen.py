@@ -22,7 +22,7 @@ def frozen_dataclasses() -> list[type[Any]]:
         module = importlib.import_module(f"handlers.{module_info.name}")
         for value in vars(module).values():
             if (isinstance(value, type) and dataclasses.is_dataclass(value) and value.__module__ == module.__name__
-                    and value.__dataclass_params__.frozen and "__slots__" in vars(value)):  # type: ignore[attr-defined]
+                    and getattr(value, "__dataclass_params__").frozen and "__slots__" in vars(value)):
                 found.append(value)
     return sorted(found, key=lambda cls: f"{cls.__module__}.{cls.__qualname__}")
 

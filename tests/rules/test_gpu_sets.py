@@ -250,8 +250,9 @@ def test_capacity_promises_pending_restarts_drain_notices_and_the_console_see_on
     h = Harness()
     h.observe_all(node("gpu-node-1", gpus={RTX: 8, A100: 8}), node("gpu-node-2", gpus={RTX: spare, A100: spare}))
     for kind in order:
-        if objects[kind] is not None:
-            h.observe(objects[kind])  # type: ignore[arg-type]
+        obj = objects[kind]
+        if obj is not None:
+            h.observe(obj)
 
     key = f"vm/{NS}/v-1"
     record, running_vmi = h.state.get(VMS, key), h.state.get(VMIS, key)

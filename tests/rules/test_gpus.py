@@ -30,7 +30,8 @@ REMOVE = GPUMutation(device_name=None, eviction_strategy="External")
 
 
 def domain(obj: dict[str, Any]) -> dict[str, Any]:
-    return obj["spec"]["template"]["spec"]["domain"]
+    found: dict[str, Any] = obj["spec"]["template"]["spec"]["domain"]
+    return found
 
 
 def plain_vm(**kwargs: Any) -> dict[str, Any]:

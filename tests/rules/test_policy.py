@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from handlers import policy
 from handlers.gpus import desired_vm, plan_patch
 from handlers.messages import AuditInput, AuditRecord, Command, CommandResult, GPUMutation, ObjectRef
-from streams.common.codecs import encode_message
 from samples.cluster import A100, PROJECT_LABEL, vm
-from streams.common.signing import Keyring, KeyringError, canonical, open_sealed
+from streams.common.codecs import encode_message
+from streams.common.signing import Keyring, KeyringError, Purpose, canonical, open_sealed
 
 NOW = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
 KEYS = Keyring({"k1": b"k" * 32, "k2": b"q" * 32}, "k1")
@@ -31,7 +31,7 @@ def plain_vm() -> dict[str, Any]:
 
 
 def command(type_: str, target: ObjectRef, **fields: Any) -> Command:
-    return Command(command_id="cmd-1", type=type_, target=target, cause="it-1", issued_at=NOW, **fields)  # type: ignore[arg-type]
+    return Command(command_id="cmd-1", type=type_, target=target, cause="it-1", issued_at=NOW, **fields)
 
 
 VM = ObjectRef(kind="VirtualMachine", namespace="spx-proj-a", name="vm-1")
@@ -60,10 +60,11 @@ def test_the_wire_is_the_message_and_its_mac_each_key_once() -> None:
 
 # Any JSON a message dumps to (model_dump(mode="json")), floats aside: text of any code point
 # but lone surrogates (which no UTF-8 writer takes), integers of any size, nesting.
+_CODE_POINTS = st.characters(exclude_categories=["Cs"])
 _JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(st.characters(blacklist_categories=("Cs",))),
+    st.none() | st.booleans() | st.integers() | st.text(_CODE_POINTS),
     lambda inner: st.lists(inner, max_size=4)
-    | st.dictionaries(st.text(st.characters(blacklist_categories=("Cs",)), max_size=8), inner, max_size=4),
+    | st.dictionaries(st.text(_CODE_POINTS, max_size=8), inner, max_size=4),
     max_leaves=20,
 )
 
@@ -131,7 +132,7 @@ def test_a_mac_value_that_is_not_ascii_does_not_match_it_never_raises(forged: st
     id: the applier's ledger and its commands are read through this check, so raising here
     would stop the applier on that record at every start."""
     for value in (command("cordon_node", NODE), CommandResult(command_id="cmd-1", outcome="applied", at=NOW)):
-        purpose = "command" if isinstance(value, Command) else "command-result"
+        purpose: Purpose = "command" if isinstance(value, Command) else "command-result"
         body = json.loads(encode_message(value, keyring=KEYS))
         body["mac"]["value"] = forged
         assert open_sealed(type(value), json.dumps(body).encode(), purpose, KEYS)[1] == "its MAC does not match"
@@ -330,7 +331,7 @@ def test_a_patch_applied_on_write_is_the_patch_applied_to_a_whole_copy(doc: dict
     """The policy's patch and its judgement copy only what they change; the VM they are given
     is never changed, and the result is what a whole copy patched would be."""
     original = copy.deepcopy(doc)
-    patch = []
+    patch: list[dict[str, Any]] = []
     for _ in range(data.draw(st.integers(1, 3))):
         pointers = _paths(_reference_apply(doc, patch))
         if not pointers:
