@@ -61,7 +61,7 @@ class _Flow(Service):
     """What ``WorkerConsumer._deliver`` reads of its consumer: mode's ``Service`` (its
     ``wait_first``, its stop and crash events) and a flow that a rebalance suspends."""
 
-    _deliver = WorkerConsumer._deliver
+    _deliver = vars(WorkerConsumer)["_deliver"]  # the consumer's own, run on what it reads of one
 
     def __init__(self) -> None:
         super().__init__()
