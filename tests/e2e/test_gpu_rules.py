@@ -20,10 +20,10 @@ from tests.e2e.test_loop import (  # noqa: F401 (fixtures)
     ALICE,
     NAMESPACE,
     Loop,
-    eventually,
     loop,
 )
 from tests.support.kubevirt_schema import validate_vm
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 

@@ -24,9 +24,9 @@ from tests.e2e.test_loop import (  # noqa: F401 (fixtures)
     NAMESPACE,
     OPS,
     Loop,
-    eventually,
     loop,
 )
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 

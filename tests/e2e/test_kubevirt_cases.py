@@ -15,9 +15,9 @@ from tests.e2e.test_loop import (  # noqa: F401 (fixtures)
     NAMESPACE,
     OPS,
     Loop,
-    eventually,
     loop,
 )
+from tests.support.waiting import eventually
 
 import pytest
 

@@ -37,13 +37,13 @@ from samples.cluster import A100, PROJECT_LABEL
 from samples.cluster import vm as vm_object
 from streams.common.signing import Keyring
 from tests.support.kube_apiserver import as_others_write_it, empty_of_kubevirt, reconciled_vm
+from tests.support.waiting import eventually
 from tests.kube.test_applying import (  # noqa: F401  (fixtures: this module's own applier process)
     KUBEVIRT,
     Published,
     applier,
     create_vm_command,
     deployment,
-    eventually,
     make_node,
     probe_url,
     published,
