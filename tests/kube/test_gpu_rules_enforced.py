@@ -23,6 +23,8 @@ from tests.support.harness import Harness
 from tests.support.kube_apiserver import Kube, reconciled_vm
 from tests.support.kubevirt_schema import validate_vm
 
+pytestmark = pytest.mark.kube
+
 ALICE = "alice@example.com"
 
 
