@@ -6,15 +6,20 @@ BIN := $(VENV)/bin
 CACHE ?= $(or $(VMSTREAM_CACHE_DIR),$(HOME)/.cache/vmstream)
 export VMSTREAM_CACHE_DIR := $(CACHE)
 
-.PHONY: help setup parts demo check test test-fast simulate bench schemas examples lock clean
+.PHONY: help setup parts demo check test test-kafka test-fast simulate bench schemas examples lock clean
 
 help:
-	@echo "make demo      the worker on a local Kafka with a realistic scenario"
-	@echo "make check     mypy --strict and the import contracts (pyproject.toml)"
-	@echo "make test      make check, then every test, against a real Kafka broker and kube-apiserver"
-	@echo "make test-fast the pure rules and simulate only (no broker, no API server)"
-	@echo "make bench     the benchmarks (they print figures)"
-	@echo "make lock      requirements.lock again, after a change to pyproject.toml's dependencies"
+	@echo "make demo       the worker on a local Kafka with a realistic scenario"
+	@echo "make check      mypy --strict and the import contracts (pyproject.toml); seconds"
+	@echo "make test-fast  the pure rules and simulate only (no broker, no API server); while"
+	@echo "                changing a rule: seconds to a minute"
+	@echo "make test-kafka make check, then every test that needs no API server: the rules and"
+	@echo "                the tests against a real Kafka broker; the inner loop for the worker,"
+	@echo "                notify and the command line: minutes"
+	@echo "make test       make check, then every test, against a real Kafka broker and"
+	@echo "                kube-apiserver with KubeVirt; before a merge, and CI"
+	@echo "make bench      the benchmarks (they print figures)"
+	@echo "make lock       requirements.lock again, after a change to pyproject.toml's dependencies"
 
 $(BIN)/vmstream: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,17 +44,22 @@ parts: setup
 demo: parts
 	$(BIN)/python -m harness demo
 
-# Static checks, seconds: the types (mypy --strict) and the architecture (lint-imports: the
-# rules import no I/O library, Faust only in the worker, the kubernetes client only at the
-# Kubernetes edge and in the harness, the product never the harness). Both configured in
-# pyproject.toml.
+# Static checks, seconds: the types (mypy --strict, the tests' too) and the architecture
+# (lint-imports: the rules import no I/O library, Faust only in the worker, the kubernetes
+# client only at the Kubernetes edge and in the harness, the product never the harness, the
+# rule tests never the harness). Both configured in pyproject.toml.
 check: setup
-	$(BIN)/mypy handlers streams harness
+	$(BIN)/mypy handlers streams harness samples tests
 	$(BIN)/lint-imports
 
 # check first: it fails in seconds, before the parts are fetched or any broker started.
 test: check parts
 	$(BIN)/python -m pytest -q
+
+# The middle tier: no API server is started (the tests marked `kube` are left out; a test
+# that asks for the API server is marked so by tests/conftest.py), a Kafka broker is.
+test-kafka: check
+	$(BIN)/python -m pytest -q -m "not kube"
 
 test-fast: setup
 	$(BIN)/python -m pytest -q tests/rules tests/test_simulate.py tests/test_schemas.py tests/test_extending.py

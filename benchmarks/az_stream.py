@@ -29,19 +29,8 @@ import kit  # noqa: F401  (this directory's: puts the repository on sys.path)  #
 
 import yaml  # noqa: E402
 
-from harness.scenarios import (  # noqa: E402
-    A100,
-    EVENTS,
-    EXAMPLE_CONFIG,
-    INTENTS,
-    RTX,
-    Script,
-    kubevirt_cr,
-    node,
-    node_maintenance,
-    vm,
-    vmi,
-)
+from harness.scenarios import EVENTS, INTENTS, Script  # noqa: E402
+from samples.cluster import A100, EXAMPLE_CONFIG, RTX, kubevirt_cr, node, node_maintenance, vm, vmi  # noqa: E402
 
 START = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
 OPS = "ops@example.com"  # the operator of EXAMPLE_CONFIG

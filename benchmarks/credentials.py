@@ -21,7 +21,8 @@ from handlers.auth import KeySet, Unauthenticated, verify_intent  # noqa: E402
 from handlers.config import AuthPolicy, Config  # noqa: E402
 from handlers.engine import Engine, Source  # noqa: E402
 from handlers.topics import INTENTS  # noqa: E402
-from harness.scenarios import EXAMPLE_CONFIG, cluster  # noqa: E402
+from harness.scenarios import cluster  # noqa: E402
+from samples.cluster import EXAMPLE_CONFIG  # noqa: E402
 from streams.cli.simulating import Simulation  # noqa: E402
 from streams.common.credentials import SigningKey, jwks, signed  # noqa: E402
 from streams.common.settings import KafkaSettings  # noqa: E402

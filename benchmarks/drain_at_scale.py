@@ -66,7 +66,8 @@ from worker_throughput import summarize_profile  # noqa: E402
 
 from handlers.engine import Engine  # noqa: E402
 from harness.running import CONFIG, Deployment  # noqa: E402
-from harness.scenarios import RTX, Script, iso, kubevirt_cr, node, node_maintenance, vm, vmi  # noqa: E402
+from harness.scenarios import Script  # noqa: E402
+from samples.cluster import RTX, iso, kubevirt_cr, node, node_maintenance, vm, vmi  # noqa: E402
 from streams.cli.simulating import Simulation  # noqa: E402
 from streams.common.settings import load_settings  # noqa: E402
 

@@ -73,7 +73,8 @@ import simulate_throughput as st  # noqa: E402
 from handlers.engine import Engine  # noqa: E402
 from handlers.state import MemoryState  # noqa: E402
 from handlers.tables import DRAINS  # noqa: E402
-from harness.scenarios import RTX, Script, node, node_maintenance, vm, vmi  # noqa: E402
+from harness.scenarios import Script  # noqa: E402
+from samples.cluster import RTX, node, node_maintenance, vm, vmi  # noqa: E402
 from streams.cli.simulating import Simulation  # noqa: E402
 from streams.common.settings import load_settings  # noqa: E402
 

@@ -22,7 +22,7 @@ from kubernetes import client, watch  # noqa: E402
 from handlers.enforcement import FIELD_MANAGER  # noqa: E402
 from handlers.gpus import desired_vm, plan_patch  # noqa: E402
 from handlers.messages import GPUMutation  # noqa: E402
-from harness.scenarios import A100, PROJECT_LABEL  # noqa: E402
+from samples.cluster import A100, PROJECT_LABEL  # noqa: E402
 from streams.kube.applying import JSON_PATCH, KUBEVIRT  # noqa: E402
 
 NAMESPACE = "spx-bench"

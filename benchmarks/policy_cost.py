@@ -29,7 +29,7 @@ import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
 from handlers import policy  # noqa: E402
 from handlers.gpus import desired_vm, plan_patch  # noqa: E402
 from handlers.messages import GPUMutation  # noqa: E402
-from harness.scenarios import A100, vm  # noqa: E402
+from samples.cluster import A100, vm  # noqa: E402
 
 HERE = Path(__file__).resolve()
 

@@ -44,8 +44,9 @@ from kafka import KafkaConsumer, TopicPartition  # noqa: E402
 from handlers.decisions import subject_key  # noqa: E402
 from handlers.messages import Command, ObjectRef  # noqa: E402
 from harness.running import CONFIG, Deployment, WorkerProcess  # noqa: E402
-from harness.scenarios import A100, cluster  # noqa: E402
-from harness.scenarios import node as node_object  # noqa: E402
+from harness.scenarios import cluster  # noqa: E402
+from samples.cluster import A100  # noqa: E402
+from samples.cluster import node as node_object  # noqa: E402
 from streams.common.codecs import encode_message  # noqa: E402
 from streams.common.kafka_clients import producer  # noqa: E402
 

@@ -106,7 +106,8 @@ from streams.common.kafka_clients import admin_client  # noqa: E402
 from kafka import TopicPartition as SyncTopicPartition  # noqa: E402
 
 from harness.running import CONFIG, Deployment, WorkerProcess, simulated  # noqa: E402
-from harness.scenarios import RTX, Script, iso, kubevirt_cr, node, vm, vmi  # noqa: E402
+from harness.scenarios import Script  # noqa: E402
+from samples.cluster import RTX, iso, kubevirt_cr, node, vm, vmi  # noqa: E402
 from streams.common.settings import load_settings  # noqa: E402
 from streams.common.topics import changelog_topic  # noqa: E402
 

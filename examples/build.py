@@ -1,10 +1,11 @@
 """Writes the example scenarios (``examples/*.jsonl``) and their configuration.
 
-Run ``python examples/build.py`` after changing a scenario in ``harness/scenarios.py`` or
-here; a test checks the committed files are what this script writes. The scenarios below
-show, each on the same small AZ, one case of what KubeVirt does and what vmstream makes of
-it (docs/kubevirt.md): run strategies after a drain, an eviction that is not a drain, a
-drain called off, and a GPU change across KubeVirt's ``RestartRequired``.
+Run ``python examples/build.py`` after changing a scenario in ``harness/scenarios.py``, the
+sample AZ in ``samples/cluster.py`` or here; a test checks the committed files are what this
+script writes. The scenarios below show, each on the same small AZ, one case of what KubeVirt
+does and what vmstream makes of it (docs/kubevirt.md): run strategies after a drain, an
+eviction that is not a drain, a drain called off, and a GPU change across KubeVirt's
+``RestartRequired``.
 """
 
 from __future__ import annotations
@@ -21,21 +22,8 @@ import yaml  # noqa: E402
 
 from handlers.gpus import desired_vm  # noqa: E402
 from handlers.messages import GPUMutation  # noqa: E402
-from harness.scenarios import (  # noqa: E402
-    ALICE,
-    BOB,
-    EXAMPLE_CONFIG,
-    OPS,
-    RTX,
-    SCENARIOS,
-    Script,
-    cluster,
-    kubevirt_cr,
-    node,
-    node_maintenance,
-    vm,
-    vmi,
-)
+from harness.scenarios import ALICE, BOB, OPS, SCENARIOS, Script, cluster  # noqa: E402
+from samples.cluster import EXAMPLE_CONFIG, RTX, kubevirt_cr, node, node_maintenance, vm, vmi  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 

@@ -27,7 +27,8 @@ from harness.demo_people import ApiProcess, Console, MailSink, NotifyProcess, ma
 from harness.localkafka import LocalKafka
 from harness.publishing import publish, scenario_records
 from harness.running import Deployment, Outputs, WorkerProcess
-from harness.scenarios import EXAMPLE_CONFIG, demo_phases
+from harness.scenarios import demo_phases
+from samples.cluster import EXAMPLE_CONFIG
 from streams.cli.tailing import render
 from streams.common.credentials import DevSigner
 

@@ -8,7 +8,7 @@ running VM (the VM changes in Kubernetes, the owner is told it waits for a resta
 it through virt-api, and drains a GPU node (the owners are told first, the node is cordoned,
 the GPU VMs are stopped at the deadline, KubeVirt brings back the one that restarts by itself).
 
-No containers run here: the node agent (``tests/support/node_agent.py``) plays the
+No containers run here: the node agent (``harness/node_agent.py``) plays the
 scheduler, the kubelet and virt-handler, and says what it does (``[node agent]`` lines).
 """
 
@@ -29,11 +29,12 @@ from harness.demo_people import ApiProcess, Console, MailSink, NotifyProcess, ma
 from harness.localkube import LocalKube
 from harness.processes import poll_until
 from harness.localkubevirt import HANDLER_USER, NAMESPACE, SERVICE_ACCOUNT_GROUPS, vm_subresource
+from harness.node_agent import NodeAgent
 from harness.publishing import publish, scenario_records
 from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess
-from harness.scenarios import A100, INTENTS, PROJECT_LABEL, RTX, kubevirt_cr, node, vm
+from harness.scenarios import INTENTS
+from samples.cluster import A100, PROJECT_LABEL, RTX, kubevirt_cr, node, vm
 from streams.common.credentials import DevSigner
-from tests.support.node_agent import NodeAgent
 
 KUBEVIRT = ("kubevirt.io", "v1")
 ALICE, BOB, OPS = "alice@example.com", "bob@example.com", "ops@example.com"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from handlers.topics import INTENTS, K8S_EVENTS
-from harness.scenarios import vm
+from samples.cluster import vm
 
 Fate = Literal["dead_letter", "rejected"]
 VMS = ("train-1", "batch-1", "web-1")

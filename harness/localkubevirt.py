@@ -17,7 +17,7 @@ module proxy, run out of cluster the way virt-operator would deploy them in it:
   processes read their configuration from it and refuse VMIs without an architecture.
 
 What no process here can be — the kube-scheduler, the kubelet, virt-handler — is played in the
-tests by ``tests/support/node_agent.py``. See docs/kubevirt.md for what the tests observe.
+demo and the tests by ``harness/node_agent.py``. See docs/kubevirt.md for what the tests observe.
 """
 
 from __future__ import annotations

@@ -258,7 +258,8 @@ class Outputs:
                 self.on_arrival(name, value)
         return arrived
 
-    def wait_for(self, condition: Callable[[Outputs], bool], timeout: float = 60.0, what: str = "") -> None:
+    def wait_for(self, condition: Callable[[Outputs], object], timeout: float = 60.0, what: str = "") -> None:
+        """Poll until ``condition`` holds: true, or what it looks for found (a list not empty)."""
         deadline = time.monotonic() + timeout
         while not condition(self):
             if time.monotonic() > deadline:

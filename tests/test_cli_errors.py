@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -358,8 +359,8 @@ def test_a_missing_empty_or_broken_jwks_is_one_line_and_exit_2_before_any_connec
 
     with ThreadPoolExecutor(4) as pool:
         ran = dict(pool.map(run, cases))
-    for case, (_, says) in cases.items():
-        assert_one_line(ran[case], case[0], errors.EXIT_USAGE, *says)
+    for case, (_, said) in cases.items():
+        assert_one_line(ran[case], case[0], errors.EXIT_USAGE, *said)
 
 
 def test_an_empty_key_set_is_a_key_set(tmp_path: Path) -> None:
@@ -403,8 +404,8 @@ def test_a_worker_or_applier_without_a_key_to_seal_with_does_not_start(tmp_path:
 
     with ThreadPoolExecutor(4) as pool:
         ran = dict(pool.map(run, cases))
-    for case, (_, says) in cases.items():
-        assert_one_line(ran[case], case[0], errors.EXIT_USAGE, *says)
+    for case, (_, said) in cases.items():
+        assert_one_line(ran[case], case[0], errors.EXIT_USAGE, *said)
 
 
 def test_the_example_configuration_gets_every_process_past_its_keys_from_any_directory(
@@ -445,9 +446,10 @@ def test_a_keys_or_tokens_file_that_is_not_yaml_is_one_line_and_exit_2(tmp_path:
 def test_a_file_that_cannot_be_read_is_said_of_the_setting_that_names_it(tmp_path: Path) -> None:
     settings = load_config(argparse.Namespace(config=str(ROOT / "examples" / "config.yaml")))
     absent = str(tmp_path / "absent")
-    for update, says in [({"signing": settings.signing.model_copy(update={"keys_file": absent})}, "signing.keys_file"),
-                         ({"worker": settings.worker.model_copy(update={"web_token_file": absent})},
-                          "worker.web_token_file")]:
+    updates: list[tuple[dict[str, Any], str]] = [
+        ({"signing": settings.signing.model_copy(update={"keys_file": absent})}, "signing.keys_file"),
+        ({"worker": settings.worker.model_copy(update={"web_token_file": absent})}, "worker.web_token_file")]
+    for update, says in updates:
         with pytest.raises(errors.ConfigError) as caught:
             check_secrets(settings.model_copy(update=update), seals="commands", page_token=True)
         assert caught.value.message == f"{says}: {absent}: No such file or directory"

@@ -17,7 +17,7 @@ from handlers import topics
 from handlers.delivery import PAYLOADS, Endpoint, targets
 from handlers.engine import Engine
 from handlers.messages import Notification, ObjectRef
-from harness.scenarios import RTX, kubevirt_cr, node, vm
+from samples.cluster import RTX, kubevirt_cr, node, vm
 from streams.cli.simulating import Simulation
 from streams.common.settings import KafkaSettings, NotifySettings, load_settings
 from streams.serve.notify import Senders

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import ast
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, get_args
 
@@ -26,6 +27,7 @@ from handlers.messages import (
     COMMAND_TYPES,
     INTENT_MODELS,
     INTENT_TYPES,
+    IntentBase,
     VM_INTENT_TYPES,
     WATCHED_KINDS,
     Command,
@@ -38,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DECLARATION = ROOT / "handlers" / "topics.py"
 WATCH_RBAC = ROOT / "deploy" / "base" / "rbac-watch.yaml"
 CONTRACTS = ROOT / "docs" / "contracts.md"
+START = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
 PREFIX = "vmstream."  # the default prefix: the core never spells it before a topic's name
 
 # Topic names that are ordinary words too (an audit record's ``commands`` field, a table of
@@ -219,19 +222,23 @@ def test_the_engine_has_a_rule_for_exactly_the_intent_types() -> None:
 
 
 @pytest.mark.parametrize("model", INTENT_MODELS, ids=lambda model: model.__name__)
-def test_every_intent_type_declares_the_key_it_is_decided_under(model: type) -> None:
+def test_every_intent_type_declares_the_key_it_is_decided_under(model: type[IntentBase]) -> None:
     key = model.decided_under
     assert key.fields and all(field.split(".")[0] in model.model_fields for field in key.fields)
     [row] = [line for line in CONTRACTS.read_text().splitlines() if line.startswith("| `vmstream.intents` |")]
     assert f"`{key.pattern}`" in row  # the contract names it (the AsyncAPI document derives it)
 
 
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    [action] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return action.choices
+
+
 def test_the_cli_asks_for_exactly_the_intent_types() -> None:
     parser = argparse.ArgumentParser()
     requesting.add_parser(parser.add_subparsers())
-    offered = {sub.get_default("intent_type") for action in parser._subparsers._group_actions  # type: ignore[union-attr]
-               for command in action.choices.values() for group in command._subparsers._group_actions  # type: ignore[union-attr]
-               for sub in group.choices.values()}
+    offered = {sub.get_default("intent_type") for command in subcommands(parser).values()
+               for sub in subcommands(command).values()}
     assert offered == set(INTENT_TYPES)
 
 
@@ -281,7 +288,8 @@ def test_the_applier_makes_one_distinct_change_per_command_type() -> None:
     ``assert_never``), and no two types make the same change."""
     applier = _Recording()
     for command_type in COMMAND_TYPES:
-        command = Command.model_construct(type=command_type, target=ObjectRef(kind="Node", namespace=None, name="n"))
+        command = Command.model_construct(command_id="cmd-1", type=command_type, cause="it-1", issued_at=START,
+                                          target=ObjectRef(kind="Node", namespace=None, name="n"))
         assert applier._dispatch(command) == applying.Applied("applied")
     assert applier.made == ["patch", "create", "restart", "start", "stop", "delete VMI", "cordon", "uncordon",
                             "cancel eviction mark"]

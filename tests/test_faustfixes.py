@@ -12,6 +12,7 @@ from typing import Any
 import faust
 import pytest
 from faust.transport.drivers import aiokafka as aiokafka_driver
+from faust.tables.manager import TableManager
 from faust.types import TP
 
 from streams.worker.faustfixes import App, HeldRecovery, PartitionTrackedTable, WorkerConsumer
@@ -42,7 +43,7 @@ async def test_recovery_resumes_the_inputs_only_once_flow_control_has_cleared_th
     app = App("faustfixes-recovery", broker="kafka://127.0.0.1:9", store="memory://",
               loop=asyncio.get_running_loop())
     calls: list[str] = []
-    app._consumer = _Consumer(calls)
+    app.__dict__["_consumer"] = _Consumer(calls)  # the four calls recovery's end makes, recorded
     app.flow_control.resume = lambda: calls.append("clear the queues")  # type: ignore[method-assign]
 
     async def fetching() -> None:
@@ -50,7 +51,9 @@ async def test_recovery_resumes_the_inputs_only_once_flow_control_has_cleared_th
 
     app.__dict__["_fetcher"] = SimpleNamespace(maybe_start=fetching)  # Faust's fetcher needs a broker
     app.on_rebalance_end = lambda: None  # type: ignore[method-assign]
-    recovery = app.tables.recovery
+    tables = app.tables
+    assert isinstance(tables, TableManager)
+    recovery = tables.recovery
     assert isinstance(recovery, HeldRecovery)
     await recovery._resume_streams(app.consumer_generation_id)
     assert calls == ["seek", "clear the queues", "resume flow", "fetch", "resume 2 partitions"]
@@ -68,7 +71,7 @@ async def test_aiokafka_is_asked_for_the_partitions_active_when_the_call_starts(
 
     monkeypatch.setattr(aiokafka_driver.Consumer, "_getmany", getmany)
     consumer = object.__new__(WorkerConsumer)  # only _getmany is under test: no broker, no thread
-    consumer._thread = SimpleNamespace(pace=lambda busy: None)
+    vars(consumer)["_thread"] = SimpleNamespace(pace=lambda busy: None)
     live = {TP("vmstream.state-changelog", 0)}
     await consumer._getmany(live, 1.0)
     assert asked == [{TP("vmstream.state-changelog", 0)}]

@@ -51,7 +51,7 @@ def cycle() -> weakref.ref[Node]:
 
 
 def pause_samples(generation: int) -> float:
-    value = metrics.GC_PAUSE_SECONDS.labels(str(generation))._sum.get()  # type: ignore[attr-defined]
+    value = metrics.GC_PAUSE_SECONDS.labels(str(generation))._sum.get()
     return float(value)
 
 

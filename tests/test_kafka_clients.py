@@ -21,7 +21,7 @@ def test_librdkafka_takes_every_security_setting(protocol: str, tmp_path: Path) 
     CertificateAuthority.create(tmp_path)  # a CA file librdkafka can read: it loads it at once
     cafile = tmp_path / "ca.crt"
     sasl = protocol.startswith("SASL")
-    settings = KafkaSettings(bootstrap_servers="broker-0:9093,broker-1:9093", security_protocol=protocol,  # type: ignore[arg-type]
+    settings = KafkaSettings(bootstrap_servers="broker-0:9093,broker-1:9093", security_protocol=protocol,
                              sasl_mechanism="SCRAM-SHA-512" if sasl else None,
                              sasl_username="vmstream-apply" if sasl else None,
                              sasl_password=SecretStr("s3cret") if sasl else None,

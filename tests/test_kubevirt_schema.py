@@ -93,7 +93,7 @@ def test_translation_is_valid_draft_2020_12(kind: str) -> None:
 
 
 def test_kubevirt_cr() -> None:
-    cr = {
+    cr: dict[str, Any] = {
         "apiVersion": "kubevirt.io/v1",
         "kind": "KubeVirt",
         "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
@@ -163,7 +163,8 @@ def test_gpu_items_require_only_name(kind: str) -> None:
 
 
 def test_gpu_entries(vm: dict[str, Any]) -> None:
-    gpus = _domain(vm)["devices"]["gpus"] = [{"deviceName": "nvidia.com/GA102GL_A10"}]
+    gpus: list[dict[str, Any]] = [{"deviceName": "nvidia.com/GA102GL_A10"}]
+    _domain(vm)["devices"]["gpus"] = gpus
     assert ks.vm_errors(vm) == [f"{VM_DOMAIN}.devices.gpus[0].name: required field missing"]
     gpus[0]["name"] = "gpu1"
     assert ks.vm_errors(vm) == []
@@ -394,7 +395,7 @@ def test_without_the_data_or_go_the_error_says_how_to_get_it(
     from harness import locations
 
     monkeypatch.setenv("VMSTREAM_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(locations.shutil, "which", lambda name: None)
+    monkeypatch.setattr("harness.locations.shutil.which", lambda name: None)
     with pytest.raises(locations.ThirdPartyDataError, match="tools/kubevirtdata/build.sh"):
         locations.kubevirt_crd("virtualmachines")
     assert list(tmp_path.iterdir()) == []

@@ -19,7 +19,7 @@ from handlers.figures import ClassFigures, DrainFigures, Figures
 from streams.common import metrics
 from streams.common.probes import ProbeServer
 
-OWN_PREFIXES = {
+OWN_PREFIXES: dict[metrics.Process, tuple[str, ...]] = {
     "worker": ("vmstream_inputs", "vmstream_outputs", "vmstream_decision", "vmstream_table_rows", "vmstream_gpus_",
                "vmstream_vms_", "vmstream_drain", "vmstream_gc_"),
     "apply": ("vmstream_apply_", "vmstream_kube_api_errors"),

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import runpy
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -123,9 +123,5 @@ def test_the_dashboard_shows_capacity_and_drains() -> None:
 
 
 def test_the_dashboard_is_what_its_generator_writes() -> None:
-    sys.path.insert(0, str(ROOT / "tools" / "monitoring"))
-    try:
-        import dashboard as generator
-    finally:
-        sys.path.pop(0)
-    assert json.loads(DASHBOARD.read_text()) == generator.dashboard(), "run python tools/monitoring/dashboard.py"
+    generator = runpy.run_path(str(ROOT / "tools" / "monitoring" / "dashboard.py"))
+    assert json.loads(DASHBOARD.read_text()) == generator["dashboard"](), "run python tools/monitoring/dashboard.py"

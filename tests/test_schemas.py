@@ -303,7 +303,7 @@ def test_the_kept_topics_accept_what_api_and_notify_write() -> None:
     from handlers.tracing import derived_trace
     from handlers.views import GPUClassStatus
     from streams.serve.api import ClassTopic
-    from streams.serve.notify import Notifier
+    from streams.serve.notify import DeliveryLedger, Notifier
 
     status = GPUClassStatus(name="nvidia-a100", class_id=None, display_name="A100", device_name="nvidia.com/A100",
                             undefined=True, permitted=True, total=2, schedulable=1, in_use=1, free=0)
@@ -346,9 +346,8 @@ def test_the_kept_topics_accept_what_api_and_notify_write() -> None:
         def get(self, timeout: float) -> None:
             return None
 
-    class Ledger:
-        topic = KAFKA.topic(DELIVERIES)
-        done: set[str] = set()
+    ledger = DeliveryLedger.__new__(DeliveryLedger)  # nothing delivered yet, and no consumer to read it back
+    ledger.topic, ledger.done = KAFKA.topic(DELIVERIES), set()
 
     at = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
     notifier = Notifier(load_settings(EXAMPLES_DIR / "config.yaml"), clock=lambda: at)
@@ -357,7 +356,7 @@ def test_the_kept_topics_accept_what_api_and_notify_write() -> None:
     for channel, recipient, outcome, attempts in (("email", "bob@example.com", "delivered", 1),
                                                    ("none", "carol", "dead_lettered", 0)):
         key = f"{parsed.notification_id}|{channel}|{recipient}"
-        notifier._record(Producer(), Ledger(), key, parsed, channel=channel,  # type: ignore[arg-type]
+        notifier._record(Producer(), ledger, key, parsed, channel=channel,
                          recipient=recipient, outcome=outcome, attempts=attempts,
                          trace=derived_trace(parsed.notification_id))
     assert len(sent) == 2

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,7 @@ def simulate(name: str) -> list[str]:
         return list(Simulation(engine).feed(lines))
 
 
-def outputs(name: str, topic: str) -> list[dict]:
+def outputs(name: str, topic: str) -> list[dict[str, Any]]:
     return [json.loads(line)["value"] for line in simulate(name) if json.loads(line)["topic"] == topic]
 
 

@@ -21,8 +21,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from handlers.engine import Result, Source
 from handlers.inputs import IntentInput
 from handlers.messages import Command, Notification
-from handlers.tracing import derived_trace, parse_traceparent, span_id
-from harness.scenarios import RTX, node, vm, vmi
+from handlers.tracing import Trace, derived_trace, parse_traceparent, span_id
+from samples.cluster import RTX, node, vm, vmi
 from streams.common import spans
 from streams.common.cloudevents import TraceBook, kafka_headers, trace_headers
 from streams.common.group_reading import Received
@@ -30,7 +30,7 @@ from streams.common.settings import Settings
 from streams.common.topics import KIND_HEADER
 from streams.kube.applying import Applied, Applier
 from streams.kube.watching import KINDS, Publisher
-from streams.serve.notify import Notifier
+from streams.serve.notify import DeliveryLedger, Notifier
 from streams.worker.app import Worker
 from streams.worker.routing import Read
 from tests.support.harness import START, Harness
@@ -56,6 +56,7 @@ def _hex(number: int, digits: int) -> str:
 def ids(span: ReadableSpan) -> tuple[str, str, str | None]:
     """(trace-id, span id, parent span id) in hex."""
     context = span.get_span_context()
+    assert context is not None
     parent = span.parent
     return (_hex(context.trace_id, 32), _hex(context.span_id, 16),
             _hex(parent.span_id, 16) if parent is not None else None)
@@ -63,6 +64,13 @@ def ids(span: ReadableSpan) -> tuple[str, str, str | None]:
 
 def named(exporter: InMemorySpanExporter, prefix: str) -> list[ReadableSpan]:
     return [s for s in exporter.get_finished_spans() if s.name.startswith(prefix)]
+
+
+def trace_of(traceparent: str) -> Trace:
+    """The trace a ``traceparent`` names, which must be a valid one."""
+    trace = parse_traceparent(traceparent)
+    assert trace is not None, traceparent
+    return trace
 
 
 def header(headers: Any, name: str = "traceparent") -> str:
@@ -90,7 +98,8 @@ def running_vm() -> Harness:
     return h
 
 
-def route_and_decide(h: Harness, value: dict[str, Any], headers: list[tuple[str, bytes]]) -> tuple[Any, Result]:
+def route_and_decide(h: Harness, value: dict[str, Any],
+                     headers: list[tuple[str, bytes]]) -> tuple[Any, tuple[Read, Result]]:
     """The worker's route and decide of one intent, as the worker runs them: the routed
     record's headers from route, decide's spans and the spans of what it sent."""
     worker = bare_worker()
@@ -133,12 +142,20 @@ class FakeOut:
 
 
 def bare_applier() -> Any:
-    applier = Applier.__new__(Applier)
+    """An Applier without its clients: apply's and send's span code reads only these."""
+    applier: Any = Applier.__new__(Applier)
     applier.kube, applier.traces, applier.applied_spans = FakeKube(), TraceBook(), {}
     applier.clock = lambda: datetime(2026, 11, 30, 10, 0, 1, tzinfo=UTC)
     applier.commands_topic, applier.keyring = "vmstream.commands", None
     applier.event_source = "/vmstream/applier/vmstream"
     return applier
+
+
+def nothing_delivered(topic: str) -> DeliveryLedger:
+    """notify's ledger with no delivery made yet, without the consumer that reads one back."""
+    ledger = DeliveryLedger.__new__(DeliveryLedger)
+    ledger.topic, ledger.done = topic, set()
+    return ledger
 
 
 @dataclass
@@ -163,13 +180,13 @@ def test_one_intent_is_one_trace_from_route_to_the_delivery(exported: InMemorySp
     [route] = named(exported, "route")
     [decide] = named(exported, "decide")
     assert ids(route)[0] == TRACE_ID and ids(route)[2] == PARENT  # a child of the console's span
-    assert parse_traceparent(header(routed.headers)).span_id == ids(route)[1]  # the routed record names route
+    assert trace_of(header(routed.headers)).span_id == ids(route)[1]  # the routed record names route
     assert ids(decide)[2] == ids(route)[1]
 
     # The worker's records: each one's span is the one its traceparent names, decide's child.
-    sends = {s.attributes["messaging.message.id"]: s for s in named(exported, "send")}
+    sends = {(s.attributes or {})["messaging.message.id"]: s for s in named(exported, "send")}
     for message, own_id in ((command, command.command_id), (told, told.notification_id)):
-        traceparent = parse_traceparent(header(sent_headers(worker, routed, result, message)))
+        traceparent = trace_of(header(sent_headers(worker, routed, result, message)))
         assert (traceparent.trace_id, traceparent.span_id) == (TRACE_ID, ids(sends[own_id])[1])
         assert ids(sends[own_id])[2] == ids(decide)[1]
 
@@ -182,23 +199,22 @@ def test_one_intent_is_one_trace_from_route_to_the_delivery(exported: InMemorySp
     [apply] = named(exported, "apply")
     assert ids(apply)[:1] == (TRACE_ID,) and ids(apply)[2] == ids(sends[command.command_id])[1]
     [result_record] = out.records
-    result_span = [s for s in named(exported, "send vmstream.command-results")]
-    [result_span] = result_span
+    [result_span] = named(exported, "send vmstream.command-results")
     assert ids(result_span)[2] == ids(apply)[1]
-    assert parse_traceparent(header(result_record.headers)).span_id == ids(result_span)[1]
+    assert trace_of(header(result_record.headers)).span_id == ids(result_span)[1]
 
     # notify reads the notification and delivers it: its delivery's span is what the receiver is told.
     mailbox = Mailbox()
     notifier = Notifier(Settings(az="az1"), transport=mailbox, clock=lambda: datetime(2026, 11, 30, 10, 0, 2, tzinfo=UTC))
     record = Received("vmstream.notifications", 0, 5, told.subject.name.encode() if told.subject else None,
                       told.model_dump_json().encode(), list(sent_headers(worker, routed, result, told).items()))
-    notifier.handle(record, SimpleNamespace(topic="vmstream.deliveries", done=set()), FakeOut())
+    notifier.handle(record, nothing_delivered("vmstream.deliveries"), FakeOut())
     [notify] = named(exported, "notify")
     [deliver] = named(exported, "deliver")
     assert ids(notify)[2] == ids(sends[told.notification_id])[1]
     assert ids(deliver)[2] == ids(notify)[1]
     [context] = mailbox.contexts
-    assert parse_traceparent(context["traceparent"]).span_id == ids(deliver)[1]
+    assert trace_of(context["traceparent"]).span_id == ids(deliver)[1]
 
     assert {ids(s)[0] for s in exported.get_finished_spans()} == {TRACE_ID}
     every = {ids(s)[1] for s in exported.get_finished_spans()}
@@ -217,7 +233,7 @@ def test_an_intent_without_a_trace_has_route_as_its_root(exported: InMemorySpanE
     assert ids(route) == (derived.trace_id, derived.span_id, None)
     assert ids(decide)[:1] == (derived.trace_id,) and ids(decide)[2] == ids(route)[1]
     [command] = result.decision.commands
-    traceparent = parse_traceparent(header(sent_headers(worker, routed, result, command)))
+    traceparent = trace_of(header(sent_headers(worker, routed, result, command)))
     assert traceparent.trace_id == derived.trace_id  # the headers as without spans
 
 
@@ -229,11 +245,11 @@ def test_a_watch_event_s_trace_starts_at_the_bridge(exported: InMemorySpanExport
             sent.append((topic, kwargs))
             return None
 
-    publisher = Publisher(Producer(), "vmstream.k8s-events")  # type: ignore[arg-type]
+    publisher = Publisher(Producer(), "vmstream.k8s-events")
     [node_kind] = [k for k in KINDS if k.kind == "Node"]
     publisher.send(node_kind, "ADDED", node("gpu-node-7", gpus={RTX: 2}))
     [(_, record)] = sent
-    traceparent = parse_traceparent(header(record["headers"]))
+    traceparent = trace_of(header(record["headers"]))
     [watch] = named(exported, "watch Node")
     assert ids(watch) == (traceparent.trace_id, traceparent.span_id, None)
 
@@ -242,7 +258,7 @@ def test_a_watch_event_s_trace_starts_at_the_bridge(exported: InMemorySpanExport
     routed = bare_worker()._route_trace(read, value, False)
     [route] = named(exported, "route")
     assert ids(route)[0] == traceparent.trace_id and ids(route)[2] == ids(watch)[1]
-    assert parse_traceparent(routed["traceparent"]).span_id == ids(route)[1] == span_id("route/vmstream.k8s-events:0:3")
+    assert trace_of(routed["traceparent"]).span_id == ids(route)[1] == span_id("route/vmstream.k8s-events:0:3")
 
 
 def test_without_configuration_nothing_is_recorded_and_headers_pass_unchanged() -> None:

@@ -15,15 +15,15 @@ import pytest
 
 from handlers import ids
 from handlers.gpus import rule_gaps
-from harness.scenarios import RTX
+from samples.cluster import RTX
 from tests.e2e.test_loop import (  # noqa: F401 (fixtures)
     ALICE,
     NAMESPACE,
     Loop,
-    eventually,
     loop,
 )
 from tests.support.kubevirt_schema import validate_vm
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 

@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from harness.scenarios import A100, PROJECT_LABEL, RTX
+from samples.cluster import A100, PROJECT_LABEL, RTX
 from tests.e2e.test_loop import (  # noqa: F401 (fixtures)
     ALICE,
     KUBEVIRT,
@@ -24,9 +24,9 @@ from tests.e2e.test_loop import (  # noqa: F401 (fixtures)
     NAMESPACE,
     OPS,
     Loop,
-    eventually,
     loop,
 )
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 

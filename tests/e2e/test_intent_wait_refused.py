@@ -20,8 +20,8 @@ from kubernetes.client.rest import ApiException
 
 from streams.cli import requesting
 from harness.locations import REPO_ROOT
-from harness.running import CONFIG
-from harness.scenarios import RTX
+from harness.running import CONFIG, Outputs
+from samples.cluster import RTX
 from tests.e2e.test_loop import ALICE, KUBEVIRT, NAMESPACE, Loop, loop  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
@@ -107,8 +107,11 @@ def vms(loop: Loop) -> Loop:  # noqa: F811 (loop: the fixture)
         loop.vm(name, run_strategy="Manual")
     for name in (REFUSED_VM, ALLOWED_VM):
         key = f"VirtualMachine/{NAMESPACE}/{name}"
-        loop.outputs.wait_for(lambda o, key=key: any(a["input"]["key"] == key for a in o.seen["audit"]),
-                              timeout=90, what=f"the worker to observe {key}")
+
+        def observed(outputs: Outputs, key: str = key) -> bool:
+            return any(a["input"]["key"] == key for a in outputs.seen["audit"])
+
+        loop.outputs.wait_for(observed, timeout=90, what=f"the worker to observe {key}")
     return loop
 
 

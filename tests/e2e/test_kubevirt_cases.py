@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from kubernetes import client
 
-from harness.scenarios import RTX
+from samples.cluster import RTX
 from tests.e2e.test_loop import (  # noqa: F401 (fixtures)
     ALICE,
     KUBEVIRT,
     NAMESPACE,
     OPS,
     Loop,
-    eventually,
     loop,
 )
+from tests.support.waiting import eventually
 
 import pytest
 

@@ -2,7 +2,7 @@
 
 KubeVirt is its own virt-controller and virt-api (the session's control plane,
 ``tests/support/kube_apiserver.py``); only the scheduler, the kubelet and virt-handler are
-played, by the node agent (``tests/support/node_agent.py``). Everything else is vmstream as it
+played, by the node agent (``harness/node_agent.py``). Everything else is vmstream as it
 ships, each part in its own process, talking through a real broker to a real kube-apiserver.
 Each test starts from a cluster without Nodes, VMs or NodeMaintenances and leaves it so.
 """
@@ -21,13 +21,13 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from harness.node_agent import LAUNCHER_SELECTOR, NodeAgent
 from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess
-from harness.scenarios import PROJECT_LABEL, RTX
-from harness.scenarios import node as node_object
+from samples.cluster import PROJECT_LABEL, RTX
+from samples.cluster import node as node_object
 from streams.common.credentials import DevSigner
 from tests.support.kubevirt_schema import validate_vm
 from tests.support.kube_apiserver import Kube
-from tests.support.node_agent import LAUNCHER_SELECTOR, NodeAgent
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]

@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client
 
 from harness.running import Outputs
-from harness.scenarios import RTX
+from samples.cluster import RTX
 from streams.kube.subresources import EVACUATE_CANCEL_PATH, SUBRESOURCE_HEADERS
 from tests.e2e.test_gpu_sets import own_domain
 from tests.e2e.test_loop import (  # noqa: F401 (fixtures)
@@ -23,9 +23,9 @@ from tests.e2e.test_loop import (  # noqa: F401 (fixtures)
     NAMESPACE,
     OPS,
     Loop,
-    eventually,
     loop,
 )
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 
@@ -38,8 +38,9 @@ def not_before(at: str, then: str) -> bool:
 def bare_vm(loop: Loop, name: str, *, run_strategy: str = "Always", gpus: list[str] | None = None,
             labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None) -> None:
     """A GPU VM as kubectl would create it, with the GPU rules and only the metadata given."""
-    template = {"domain": own_domain(gpus=gpus if gpus is not None else [RTX]), "evictionStrategy": "External",
-                "volumes": [{"name": "containerdisk", "containerDisk": {"image": "quay.io/containerdisks/ubuntu:24.04"}}]}
+    template: dict[str, Any] = {
+        "domain": own_domain(gpus=gpus if gpus is not None else [RTX]), "evictionStrategy": "External",
+        "volumes": [{"name": "containerdisk", "containerDisk": {"image": "quay.io/containerdisks/ubuntu:24.04"}}]}
     template["domain"]["devices"]["disks"] = [{"name": "containerdisk", "disk": {"bus": "virtio"}}]
     body: dict[str, Any] = {
         "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",

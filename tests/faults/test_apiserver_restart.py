@@ -32,7 +32,7 @@ from streams.common.codecs import encode_message
 from harness.localkube import LocalKube
 from harness.processes import free_ports
 from harness.running import CONFIG, Deployment, VmstreamProcess
-from harness.scenarios import A100, PROJECT_LABEL
+from samples.cluster import A100, PROJECT_LABEL
 from streams.kube.watching import TOPIC
 from tests.support.harness import Harness, config as harness_config
 from tests.support.kube_apiserver import minimal_vm

@@ -24,7 +24,8 @@ from handlers.engine import Engine
 from handlers.tracing import derived_trace
 from handlers.views import gpu_classes, vm_badge
 from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess
-from harness.scenarios import BOB, RTX, Script, cluster, vm
+from harness.scenarios import BOB, Script, cluster
+from samples.cluster import RTX, vm
 from streams.common.settings import load_settings
 from streams.cli.simulating import Simulation
 from streams.common.topics import GPU_CLASSES

@@ -9,6 +9,7 @@ another intent or expired. Each is refused and audited, and nothing reaches
 
 from __future__ import annotations
 
+import argparse
 import json
 import socket
 import time
@@ -25,7 +26,8 @@ from kafka import KafkaConsumer, TopicPartition
 from streams.cli import requesting
 from streams.common.credentials import SigningKey, jwks, sign_intent, signed
 from harness.running import Deployment, WorkerProcess
-from harness.scenarios import START, cluster, iso
+from harness.scenarios import START, cluster
+from samples.cluster import iso
 
 pytestmark = pytest.mark.kafka
 
@@ -196,7 +198,7 @@ def test_the_cli_signs_with_a_key_file(
     lines = list(cluster().jsonl())
     deployment.publish_lines(lines)
     drain = ["drain", "--by", OPS, "--node", "gpu-node-2", "--reason", "firmware", "--wait=decided", "--timeout", "60"]
-    parser = requesting.argparse.ArgumentParser(prog="vmstream")
+    parser = argparse.ArgumentParser(prog="vmstream")
     requesting.add_parser(parser.add_subparsers(dest="command", required=True))
 
     def run(*argv: str) -> int:

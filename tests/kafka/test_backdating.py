@@ -51,7 +51,7 @@ def test_an_intent_stamped_further_back_than_the_bound_is_refused_by_the_broker(
         reader.assign(partitions)
         reader.seek_to_beginning()
         end = reader.end_offsets(partitions)
-        values = []
+        values: list[bytes | None] = []
         deadline = time.monotonic() + 30
         while any(reader.position(tp) < end[tp] for tp in partitions) and time.monotonic() < deadline:
             for records in reader.poll(timeout_ms=500).values():

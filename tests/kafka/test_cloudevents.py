@@ -29,7 +29,7 @@ from streams.kube.applying import Applier, KubeApplier
 from streams.common.codecs import encode_message
 from harness.running import CONFIG, Deployment, WorkerProcess
 from harness.scenarios import cluster
-from harness.scenarios import node as node_object
+from samples.cluster import node as node_object
 from streams.common.settings import load_settings
 from tests.support.kube_apiserver import Kube
 

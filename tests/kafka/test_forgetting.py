@@ -11,6 +11,7 @@ consumer of this test's own.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
@@ -59,7 +60,7 @@ class Changelog:
         self.reader.close()
 
 
-def publish_misplaced(deployment: Deployment, value: dict[str, object]) -> None:
+def publish_misplaced(deployment: Deployment, value: Mapping[str, object]) -> None:
     kafka = deployment.kafka
     wrong = ((murmur2(KEY.encode()) & 0x7FFFFFFF) % kafka.partitions + 1) % kafka.partitions  # never murmur2's
     out = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")

@@ -40,7 +40,8 @@ from harness.processes import free_ports
 from streams.common.cloudevents import kafka_headers, trace_of
 from streams.common.kafka_clients import admin_client
 from streams.common.settings import Settings, read_yaml
-from streams.serve.notify import LEDGER, Notifier, ensure_ledger
+from streams.common.topics import DELIVERIES as LEDGER
+from streams.serve.notify import Notifier, ensure_ledger
 from tests.support.waiting import eventually, stop
 
 pytestmark = pytest.mark.kafka

@@ -40,7 +40,7 @@ def intents() -> list[tuple[str, dict[str, Any]]]:
 
 def murmur2_partition(key: str, partitions: int) -> int:
     """Where a Java or kafka-python producer puts ``key`` (Kafka's default partitioner)."""
-    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+    return int(murmur2(key.encode()) & 0x7FFFFFFF) % partitions
 
 
 def expected_pending() -> list[str]:

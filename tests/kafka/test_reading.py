@@ -39,7 +39,7 @@ def test_a_record_past_the_end_is_left_for_the_next_read(
     try:
         reader.assign([busy, quiet])
         reader.seek_to_beginning(busy, quiet)
-        reader.end_offsets = lambda partitions: {tp: snapshot[tp] for tp in partitions}  # type: ignore[method-assign]
+        reader.end_offsets = lambda partitions: {tp: snapshot[tp] for tp in partitions}
         read = [(r.partition, r.value) for r in read_to_end(reader, [busy, quiet], stall=30)]
         assert len(read) == 200 and {p for p, _ in read} == {0}  # up to the ends taken, nothing past them
         later: list[bytes] = []

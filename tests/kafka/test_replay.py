@@ -55,7 +55,8 @@ class Record:
     headers: list[tuple[str, bytes]]
 
     def json(self) -> dict[str, Any]:
-        return json.loads(self.value or b"")
+        value: dict[str, Any] = json.loads(self.value or b"")
+        return value
 
 
 def read_all(kafka: KafkaSettings) -> list[Record]:

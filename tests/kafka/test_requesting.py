@@ -182,7 +182,7 @@ def test_an_intent_goes_out_as_a_cloudevent_in_vmstream_s_scheme(
     [record] = read_all(kafka, "intents")
     headers = {name: value.decode() for name, value in record.headers}
     intent = parse_intent(record.value)
-    assert intent.requested_at is not None
+    assert isinstance(intent, SetGPUIntent) and intent.requested_at is not None
     assert headers == {
         "ce_specversion": "1.0", "ce_id": "it-ce", "ce_type": "io.vmstream.intent.set_gpu",
         "ce_source": "/vmstream/cli/vmstream-az1", "ce_time": intent.requested_at.strftime("%Y-%m-%dT%H:%M:%SZ"),

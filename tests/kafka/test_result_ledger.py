@@ -10,8 +10,9 @@ applier's result, a forgery) is judged as before.
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
+from collections.abc import Callable
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -25,9 +26,9 @@ from harness.running import CONFIG, Deployment
 from streams.common.codecs import encode_message
 from streams.common.durable import Delivered, DurableProducer, Record
 from streams.common.settings import Settings, load_settings
-from streams.common.signing import Keyring
+from streams.common.signing import Keyring, open_sealed
 from streams.kube import applying
-from streams.kube.applying import Applied, Applier, ResultLedger
+from streams.kube.applying import Applied, Applier, KubeApplier, ResultLedger
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.kafka
@@ -52,12 +53,20 @@ def settings_of(deployment: Deployment) -> Settings:
     return load_settings(CONFIG).model_copy(update={"kafka": deployment.kafka, "signing": deployment.signing})
 
 
+def read_then(ledger: ResultLedger, check: Callable[[], bool]) -> Callable[[], bool]:
+    """``check``, asked once the ledger has taken what has arrived."""
+    def probe() -> bool:
+        ledger.take_arrived()
+        return check()
+    return probe
+
+
 def test_the_ledger_skips_its_own_results_and_judges_the_rest(
         deployment: Deployment, monkeypatch: pytest.MonkeyPatch) -> None:
     settings = settings_of(deployment)
     keyring = settings.signing.keyring()
     opened: list[bytes] = []
-    real_open = applying.open_sealed
+    real_open = open_sealed
 
     def counting_open(model: Any, raw: bytes, purpose: Any, keys: Keyring) -> Any:
         opened.append(raw)
@@ -74,13 +83,14 @@ def test_the_ledger_skips_its_own_results_and_judges_the_rest(
         other_id, other = result_record(settings, keyring, "other")  # another applier's
         forged_id, forged = result_record(settings, Keyring({"k-x": b"y" * 32}, active="k-x"), "forged")
         producer.send_all([other, forged])
-        eventually(lambda: (ledger.take_arrived(), other_id in ledger)[1], "the other applier's result to count")
-        eventually(lambda: (ledger.take_arrived(), ledger.ignored)[1] == 1, "the forgery to be read")
+        eventually(read_then(ledger, lambda: other_id in ledger), "the other applier's result to count")
+        eventually(read_then(ledger, lambda: ledger.ignored == 1), "the forgery to be read")
     finally:
         producer.close()
         ledger.close()
     assert forged_id not in ledger
     assert set(own_ids) <= ledger.done
+    assert other.value is not None and forged.value is not None
     assert sorted(opened) == sorted([other.value, forged.value])  # its own five were never opened
     assert not any(ledger.written.values())  # each offset forgotten once read back: nothing grows
 
@@ -96,19 +106,17 @@ def test_a_result_at_an_offset_not_its_own_is_opened_even_if_its_command_is_know
         ledger.add(command_id)
         ledger.wrote([])  # it wrote nothing
         producer.send_all([record])
-        eventually(lambda: (ledger.take_arrived(), ledger.ignored)[1] == 1, "the forged result to be judged")
+        eventually(read_then(ledger, lambda: ledger.ignored == 1), "the forged result to be judged")
     finally:
         producer.close()
         ledger.close()
 
 
-class _Answers:
-    """A ``KubeApplier`` stand-in that answers each command with a given outcome."""
+class _Answers(KubeApplier):
+    """A ``KubeApplier`` that answers each command with a given outcome, sending nothing."""
 
-    cache = None
-
-    def __init__(self, applied: Applied) -> None:
-        self.applied = applied
+    def __init__(self, applied: Applied) -> None:  # no API client: nothing is sent
+        self.applied, self.cache = applied, None
 
     def apply(self, issued: Command) -> Applied:
         return self.applied
@@ -122,7 +130,7 @@ class _Answers:
 ])
 def test_a_command_that_went_as_planned_is_logged_at_debug_the_rest_at_info(
         deployment: Deployment, caplog: pytest.LogCaptureFixture, applied: Applied, level: int) -> None:
-    applier = Applier(settings_of(deployment), _Answers(applied))  # type: ignore[arg-type]
+    applier = Applier(settings_of(deployment), _Answers(applied))
     with caplog.at_level(logging.DEBUG, logger=applying.__name__):
         applier.apply_one(command("vm-1"))
     lines = [r for r in caplog.records if r.name == applying.__name__ and f": {applied.outcome}" in r.getMessage()]
@@ -144,11 +152,10 @@ def test_only_offsets_of_its_own_topic_and_partitions_are_kept_and_passed_ones_a
         _, record = result_record(settings, keyring, "passed")
         [place] = producer.send_all([record])
         ledger.wrote([place])
-        eventually(lambda: (ledger.take_arrived(), not ledger.written[place.partition])[1],
-                   "its own result read back")
+        eventually(read_then(ledger, lambda: not ledger.written[place.partition]), "its own result read back")
         # An offset it wrote that is never read back (compacted away) goes once a later one is read.
         ledger.wrote([Delivered(results, 0, 7), Delivered(results, 0, 9)])
-        assert ledger._own(SimpleNamespace(partition=0, offset=9))  # type: ignore[arg-type]
+        assert ledger._own(SimpleNamespace(partition=0, offset=9))
         assert not ledger.written[0]
     finally:
         producer.close()

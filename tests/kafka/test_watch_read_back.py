@@ -99,7 +99,7 @@ def test_a_relist_publishes_deletions_only_for_what_was_read_back_as_that_very_o
             return sent
 
         monkeypatch.setattr(publisher, "send", recorded)
-        watcher.relist(None, publisher)  # type: ignore[arg-type]  # _list is the stand-in
+        watcher.relist(None, publisher)  # _list is the stand-in
     finally:
         out.close()
 

@@ -10,7 +10,7 @@ import io
 import json
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -27,7 +27,7 @@ SET_GPU = {"intent_id": "it-gpu-1", "type": "set_gpu", "requested_by": "bob@exam
            "spec": {"namespace": "spx-proj-b", "name": "dev-1", "gpu_class": "nvidia-rtx-pro-6000-bse"}}
 
 
-def intent_line(value: dict[str, object], key: str) -> str:
+def intent_line(value: Mapping[str, object], key: str) -> str:
     return json.dumps({"topic": "vmstream.intents", "key": key, "value": value})
 
 

@@ -25,10 +25,10 @@ from kubernetes.client.rest import ApiException
 from handlers import policy
 from handlers.gpus import desired_vm, plan_patch
 from handlers.messages import GPUMutation
+from samples.cluster import A100, PROJECT_LABEL
+from samples.cluster import node as node_object
+from samples.cluster import vm as vm_object
 from streams.kube.applying import RESTART_ANNOTATION
-from harness.scenarios import A100, PROJECT_LABEL
-from harness.scenarios import node as node_object
-from harness.scenarios import vm as vm_object
 from tests.support.kube_apiserver import Kube, as_others_write_it
 from tests.support.waiting import eventually
 
@@ -201,7 +201,7 @@ def test_a_gpu_patch_passes_and_nothing_else_does(admin: client.ApiClient, appli
         return lambda: custom.patch_namespaced_custom_object(*KUBEVIRT, project, "virtualmachines", "vm-1", ops,
                                                              _content_type=JSON_PATCH)
 
-    attacks = {
+    attacks: dict[str, list[dict[str, Any]]] = {
         "SSH key": [{"op": "add", "path": "/spec/template/spec/accessCredentials", "value": [
             {"sshPublicKey": {"source": {"secret": {"secretName": "mallory-key"}},
                               "propagationMethod": {"qemuGuestAgent": {"users": ["root"]}}}}]}],

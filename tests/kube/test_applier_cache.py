@@ -21,8 +21,8 @@ from kubernetes import client
 from handlers import ids
 from handlers.decisions import subject_key
 from handlers.messages import Command, ObjectRef
-from harness.scenarios import A100, PROJECT_LABEL
-from harness.scenarios import vm as scenario_vm
+from samples.cluster import A100, PROJECT_LABEL
+from samples.cluster import vm as scenario_vm
 from streams.kube.applying import KUBEVIRT, KubeApplier
 from streams.kube.informing import NAMESPACES, UNKNOWN, Informer, PolicyCache
 from tests.support.harness import Harness
@@ -91,17 +91,23 @@ def requests_sent(api: client.ApiClient) -> list[tuple[str, str]]:
     return sent
 
 
-class StaleCache:
+class StaleCache(PolicyCache):
     """A copy that lags: it shows what it was given, whatever the API server holds now."""
 
     def __init__(self, labels: dict[str, str] | None = None, vm: dict[str, Any] | None = None) -> None:
-        self.labels, self.copy = labels, vm
+        self.labels, self.copy = labels, vm  # no informers: nothing is watched
 
     def namespace_labels(self, name: str) -> dict[str, str] | None:
         return self.labels
 
     def vm(self, namespace: str, name: str, resource_version: str | None) -> dict[str, Any] | None:
         return self.copy
+
+
+def project_label_gone(cache: PolicyCache, namespace: str) -> bool:
+    """The copy is current and shows the namespace without its project label."""
+    labels = cache.namespace_labels(namespace)
+    return isinstance(labels, dict) and PROJECT_LABEL not in labels
 
 
 # ------------------------------------------------------------------------------ the copy
@@ -111,7 +117,8 @@ def test_the_copy_is_listed_then_follows_the_watch(
     api: client.ApiClient, project_namespace: str, cache: PolicyCache
 ) -> None:
     assert cache.vms.synced.is_set()
-    assert (cache.namespace_labels(project_namespace) or {}).get(PROJECT_LABEL) == "proj-a"
+    labels = cache.namespace_labels(project_namespace)
+    assert isinstance(labels, dict) and labels.get(PROJECT_LABEL) == "proj-a"
     created = create_vm(api, project_namespace, "vm-1")
     custom = client.CustomObjectsApi(api)
 
@@ -124,7 +131,8 @@ def test_the_copy_is_listed_then_follows_the_watch(
     rv = copy["metadata"]["resourceVersion"]
     assert copy["spec"] == created["spec"]
     copy["spec"]["runStrategy"] = "Always"  # a copy handed out is the caller's own
-    assert cache.vm(project_namespace, "vm-1", rv)["spec"] == created["spec"]
+    again = cache.vm(project_namespace, "vm-1", rv)
+    assert again is not None and again["spec"] == created["spec"]
 
     custom.patch_namespaced_custom_object(
         *KUBEVIRT, project_namespace, "virtualmachines", "vm-1", {"metadata": {"labels": {"team": "blue"}}})
@@ -133,8 +141,7 @@ def test_the_copy_is_listed_then_follows_the_watch(
     assert cache.vm(project_namespace, "vm-1", rv) is None  # not the version asked for
 
     client.CoreV1Api(api).patch_namespace(project_namespace, {"metadata": {"labels": {PROJECT_LABEL: None}}})
-    eventually(lambda: PROJECT_LABEL not in (cache.namespace_labels(project_namespace) or {PROJECT_LABEL: ""}),
-               "the label gone from the copy")
+    eventually(lambda: project_label_gone(cache, project_namespace), "the label gone from the copy")
     client.CustomObjectsApi(api).delete_namespaced_custom_object(*KUBEVIRT, project_namespace, "virtualmachines",
                                                                  "vm-1")
     eventually(lambda: cache.vms.get(f"{project_namespace}/vm-1") is None, "the VM gone from the copy")
@@ -190,7 +197,7 @@ def test_a_watch_too_old_to_resume_lists_again() -> None:
          {"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "too old resource version"}}],
         {"metadata": {"resourceVersion": "9"}, "items": [namespace("b", "6")]},
     ])
-    informer = Informer(server, NAMESPACES)  # type: ignore[arg-type]
+    informer = Informer(server, NAMESPACES)
     assert not informer.synced.is_set() and not informer.current()  # nothing before the first list
     informer.start()
     try:
@@ -228,7 +235,7 @@ def test_a_vm_copy_that_lags_is_a_conflict_and_a_plan_on_the_live_vm(
     client.CustomObjectsApi(api).patch_namespaced_custom_object(
         *KUBEVIRT, project_namespace, "virtualmachines", "vm-1", {"metadata": {"labels": {"team": "blue"}}})
     stale = StaleCache({PROJECT_LABEL: "proj-a"}, vm)
-    applied = KubeApplier(api, cache=stale).apply(command)  # type: ignore[arg-type]
+    applied = KubeApplier(api, cache=stale).apply(command)
     assert applied.outcome == "conflict_retried"
     stored = get_vm(api, project_namespace, "vm-1")
     assert stored["metadata"]["labels"]["team"] == "blue"  # the other writer's change kept
@@ -240,10 +247,10 @@ def test_a_namespace_the_copy_calls_no_projects_is_read_again_before_a_refusal(
 ) -> None:
     """Labelled a moment ago, not yet in the copy: applied, not refused."""
     command = set_gpu(create_vm(api, project_namespace, "vm-1"))
-    applied = KubeApplier(api, cache=StaleCache({}, None)).apply(command)  # type: ignore[arg-type]
+    applied = KubeApplier(api, cache=StaleCache({}, None)).apply(command)
     assert applied.outcome == "applied" and not applied.refused
     # A copy without the namespace at all (created a moment ago): read again too.
-    again = KubeApplier(api, cache=StaleCache(None, None)).apply(command)  # type: ignore[arg-type]
+    again = KubeApplier(api, cache=StaleCache(None, None)).apply(command)
     assert again.outcome == "noop" and not again.refused  # the GPU is there already
 
 
@@ -253,8 +260,7 @@ def test_a_namespace_no_longer_a_projects_is_refused_once_the_copy_shows_it(
     client.CoreV1Api(api).patch_namespace(kube_namespace, {"metadata": {"labels": {PROJECT_LABEL: "proj-a"}}})
     vm = create_vm(api, kube_namespace, "vm-1")
     client.CoreV1Api(api).patch_namespace(kube_namespace, {"metadata": {"labels": {PROJECT_LABEL: None}}})
-    eventually(lambda: PROJECT_LABEL not in (cache.namespace_labels(kube_namespace) or {PROJECT_LABEL: ""}),
-               "the label gone from the copy")
+    eventually(lambda: project_label_gone(cache, kube_namespace), "the label gone from the copy")
     applied = KubeApplier(api, cache=cache).apply(set_gpu(vm))
     assert applied.refused and "not a project namespace" in (applied.error or "")
     assert "gpus" not in get_vm(api, kube_namespace, "vm-1")["spec"]["template"]["spec"]["domain"]["devices"]
@@ -274,5 +280,5 @@ def test_a_start_stop_or_restart_reads_the_namespace_live_whatever_the_copy_says
         cause = f"test-{type_}"
         command = Command(command_id=ids.command_id(cause, type_, subject_key(target)), type=type_, target=target,
                           cause=cause, issued_at=datetime.now(UTC), requested_by=OWNER)
-        applied = KubeApplier(api, cache=stale).apply(command)  # type: ignore[arg-type]
+        applied = KubeApplier(api, cache=stale).apply(command)
         assert applied.refused and "not a project namespace" in (applied.error or ""), type_

@@ -33,17 +33,17 @@ from handlers.gpus import desired_vm, plan_patch
 from handlers.messages import Command, CommandResult, CommandType, GPUMutation, ObjectRef
 from streams.common.codecs import encode_message
 from harness.running import Deployment
-from harness.scenarios import A100, PROJECT_LABEL
-from harness.scenarios import vm as vm_object
+from samples.cluster import A100, PROJECT_LABEL
+from samples.cluster import vm as vm_object
 from streams.common.signing import Keyring
 from tests.support.kube_apiserver import as_others_write_it, empty_of_kubevirt, reconciled_vm
+from tests.support.waiting import eventually
 from tests.kube.test_applying import (  # noqa: F401  (fixtures: this module's own applier process)
     KUBEVIRT,
     Published,
     applier,
     create_vm_command,
     deployment,
-    eventually,
     make_node,
     probe_url,
     published,

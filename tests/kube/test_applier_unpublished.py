@@ -24,7 +24,7 @@ from handlers import ids
 from handlers.decisions import subject_key
 from handlers.messages import Command, ObjectRef
 from harness.running import CONFIG, Deployment
-from harness.scenarios import node as node_object
+from samples.cluster import node as node_object
 from streams.common.codecs import encode_message
 from streams.common.durable import Delivered, DurableProducer, NotDelivered, Record
 from streams.common.settings import load_settings
@@ -68,7 +68,7 @@ def test_a_result_not_published_stops_every_later_commit(
     real_send_all = DurableProducer.send_all
 
     def refusing_send_all(self: DurableProducer, records: Sequence[Record]) -> list[Delivered]:
-        if any(r.topic == results_topic and first.command_id.encode() in r.value for r in records):
+        if any(r.topic == results_topic and first.command_id.encode() in (r.value or b"") for r in records):
             first_failed.set()
             raise NotDelivered("the broker refused the first command's result (the test's fault)")
         return real_send_all(self, records)

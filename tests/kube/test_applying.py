@@ -37,8 +37,8 @@ from handlers.messages import Command, CommandType, GPUMutation, ObjectRef
 from harness.processes import free_ports
 from harness.publishing import publish as publish_records
 from harness.running import CONFIG, Deployment
-from harness.scenarios import A100, PROJECT_LABEL, RTX
-from harness.scenarios import node as node_object
+from samples.cluster import A100, PROJECT_LABEL, RTX
+from samples.cluster import node as node_object
 from streams.common.codecs import encode_message
 from streams.common.settings import load_settings
 from streams.kube.applying import Applier, KubeApplier

@@ -17,11 +17,13 @@ from kubernetes import client
 
 from handlers.enforcement import FIELD_MANAGER
 from handlers.gpus import gpu_devices, rule_gaps
+from samples.cluster import A100, PROJECT_LABEL, RTX, vm
 from streams.kube.applying import KUBEVIRT, KubeApplier
-from harness.scenarios import A100, PROJECT_LABEL, RTX, vm
 from tests.support.harness import Harness
 from tests.support.kube_apiserver import Kube, reconciled_vm
 from tests.support.kubevirt_schema import validate_vm
+
+pytestmark = pytest.mark.kube
 
 ALICE = "alice@example.com"
 

@@ -19,7 +19,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from harness.localkubevirt import NAMESPACE as KUBEVIRT_NAMESPACE
-from harness.scenarios import A100, PROJECT_LABEL, RTX, vm
+from samples.cluster import A100, PROJECT_LABEL, RTX, vm
 from tests.support.harness import Harness, config
 from tests.support.kube_apiserver import Kube
 from tests.support.waiting import eventually

@@ -19,9 +19,9 @@ from kubernetes.client.rest import ApiException
 
 from handlers.drains import RESTARTS_AFTER_DELETION, restarts_by_itself
 from harness.localkubevirt import vm_subresource
-from harness.scenarios import node as node_object
+from harness.node_agent import NodeAgent
+from samples.cluster import node as node_object
 from tests.support.kube_apiserver import Kube, minimal_vm
-from tests.support.node_agent import NodeAgent
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.kube]

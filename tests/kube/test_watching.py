@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import ipaddress
 import json
 import os
@@ -35,13 +36,14 @@ from handlers.engine import Result, Source
 from tests.support.harness import EVENTS_TOPIC
 from handlers.ids import watch_event_id
 from handlers.messages import ORIGINAL_PREFIX_BYTES, DeadLetter, WatchEvent, object_key
+from handlers.tables import VMS
 from handlers.tracing import ce_time, derived_trace
 from streams.common import metrics
 from streams.common.kafka_clients import admin_client, producer
 from harness.localkubevirt import vm_subresource
 from harness.processes import free_ports
 from harness.running import Deployment, VmstreamProcess
-from harness.scenarios import RTX, instancetype_revision, node, vm
+from samples.cluster import RTX, instancetype_revision, node, vm
 from streams.common.settings import KafkaSettings
 from streams.kube.watching import (
     DLQ_TOPIC,
@@ -140,7 +142,8 @@ class Events:
     def types(self, key: str) -> list[str]:
         return [value["type"] for value in self.of(key)]
 
-    def wait_for(self, condition: Callable[[Events], bool], what: str, timeout: float = DEADLINE) -> None:
+    def wait_for(self, condition: Callable[[Events], object], what: str, timeout: float = DEADLINE) -> None:
+        """Poll until ``condition`` holds: true, or what it looks for found."""
         deadline = time.monotonic() + timeout
         while not condition(self):
             if time.monotonic() > deadline:
@@ -672,7 +675,7 @@ def test_a_vm_over_a_megabyte_is_published_reduced_and_the_other_events_keep_flo
         cluster.custom.create_namespaced_custom_object(
             *KUBEVIRT, ns, "virtualmachines", vm_with_blob("vm-over", blob(600_000, compressible=True)))
         for name in ("vm-packed", "vm-over"):  # less for the next tests' lists
-            cluster.cleanup.append(lambda name=name: cluster.delete_vm(name))  # type: ignore[misc]
+            cluster.cleanup.append(functools.partial(cluster.delete_vm, name))
         cluster.annotate_vm("vm-big", "1")
         cluster.create_vm("vm-after")
         cluster.delete_vm("vm-big")
@@ -711,9 +714,9 @@ def test_a_vm_over_a_megabyte_is_published_reduced_and_the_other_events_keep_flo
         assert result.dead_letters == [] and result.decision.audit is not None, key
         assert result.decision.audit.outcome == "accepted", (key, result.decision.audit.reason)
         harness._keep(result)
-    assert harness.state.get("vms", f"vm/{ns}/vm-big") is None  # deleted
+    assert harness.state.get(VMS, f"vm/{ns}/vm-big") is None  # deleted
     for name in ("vm-over", "vm-packed", "vm-after"):
-        assert harness.state.get("vms", f"vm/{ns}/{name}") is not None, name
+        assert harness.state.get(VMS, f"vm/{ns}/{name}") is not None, name
 
 
 def test_a_topic_that_takes_less_than_the_worker_gets_reduced_events_not_refused_ones(
@@ -821,7 +824,7 @@ def test_deletions_while_the_bridge_is_stopped_are_published_after_its_restart_a
                run_strategy=strategies.get(name, "Halted"))))
     vm_subresource(cluster.custom.api_client, ns, "vm-6", "start")
     for name in with_vmi:
-        wait_until(lambda name=name: _phase(cluster, name) == "Running", f"KubeVirt to run {name}")  # type: ignore[misc]
+        wait_until(functools.partial(running_now, cluster, name), f"KubeVirt to run {name}")
     mine = {f"Node/{node_name}"} | {f"{kind}/{ns}/{name}" for kind in ("VirtualMachine",) for name in names}
     mine |= {f"VirtualMachineInstance/{ns}/{name}" for name in with_vmi}
     kinds = select_kinds("VirtualMachine,VirtualMachineInstance,Node")
@@ -889,7 +892,7 @@ def test_deletions_while_the_bridge_is_stopped_are_published_after_its_restart_a
     fold(since)
     rtx = capacity(harness.state, RTX)
     assert (rtx.total, rtx.used, rtx.free) == (0, 0, 0)
-    assert harness.state.get("vms", f"vm/{ns}/vm-3") is None
+    assert harness.state.get(VMS, f"vm/{ns}/vm-3") is None
     refused(harness.intent("set_gpu", {"namespace": ns, "name": "vm-3", "gpu_class": "nvidia-a100"}),
             "does not exist")
     refused(harness.intent("restart_vm", {"namespace": ns, "name": "vm-6"}), "not running")
@@ -898,6 +901,10 @@ def test_deletions_while_the_bridge_is_stopped_are_published_after_its_restart_a
     assert [c for r in harness.wait(3600).tick() for c in r.decision.commands] == []
     assert harness.commands("delete_vmi") == []
     refused(harness.intent("drain_node", {"node": node_name, "reason": "again"}, by=OPS, project=None), "unknown")
+
+
+def running_now(cluster: Cluster, name: str) -> bool:
+    return _phase(cluster, name) == "Running"
 
 
 def _phase(cluster: Cluster, name: str) -> str | None:

@@ -16,8 +16,8 @@ from handlers.config import AuthPolicy
 from handlers.engine import Result
 from handlers.messages import principal_problem
 from handlers.outcomes import Unproven
+from samples.cluster import RTX, node, vm, vmi
 from streams.common.credentials import SigningKey, jwks, sign_intent, signed
-from harness.scenarios import RTX, node, vm, vmi
 from tests.support.harness import INTENTS_TOPIC, KEYS, SIGNER, START, Harness, config
 
 ALICE, BOB, OPS = "alice@example.com", "bob@example.com", "ops@example.com"
@@ -139,7 +139,7 @@ def test_a_credential_is_bound_to_its_intent_id_and_body() -> None:
         ("x" * 8193, "longer than 8192 characters"),
         (jwt.encode({"sub": BOB}, "s" * 32, algorithm="HS256", headers={"kid": "tests-1"}),
          "algorithm 'HS256' is not one of"),
-        (jwt.encode({"sub": BOB}, None, algorithm="none", headers={"kid": "tests-1"}),
+        (jwt.encode({"sub": BOB}, "", algorithm="none", headers={"kid": "tests-1"}),
          "algorithm 'none' is not one of"),
     ],
 )
@@ -436,5 +436,5 @@ def test_a_deleted_namespace_is_forgotten_and_system_ones_stay_closed() -> None:
     assert outcome(h.intent("create_vm", create_spec("lab-x")))[1] == (
         "namespace lab-x is not known to belong to a project")
     h.observe(namespace("kube-system", "proj-a"))  # a label does not open a system namespace
-    assert outcome(h.intent("create_vm", create_spec("kube-system")))[1].startswith(  # type: ignore[union-attr]
-        "namespace kube-system is a system namespace")
+    _, why = outcome(h.intent("create_vm", create_spec("kube-system")))
+    assert why is not None and why.startswith("namespace kube-system is a system namespace")

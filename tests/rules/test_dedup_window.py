@@ -19,11 +19,11 @@ from handlers.outcomes import Accepted, Duplicate, Refused
 from handlers.rows import DecidedIntent
 from handlers.state import Change, MemoryState
 from handlers.tables import PROCESSED
-from harness.scenarios import RTX, node
+from samples.cluster import RTX, node
 from streams.common.codecs import decode_state, encode_state
 from streams.worker import tablestate
 from tests.support.harness import EVENTS_TOPIC, INTENTS_TOPIC, START, config
-from tests.support.worker_state import RowEvent, worker_table_state
+from tests.support.worker_state import row_event, worker_table_state
 
 OPS = "ops@example.com"
 WINDOW = 3600
@@ -161,10 +161,10 @@ def test_the_worker_state_indexes_its_decided_ids_as_written_and_after_a_rebalan
     later = START + timedelta(seconds=WINDOW + 1)
     assert engine.due(state, later) == []
     row = DecidedIntent("accepted", START, "node/gpu-node-1")
-    state.write([Change(PROCESSED, "it-1", row)], event=RowEvent())  # type: ignore[arg-type]
+    state.write([Change(PROCESSED, "it-1", row)], event=row_event())
     assert engine.due(state, START + timedelta(seconds=WINDOW)) == []  # exactly one window old: kept
     assert engine.due(state, later) == [ForgetTick(later, ("it-1",))]
-    state.write([Change(PROCESSED, "it-1", None)], event=RowEvent())  # type: ignore[arg-type]
+    state.write([Change(PROCESSED, "it-1", None)], event=row_event())
     assert engine.due(state, later) == []
     state.tables[PROCESSED]["it-3"] = encode_state(PROCESSED, row)  # recovered from the changelog
     state.rebuild_indexes()  # what the worker does on every completed rebalance

@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 
 from handlers.topics import TIMER
-from handlers.state import DrainEpisode
-from harness.scenarios import A100, RTX, node, node_maintenance, vm, vmi
+from handlers.tables import DRAINS
+from samples.cluster import A100, RTX, node, node_maintenance, vm, vmi
 from tests.support.harness import START, Harness
 
 ALICE, BOB, OPS = "alice@example.com", "bob@example.com", "ops@example.com"
@@ -148,7 +148,8 @@ def test_a_deadline_before_the_cordon_lands_stops_nothing_until_it_does() -> Non
     h.wait(600)
     [fired] = h.tick()
     assert fired.decision.commands == []
-    assert h.state.get("drains", "gpu-node-1").deadline_passed
+    episode = h.state.get(DRAINS, "gpu-node-1")
+    assert episode is not None and episode.deadline_passed
     h.observe(node("gpu-node-1", gpus={RTX: 2, A100: 1}, rv=2), "MODIFIED")  # a heartbeat: still schedulable
     assert h.commands("delete_vmi") == []
     landed = h.observe(node("gpu-node-1", gpus={RTX: 2, A100: 1}, unschedulable=True, rv=3), "MODIFIED")
@@ -222,7 +223,7 @@ def test_a_node_maintenance_starts_the_same_announcements() -> None:
 def test_a_cordon_alone_stops_nothing() -> None:
     h = az()
     h.observe(node("gpu-node-1", gpus={RTX: 2, A100: 1}, unschedulable=True, rv=2), "MODIFIED")
-    assert h.state.get("drains", "gpu-node-1") is None
+    assert h.state.get(DRAINS, "gpu-node-1") is None
     h.wait(3600)
     assert h.tick() == []
     assert h.commands() == [] and h.notifications("drain_will_stop_gpu_vm") == []
@@ -232,7 +233,7 @@ def test_cordoning_a_node_without_gpu_vms_is_not_a_drain_episode() -> None:
     h = Harness()
     h.observe(node("cpu-node", gpus={}))
     h.observe(node("cpu-node", gpus={}, unschedulable=True, rv=2), "MODIFIED")
-    assert h.state.get("drains", "cpu-node") is None
+    assert h.state.get(DRAINS, "cpu-node") is None
 
 
 def evict(h: Harness, name: str = "always-1", device: str = RTX) -> None:
@@ -243,7 +244,8 @@ def test_an_eviction_concerns_that_one_vm_only() -> None:
     """evictionStrategy External: tell its owner, stop it at the deadline; no cordon, no other VM."""
     h = az(spare_rtx=1)
     evict(h)
-    episode: DrainEpisode = h.state.get("drains", "gpu-node-1")
+    episode = h.state.get(DRAINS, "gpu-node-1")
+    assert episode is not None
     assert (episode.source, episode.scope) == ("eviction", "evictions")
     [told] = h.notifications("drain_will_stop_gpu_vm")
     assert told.subject.name == "always-1" and told.recipients == [ALICE]
@@ -287,7 +289,8 @@ def test_a_drain_of_a_node_with_an_eviction_under_way_widens_it_to_the_whole_nod
     drain(h)
     assert sorted(fates(h)) == ["always-1", "always-2", "rerun-1"]
     assert len(h.commands("cordon_node")) == 1
-    episode: DrainEpisode = h.state.get("drains", "gpu-node-1")
+    episode = h.state.get(DRAINS, "gpu-node-1")
+    assert episode is not None
     assert (episode.scope, episode.source) == ("node", "intent")
 
 
@@ -305,7 +308,7 @@ def test_undrain_calls_the_drain_off_tells_every_warned_owner_and_undoes_its_cor
     h.wait(60)
     h.intent("undrain_node", {"node": "gpu-node-1", "reason": "postponed"}, by=OPS, project=None)
     assert [c.type for c in h.commands()] == ["cordon_node", "uncordon_node"]
-    assert h.state.get("drains", "gpu-node-1") is None
+    assert h.state.get(DRAINS, "gpu-node-1") is None
     off = {n.subject.name: n for n in h.notifications("drain_called_off")}
     assert sorted(off) == ["always-1", "always-2", "gpu-node-1", "rerun-1"]
     assert off["rerun-1"].recipients == [BOB] and off["always-1"].recipients == [ALICE]
@@ -351,10 +354,10 @@ def test_uncordoning_after_a_cordon_calls_the_drain_off() -> None:
     h = az()
     drain(h, cordon_lands=False)
     h.observe(node("gpu-node-1", gpus={RTX: 2, A100: 1}, rv=1), "MODIFIED")  # before the cordon lands
-    assert h.state.get("drains", "gpu-node-1") is not None
+    assert h.state.get(DRAINS, "gpu-node-1") is not None
     h.observe(node("gpu-node-1", gpus={RTX: 2, A100: 1}, unschedulable=True, rv=2), "MODIFIED")
     h.observe(node("gpu-node-1", gpus={RTX: 2, A100: 1}, rv=3), "MODIFIED")
-    assert h.state.get("drains", "gpu-node-1") is None
+    assert h.state.get(DRAINS, "gpu-node-1") is None
     assert len([n for n in h.notifications("drain_called_off") if n.subject.kind != "Node"]) == 3
     assert h.commands("uncordon_node") == []  # someone else uncordoned it already
     h.wait(600)
@@ -365,7 +368,7 @@ def test_deleting_the_node_maintenance_calls_its_drain_off() -> None:
     h = az()
     h.observe(node_maintenance("nm-1", "gpu-node-1", "PSU"))
     h.observe(node_maintenance("nm-1", "gpu-node-1", "PSU"), "DELETED")
-    assert h.state.get("drains", "gpu-node-1") is None
+    assert h.state.get(DRAINS, "gpu-node-1") is None
     assert [c.type for c in h.commands()] == ["cordon_node", "uncordon_node"]
     [tally] = [n for n in h.notifications("drain_called_off") if n.subject.kind == "Node"]
     assert tally.recipients == [OPS] and "NodeMaintenance nm-1 was deleted" in tally.message

@@ -4,17 +4,21 @@ answers exactly as a pass over every row would."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import timedelta
+from typing import Any, TypeVar
 
 from handlers.capacity import Capacity, capacity
 from handlers.cluster import NodeUsage
 from handlers.drains import due_deadlines
 from handlers.engine import TIMER_TOPIC
-from handlers.state import Change, DeadlineIndex, DrainEpisode, MemoryState, Overlay
-from harness.scenarios import A100, RTX, node, node_maintenance, vm, vmi
+from handlers.state import Change, DeadlineIndex, DrainEpisode, MemoryState, Overlay, StateView
+from handlers.tables import DRAINS, USAGE, Table
+from samples.cluster import A100, RTX, node, node_maintenance, vm, vmi
 from tests.support.harness import START, Harness
 
 OPS = "ops@example.com"
+V = TypeVar("V")
 
 
 def crowded(h: Harness, name: str, vms: int, *, owners: int = 50) -> None:
@@ -79,10 +83,10 @@ def test_every_due_deadline_fires_once_in_node_order_whatever_the_number_of_epis
     assert len(h.state.deadlines) == 0
 
 
-def _episode(node_name: str, minutes: int, **fields: object) -> DrainEpisode:
+def _episode(node_name: str, minutes: int, **fields: Any) -> DrainEpisode:
     return DrainEpisode(node=node_name, episode=f"ep-{node_name}-{minutes}", source="intent", cause="c",
                         reason="r", requested_by=None, started_at=START,
-                        deadline=START + timedelta(minutes=minutes), **fields)  # type: ignore[arg-type]
+                        deadline=START + timedelta(minutes=minutes), **fields)
 
 
 def test_the_deadline_index_answers_as_a_pass_over_every_episode() -> None:
@@ -94,25 +98,29 @@ def test_the_deadline_index_answers_as_a_pass_over_every_episode() -> None:
         ("a", None), ("a", _episode("a", 5)), ("e", _episode("e", 1)), ("e", None),
     ]
     for minute in range(10):
-        state.apply([Change("drains", *steps[minute])])
+        state.apply([Change(DRAINS, *steps[minute])])
         for probe in range(0, 10):
             now = START + timedelta(minutes=probe)
-            scanned = due_deadlines(state.values("drains"), now)
+            episodes = state.values(DRAINS)
+            scanned = due_deadlines(episodes, now)
             assert state.deadlines.due(now) == scanned
-            assert DeadlineIndex.of(state.values("drains")).due(now) == scanned
+            assert DeadlineIndex.of(episodes).due(now) == scanned
 
 
 def _usage(node_name: str, schedulable: bool, allocatable: dict[str, int], held: dict[str, int]) -> NodeUsage:
     return NodeUsage(node=node_name, schedulable=schedulable, allocatable=allocatable, held=held)
 
 
-def _scanned(state: object, device: str, excluding: str | None = None) -> Capacity:
+def _scanned(state: StateView, device: str, excluding: str | None = None) -> Capacity:
     class Plain:  # the same rows, no sums kept: capacity passes over every node
-        def get(self, table, key):  # type: ignore[no-untyped-def]
-            return state.get(table, key)  # type: ignore[attr-defined]
+        def get(self, table: Table[V], key: str) -> V | None:
+            return state.get(table, key)
 
-        def values(self, table):  # type: ignore[no-untyped-def]
-            return state.values(table)  # type: ignore[attr-defined]
+        def items(self, table: Table[V]) -> Iterable[tuple[str, V]]:
+            return state.items(table)
+
+        def values(self, table: Table[V]) -> Iterable[V]:
+            return state.values(table)
 
     return capacity(Plain(), device, excluding_node=excluding)
 
@@ -129,10 +137,10 @@ def test_capacity_from_the_sums_kept_along_is_the_capacity_summed_over_every_nod
     ]
     for i, row in enumerate(rows):
         key = row.node if row is not None else "n2"
-        state.apply([Change("usage", key, row)])
+        state.apply([Change(USAGE, key, row)])
         overlay = Overlay(state)
-        overlay.put("usage", "n3", _usage("n3", i % 2 == 0, {RTX: 2}, {RTX: 1}))
-        overlay.put("usage", "n5", _usage("n5", True, {A100: 8}, {}))
+        overlay.put(USAGE, "n3", _usage("n3", i % 2 == 0, {RTX: 2}, {RTX: 1}))
+        overlay.put(USAGE, "n5", _usage("n5", True, {A100: 8}, {}))
         for view in (state, overlay):
             for device in (RTX, A100, "other"):
                 for excluding in (None, "n1", "n3", "n5"):

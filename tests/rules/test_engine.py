@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import Any
 
 import pytest
 
 from handlers.topics import TIMER
 from handlers.capacity import capacity
 from handlers.catalog import Catalog
-from handlers.cluster import KubeVirtRecord, NodeRecord
+from handlers.cluster import NodeRecord
 from handlers.messages import parse_intent
-from harness.scenarios import A100, RTX, kubevirt_cr, node, vm, vmi
+from handlers.tables import KUBEVIRT, RESIDENTS, USAGE
+from samples.cluster import A100, RTX, kubevirt_cr, node, vm, vmi
 from tests.support.harness import Harness, config
 
 ALICE = "alice@example.com"
@@ -53,7 +55,8 @@ def test_malformed_watch_events_are_dead_lettered_and_the_next_one_is_decided() 
                             Source(EVENTS_TOPIC, "Node/x", 2, 7), h.now)
     assert "object: Field required" in bad.dead_letters[0].error
     good = h.observe(node("gpu-node-1", gpus={RTX: 1}))
-    assert good.dead_letters == [] and good.decision.audit.outcome == "accepted"  # type: ignore[union-attr]
+    assert good.dead_letters == [] and good.decision.audit is not None
+    assert good.decision.audit.outcome == "accepted"
 
 
 def test_an_unwatched_kind_is_ignored_with_a_reason() -> None:
@@ -160,7 +163,8 @@ def test_nodes_keep_extended_resources_ready_and_cordon() -> None:
 def test_the_kubevirt_cr_gives_cluster_cpu_model_and_permitted_devices() -> None:
     h = Harness()
     h.observe(kubevirt_cr())
-    record: KubeVirtRecord = h.state.get("kubevirt", "cluster")
+    record = h.state.get(KUBEVIRT, "cluster")
+    assert record is not None
     assert record.cpu_model == "Haswell-noTSX" and record.eviction_strategy == "LiveMigrate"
     assert record.permitted_devices == tuple(sorted((RTX, A100)))
 
@@ -169,11 +173,11 @@ def test_deleted_objects_leave_state() -> None:
     h = Harness()
     h.observe(vm("p", "v", project="proj-a", gpu=RTX))
     h.observe(vmi("p", "v", node_name="n", gpu=RTX))
-    assert h.state.get("residents", "n") is not None
+    assert h.state.get(RESIDENTS, "n") is not None
     h.observe(vmi("p", "v", node_name="n", gpu=RTX), "DELETED")
     h.observe(vm("p", "v", project="proj-a"), "DELETED")
     assert h.state.sizes()["vms"] == h.state.sizes()["vmis"] == 0
-    assert h.state.get("residents", "n") is None and h.state.get("usage", "n") is None
+    assert h.state.get(RESIDENTS, "n") is None and h.state.get(USAGE, "n") is None
 
 
 @pytest.mark.parametrize(
@@ -186,7 +190,7 @@ def test_deleted_objects_leave_state() -> None:
         (kubevirt_cr(), "cluster/kubevirt"),
     ],
 )
-def test_each_event_is_decided_under_its_vm_its_node_or_the_cluster(obj: dict, key: str) -> None:
+def test_each_event_is_decided_under_its_vm_its_node_or_the_cluster(obj: dict[str, Any], key: str) -> None:
     from handlers.observing import decision_key
 
     assert decision_key(obj["kind"], obj) == key
@@ -205,5 +209,5 @@ def test_each_event_is_decided_under_its_vm_its_node_or_the_cluster(obj: dict, k
         ({"type": ["set_gpu"], "spec": {}}, None),
     ],
 )
-def test_each_intent_is_routed_under_the_key_its_type_declares(value: dict, key: str | None) -> None:
+def test_each_intent_is_routed_under_the_key_its_type_declares(value: dict[str, Any], key: str | None) -> None:
     assert Harness().engine.intent_key(value) == key

@@ -7,7 +7,7 @@ import json
 
 import jsonpatch
 
-from harness.scenarios import RTX
+from samples.cluster import RTX
 from tests.support.kubevirt_schema import validate_vm
 from tests.rules.test_example_cases import EXAMPLES, commands, notifications, outputs
 

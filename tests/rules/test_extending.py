@@ -8,7 +8,7 @@ from typing import Any
 from handlers.engine import Engine, Result, Source
 from handlers.inputs import WatchInput
 from handlers.messages import parse_intent
-from harness.scenarios import RTX, node, vm, vmi
+from samples.cluster import RTX, node, vm, vmi
 from tests.support.extension_example import (
     FOLDS_WITH_EXAMPLE,
     MIGRATIONS,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from handlers.figures import NO_GPU, figures
-from harness.scenarios import A100, RTX, node, vm, vmi
+from samples.cluster import A100, RTX, node, vm, vmi
 from tests.support.harness import START, Harness
 
 ALICE, OPS = "alice@example.com", "ops@example.com"

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from handlers.gpus import PRE_GPU_ANNOTATION, desired_vm, gpu_devices, plan_patch, quantity, rule_gaps, same_quantity
 from handlers.messages import Command, GPUMutation
-from harness.scenarios import A100, RTX, vm, vmi
+from handlers.tables import TRACKING
+from samples.cluster import A100, RTX, vm, vmi
 from streams.common.settings import load_settings
 from tests.support.harness import Harness, config
 from tests.support.kubevirt_schema import validate_vm
@@ -33,13 +34,14 @@ def kubectl_vm(*, rv: int = 1, **kwargs: Any) -> dict[str, Any]:
 
 
 def domain(obj: dict[str, Any]) -> dict[str, Any]:
-    return obj["spec"]["template"]["spec"]["domain"]
+    found: dict[str, Any] = obj["spec"]["template"]["spec"]["domain"]
+    return found
 
 
 def applied(obj: dict[str, Any], command: Command, rv: int) -> dict[str, Any]:
     """The VM after the applier sent ``command`` (the API server bumps resourceVersion)."""
     assert command.patch is not None
-    after = jsonpatch.apply_patch(obj, command.patch)
+    after: dict[str, Any] = jsonpatch.apply_patch(obj, command.patch)
     after["metadata"]["resourceVersion"] = str(rv)
     return after
 
@@ -106,7 +108,7 @@ def test_no_second_patch_while_the_first_is_in_flight_and_none_for_the_event_it_
     result = h.observe(applied(status_update, command, 3), "MODIFIED")
     assert result.decision.commands == [] and result.decision.notifications == []
     assert len(h.commands("patch_vm")) == 1 and len(h.notifications("gpu_rules_applied")) == 1
-    tracking = h.state.get("tracking", "vm/spx-proj-a/hand-1")
+    tracking = h.state.get(TRACKING, "vm/spx-proj-a/hand-1")
     assert tracking is None or tracking.gpu_rules_episode is None
 
 

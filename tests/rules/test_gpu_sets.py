@@ -18,7 +18,7 @@ from handlers.policy import apply_patch
 from handlers.restarts import pending_detail
 from handlers.tables import USAGE, VMIS, VMS
 from handlers.views import vm_badge
-from harness.scenarios import (
+from samples.cluster import (
     A100,
     RTX,
     instancetype_revision,
@@ -250,8 +250,9 @@ def test_capacity_promises_pending_restarts_drain_notices_and_the_console_see_on
     h = Harness()
     h.observe_all(node("gpu-node-1", gpus={RTX: 8, A100: 8}), node("gpu-node-2", gpus={RTX: spare, A100: spare}))
     for kind in order:
-        if objects[kind] is not None:
-            h.observe(objects[kind])  # type: ignore[arg-type]
+        obj = objects[kind]
+        if obj is not None:
+            h.observe(obj)
 
     key = f"vm/{NS}/v-1"
     record, running_vmi = h.state.get(VMS, key), h.state.get(VMIS, key)

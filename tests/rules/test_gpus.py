@@ -10,7 +10,6 @@ from typing import Any
 
 import jsonpatch
 import pytest
-import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,9 +20,8 @@ from handlers.gpus import (
     plan_patch,
 )
 from handlers.messages import GPUMutation
-from harness.locations import kubevirt_examples_dir
-from harness.scenarios import A100, RTX, vm
-from tests.support.kubevirt_schema import validate_vm
+from samples.cluster import A100, RTX, vm
+from tests.support.kubevirt_schema import example_vms, validate_vm
 
 ADD_RTX = GPUMutation(device_name=RTX, eviction_strategy="External")
 ADD_A100 = GPUMutation(device_name=A100, eviction_strategy="External")
@@ -31,21 +29,12 @@ REMOVE = GPUMutation(device_name=None, eviction_strategy="External")
 
 
 def domain(obj: dict[str, Any]) -> dict[str, Any]:
-    return obj["spec"]["template"]["spec"]["domain"]
+    found: dict[str, Any] = obj["spec"]["template"]["spec"]["domain"]
+    return found
 
 
 def plain_vm(**kwargs: Any) -> dict[str, Any]:
     return vm("spx-proj-a", "vm-1", project="proj-a", owner="alice@example.com", **kwargs)
-
-
-def kubevirt_example_vms() -> list[dict[str, Any]]:
-    found = []
-    for path in sorted(kubevirt_examples_dir().glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            if isinstance(doc, dict) and doc.get("kind") == "VirtualMachine":
-                found.append(doc)
-    assert found, f"no VirtualMachine examples found in {kubevirt_examples_dir()}"
-    return found
 
 
 # ------------------------------------------------------------------ one rule each
@@ -288,7 +277,7 @@ def test_every_produced_vm_validates_against_kubevirts_schema(
     validate_vm(desired_vm(original, mutation))
 
 
-@pytest.mark.parametrize("example", kubevirt_example_vms(), ids=lambda vm_: vm_["metadata"]["name"])
+@pytest.mark.parametrize("example", example_vms(), ids=lambda vm_: vm_["metadata"]["name"])
 def test_kubevirt_examples_round_trip_and_stay_valid(example: dict[str, Any]) -> None:
     for mutation in (ADD_RTX, GPUMutation(device_name=A100, eviction_strategy="None")):
         added = desired_vm(example, mutation)

@@ -26,7 +26,8 @@ from handlers.messages import (
     ObjectRef,
     wire_bytes,
 )
-from harness.scenarios import RTX, node, vm
+from handlers.tables import NODES, PROCESSED
+from samples.cluster import RTX, node, vm
 from tests.support.harness import EVENTS_TOPIC, INTENTS_TOPIC, START, Harness, config
 
 ALICE = "alice@example.com"
@@ -190,7 +191,7 @@ def test_an_intent_keyed_for_another_vm_is_a_dead_letter(value: dict[str, Any]) 
     assert result.decision.commands == [] and result.decision.changes == []
     if value == set_gpu():
         assert "does not match the message's 'vm/spx-proj-a/w-1'" in letter.error
-    assert h.state.get("processed", "it-1") is None
+    assert h.state.get(PROCESSED, "it-1") is None
 
 
 def test_an_intent_without_a_key_on_kafka_is_a_dead_letter_and_offline_it_is_decided() -> None:
@@ -212,7 +213,7 @@ def test_a_watch_event_keyed_for_another_object_is_a_dead_letter() -> None:
     raw = encoded(event_of(node("gpu-node-1", gpus={RTX: 2})))
     assert_dead_lettered(decide_event(h, raw, "Node/gpu-node-2"), EVENTS_TOPIC, 2, 7,
                          "does not match the message's 'Node/gpu-node-1'")
-    assert h.state.get("nodes", "gpu-node-1") is None
+    assert h.state.get(NODES, "gpu-node-1") is None
     assert decide_event(h, raw, "Node/gpu-node-1").dead_letters == []
 
 

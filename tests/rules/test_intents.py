@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.scenarios import A100, RTX, node, vm, vmi
+from samples.cluster import A100, RTX, node, vm, vmi
 from tests.support.harness import Harness
 from tests.support.kubevirt_schema import validate_vm
 
@@ -134,7 +134,8 @@ def test_set_gpu_on_a_vm_already_as_asked_issues_no_command_and_says_so() -> Non
 
 def test_set_gpu_class_ids_are_case_insensitive() -> None:
     result = cluster().intent("set_gpu", {"namespace": "spx-proj-a", "name": "off-1", "gpu_class": "NVIDIA-A100"})
-    assert result.decision.commands[0].mutation.device_name == A100  # type: ignore[union-attr]
+    mutation = result.decision.commands[0].mutation
+    assert mutation is not None and mutation.device_name == A100
 
 
 @pytest.mark.parametrize(
@@ -204,7 +205,8 @@ def test_restart_is_refused_for_halted_and_once(strategy: str, reason: str) -> N
                   vmi("spx-proj-a", "r-1", node_name="n"))
     result = h.intent("restart_vm", {"namespace": "spx-proj-a", "name": "r-1"})
     assert result.decision.commands == []
-    assert reason in (result.decision.audit.reason or "")  # type: ignore[union-attr]
+    assert result.decision.audit is not None
+    assert reason in (result.decision.audit.reason or "")
     assert result.decision.notifications[0].type == "intent_rejected"
 
 
@@ -218,7 +220,8 @@ def test_legacy_running_false_counts_as_halted() -> None:
     h = Harness()
     h.observe(vm("spx-proj-a", "old-1", project="proj-a", owner=ALICE, run_strategy=None, running=False))
     result = h.intent("restart_vm", {"namespace": "spx-proj-a", "name": "old-1"})
-    assert "Halted" in (result.decision.audit.reason or "")  # type: ignore[union-attr]
+    assert result.decision.audit is not None
+    assert "Halted" in (result.decision.audit.reason or "")
 
 
 # ----------------------------------------------------------------- idempotency

@@ -21,11 +21,11 @@ from handlers.rows import DrainEpisode, VMTracking
 from handlers.running import already_so
 from handlers.state import Change, MemoryState, Overlay
 from handlers.tables import DRAINS, GLOBAL_TABLES, TABLES, TRACKING, VMS, table_named
-from harness.scenarios import RTX, node, vm, vmi
+from samples.cluster import RTX, node, vm, vmi
 from streams.common.codecs import encode_resident_update, encode_state
 from streams.kube import applying
 from tests.support.harness import EVENTS_TOPIC, INTENTS_TOPIC, START, config
-from tests.support.worker_state import RowEvent, worker_table_state
+from tests.support.worker_state import row_event, worker_table_state
 
 ALICE = "alice@example.com"
 KEY = "vm/spx-proj-a/w-1"
@@ -170,9 +170,9 @@ def test_the_worker_state_keeps_its_deadline_index_as_rows_are_written() -> None
     state, e = worker_table_state(), engine()
     at = START + timedelta(seconds=60)
     assert e.due(state, at) == []
-    state.write([Change(DRAINS, "n1", _episode("n1", 60))], event=RowEvent())  # type: ignore[arg-type]
+    state.write([Change(DRAINS, "n1", _episode("n1", 60))], event=row_event())
     assert e.due(state, at) == [DeadlineTick(at, "n1")]
-    state.write([Change(DRAINS, "n1", _episode("n1", 60, deadline_passed=True))], event=RowEvent())  # type: ignore[arg-type]
+    state.write([Change(DRAINS, "n1", _episode("n1", 60, deadline_passed=True))], event=row_event())
     assert e.due(state, at) == []
 
 
@@ -208,7 +208,7 @@ def test_a_start_or_stop_is_already_so_as_the_vmi_shows(action: str, phase: str 
 
 def test_the_applier_judges_with_the_rules_and_their_one_list_of_ended_phases() -> None:
     assert ENDED_PHASES == {"Succeeded", "Failed"}
-    assert applying.already_so is already_so
+    assert vars(applying)["already_so"] is already_so
     assert not hasattr(applying, "ENDED_PHASES")  # no copy of its own
 
 

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from handlers import policy
 from handlers.gpus import desired_vm, plan_patch
 from handlers.messages import AuditInput, AuditRecord, Command, CommandResult, GPUMutation, ObjectRef
+from samples.cluster import A100, PROJECT_LABEL, vm
 from streams.common.codecs import encode_message
-from harness.scenarios import A100, PROJECT_LABEL, vm
-from streams.common.signing import Keyring, KeyringError, canonical, open_sealed
+from streams.common.signing import Keyring, KeyringError, Purpose, canonical, open_sealed
 
 NOW = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
 KEYS = Keyring({"k1": b"k" * 32, "k2": b"q" * 32}, "k1")
@@ -31,7 +31,7 @@ def plain_vm() -> dict[str, Any]:
 
 
 def command(type_: str, target: ObjectRef, **fields: Any) -> Command:
-    return Command(command_id="cmd-1", type=type_, target=target, cause="it-1", issued_at=NOW, **fields)  # type: ignore[arg-type]
+    return Command(command_id="cmd-1", type=type_, target=target, cause="it-1", issued_at=NOW, **fields)
 
 
 VM = ObjectRef(kind="VirtualMachine", namespace="spx-proj-a", name="vm-1")
@@ -60,10 +60,11 @@ def test_the_wire_is_the_message_and_its_mac_each_key_once() -> None:
 
 # Any JSON a message dumps to (model_dump(mode="json")), floats aside: text of any code point
 # but lone surrogates (which no UTF-8 writer takes), integers of any size, nesting.
+_CODE_POINTS = st.characters(exclude_categories=["Cs"])
 _JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(st.characters(blacklist_categories=("Cs",))),
+    st.none() | st.booleans() | st.integers() | st.text(_CODE_POINTS),
     lambda inner: st.lists(inner, max_size=4)
-    | st.dictionaries(st.text(st.characters(blacklist_categories=("Cs",)), max_size=8), inner, max_size=4),
+    | st.dictionaries(st.text(_CODE_POINTS, max_size=8), inner, max_size=4),
     max_leaves=20,
 )
 
@@ -131,7 +132,7 @@ def test_a_mac_value_that_is_not_ascii_does_not_match_it_never_raises(forged: st
     id: the applier's ledger and its commands are read through this check, so raising here
     would stop the applier on that record at every start."""
     for value in (command("cordon_node", NODE), CommandResult(command_id="cmd-1", outcome="applied", at=NOW)):
-        purpose = "command" if isinstance(value, Command) else "command-result"
+        purpose: Purpose = "command" if isinstance(value, Command) else "command-result"
         body = json.loads(encode_message(value, keyring=KEYS))
         body["mac"]["value"] = forged
         assert open_sealed(type(value), json.dumps(body).encode(), purpose, KEYS)[1] == "its MAC does not match"
@@ -291,10 +292,10 @@ def test_the_refusal_of_an_unsealed_command_is_small_whatever_the_command_carrie
 def test_a_failed_test_operation_is_a_refusal_naming_its_path() -> None:
     live = plain_vm()
     gpus = "/spec/template/spec/domain/devices/gpus"
-    stale = [{"op": "test", "path": gpus, "value": [{"name": "gpu0", "deviceName": A100}]},
-             {"op": "remove", "path": gpus}]
+    stale: list[dict[str, Any]] = [{"op": "test", "path": gpus, "value": [{"name": "gpu0", "deviceName": A100}]},
+                                   {"op": "remove", "path": gpus}]
     assert policy.patch_refusal(live, stale) == f"the patch does not apply to the live VM: {gpus}: test failed"
-    current = [{"op": "test", "path": "/metadata/name", "value": "vm-1"}]
+    current: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/name", "value": "vm-1"}]
     assert policy.patch_refusal(live, current) is None
 
 

@@ -3,13 +3,22 @@ every owner is told the true fate of their VM — as KubeVirt decides it (docs/k
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
-from harness.scenarios import RTX, node, node_maintenance, vm, vmi
+from handlers.messages import Notification
+from handlers.tables import DRAINS
+from samples.cluster import RTX, node, node_maintenance, vm, vmi
 from tests.support.harness import Harness
 
 ALICE, BOB, OPS = "alice@example.com", "bob@example.com", "ops@example.com"
 NS = "spx-proj-a"
+
+
+def notice_given(notice: Notification) -> timedelta:
+    """How long before its deadline a notice told its owner."""
+    assert notice.deadline is not None and notice.at is not None
+    return notice.deadline - notice.at
 
 
 def anonymous_gpu_vm(name: str = "anon-1", **kwargs: Any) -> dict[str, Any]:
@@ -70,7 +79,7 @@ def test_a_cancelled_eviction_is_retracted() -> None:
     [off] = h.notifications("drain_called_off")
     assert off.subject.name == "ev-1" and off.recipients == [ALICE]
     assert "will not be stopped" in off.message
-    assert h.state.get("drains", "gpu-node-1") is None  # the episode is closed
+    assert h.state.get(DRAINS, "gpu-node-1") is None  # the episode is closed
     h.wait(900)
     h.tick()
     assert stops(h) == []
@@ -86,7 +95,7 @@ def test_a_later_eviction_after_a_cancel_starts_a_fresh_notice_with_a_full_notic
     assert stops(h) == []  # never a stop in the same decision as the mark
     [_, second] = h.notifications("drain_will_stop_gpu_vm")
     assert second.notification_id != first.notification_id
-    assert second.deadline == h.now + (first.deadline - first.at)  # a full notice again
+    assert second.deadline == h.now + notice_given(first)  # a full notice again
     h.wait(899)
     h.tick()
     assert stops(h) == []
@@ -149,11 +158,11 @@ def test_a_called_off_drain_cancels_the_eviction_marks_it_leaves_behind() -> Non
     assert stops(h) == [] and h.notifications("drain_will_stop_gpu_vm") == [notice]
     # The mark gone, a later eviction is a new one: told, with a full notice.
     mark(h, "ev-1", marked=False)
-    assert h.state.get("drains", "gpu-node-1") is None
+    assert h.state.get(DRAINS, "gpu-node-1") is None
     mark(h, "ev-1")
     assert stops(h) == []
     second = h.notifications("drain_will_stop_gpu_vm")[-1]
-    assert second is not notice and second.deadline == h.now + (notice.deadline - notice.at)
+    assert second is not notice and second.deadline == h.now + notice_given(notice)
 
 
 def test_a_mark_vmstream_could_not_cancel_never_stops_the_vm_and_the_owner_is_told_it_is_still_there() -> None:
@@ -226,7 +235,8 @@ def test_a_once_vm_is_told_how_its_gpu_change_takes_effect() -> None:
     assert "after its next restart" not in told.message
     assert "stopped and started again" in told.message and told.details["restart_possible"] is False
     refused = h.intent("restart_vm", {"namespace": NS, "name": "once-1"})
-    assert "stop it and start it again" in (refused.decision.audit.reason or "")  # type: ignore[union-attr]
+    assert refused.decision.audit is not None
+    assert "stop it and start it again" in (refused.decision.audit.reason or "")
 
 
 def test_a_manual_vm_whose_vmi_has_ended_can_be_restarted() -> None:
@@ -264,7 +274,7 @@ def test_a_vm_deleted_and_made_again_under_its_name_gets_its_own_notice_and_a_fu
     h.observe(vmi_of("ev-1", "uid-vmi-bobs", marked=True))  # on the same node, and evicted too
     bobs = h.notifications("drain_will_stop_gpu_vm")[-1]
     assert bobs.subject.name == "ev-1" and bobs.recipients == [BOB]
-    assert bobs.deadline == h.now + (alices.deadline - alices.at)  # a full notice of his own
+    assert bobs.deadline == h.now + notice_given(alices)  # a full notice of his own
     h.wait(300)  # alice's deadline
     h.tick()
     assert stops(h) == ["ev-2"]
@@ -281,7 +291,7 @@ def test_a_vm_made_again_seen_only_in_a_relist_is_a_new_vm_too() -> None:
     h.observe(vmi_of("ev-1", "uid-vmi-bobs", marked=True), "RELISTED")
     told = h.notifications("drain_will_stop_gpu_vm")
     assert [n.recipients for n in told] == [[ALICE], [BOB]]
-    assert told[1].deadline == h.now + (told[0].deadline - told[0].at)
+    assert told[1].deadline == h.now + notice_given(told[0])
     h.wait(300)
     h.tick()
     assert stops(h) == []
@@ -297,7 +307,7 @@ def test_a_vm_made_again_during_a_node_drain_is_announced_to_its_owner_with_a_fu
     h.observe(vmi_of("x-1", "uid-vmi-bobs"), "RELISTED")
     told = h.notifications("drain_will_stop_gpu_vm")
     assert [n.recipients for n in told] == [[ALICE], [BOB]]
-    assert told[1].deadline == h.now + (told[0].deadline - told[0].at)
+    assert told[1].deadline == h.now + notice_given(told[0])
     h.observe(node("gpu-node-1", gpus={RTX: 2}, unschedulable=True, rv=2), "MODIFIED")  # the cordon lands
     h.wait(300)  # alice's deadline
     h.tick()

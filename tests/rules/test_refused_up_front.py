@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from handlers.capacity import capacity_report
 from handlers.cluster import KubeVirtRecord
-from harness.scenarios import A100, RTX, kubevirt_cr, node, vm, vmi
+from samples.cluster import A100, RTX, kubevirt_cr, node, vm, vmi
 from tests.support.harness import Harness, config
 from tests.support.kubevirt_schema import validate_vm
 

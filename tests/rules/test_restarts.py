@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.scenarios import A100, RTX, node, vm, vmi
+from handlers.tables import TRACKING
+from samples.cluster import A100, RTX, node, vm, vmi
 from tests.support.harness import Harness
 
 ALICE = "alice@example.com"
@@ -57,10 +58,10 @@ def test_a_change_seen_only_on_the_watch_is_told_too() -> None:
 def test_a_restart_with_the_new_spec_clears_the_pending_state() -> None:
     h = running_vm()
     h.observe(vm("spx-proj-a", "w-1", project="proj-a", owner=ALICE, gpu=RTX, rv=2), "MODIFIED")
-    assert h.state.get("tracking", "vm/spx-proj-a/w-1") is not None
+    assert h.state.get(TRACKING, "vm/spx-proj-a/w-1") is not None
     h.observe(vmi("spx-proj-a", "w-1", node_name="gpu-node-1", phase="Succeeded"), "DELETED")
     h.observe(vmi("spx-proj-a", "w-1", node_name="gpu-node-1", gpu=RTX, cpu_model="host-passthrough", generation=2))
-    assert h.state.get("tracking", "vm/spx-proj-a/w-1") is None
+    assert h.state.get(TRACKING, "vm/spx-proj-a/w-1") is None
     # A later change is a new episode: told again.
     h.observe(vm("spx-proj-a", "w-1", project="proj-a", owner=ALICE, gpu=A100, rv=3), "MODIFIED")
     assert len(h.notifications("gpu_change_pending_restart")) == 2
@@ -80,7 +81,7 @@ def test_a_stop_clears_the_pending_state() -> None:
     h = running_vm()
     h.observe(vm("spx-proj-a", "w-1", project="proj-a", owner=ALICE, gpu=RTX, rv=2), "MODIFIED")
     h.observe(vmi("spx-proj-a", "w-1", node_name="gpu-node-1", phase="Succeeded"), "MODIFIED")
-    assert h.state.get("tracking", "vm/spx-proj-a/w-1") is None
+    assert h.state.get(TRACKING, "vm/spx-proj-a/w-1") is None
 
 
 def restart_required(obj: dict[str, Any]) -> dict[str, Any]:
@@ -109,7 +110,7 @@ def test_the_new_vmi_with_the_gpu_ends_the_episode_before_kubevirt_clears_restar
                   generation=2))
     h.observe(patched, "MODIFIED")
     assert len(h.notifications("gpu_change_pending_restart")) == 1
-    assert h.state.get("tracking", "vm/spx-proj-a/w-1") is None
+    assert h.state.get(TRACKING, "vm/spx-proj-a/w-1") is None
     h.observe(vm("spx-proj-a", "w-1", project="proj-a", owner=ALICE, gpu=RTX, rv=3), "MODIFIED")
     assert len(h.notifications("gpu_change_pending_restart")) == 1
 

@@ -33,7 +33,7 @@ from handlers.cluster import (
 from handlers.gpus import desired_vm, plan_patch
 from handlers.messages import GPUMutation
 from handlers.tables import VMS
-from harness.scenarios import (
+from samples.cluster import (
     A100,
     PROJECT_LABEL,
     RTX,
@@ -106,9 +106,10 @@ def rich_objects() -> list[dict[str, Any]]:
 
 
 GPU_NAMES = frozenset({RTX, A100})
-REVISION = InstancetypeRevision.from_object(instancetype_revision(
+_REVISION = InstancetypeRevision.from_object(instancetype_revision(
     "p", "rich", "rich-u1.large-1", instancetype="u1.large", gpus=[RTX], host_devices=[A100]))
-assert REVISION is not None
+assert _REVISION is not None
+REVISION: InstancetypeRevision = _REVISION
 
 RECORDS = {
     "Namespace": lambda o: NamespaceRecord.from_object(o, project_label=PROJECT_LABEL),

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from handlers.cluster import effective_run_strategy
 from handlers.drains import RESTARTS_AFTER_DELETION, restarts_by_itself
-from harness.scenarios import A100, RTX, node, vm, vmi
+from samples.cluster import A100, RTX, node, vm, vmi
 from tests.support.harness import Harness
 
 ALICE, OPS = "alice@example.com", "ops@example.com"

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from handlers.messages import (
     AuditInput,
@@ -201,7 +202,7 @@ def test_the_asyncapi_examples_are_what_the_headers_and_payloads_promise() -> No
 
 
 def _model(name: str, payload: dict[str, object]) -> object:
-    models = {"Command": Command, "CommandResult": CommandResult, "Notification": Notification,
+    models: dict[str, type[BaseModel]] = {"Command": Command, "CommandResult": CommandResult, "Notification": Notification,
               "AuditRecord": AuditRecord, "DeadLetter": DeadLetter}
     return models[name].model_validate(payload)
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from handlers.catalog import Catalog
 from handlers.views import gpu_classes, project_view, vm_badge
-from harness.scenarios import A100, RTX, kubevirt_cr, node, vm, vmi
+from samples.cluster import A100, RTX, kubevirt_cr, node, vm, vmi
 from tests.support.harness import Harness
 
 ALICE, BOB = "alice@example.com", "bob@example.com"

@@ -28,7 +28,7 @@ from harness.localkafka import probe  # first: quiets kafka-python's import-time
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition  # isort: skip
 
 from harness.running import Deployment
-from harness.scenarios import A100, RTX, kubevirt_cr, node, vm, vmi
+from samples.cluster import A100, RTX, kubevirt_cr, node, vm, vmi
 
 # The directory whose sitecustomize.py arms the crash points in a worker it is put in front of.
 FAULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "crashpoints")

@@ -18,9 +18,10 @@ from handlers.engine import Engine, Result, Source
 from handlers.inputs import DeadlineTick, IntentInput, ResidentInput, WatchInput
 from handlers.messages import AuditRecord, Command, Notification
 from handlers.state import MemoryState
+from handlers.tables import VMS
 from handlers.topics import INTENTS, K8S_EVENTS
+from samples.cluster import EXAMPLE_CONFIG
 from streams.common.credentials import SigningKey, jwks, signed
-from harness.scenarios import EXAMPLE_CONFIG
 from streams.common.settings import KafkaSettings
 
 # The full names the worker passes as an input's source (the default prefix).
@@ -121,6 +122,6 @@ class Harness:
         return [r.decision.audit for r in self.results if r.decision.audit is not None]
 
     def vm_object(self, namespace: str, name: str) -> dict[str, Any]:
-        record = self.state.get("vms", f"vm/{namespace}/{name}")
+        record = self.state.get(VMS, f"vm/{namespace}/{name}")
         assert record is not None, f"VM {namespace}/{name} is not in state"
         return record.object

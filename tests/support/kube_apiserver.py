@@ -4,7 +4,7 @@ With ``KUBECONFIG`` set, tests run against that cluster (which must already run 
 have medik8s' CRDs). Otherwise a local etcd + kube-apiserver with those CRDs and KubeVirt's
 own virt-api and virt-controller is started once per session
 (``harness.localkube.LocalKube(kubevirt=True)``), with the node agent
-(``tests.support.node_agent``) playing the scheduler, the kubelet and virt-handler: objects
+(``harness.node_agent``) playing the scheduler, the kubelet and virt-handler: objects
 are validated by the same schemas and webhooks a KubeVirt cluster applies, and VMIs come and
 go as KubeVirt makes them. Tests isolate themselves by namespace.
 """
@@ -25,7 +25,7 @@ from kubernetes.client.rest import ApiException
 
 from harness.localkube import LocalKube
 from harness.localkubevirt import HANDLER_USER, SERVICE_ACCOUNT_GROUPS
-from tests.support.node_agent import NodeAgent
+from harness.node_agent import NodeAgent
 from tests.support.waiting import eventually
 
 

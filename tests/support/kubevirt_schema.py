@@ -72,7 +72,7 @@ from typing import Any
 import yaml
 from jsonschema import Draft202012Validator, FormatChecker, ValidationError, validators
 
-from harness.locations import kubevirt_crd
+from harness.locations import kubevirt_crd, kubevirt_examples_dir
 
 __all__ = [
     "KINDS",
@@ -406,7 +406,7 @@ def _quantity(instance: object) -> bool:
     return not isinstance(instance, str) or bool(_QUANTITY.match(instance))
 
 
-_Validator = validators.extend(
+_Validator = validators.extend(  # type: ignore[no-untyped-call]  # jsonschema's stubs leave extend unannotated
     Draft202012Validator,
     {"x-kubernetes-list-type": _list_type, "x-vmstream-one-of-required": _one_of_required},
 )
@@ -466,13 +466,15 @@ def _short(value: object, limit: int = 80) -> str:
 def _messages(error: ValidationError) -> Iterator[str]:
     where = _path(error.absolute_path)
     here = where or "<root>"
-    instance, value = error.instance, error.validator_value
+    # The typed stubs allow an unset instance and value; an error that was raised has both.
+    instance: Any = error.instance
+    value: Any = error.validator_value
     if list(error.absolute_schema_path)[-2:-1] == ["propertyNames"]:
         yield f"{here}: invalid key {_short(instance)} ({error.validator} {value!r})"
         return
     match error.validator:
         case "additionalProperties" if value is False:
-            known = set(error.schema.get("properties", {}))
+            known = set(error.schema.get("properties", {})) if isinstance(error.schema, Mapping) else set()
             for name in sorted(set(instance) - known):
                 yield f"{_join(where, name)}: unknown field"
         case "required":
@@ -545,3 +547,15 @@ def vmi_errors(obj: dict[str, Any], *, allow_unknown_fields: bool = False) -> li
 def validate_vmi(obj: dict[str, Any], *, allow_unknown_fields: bool = False) -> None:
     """:func:`validate` for a VirtualMachineInstance."""
     validate("VirtualMachineInstance", obj, allow_unknown_fields=allow_unknown_fields)
+
+
+def example_vms() -> list[dict[str, Any]]:
+    """The VirtualMachines of KubeVirt's own ``examples/`` at the pinned version: VMs KubeVirt
+    itself writes, for the rules to take as they come, found beside the CRDs."""
+    found = []
+    for path in sorted(kubevirt_examples_dir().glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if isinstance(doc, dict) and doc.get("kind") == "VirtualMachine":
+                found.append(doc)
+    assert found, f"no VirtualMachine examples found in {kubevirt_examples_dir()}"
+    return found

@@ -3,6 +3,10 @@ rows tested without Faust or a broker."""
 
 from __future__ import annotations
 
+from typing import Any, cast
+
+from faust.types import EventT
+
 from handlers.tables import TABLES
 from streams.common.globalview import GlobalView
 from streams.worker.tablestate import TableState
@@ -15,7 +19,13 @@ class RowEvent:
         partition = 0
 
 
-class LocalTable(dict):  # type: ignore[type-arg]
+def row_event() -> EventT[Any]:
+    """A :class:`RowEvent` where the worker's state takes a Faust event: rows read its
+    partition alone, and no stand-in can be the whole of Faust's event."""
+    return cast("EventT[Any]", RowEvent())
+
+
+class LocalTable(dict[str, Any]):
     """Stands for a Faust table: its local rows and its changelog's name."""
 
     class changelog_topic:  # noqa: N801  # as Faust's table names it

@@ -22,22 +22,32 @@ upstream race that loses the batch fetched meanwhile (``streams/worker/faustfixe
 occasional into regular, so the test of the fix fails without it.
 """
 
+from __future__ import annotations
+
 import asyncio
 import os
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from faust.types import EventT
+
+    from handlers.engine import Result
+    from streams.worker.tablestate import Deliver, Row
 
 _delay = float(os.environ.get("VMSTREAM_TEST_SEEK_DELAY", "0") or 0)
 _MORE_THAN_A_BATCH = 1000
 
 
-def _is_intent(event: object) -> bool:
+def _is_intent(event: EventT[Any]) -> bool:
     """An intent, as read from its topic or as the worker routed it (``vmstream-kind: intent``)."""
-    message = event.message  # type: ignore[attr-defined]
+    message = event.message
     headers = message.headers or {}
-    items = headers.items() if isinstance(headers, dict) else headers
+    items = headers.items() if isinstance(headers, Mapping) else headers
     return message.topic.endswith(".intents") or any(k == "vmstream-kind" and v == b"intent" for k, v in items)
 
 
-def _read_since(now: dict, before: dict) -> int:
+def _read_since(now: Mapping[Any, int | None], before: Mapping[Any, int | None]) -> int:
     return sum((now.get(tp) or 0) - (at or 0) for tp, at in before.items())
 
 if _delay > 0:
@@ -53,7 +63,7 @@ if _delay > 0:
         while loop.time() < deadline and _read_since(self._read_offset, after_seek) <= _MORE_THAN_A_BATCH:
             await asyncio.sleep(0.005)
 
-    Consumer.perform_seek = _seek_overtaken_by_a_fetch  # type: ignore[method-assign]
+    setattr(Consumer, "perform_seek", _seek_overtaken_by_a_fetch)
 
 
 CRASH_EXIT_CODE = 86
@@ -65,7 +75,7 @@ if _crash_after > 0:
     _send_rows = TableState.send_rows
     _rows = 0
 
-    def _write_and_die(rows: list) -> None:  # type: ignore[type-arg]
+    def _write_and_die(rows: Sequence[Row]) -> None:
         """Send the rows up to the fatal one ourselves, in order, each acknowledged, and die."""
         from kafka import KafkaProducer
 
@@ -78,16 +88,16 @@ if _crash_after > 0:
         finally:  # the rows written or not (a broker down), the process dies here
             os._exit(CRASH_EXIT_CODE)
 
-    async def _send_rows_then_crash(self: TableState, rows: list, **kwargs: object) -> None:  # type: ignore[type-arg]
+    async def _send_rows_then_crash(self: TableState, rows: Sequence[Row], *, deliver: Deliver) -> None:
         global _rows
         for index, row in enumerate(rows):
             if _is_intent(row.event):
                 _rows += 1
                 if _rows >= _crash_after:
                     _write_and_die(rows[:index + 1])
-        await _send_rows(self, rows, **kwargs)  # type: ignore[arg-type]
+        await _send_rows(self, rows, deliver=deliver)
 
-    TableState.send_rows = _send_rows_then_crash  # type: ignore[method-assign]
+    setattr(TableState, "send_rows", _send_rows_then_crash)
 
 
 _slow_publish = float(os.environ.get("VMSTREAM_TEST_SLOW_PUBLISH", "0") or 0)
@@ -98,7 +108,7 @@ if _slow_publish > 0:
     _publish = Worker._publish
     _slowed: list[bool] = []
 
-    async def _publish_slowly(self: Worker, decided: list) -> None:  # type: ignore[type-arg]
+    async def _publish_slowly(self: Worker, decided: list[tuple[EventT[Any], Result]]) -> None:
         if not _slowed and any(_is_intent(event) for event, _ in decided):
             _slowed.append(True)
             with open(os.environ["VMSTREAM_TEST_SLOW_PUBLISH_MARK"], "w"):
@@ -106,4 +116,4 @@ if _slow_publish > 0:
             await asyncio.sleep(_slow_publish)
         await _publish(self, decided)
 
-    Worker._publish = _publish_slowly  # type: ignore[method-assign]
+    setattr(Worker, "_publish", _publish_slowly)

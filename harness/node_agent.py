@@ -1,7 +1,7 @@
-"""A TEST STAND-IN, never shipped: the node agent, playing the parts that cannot run here.
+"""A STAND-IN, never shipped: the node agent, playing the parts that cannot run here.
 
 The local control plane runs KubeVirt's own virt-controller and virt-api
-(``harness.localkubevirt``), but no kube-scheduler, no kubelet and no virt-handler: there are
+(``harness.localkubevirt``) for the demo and the tests, but no kube-scheduler, no kubelet and no virt-handler: there are
 no containers and no QEMU on this machine. This agent plays exactly those three, as thinly as
 it can, polling the real API server on a background thread:
 
