@@ -8,11 +8,11 @@ same node drained after another one came back finds that node's cards free.
 
 :func:`plan_maintenance` answers it with a greedy that is easy to follow. At each moment a
 node may start (the earliest start, then each end of a node's slot), it starts the nodes
-whose VMs all find a card now, fewest cards wanted first, as long as the concurrency limit
-allows; a node that does not fit waits for the cards the nodes in maintenance give back
-when their slot ends. Only when waiting would make the plan miss its window, or when no
-node is in maintenance to give cards back, does a node go with VMs that find no card: the
-plan says so, per VM, before anything is stopped.
+whose VMs all find a card now (in name order, for a plan that is the same every time), as
+long as the concurrency limit allows; a node that does not fit waits for the cards the
+nodes in maintenance give back when their slot ends. Only when waiting would make the plan miss its window, or when no
+node is in maintenance to give cards back, does a node go with VMs that find no card — the
+one with the fewest — and the plan says so, per VM, before anything is stopped.
 
 Cards are reserved, never counted twice: a VM that lands takes its card for good, on a node
 outside the plan or on a planned node whose slot has ended (never on one still to go: it
@@ -324,9 +324,6 @@ class _Simulation:
             return False
         return restarts_by_itself(vm.run_strategy) and bool(vm.gpus)
 
-    def cards_wanted(self, node: str) -> int:
-        return sum(self.tracks[uid].vm.cards for uid in self.residents[node] if self.landing(self.tracks[uid].vm))
-
     def would_wait(self, node: str) -> int:
         """How many of the node's VMs would find no card if it went now."""
         free = {name: Counter(cards) for name, cards in self.free.items()}
@@ -522,7 +519,7 @@ def plan_maintenance(request: MaintenanceRequest) -> MaintenancePlan:
 
     while remaining:
         simulation.advance(at)
-        for node in sorted(remaining, key=lambda name: (simulation.cards_wanted(name), name)):
+        for node in list(remaining):
             if sum(1 for slot in slots if slot.end > at) >= request.concurrency:
                 break
             if simulation.would_wait(node) == 0:
@@ -533,7 +530,7 @@ def plan_maintenance(request: MaintenanceRequest) -> MaintenancePlan:
                 break
             if busy and _earliest_end(busy, len(remaining), request, min(busy)) <= request.latest_end:
                 break  # waiting for the cards of the nodes in maintenance still keeps the window
-            go(min(remaining, key=lambda name: (simulation.would_wait(name), simulation.cards_wanted(name), name)))
+            go(min(remaining, key=lambda name: (simulation.would_wait(name), name)))
             if not busy:
                 break  # one node in maintenance: its end brings cards back
         at = min(slot.end for slot in slots if slot.end > at)

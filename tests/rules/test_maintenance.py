@@ -114,6 +114,14 @@ def test_with_nothing_to_give_cards_back_a_node_goes_and_its_vm_is_flagged_befor
     assert entry.told_at == PUBLISHED and plan.totals.waiting == 1
 
 
+def test_the_node_that_goes_without_cards_is_the_one_leaving_the_fewest_vms_waiting() -> None:
+    """b first: its VM waits, then takes one of b's two cards back, and one of a's finds the
+    other. a first would leave both of a's VMs waiting, and b's after them."""
+    plan = plan_maintenance(request(planned("a", gpu_vm("a1"), gpu_vm("a2")), planned("b", gpu_vm("b1"), capacity=2)))
+    assert order(plan) == [("b", START), ("a", START + HOURS)]
+    assert plan.totals.waiting == 2
+
+
 def test_the_window_makes_nodes_go_together_rather_than_wait_for_cards() -> None:
     """Waiting for a's card would take b out of the window: both go at once, b's VM is flagged."""
     plan = plan_maintenance(request(planned("a", gpu_vm("a1")), planned("b", gpu_vm("b1")),
@@ -393,3 +401,17 @@ def test_an_answer_re_tells_exactly_the_owners_whose_notice_changed(made: Mainte
             assert entry.fate != "waits_for_card"
     assert_never_over_reserved(new)
     assert_within_limits(new)
+
+
+@settings(max_examples=200, deadline=None)
+@given(requests(), st.data())
+def test_a_node_kept_where_it_is_changes_nothing(made: MaintenanceRequest, data: st.DataObject) -> None:
+    """An answer re-plays the whole plan: it must find what the plan found, card for card."""
+    plan = plan_maintenance(made)
+    slot = data.draw(st.sampled_from(plan.slots))
+    answer = reschedule(plan, slot.node, slot.start, now=PUBLISHED)
+    if slot.outside_window:
+        assert isinstance(answer, Refusal)
+        return
+    assert isinstance(answer, Change) and answer.owners == frozenset()
+    assert answer.plan.vms == plan.vms and answer.plan.slots == plan.slots
