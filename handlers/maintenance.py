@@ -204,7 +204,7 @@ class MaintenancePlan:
 
     @property
     def totals(self) -> Totals:
-        return totals(self.slots, self.vms)
+        return _totals(self.slots, self.vms)
 
     def slot(self, node: str) -> NodeSlot:
         return next(slot for slot in self.slots if slot.node == node)
@@ -275,6 +275,9 @@ class _Track:
     lands_on: str | None = None
 
 
+_BACK, _STOP, _GOES = 0, 1, 2  # at one instant, in this order
+
+
 class _Simulation:
     """The AZ's cards through a plan, event by event: a node's slot starting stops its VMs,
     which take a card where one is free or wait; a slot ending returns the node's cards,
@@ -291,26 +294,23 @@ class _Simulation:
         self.residents: dict[str, list[str]] = {node.name: [vm.uid for vm in node.vms] for node in request.nodes}
         self.own: dict[str, list[str]] = {node.name: [] for node in request.nodes}
         self.waiting: list[str] = []
-        self.events: list[tuple[datetime, int, str]] = []
+        self.events: list[tuple[datetime, int, str]] = []  # (when, what: _BACK, _STOP or _GOES, whom)
         self.slots: dict[str, NodeSlot] = {}
-        self.now: datetime | None = None
 
     def schedule(self, slot: NodeSlot) -> None:
         self.slots[slot.node] = slot
-        heapq.heappush(self.events, (slot.end, 0, "up/" + slot.node))
-        heapq.heappush(self.events, (slot.start, 2, "down/" + slot.node))
+        heapq.heappush(self.events, (slot.end, _BACK, slot.node))
+        heapq.heappush(self.events, (slot.start, _GOES, slot.node))
 
     def stop_early(self, uid: str, at: datetime) -> None:
-        heapq.heappush(self.events, (at, 1, "stop/" + uid))
+        heapq.heappush(self.events, (at, _STOP, uid))
 
     def advance(self, until: datetime) -> None:
         while self.events and self.events[0][0] <= until:
-            at, _, what = heapq.heappop(self.events)
-            self.now = at
-            kind, name = what.split("/", 1)
-            if kind == "up":
+            at, what, name = heapq.heappop(self.events)
+            if what == _BACK:
                 self._up(name, at)
-            elif kind == "down":
+            elif what == _GOES:
                 self._down(name, at)
             else:
                 track = self.tracks[name]
@@ -349,13 +349,17 @@ class _Simulation:
             return False
         node = self.policy.pick(fitting, track.vm.gpus, self.free)
         self.free[node].subtract(track.vm.gpus)
+        self._runs(track, node, at)
+        return True
+
+    def _runs(self, track: _Track, node: str, at: datetime) -> None:
+        """The VM runs again, with its cards, on ``node`` from ``at``."""
         track.lands_on, track.back_at = node, at
         if track.off_since is not None:
             track.hours += (at - track.off_since).total_seconds() / 3600
             track.off_since = None
-        if node in self.residents:
+        if node in self.residents:  # a planned node: it goes with it if it goes later
             self.residents[node].append(track.vm.uid)
-        return True
 
     def _stop(self, track: _Track, node: str, at: datetime) -> None:
         vm = track.vm
@@ -391,13 +395,8 @@ class _Simulation:
     def _up(self, node: str, at: datetime) -> None:
         cards = Counter(self.request.node(node).capacity)
         for uid in self.own[node]:
-            track = self.tracks[uid]
-            cards.subtract(track.vm.gpus)
-            track.back_at, track.lands_on = at, node
-            if track.off_since is not None:
-                track.hours += (at - track.off_since).total_seconds() / 3600
-                track.off_since = None
-            self.residents[node].append(uid)
+            cards.subtract(self.tracks[uid].vm.gpus)
+            self._runs(self.tracks[uid], node, at)
         self.own[node] = []
         self.free[node] = cards
         still = []
@@ -439,7 +438,7 @@ def _simulated(request: MaintenanceRequest, slots: Iterable[NodeSlot], early: Ma
     return simulation.finish()
 
 
-def totals(slots: tuple[NodeSlot, ...], vms: tuple[VMEntry, ...]) -> Totals:
+def _totals(slots: tuple[NodeSlot, ...], vms: tuple[VMEntry, ...]) -> Totals:
     leads = sorted(entry.stop - entry.told_at for entry in vms)
     fates = Counter(entry.fate for entry in vms)
     return Totals(
