@@ -10,9 +10,10 @@ same node drained after another one came back finds that node's cards free.
 node may start (the earliest start, then each end of a node's slot), it starts the nodes
 whose VMs all find a card now (in name order, for a plan that is the same every time), as
 long as the concurrency limit allows; a node that does not fit waits for the cards the
-nodes in maintenance give back when their slot ends. Only when waiting would make the plan miss its window, or when no
-node is in maintenance to give cards back, does a node go with VMs that find no card — the
-one with the fewest — and the plan says so, per VM, before anything is stopped.
+nodes in maintenance give back when their slot ends. Only when waiting would make the plan
+miss its window, or when no node is in maintenance to give cards back, does a node go with
+VMs that find no card — the one with the fewest — and the plan says so, per VM, before
+anything is stopped.
 
 Cards are reserved, never counted twice: a VM that lands takes its card for good, on a node
 outside the plan or on a planned node whose slot has ended (never on one still to go: it

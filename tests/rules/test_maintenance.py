@@ -382,7 +382,8 @@ def test_under_the_guarantee_no_vm_waits_for_a_card(made: MaintenanceRequest) ->
 
 @settings(max_examples=300, deadline=None)
 @given(requests(), st.data())
-def test_an_answer_re_tells_exactly_the_owners_whose_notice_changed(made: MaintenanceRequest, data: st.DataObject) -> None:
+def test_an_answer_re_tells_exactly_the_owners_whose_notice_changed(made: MaintenanceRequest,
+                                                                    data: st.DataObject) -> None:
     """Another slot for a node or a VM, or a VM ready now: the other nodes keep their slots,
     the other VMs their stops, no VM loses its card, and the owners told again are exactly
     those whose notice changed."""
