@@ -596,12 +596,12 @@ def reschedule(plan: MaintenancePlan, target: str, new_start: datetime, *, now: 
     moves to the later start asked for, on the same terms.
     """
     nodes = {slot.node for slot in plan.slots}
+    if new_start < now:
+        return Refusal(f"{new_start.isoformat()} has passed")
     if target in nodes:
         node = target
     elif any(entry.uid == target for entry in plan.vms):
         entry = plan.entry(target)
-        if new_start < now:
-            return Refusal("a VM is not stopped in the past")
         if new_start <= plan.slot(entry.node).start:
             early = {**plan.early, target: new_start}
             return _changed(plan, plan.slots, early, plan.ready, None)

@@ -250,6 +250,13 @@ def test_a_vm_asking_for_a_later_slot_moves_its_node() -> None:
     assert change.plan.slot("a").start == START + 2 * HOURS
 
 
+def test_nothing_is_moved_into_the_past() -> None:
+    plan = plan_maintenance(request(planned("a", gpu_vm("a1")), planned("empty", capacity=1), others=(spare(a100=1),)))
+    for target in ("empty", "a1"):
+        refused = reschedule(plan, target, START, now=START + HOURS)
+        assert isinstance(refused, Refusal) and "has passed" in refused.reason
+
+
 def test_an_unknown_target_is_refused() -> None:
     assert isinstance(reschedule(two_nodes(), "nowhere", START, now=PUBLISHED), Refusal)
 
