@@ -58,11 +58,8 @@ AfterMaintenance = Literal["elsewhere", "same_node", "stay_off"]
 Fate = Literal["lands_elsewhere", "back_on_own_node", "stays_off", "waits_for_card"]
 FATES: tuple[Fate, ...] = ("lands_elsewhere", "back_on_own_node", "stays_off", "waits_for_card")
 
-# Records below are frozen dataclasses without slots: handlers/frozen.py's fast constructor,
-# which every slotted record of handlers/ uses, is on its way out.
 
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GPUVM:
     """A GPU VM running on a planned node: what the plan needs to know of it."""
 
@@ -79,7 +76,7 @@ class GPUVM:
         return sum(self.gpus.values())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PlannedNode:
     """A node to maintain: its cards by class, and the GPU VMs holding some of them."""
 
@@ -101,7 +98,7 @@ class PlannedNode:
                 if count > used[gpu_class]}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OtherNode:
     """A schedulable node outside the plan, with its free cards by class."""
 
@@ -109,7 +106,7 @@ class OtherNode:
     free: Mapping[str, int]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MaintenanceRequest:
     """What an operator asks for, and the AZ as it is when the plan is made."""
 
@@ -139,7 +136,7 @@ class MaintenanceRequest:
         return next(node for node in self.nodes if node.name == name)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeSlot:
     node: str
     start: datetime
@@ -147,7 +144,7 @@ class NodeSlot:
     outside_window: bool  # the operator's window does not hold it: said so before the plan starts
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class VMEntry:
     """What becomes of one GPU VM, as its owner is told."""
 
@@ -174,7 +171,7 @@ class VMEntry:
         return (self.node, self.stop, self.fate, back, self.outside_window)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Totals:
     stopped: int  # VM stops, a VM stopped twice counted twice
     fates: Mapping[Fate, int]
@@ -195,7 +192,7 @@ class Totals:
         return self.fates.get("waits_for_card", 0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MaintenancePlan:
     request: MaintenanceRequest
     slots: tuple[NodeSlot, ...]  # by start, then node
@@ -214,7 +211,7 @@ class MaintenancePlan:
         return next(entry for entry in self.vms if entry.uid == uid)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Change:
     """A plan changed on an owner's answer, and the owners whose notice changed with it."""
 
@@ -222,7 +219,7 @@ class Change:
     owners: frozenset[str]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Refusal:
     reason: str
 
@@ -230,7 +227,7 @@ class Refusal:
 # ------------------------------------------------------------------------------ the model
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Policy:
     """vmstream's plan, or a plain drain: whether owners' preferences are kept and where a
     restarted VM may land."""
