@@ -2,7 +2,7 @@
 
 Why this exists: issue 14 asks that a node with 500 GPU VMs drained tells every owner within
 1 s of the intent reaching the worker, and that a NodeMaintenance on 50 nodes at once does
-so per node. ``engine_grid.py`` shows the engine decides such a drain in milliseconds; what
+so per node. ``engine.py --parts scale`` shows the engine decides such a drain in milliseconds; what
 the owners see is that decision plus the worker around it (the intent read, 500
 notifications encoded and sent, the broker), which only a run on Kafka shows.
 
