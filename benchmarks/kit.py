@@ -1,10 +1,12 @@
-"""What every benchmark here shares: one percentile, one table, one way to read the load.
+"""What every benchmark here shares: the parts started, the anchor run beside vmstream, one
+percentile, one table, one way to read the load.
 
 Benchmarks measure on a machine shared with other work, so each prints the load average
-beside its figures, and reports latencies with the same percentile definition so that a
-p99 in one script means what it means in another. The broker, deployment and reader
-helpers are those several scripts used to repeat; they measure from the outside (their
-own Kafka clients, ``/proc``), never through the code under test.
+beside its figures, measures vmstream beside an anchor in the same run (:func:`in_turns`),
+and reports latencies with the same percentile definition so that a p99 in one script means
+what it means in another. The broker, deployment, worker and reader helpers start the parts
+and watch them from the outside (their own Kafka clients, ``/proc``, the worker's pages),
+never through the code under test.
 
 Import it as ``import kit`` (a benchmark's own directory is first on ``sys.path``); importing
 it puts the repository root on ``sys.path`` as well.
@@ -152,11 +154,6 @@ def machine_busy() -> float:
     fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def own_cpu() -> Cpu:
-    times = os.times()
-    return Cpu(times.user, times.system)
 
 
 def rss_mib(pid: int) -> tuple[float, float]:

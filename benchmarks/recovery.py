@@ -95,8 +95,8 @@ class Feeder:
             n = 0
             while not self._stop.wait(PERIOD):
                 topic, key, value, ref = self.make(n)
+                self.sent[ref] = time.time()  # before the send: its output cannot come earlier
                 client.send(self.kafka.topic(topic), key=key.encode(), value=value).get(timeout=30)
-                self.sent[ref] = time.time()
                 n += 1
         finally:
             client.close()
