@@ -193,7 +193,7 @@ async def run_case(case: Case, args: argparse.Namespace, workdir: Path, broker_p
     try:
         cluster = bench_cluster(args.vms, args.nodes, prefix=f"{deployment.ident}-ev")
         cpu0 = cpu_all(workers)
-        events, seconds = await publish_cluster(deployment, cluster, timeout=600)
+        events, seconds = await publish_cluster(deployment, cluster.script(), timeout=600)
         await kit.wait_until_caught_up(deployment, timeout=300)
         case.events, case.events_cpu = events, [a - b for a, b in zip(cpu_all(workers), cpu0)]
         print(f"  {case.name}: {len(workers)} ready, {events:,} cluster events decided in {seconds:.1f} s", flush=True)
