@@ -395,10 +395,10 @@ def report(results: dict[str, list[Any]], grid_vms: list[int], args: argparse.Na
         rounds = len(results[f"grid:{grid_vms[0]}"])
         print(f"\n== grid: {args.inputs:,} timed inputs a cell, after the drains opened"
               + (f", median of {rounds} rounds" if rounds > 1 else ""))
-        body, cells, rss = [], [], {}
+        body, cells, peak = [], [], {}
         for vms in grid_vms:
             row = results[f"grid:{vms}"]
-            rss[vms] = max(r["peak_rss_mib"] for r in row)
+            peak[vms] = max(r["peak_rss_mib"] for r in row)
             for i, cell in enumerate(row[0]["cells"]):
                 rs = [r["cells"][i] for r in row]
                 cells.append(rs)
@@ -409,11 +409,11 @@ def report(results: dict[str, list[Any]], grid_vms: list[int], args: argparse.Na
         print(kit.table(("VMs", "nodes", "drains", "episodes (to fire)", "wall/s", "per CPU-s", "median slice",
                          "load"), body))
         flat = spread([median(rs, "cpu_rate") for rs in cells])
-        met = flat <= TARGET_SPREAD and max(rss.values()) < TARGET_RSS_MIB
+        met = flat <= TARGET_SPREAD and max(peak.values()) < TARGET_RSS_MIB
         ok &= met
         print(f"spread across the grid (max−min)/max: CPU {flat:.0%}, median slice "
               f"{spread([median(rs, 'median_cpu_rate') for rs in cells]):.0%} (target ≤ {TARGET_SPREAD:.0%}); "
-              "peak RSS MiB by VMs: " + ", ".join(f"{v:,}: {m:,.0f}" for v, m in rss.items())
+              "peak RSS MiB by VMs: " + ", ".join(f"{v:,}: {m:,.0f}" for v, m in peak.items())
               + f" (target < {TARGET_RSS_MIB:,.0f}): {kit.yes(met)}")
     if "mix" in results:
         ms = results["mix"]

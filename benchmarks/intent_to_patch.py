@@ -286,6 +286,7 @@ def main() -> int:
             return lambda o: wanted <= {key for key, n in Counter(
                 a["input"]["key"] for a in o.audits(input__topic=events)).items() if n >= 2}
 
+        message: Callable[[str], tuple[bytes, bytes]]
         if args.source == "intents":
             keys = {object_key("VirtualMachine", NAMESPACE, name) for name in everything}
             started = time.monotonic()
