@@ -21,16 +21,16 @@ driver:
     writing what (a) writes (preloaded only): what a shell no heavier than (a) would make of
     the engine.
 
-Each side is measured three ways, each on a fresh :class:`~harness.running.Deployment`
+Each side is measured two ways, each on a fresh :class:`~harness.running.Deployment`
 (its own topics, group and changelogs):
 
-- **steady** — a paced producer at ``--rate`` (1,000/s) for ``--duration`` seconds after
+- **preloaded** — ``--saturation`` intents written while the process is stopped, then the
+  process started: throughput from the first output to the last. This is the saturation
+  figure the ratio (b)/(a) is taken from: the driver's producer is idle while it is measured;
+- **steady** — a paced producer at each of ``--rates`` for ``--duration`` seconds after
   ``--warmup`` seconds at the same rate (their latency is reported apart: from idle, on
-  partitions never written before); latency = the driver's send of a message → the driver's read of its
-  output, both on one monotonic clock;
-- **preloaded** — the same number written while the process is stopped, then the process
-  started: throughput from the first output to the last. This is the saturation figure
-  the ratio (b)/(a) is taken from: the driver's producer is idle while it is measured.
+  partitions never written before); latency = the driver's send of a message → the
+  driver's read of its output, both on one monotonic clock.
 
 Workload: a cluster is published first so intents mean something — ``--vms`` VMs (half
 with an RTX card) with running VMIs over ``--nodes`` 8-card nodes, as watch events that
@@ -458,7 +458,6 @@ class Options:
     workdir: Path
     vms: int
     nodes: int
-    rate: float
     duration: float
     warmup: float
     saturation: int
@@ -751,8 +750,7 @@ def idle(options: Options) -> int:
 
 
 async def measure(args: argparse.Namespace, bootstrap: str, workdir: Path) -> int:
-    options = Options(bootstrap, workdir, args.vms, args.nodes, args.rates[0], args.duration, args.warmup,
-                      args.saturation)
+    options = Options(bootstrap, workdir, args.vms, args.nodes, args.duration, args.warmup, args.saturation)
     print(f"worker throughput, broker {bootstrap}")
     kit.print_load("at the start")
     if args.only == "idle":
