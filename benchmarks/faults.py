@@ -178,7 +178,7 @@ def crashes(*, vms: int, kills: int, row_crashes: int, outages: int, rate: float
         try:
             setup = workload.setup()
             publisher.publish(setup)
-            ledger.wait_until(lambda l: l.event_audits >= len(setup), timeout=300, what="the AZ decided")
+            ledger.wait_until(lambda seen: seen.event_audits >= len(setup), timeout=300, what="the AZ decided")
             stream = workload.stream()
             intent_at = [(n, value["intent_id"]) for n, (topic, _, value) in enumerate(stream, len(setup))
                          if topic == "intents"]
@@ -189,7 +189,7 @@ def crashes(*, vms: int, kills: int, row_crashes: int, outages: int, rate: float
             recoveries: list[float] = []
             for fault in faults:
                 moment = time.monotonic() + chance.uniform(1.0, 3.0)  # a random moment to strike
-                ledger.wait_until(lambda l: time.monotonic() >= moment, timeout=60, what="the next fault",
+                ledger.wait_until(lambda _: time.monotonic() >= moment, timeout=60, what="the next fault",
                                   while_waiting=supervise)
                 if fault == "kill":
                     later = {ident for n, ident in intent_at if n >= publisher.sent}
@@ -198,7 +198,7 @@ def crashes(*, vms: int, kills: int, row_crashes: int, outages: int, rate: float
                     started += 1
                     worker = WorkerProcess(deployment, f"w{started}", env=worker_env()).start()
                     if later and publisher.running:
-                        ledger.wait_until(lambda l: any(i in l.audited for i in later), timeout=300,
+                        ledger.wait_until(lambda seen: any(i in seen.audited for i in later), timeout=300,
                                           what="an intent published after the kill audited", while_waiting=supervise)
                         recoveries.append(time.monotonic() - killed)
                 elif fault == "row":
@@ -212,7 +212,7 @@ def crashes(*, vms: int, kills: int, row_crashes: int, outages: int, rate: float
                     time.sleep(chance.uniform(2.0, 5.0))  # the outage itself
                     kafka.start()
             publisher.join(timeout=600)
-            ledger.wait_until(lambda l: not l.missing(workload.intent_ids), timeout=600,
+            ledger.wait_until(lambda seen: not seen.missing(workload.intent_ids), timeout=600,
                               what="every intent audited", while_waiting=supervise)
             took = time.monotonic() - began
             ledger.poll()
