@@ -287,8 +287,7 @@ def new_deployment(bootstrap: str, workdir: Path) -> Deployment:
 
 def behind(deployment: Deployment) -> int:
     """Messages the deployment's worker has not committed yet, over every topic it reads: the
-    routed topic in its Faust group, intents and watch events in its route group (or, for a
-    tree from before the route stage had a group of its own, in the Faust group)."""
+    routed topic in its Faust group, intents and watch events in its route group."""
     kafka = deployment.kafka
     partitions = [SyncTopicPartition(kafka.topic(name), p) for name in ("intents", "k8s-events", ROUTED)
                   for p in range(kafka.partitions)]
