@@ -18,7 +18,7 @@ help:
 	@echo "                notify and the command line: minutes"
 	@echo "make test       make check, then every test, against a real Kafka broker and"
 	@echo "                kube-apiserver with KubeVirt; before a merge, and CI"
-	@echo "make bench      the benchmarks (they print figures)"
+	@echo "make bench      the engine's benchmark, simulate on a 10,000-VM AZ (it prints figures)"
 	@echo "make lock       requirements.lock again, after a change to pyproject.toml's dependencies"
 
 $(BIN)/vmstream: pyproject.toml
@@ -68,7 +68,7 @@ simulate: setup
 	$(BIN)/vmstream simulate --config examples/config.yaml --input examples/drain.jsonl
 
 bench: setup
-	$(BIN)/python benchmarks/simulate_throughput.py
+	$(BIN)/python benchmarks/engine.py --parts simulate
 
 schemas: setup
 	$(BIN)/vmstream schemas --output docs/schemas

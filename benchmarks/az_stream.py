@@ -1,5 +1,5 @@
 """A production-sized AZ as a stream of input lines, from a seed: what ``vmstream simulate``
-and the engine are measured on (``simulate_throughput.py``, ``engine_grid.py``).
+and the engine are measured on (``engine.py``).
 
 A cluster (1,000 nodes of which 200 carry 4–8 GPU cards of the two example classes; 10,000
 VMs of 40 projects, ~15 % with a GPU, mixed run strategies) and the lines the watch bridge
@@ -71,7 +71,7 @@ MIX_KINDS, MIX_WEIGHTS = list(MIX), list(MIX.values())
 
 
 class Writer(Protocol):
-    """Where the lines go: a text file, or a list of one phase's lines (engine_grid.py)."""
+    """Where the lines go: a text file, or a list of one phase's lines (engine.py)."""
 
     def write(self, text: str, /) -> object: ...
 

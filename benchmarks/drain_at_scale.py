@@ -2,7 +2,7 @@
 
 Why this exists: issue 14 asks that a node with 500 GPU VMs drained tells every owner within
 1 s of the intent reaching the worker, and that a NodeMaintenance on 50 nodes at once does
-so per node. ``engine_grid.py`` shows the engine decides such a drain in milliseconds; what
+so per node. ``engine.py --parts scale`` shows the engine decides such a drain in milliseconds; what
 the owners see is that decision plus the worker around it (the intent read, 500
 notifications encoded and sent, the broker), which only a run on Kafka shows.
 
@@ -45,10 +45,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -61,8 +57,7 @@ from typing import Any
 import kit  # noqa: E402  (this directory's: percentile, tables, load, broker and reader helpers)
 from kafka import KafkaConsumer, KafkaProducer  # noqa: E402
 from kafka import TopicPartition as SyncTopicPartition  # noqa: E402
-from kit import Arrivals, PinnedWorker, audit_ref_of, percentile  # noqa: E402
-from worker_throughput import summarize_profile  # noqa: E402
+from kit import Worker, percentile  # noqa: E402
 
 from handlers.engine import Engine  # noqa: E402
 from harness.running import CONFIG, Deployment  # noqa: E402
@@ -268,56 +263,13 @@ class WorkerFigures:
     maintenance_sched: Sched = Sched()
 
 
-async def publish_cluster(deployment: Deployment, script: Script, timeout: float) -> tuple[int, float]:
-    """Publish the cluster's watch events and wait until the worker audited each one."""
-    ids = [line["value"]["event_id"] for line in script.lines]
-    arrivals = await Arrivals(deployment.bootstrap, deployment.kafka.topic("audit"), audit_ref_of).start()
-    try:
-        started = time.perf_counter()
-        await asyncio.to_thread(deployment.publish_lines, list(script.jsonl()))
-        missing = await arrivals.wait_for(ids, timeout)
-        if missing:
-            raise RuntimeError(f"{len(missing)} of {len(ids)} cluster events not audited after {timeout:.0f}s")
-        return len(ids), max(arrivals.first.values()) - started
-    finally:
-        await arrivals.stop()
-
-
-def start_profiler(pid: int, out: Path, timeout: float = 60.0) -> subprocess.Popen[bytes] | None:
-    """py-spy on the worker (blocking sampling, as worker_throughput.py), once it samples."""
-    spy = shutil.which("py-spy", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    if spy is None:
-        print("--profile: py-spy not found (pip install py-spy into the venv); not profiling", file=sys.stderr)
-        return None
-    log = out.with_suffix(".log")
-    with log.open("wb") as err:
-        profiler = subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", "600", "--rate", "250",
-                                     "--threads", "--format", "raw", "--output", str(out)],
-                                    stdout=err, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + timeout
-    while "Sampling" not in log.read_text(errors="replace"):  # py-spy says so once attached
-        if profiler.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"py-spy did not start:\n{log.read_text(errors='replace')[-2000:]}")
-        time.sleep(0.05)  # polling interval of a log file
-    return profiler
-
-
-def stop_profiler(profiler: subprocess.Popen[bytes]) -> None:
-    profiler.send_signal(signal.SIGINT)  # py-spy writes what it has on ^C
-    try:
-        profiler.wait(120)
-    except subprocess.TimeoutExpired:
-        profiler.kill()
-        profiler.wait()
-
-
 async def on_the_worker(args: argparse.Namespace, deployment: Deployment) -> WorkerFigures:
     figures = WorkerFigures(load=[kit.load1()])
-    worker = PinnedWorker(deployment, "w", None, env=WORKER_ENV)
+    worker = Worker(deployment, "w", None, env=WORKER_ENV)
     await asyncio.to_thread(worker.start, 300)
     try:
         script = cluster_script(args, f"{deployment.ident}-ev")
-        figures.events, figures.events_seconds = await publish_cluster(deployment, script, timeout=900)
+        figures.events, figures.events_seconds = await kit.publish_cluster(deployment, script, timeout=900)
         await kit.wait_until_caught_up(deployment, timeout=300)
         print(f"  cluster: {figures.events:,} watch events decided in {figures.events_seconds:.1f} s", flush=True)
         kafka = deployment.kafka
@@ -326,8 +278,6 @@ async def on_the_worker(args: argparse.Namespace, deployment: Deployment) -> Wor
         # (a) one drain of a node with --vms GPU VMs
         figures.load.append(kit.load1())
         reader = await asyncio.to_thread(NoticeReader, args.bootstrap, notifications)
-        profiler = (await asyncio.to_thread(start_profiler, worker.pid, args.profile_out)
-                    if args.profile else None)
         try:
             before = sched_of(worker.pid)
             [figures.drain_stamp] = await asyncio.to_thread(
@@ -338,8 +288,6 @@ async def on_the_worker(args: argparse.Namespace, deployment: Deployment) -> Wor
             figures.drain_told = list(reader.told)
             figures.timestamp_types |= reader.timestamp_types
         finally:
-            if profiler is not None:
-                await asyncio.to_thread(stop_profiler, profiler)
             reader.close()
         print(f"  (a) drain: {len(figures.drain_told)} owners told (load {kit.load1():.2f})", flush=True)
         await kit.wait_until_caught_up(deployment, timeout=300)
@@ -462,10 +410,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--per-node", type=int, default=10, help="GPU VMs on each of them (default 10)")
     parser.add_argument("--owners", type=int, default=50, help="distinct owners the VMs belong to (default 50)")
     parser.add_argument("--keep", type=Path, metavar="DIR", help="keep the worker's log in DIR (default: removed)")
-    parser.add_argument("--profile", action="store_true",
-                        help="py-spy the worker from the drain's send to its last notification read (case a); "
-                             "that case's latencies are then the profiled worker's")
-    parser.add_argument("--profile-out", type=Path, help="keep py-spy's collapsed stacks there")
     kit.add_small_option(parser, vms=50, nodes=5)
     kit.add_json_option(parser)
     return kit.parse(parser, argv)
@@ -483,9 +427,6 @@ async def measure(args: argparse.Namespace, workdir: Path) -> int:
         figures = report(args, engine, worker)
     finally:
         print(f"deleted the run's {len(deployment.delete_topics())} topics")
-    if args.profile and args.profile_out.exists():
-        print(f"\nprofile of the worker during (a), the drain of {args.vms} GPU VMs:")
-        print(summarize_profile(args.profile_out))
     print()
     kit.print_load("at the end")
     kit.write_json(args.json, figures)
@@ -499,7 +440,6 @@ def main(argv: list[str] | None = None) -> int:
         workdir = args.keep or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         args.bootstrap = broker.bootstrap
-        args.profile_out = args.profile_out or workdir / "drain.pyspy.txt"
         return asyncio.run(measure(args, workdir))
 
 

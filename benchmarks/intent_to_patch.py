@@ -1,42 +1,38 @@
-"""From a ``set_gpu`` intent to the VM patched in the API server, against the API server's own
-rate for the same patches.
+"""From a ``set_gpu`` intent (or the applier's sealed command) to the VM patched in the API
+server, beside the same patches sent by a plain client.
 
-The whole loop, each part its own process: a real kube-apiserver (local control plane with
-KubeVirt's CRDs), a real Kafka broker, ``vmstream watch``, ``vmstream worker`` and ``vmstream
-apply``. The benchmark creates three sets of ``--vms`` VMs (and ``--warmup`` more), waits
-until the worker has observed every one through the bridge, then:
+Each part its own process: a local kube-apiserver (KubeVirt's CRDs), a broker and, with
+``--from intents`` (the default), ``vmstream watch``, ``vmstream worker`` and ``vmstream
+apply``; with ``--from commands``, ``vmstream apply`` alone. Three sets of ``--vms`` VMs are
+created (and ``--warmup`` more, not counted); then:
 
 * **anchor** — the JSON patches the worker plans for the anchor set (the GPU rules' patch
-  guarded by the VM's ``resourceVersion``, ``patching.py``) sent straight to the API server by
-  a plain kubernetes client from ``--threads`` threads, vmstream's three processes frozen
-  meanwhile (SIGSTOP): left running, the bridge and the worker react to every one of these
-  patches and take the API server's CPU (the anchor fell from 270 to 147/s in one run);
-* **loop** — one ``set_gpu`` intent per VM of the loop set, all on the intents topic at once:
-  intent → route → decide → command → applier → API server;
-* the two take turns over ``--rounds`` rounds, a share of each set per round, so a load that
-  changes meanwhile weighs on both; a rate is VMs / (last patch seen − first request or
-  intent sent);
-* **paced** — one intent at a time at half the anchor's rate (``--rate`` to choose): each
-  intent's latency from the producer to its VM seen patched, and where the time went, from
-  the Kafka timestamps of the worker's command and the applier's result.
+  guarded by the VM's ``resourceVersion``) sent straight to the API server by a plain
+  kubernetes client from ``--threads`` threads, vmstream's processes frozen meanwhile
+  (SIGSTOP, for less than a group session): left running, the bridge and the worker react to
+  every one of these patches and take the API server's CPU;
+* **vmstream** — one ``set_gpu`` intent per VM (intent → route → decide → command → applier
+  → API server), or one sealed ``patch_vm`` command per VM, all published at once;
+* the two take turns over ``--rounds`` rounds, a share of each set per round
+  (:func:`kit.in_turns`); a rate is VMs / (last patch seen − first request or message sent);
+* **paced** — one message at a time at half the anchor's rate (``--rate`` to choose): each
+  one's latency from the producer to its VM seen patched.
 
-A VM counts as patched when the benchmark's own watch shows the GPU in its template. Before
-the rounds, ``--warmup`` VMs go through the anchor and the loop, not counted (a broker just
-started costs four times the CPU per request, ``broker_cost.py``). The CPU each process
-spent per VM patched is printed beside the machine's whole busy time, from ``/proc``, and
-with it the rate that CPU allows: the machine's cores (or, pinned, each part's own core)
-divided by the CPU-seconds one VM patched costs the processes that share them. On one
-machine the loop also pays for the broker, the bridge, the worker and the applier, so its
-ceiling, not the API server, can be what bounds it.
+A VM counts as patched when the benchmark's own watch on the API server shows the GPU in its
+template, never by what the code under test reports. The warm-up matters: a broker just
+started spends several times the CPU per request it spends once its JIT has compiled the
+paths every request takes, and on two cores that CPU is taken from the API server.
 
-``--pin`` gives the API server and etcd CPU 0 and everything else (the broker, vmstream's
-processes, this script and its client) CPU 1, for the anchor and the loop alike: the API
-server then has a core of its own, as it has a machine of its own in a cluster.
+The CPU each process spent per VM patched is printed beside the machine's whole busy time
+(from ``/proc``), and with it the rate that CPU allows: the machine's cores (or, with
+``--pin``, each part's own core) over the CPU-seconds one VM patched costs the processes that
+share them. ``--pin`` gives the API server and etcd CPU 0 and everything else CPU 1, for the
+anchor and vmstream alike: the API server then has a core of its own, as in a cluster.
 
-    .venv/bin/python benchmarks/intent_to_patch.py               # 600 VMs per set
-    .venv/bin/python benchmarks/intent_to_patch.py --small       # 100 per set, a quick run
-    .venv/bin/python benchmarks/intent_to_patch.py --rate 40     # paced at 40 intents/s
-    .venv/bin/python benchmarks/intent_to_patch.py --pin         # the API server on a core of its own
+    .venv/bin/python benchmarks/intent_to_patch.py                   # intents, 600 VMs per set
+    .venv/bin/python benchmarks/intent_to_patch.py --pin
+    .venv/bin/python benchmarks/intent_to_patch.py --from commands   # the applier alone
+    .venv/bin/python benchmarks/intent_to_patch.py --small           # 100 per set
 """
 
 from __future__ import annotations
@@ -47,37 +43,176 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
-from kit import percentile  # noqa: E402
-from kubernetes import client  # noqa: E402
-from patching import (  # noqa: E402
-    NAMESPACE,
-    PatchWatcher,
-    add_split,
-    anchor_request,
-    cpu_split,
-    create_vms,
-    planned,
-    split_line,
-    wait_patched,
-    watch_patches,
-)
+from kubernetes import client, watch  # noqa: E402
 
-from handlers.messages import object_key  # noqa: E402
+from handlers import ids  # noqa: E402
+from handlers.decisions import subject_key  # noqa: E402
+from handlers.enforcement import FIELD_MANAGER  # noqa: E402
+from handlers.gpus import desired_vm, plan_patch  # noqa: E402
+from handlers.messages import Command, GPUMutation, ObjectRef, object_key  # noqa: E402
 from harness.localkube import LocalKube  # noqa: E402
 from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess  # noqa: E402
+from samples.cluster import A100, PROJECT_LABEL  # noqa: E402
+from streams.common.codecs import encode_message  # noqa: E402
 from streams.common.kafka_clients import producer  # noqa: E402
+from streams.kube.applying import JSON_PATCH, KUBEVIRT  # noqa: E402
 
+NAMESPACE = "spx-bench"
+# What config.yaml's nvidia-a100 class asks of a VM: the patch of a ``set_gpu`` to it.
+MUTATION = GPUMutation(device_name=A100, eviction_strategy="External")
 PROCESSES = ("kube-apiserver", "etcd", "broker", "worker", "watch", "apply", "benchmark")
 CONTROL_PLANE = ("kube-apiserver", "etcd")  # CPU 0 with --pin
 REST = tuple(name for name in PROCESSES if name not in CONTROL_PLANE)  # CPU 1 with --pin
+
+Patches = dict[str, tuple[list[dict[str, Any]], str]]  # name → (JSON patch, resourceVersion)
+
+
+# ---------------------------------------------------------------- the API server side
+
+
+def vm_body(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {PROJECT_LABEL: "bench"},
+                     "annotations": {"vmstream.io/owner": "bench@example.com"}},
+        "spec": {"runStrategy": "Manual", "template": {"spec": {
+            "domain": {"cpu": {"cores": 2}, "memory": {"guest": "4Gi"},
+                       "devices": {"disks": [{"name": "root", "disk": {"bus": "virtio"}}]}},
+            "volumes": [{"name": "root", "containerDisk": {"image": "quay.io/containerdisks/ubuntu:24.04"}}]}}},
+    }
+
+
+def create_vms(api: client.ApiClient, names: Sequence[str], threads: int) -> None:
+    """The project namespace (the applier writes nowhere else, docs/security.md) and the VMs."""
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE, "labels": {PROJECT_LABEL: "bench"}}})
+    custom = client.CustomObjectsApi(api)
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda n: custom.create_namespaced_custom_object(*KUBEVIRT, NAMESPACE, "virtualmachines",
+                                                                        vm_body(n)), names))
+
+
+class PatchWatcher(threading.Thread):
+    """Records when each VM's template first shows a GPU, from a watch on the API server
+    started from now: only patches made from here on are seen."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        super().__init__(daemon=True)
+        self.custom = client.CustomObjectsApi(api)
+        listed = self.custom.list_namespaced_custom_object(*KUBEVIRT, NAMESPACE, "virtualmachines", limit=1)
+        self.resource_version = listed["metadata"]["resourceVersion"]
+        self.patched: dict[str, float] = {}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        stream = watch.Watch()
+        while not self.stop.is_set():
+            for event in stream.stream(self.custom.list_namespaced_custom_object, *KUBEVIRT, NAMESPACE,
+                                       "virtualmachines", resource_version=self.resource_version,
+                                       timeout_seconds=5):
+                obj = event["object"]
+                self.resource_version = obj["metadata"]["resourceVersion"]
+                gpus = obj["spec"]["template"]["spec"]["domain"].get("devices", {}).get("gpus")
+                if gpus and obj["metadata"]["name"] not in self.patched:
+                    self.patched[obj["metadata"]["name"]] = time.monotonic()
+
+    def last(self, names: Sequence[str], timeout: float = 900.0) -> float:
+        """When the last of ``names`` was seen patched."""
+        deadline = time.monotonic() + timeout
+        while any(name not in self.patched for name in names):
+            if time.monotonic() > deadline:
+                missing = sum(name not in self.patched for name in names)
+                raise TimeoutError(f"{missing} of {len(names)} VMs not patched in {timeout}s")
+            time.sleep(0.1)  # waiting for the watch thread's record
+        return max(self.patched[name] for name in names)
+
+
+def planned(custom: client.CustomObjectsApi, names: Sequence[str]) -> Patches:
+    """name → (the GPU rules' JSON patch for the live VM, its resourceVersion), as the worker plans it."""
+    listed = custom.list_namespaced_custom_object(*KUBEVIRT, NAMESPACE, "virtualmachines")
+    live = {vm["metadata"]["name"]: vm for vm in listed["items"]}
+    return {name: (plan_patch(live[name], desired_vm(live[name], MUTATION)), live[name]["metadata"]["resourceVersion"])
+            for name in names}
+
+
+def anchor_request(custom: client.CustomObjectsApi, patches: Patches) -> Callable[[str], None]:
+    """The anchor: the applier's own request, straight from a plain client."""
+
+    def send(name: str) -> None:
+        patch, rv = patches[name]
+        custom.patch_namespaced_custom_object(
+            *KUBEVIRT, NAMESPACE, "virtualmachines", name,
+            [{"op": "replace", "path": "/metadata/resourceVersion", "value": rv}, *patch],
+            _content_type=JSON_PATCH, field_manager=FIELD_MANAGER)
+
+    return send
+
+
+# ----------------------------------------------------------------------- messages
+
+
+def intent(name: str) -> tuple[bytes, bytes]:
+    """The ``set_gpu`` of one VM: its key and value on the intents topic."""
+    value = {"intent_id": f"bench-{name}", "type": "set_gpu", "requested_by": "bench@example.com",
+             "project": "bench", "spec": {"namespace": NAMESPACE, "name": name, "gpu_class": "nvidia-a100"}}
+    return f"vm/{NAMESPACE}/{name}".encode(), json.dumps(value).encode()
+
+
+def sealed(deployment: Deployment, patches: Patches) -> Callable[[str], tuple[bytes, bytes]]:
+    """The ``patch_vm`` command the worker would send for one VM, sealed with the deployment's key."""
+    keyring = deployment.signing.keyring()
+
+    def command(name: str) -> tuple[bytes, bytes]:
+        patch, rv = patches[name]
+        target = ObjectRef(kind="VirtualMachine", namespace=NAMESPACE, name=name)
+        cause = f"bench-{deployment.ident}-{name}"
+        value = Command(command_id=ids.command_id(cause, "patch_vm", subject_key(target)), type="patch_vm",
+                        target=target, cause=cause, issued_at=datetime.now(UTC), patch=patch,
+                        base_resource_version=rv, mutation=MUTATION, requested_by="bench@example.com")
+        return subject_key(target).encode(), encode_message(value, keyring=keyring)
+
+    return command
+
+
+class ApplierProcess(VmstreamProcess):
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while "applier ready" not in (self.log.read_text(errors="replace") if self.log.exists() else ""):
+            self.check_running()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the applier was not ready in {timeout}s:\n{self.tail()}")
+            time.sleep(0.2)  # polling its log
+
+
+# ---------------------------------------------------------------------------- CPU
+
+
+def cpu_split(pids: dict[str, int]) -> dict[str, float]:
+    """CPU-seconds so far of each process in ``pids``, and of the whole machine."""
+    return {**{name: kit.cpu_of(pid).total for name, pid in pids.items()}, "machine": kit.machine_busy()}
+
+
+def add_split(into: dict[str, float], before: dict[str, float], after: dict[str, float]) -> None:
+    for name, value in after.items():
+        into[name] = into.get(name, 0.0) + value - before[name]
+
+
+def split_line(split: dict[str, float], count: int) -> str:
+    """The machine's CPU per VM patched, each process's, and the rest of the machine's (other jobs)."""
+    named = sum(split.get(name, 0.0) for name in PROCESSES)
+    cells = [f"{name} {1000 * split[name] / count:.1f}" for name in PROCESSES if 1000 * split.get(name, 0.0) / count >= 0.05]
+    return (f"machine {1000 * split['machine'] / count:.1f} ms per VM patched: " + ", ".join(cells)
+            + f", other {1000 * max(split['machine'] - named, 0.0) / count:.1f}")
 
 
 def ceiling(split: dict[str, float], count: int, pinned: bool) -> tuple[float, str]:
@@ -92,66 +227,81 @@ def ceiling(split: dict[str, float], count: int, pinned: bool) -> tuple[float, s
     return min(control, others), ("CPU 0, the control plane's" if control <= others else "CPU 1, the rest's")
 
 
-def intent(name: str) -> dict[str, bytes]:
-    """The ``set_gpu`` of one VM: its key and value on the intents topic."""
-    value = {"intent_id": f"bench-{name}", "type": "set_gpu", "requested_by": "bench@example.com",
-             "project": "bench", "spec": {"namespace": NAMESPACE, "name": name, "gpu_class": "nvidia-a100"}}
-    return {"key": f"vm/{NAMESPACE}/{name}".encode(), "value": json.dumps(value).encode()}
+# --------------------------------------------------------------------------- main
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--from", dest="source", choices=("intents", "commands"), default="intents",
+                        help="what vmstream is given: intents (the whole loop) or sealed commands (the applier)")
     parser.add_argument("--vms", type=int, default=600, help="VMs per set (three sets)")
-    parser.add_argument("--threads", type=int, default=8, help="the anchor's threads")
-    parser.add_argument("--rate", type=float, help="intents/s of the paced run (default: half the anchor's rate)")
-    parser.add_argument("--rounds", type=int, default=3, help="the anchor and the loop take turns this many times")
-    parser.add_argument("--warmup", type=int, help="VMs through the anchor and the loop first, not counted "
+    parser.add_argument("--threads", type=int, default=8, help="the anchor's threads, and apply.concurrency")
+    parser.add_argument("--rate", type=float, help="messages/s of the paced run (default: half the anchor's rate)")
+    parser.add_argument("--rounds", type=int, default=3, help="the anchor and vmstream take turns this many times")
+    parser.add_argument("--warmup", type=int, help="VMs through the anchor and vmstream first, not counted "
                                                    "(default 300; 50 with --small)")
     parser.add_argument("--pin", action="store_true", help="the API server and etcd on CPU 0, the rest on CPU 1")
     kit.add_small_option(parser, vms=100)
     args = kit.parse(parser)
     count = args.vms
     warmup = args.warmup if args.warmup is not None else 50 if args.small else 300
+    kit.print_load("at the start")
     with ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vmstream-bench-")))
         broker = stack.enter_context(kit.broker())
         kube = stack.enter_context(LocalKube())
-        api = kube.api_client()
-        api.configuration.connection_pool_maxsize = args.threads
-        api = client.ApiClient(api.configuration)  # its pool sized for the anchor's threads
+        configuration = kube.api_client().configuration
+        configuration.connection_pool_maxsize = args.threads
+        api = client.ApiClient(configuration)  # its pool sized for the anchor's threads
         custom = client.CustomObjectsApi(api)
-        sets = {part: [f"{part}-{i:05d}" for i in range(count)] for part in ("anchor", "loop", "paced")}
-        warm = {part: [f"warm-{part}-{i:05d}" for i in range(warmup)] for part in ("anchor", "loop")}
+        sets = {part: [f"{part}-{i:05d}" for i in range(count)] for part in ("anchor", "vmstream", "paced")}
+        warm = {part: [f"warm-{part}-{i:05d}" for i in range(warmup)] for part in ("anchor", "vmstream")}
         everything = [name for names in (*sets.values(), *warm.values()) for name in names]
         started = time.monotonic()
         create_vms(api, everything, args.threads)
-        print(f"created {len(everything)} VMs in {time.monotonic() - started:.1f}s")
-        send = anchor_request(custom, planned(custom, [*sets["anchor"], *warm["anchor"]]))
+        print(f"created {len(everything)} VMs in {time.monotonic() - started:.1f}s", flush=True)
+        patches = planned(custom, everything)
+        send = anchor_request(custom, patches)
 
         deployment = kit.new_deployment(broker.bootstrap, workdir)
+        stack.callback(deployment.delete_topics)
         kubeconfig = str(kube.kubeconfig)
-        worker = WorkerProcess(deployment, "worker").start()
-        stack.callback(worker.stop)
-        processes: dict[str, VmstreamProcess] = {"worker": worker}
-        for name in ("watch", "apply"):
-            process = VmstreamProcess(deployment, name, [name, "--config", str(CONFIG), "--kubeconfig", kubeconfig])
+        processes: dict[str, VmstreamProcess] = {"apply": ApplierProcess(
+            deployment, "apply", ["apply", "--config", str(CONFIG), "--kubeconfig", kubeconfig, "--probe-port", "0"],
+            env={"VMSTREAM_APPLY__CONCURRENCY": str(args.threads)})}
+        if args.source == "intents":
+            processes["worker"] = WorkerProcess(deployment, "worker")
+            processes["watch"] = VmstreamProcess(deployment, "watch",
+                                                 ["watch", "--config", str(CONFIG), "--kubeconfig", kubeconfig])
+        for process in processes.values():
             process.start()
             stack.callback(process.stop)
-            processes[name] = process
         outputs = Outputs(deployment)
         stack.callback(outputs.close)
         events = deployment.kafka.topic("k8s-events")
-        keys = {object_key("VirtualMachine", NAMESPACE, name) for name in everything}
-        started = time.monotonic()
-        outputs.wait_for(lambda o: keys <= {a["input"]["key"] for a in o.audits(input__topic=events)},
-                         timeout=600, what="every VM observed")
-        print(f"the worker observed the {len(keys)} VMs through the bridge in {time.monotonic() - started:.1f}s")
 
-        watcher = watch_patches(api)
+        def decided_twice(names: Sequence[str]) -> Callable[[Outputs], bool]:
+            """The worker has decided each VM's creation and the anchor's patch of it."""
+            wanted = {object_key("VirtualMachine", NAMESPACE, name) for name in names}
+            return lambda o: wanted <= {key for key, n in Counter(
+                a["input"]["key"] for a in o.audits(input__topic=events)).items() if n >= 2}
+
+        message: Callable[[str], tuple[bytes, bytes]]
+        if args.source == "intents":
+            keys = {object_key("VirtualMachine", NAMESPACE, name) for name in everything}
+            started = time.monotonic()
+            outputs.wait_for(lambda o: keys <= {a["input"]["key"] for a in o.audits(input__topic=events)},
+                             timeout=600, what="every VM observed")
+            print(f"the worker observed the {len(keys)} VMs through the bridge in {time.monotonic() - started:.1f}s")
+            topic, message = deployment.kafka.topic("intents"), intent
+        else:
+            topic, message = deployment.kafka.topic("commands"), sealed(deployment, patches)
+
+        watcher = PatchWatcher(api)
+        watcher.start()
         stack.callback(watcher.stop.set)
         sender = producer(deployment.kafka, linger_ms=0)
         stack.callback(sender.close)
-        topic = deployment.kafka.topic("intents")
         state = kube.state
         assert state is not None
         pids = {"kube-apiserver": state.apiserver_pid, "etcd": state.etcd_pid, "benchmark": os.getpid(),
@@ -163,120 +313,86 @@ def main() -> int:
             print(f"pinned: {', '.join(CONTROL_PLANE)} on CPU 0; "
                   f"{', '.join(name for name in REST if name in pids)} on CPU 1")
 
-        def through_loop(names: list[str]) -> tuple[float, dict[str, float]]:
-            """Every intent of ``names`` at once: when the last VM was seen patched, the CPU then."""
+        def through_vmstream(names: list[str]) -> float:
+            """Every message of ``names`` at once; when the last VM was seen patched."""
             for name in names:
-                sender.send(topic, **intent(name))
+                key, value = message(name)
+                sender.send(topic, key=key, value=value)
             sender.flush()
-            return wait_patched(watcher, names), cpu_split(pids)
+            return watcher.last(names)
 
-        def through_anchor(names: list[str]) -> tuple[float, dict[str, float]]:
-            """The plain client with vmstream's processes frozen (SIGSTOP, for less than a group
-            session): the API server has the machine as it has it in apply_rate.py's anchor.
-            Thawed, the bridge and the worker catch up on these VMs' events before the loop runs."""
+        def through_anchor(names: list[str]) -> float:
+            """The plain client with vmstream's processes frozen; thawed, the bridge and the worker
+            catch up on these VMs' events before vmstream's turn."""
             frozen = [p.process.pid for p in processes.values() if p.process is not None]
             for pid in frozen:
                 os.kill(pid, signal.SIGSTOP)
             try:
                 with ThreadPoolExecutor(args.threads) as pool:
                     list(pool.map(send, names))
-                last, after = wait_patched(watcher, names), cpu_split(pids)
+                last = watcher.last(names)
             finally:
                 for pid in frozen:
                     os.kill(pid, signal.SIGCONT)
-            wanted = {object_key("VirtualMachine", NAMESPACE, name) for name in names}
-            outputs.wait_for(lambda o: wanted <= {key for key, n in Counter(
-                a["input"]["key"] for a in o.audits(input__topic=events)).items() if n >= 2},
-                timeout=300, what="the worker to decide the anchor's patches")
-            return last, after
+            if args.source == "intents":
+                outputs.wait_for(decided_twice(names), timeout=300, what="the worker to decide the anchor's patches")
+            return last
 
         if warmup:
             started = time.monotonic()
             through_anchor(warm["anchor"])
-            through_loop(warm["loop"])
-            print(f"warm-up: {warmup} VMs each through the anchor and the loop in "
-                  f"{time.monotonic() - started:.1f}s, not counted")
+            through_vmstream(warm["vmstream"])
+            print(f"warm-up: {warmup} VMs each through the anchor and vmstream in "
+                  f"{time.monotonic() - started:.1f}s, not counted", flush=True)
 
-        spent = {"anchor": 0.0, "loop": 0.0}
-        splits: dict[str, dict[str, float]] = {"anchor": {}, "loop": {}, "paced": {}}
-        for round_ in range(args.rounds):
-            print(f"round {round_ + 1}/{args.rounds}: {len(sets['anchor'][round_::args.rounds])} VMs each, "
-                  f"{kit.load_average()}")
-            for part, run in (("anchor", through_anchor), ("loop", through_loop)):
+        splits: dict[str, dict[str, float]] = {"anchor": {}, "vmstream": {}, "paced": {}}
+
+        def turn(part: str, run: Callable[[list[str]], float]) -> Callable[[int], float]:
+            def one(round_: int) -> float:
                 before, first = cpu_split(pids), time.monotonic()
-                last, after = run(sets[part][round_::args.rounds])
-                spent[part] += last - first
-                add_split(splits[part], before, after)
-        anchor_rate, loop_rate = count / spent["anchor"], count / spent["loop"]
+                last = run(sets[part][round_::args.rounds])
+                add_split(splits[part], before, cpu_split(pids))
+                return last - first
+
+            return one
+
+        spent = kit.in_turns(args.rounds, {"anchor": turn("anchor", through_anchor),
+                                           "vmstream": turn("vmstream", through_vmstream)})
+        anchor_rate, vmstream_rate = count / sum(spent["anchor"]), count / sum(spent["vmstream"])
 
         rate = args.rate or anchor_rate / 2
-        print(f"paced: {count} intents at {rate:.0f}/s, {kit.load_average()}")
+        print(f"paced: {count} {args.source} at {rate:.0f}/s, {kit.load_average()}", flush=True)
         sent: dict[str, float] = {}
-        sent_wall: dict[str, float] = {}
-        before, first, first_wall = cpu_split(pids), time.monotonic(), time.time()
+        before, first = cpu_split(pids), time.monotonic()
         for index, name in enumerate(sets["paced"]):
             kit.sleep_until(first + index / rate)
-            sent[name], sent_wall[name] = time.monotonic(), time.time()
-            sender.send(topic, **intent(name))
+            key, value = message(name)
+            sent[name] = time.monotonic()
+            sender.send(topic, key=key, value=value)
             sender.flush()
-        last = wait_patched(watcher, sets["paced"])
+        last = watcher.last(sets["paced"])
         add_split(splits["paced"], before, cpu_split(pids))
-        latencies = [1000 * (watcher.patched[n] - sent[n]) for n in sets["paced"]]
+        latencies = [watcher.patched[name] - sent[name] for name in sets["paced"]]
 
-        print(f"\nset_gpu → VM patched in the API server, {count} VMs per set, anchor {args.threads} threads, "
+        what = "set_gpu intent" if args.source == "intents" else "patch_vm command"
+        print(f"\n{what} → VM patched in the API server, {count} VMs per set, {args.threads} threads, "
               f"{kit.load_average()}")
-        print(f"  anchor (plain client → API server)   {anchor_rate:5.0f} VMs patched/s")
-        print(f"  loop (intents → API server)          {loop_rate:5.0f} VMs patched/s   "
-              f"ratio {loop_rate / anchor_rate:.2f} (target ≥ 0.8)")
         busy = splits["paced"]["machine"] / (last - first) / (os.cpu_count() or 1)
-        print(f"  paced at {rate:.0f} intents/s: intent → VM patched  p50 {percentile(latencies, 0.5):.0f} ms   "
-              f"p90 {percentile(latencies, 0.9):.0f} ms   p99 {percentile(latencies, 0.99):.0f} ms   "
-              f"max {max(latencies):.0f} ms{' (target p99 ≤ 250 ms)' if not args.rate else ''}; "
-              f"the machine {busy:.0%} busy")
-        for stage, values in stage_latencies(deployment, sent_wall, watcher, first_wall - first).items():
-            if values:
-                print(f"    {stage:<34} p50 {percentile(values, 0.5):6.0f} ms   p99 {percentile(values, 0.99):6.0f} ms")
+        print(kit.table(("run", "VMs patched/s", "ratio (target ≥ 0.8)"), [
+            ("anchor (plain client → API server)", f"{anchor_rate:,.0f}", ""),
+            (f"vmstream ({args.source} → API server)", f"{vmstream_rate:,.0f}", f"{vmstream_rate / anchor_rate:.2f}")]))
+        print(f"paced at {rate:.0f}/s: {what} → VM patched {kit.summary_ms(latencies)}"
+              f"{' (target p99 ≤ 250 ms)' if not args.rate else ''}; the machine {busy:.0%} busy")
         print("\nThe machine's CPU per VM patched, by process (other: the jobs the benchmark did not start)")
-        for part in ("anchor", "loop", "paced"):
-            print(f"  {part:<8} {split_line(splits[part], count, PROCESSES)}")
-        bounds = {part: ceiling(splits[part], count, args.pin) for part in ("anchor", "loop")}
+        for part, split in splits.items():
+            print(f"  {part:<8} {split_line(split, count)}")
+        bounds = {part: ceiling(splits[part], count, args.pin) for part in ("anchor", "vmstream")}
         print("\nThe rate that CPU allows (VMs patched/s, if nothing else ran and nothing waited)")
         for part, (bound, by) in bounds.items():
             print(f"  {part:<8} ≤ {bound:5.0f}/s, bound by {by}")
-        print(f"  the loop's ceiling over the anchor's ceiling: {bounds['loop'][0] / bounds['anchor'][0]:.2f}")
+        print(f"  vmstream's ceiling over the anchor's: {bounds['vmstream'][0] / bounds['anchor'][0]:.2f}")
+    kit.print_load("at the end")
     return 0
-
-
-def stage_latencies(deployment: Deployment, sent_wall: dict[str, float], watcher: PatchWatcher,
-                    offset: float) -> dict[str, list[float]]:
-    """Where the time of the paced intents went, from the Kafka timestamps of the worker's
-    commands and the applier's results (producer clocks: the same machine)."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    kafka = deployment.kafka
-    reader = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False,
-                           consumer_timeout_ms=3000)
-    topics = [kafka.topic("commands"), kafka.topic("command-results")]
-    partitions = [TopicPartition(t, p) for t in topics for p in range(kafka.partitions)]
-    reader.assign(partitions)
-    reader.seek_to_beginning(*partitions)
-    command_at: dict[str, float] = {}
-    command_vm: dict[str, str] = {}
-    result_at: dict[str, float] = {}
-    for record in reader:
-        value: dict[str, Any] = json.loads(record.value)
-        if record.topic == topics[0] and value["type"] == "patch_vm" and value["target"]["name"] in sent_wall:
-            command_at[value["target"]["name"]] = record.timestamp / 1000
-            command_vm[value["command_id"]] = value["target"]["name"]
-        elif record.topic == topics[1] and value["command_id"] in command_vm:
-            result_at[command_vm[value["command_id"]]] = record.timestamp / 1000
-    reader.close()
-    patched = watcher.patched
-    return {
-        "intent → command sent (worker)": [1000 * (command_at[n] - sent_wall[n]) for n in command_at],
-        "command → result sent (applier)": [1000 * (result_at[n] - command_at[n]) for n in result_at],
-        "result sent → patch watched": [1000 * (patched[n] + offset - result_at[n]) for n in result_at if n in patched],
-    }
 
 
 if __name__ == "__main__":

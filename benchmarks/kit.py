@@ -1,10 +1,12 @@
-"""What every benchmark here shares: one percentile, one table, one way to read the load.
+"""What every benchmark here shares: the parts started, the anchor run beside vmstream, one
+percentile, one table, one way to read the load.
 
 Benchmarks measure on a machine shared with other work, so each prints the load average
-beside its figures, and reports latencies with the same percentile definition so that a
-p99 in one script means what it means in another. The broker, deployment and reader
-helpers are those several scripts used to repeat; they measure from the outside (their
-own Kafka clients, ``/proc``), never through the code under test.
+beside its figures, measures vmstream beside an anchor in the same run (:func:`in_turns`),
+and reports latencies with the same percentile definition so that a p99 in one script means
+what it means in another. The broker, deployment, worker and reader helpers start the parts
+and watch them from the outside (their own Kafka clients, ``/proc``, the worker's pages),
+never through the code under test.
 
 Import it as ``import kit`` (a benchmark's own directory is first on ``sys.path``); importing
 it puts the repository root on ``sys.path`` as well.
@@ -19,11 +21,15 @@ import json
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +44,8 @@ from kafka import TopicPartition as SyncTopicPartition  # noqa: E402
 from kafka.admin import NewTopic  # noqa: E402
 
 from harness.running import Deployment, WorkerProcess  # noqa: E402
+from harness.scenarios import Script  # noqa: E402
+from samples.cluster import RTX, iso, kubevirt_cr, node, vm, vmi  # noqa: E402
 from streams.common.kafka_clients import admin_client  # noqa: E402
 from streams.common.settings import KafkaSettings  # noqa: E402
 from streams.common.topics import ROUTED, TOPICS, route_group  # noqa: E402
@@ -147,11 +155,6 @@ def machine_busy() -> float:
     fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def own_cpu() -> Cpu:
-    times = os.times()
-    return Cpu(times.user, times.system)
 
 
 def rss_mib(pid: int) -> tuple[float, float]:
@@ -285,8 +288,7 @@ def new_deployment(bootstrap: str, workdir: Path) -> Deployment:
 
 def behind(deployment: Deployment) -> int:
     """Messages the deployment's worker has not committed yet, over every topic it reads: the
-    routed topic in its Faust group, intents and watch events in its route group (or, for a
-    tree from before the route stage had a group of its own, in the Faust group)."""
+    routed topic in its Faust group, intents and watch events in its route group."""
     kafka = deployment.kafka
     partitions = [SyncTopicPartition(kafka.topic(name), p) for name in ("intents", "k8s-events", ROUTED)
                   for p in range(kafka.partitions)]
@@ -445,23 +447,162 @@ def topic_bytes(bootstrap: str, topics: Sequence[str], timeout: float = 60.0) ->
     return results
 
 
-class PinnedWorker(WorkerProcess):
-    """A ``vmstream worker`` on the given CPUs from its first instruction on (``taskset``)."""
+class Worker(WorkerProcess):
+    """A ``vmstream worker`` of this tree, pinned to ``cpus`` from its first instruction on
+    (``taskset``), its start-up timed: to ``/health`` (imports, Faust up) and to ``/ready``
+    (tables recovered, the cluster-wide view caught up)."""
 
-    def __init__(self, deployment: Deployment, name: str, cpus: str | None, env: dict[str, str] | None = None) -> None:
+    def __init__(self, deployment: Deployment, name: str, cpus: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
         super().__init__(deployment, name, env={"PYTHONPATH": str(REPO), **(env or {})})
         self.cpus = cpus
+        self.health_s: float | None = None
+        self.ready_s: float | None = None
 
     def wait_ready(self, timeout: float) -> None:
         # Called right after the process is spawned: pin it before it has done anything.
-        if self.cpus is not None and self.process is not None:
-            pin(self.process.pid, self.cpus)
-        super().wait_ready(timeout)
+        if self.cpus is not None:
+            pin(self.pid, self.cpus)
+        started = time.perf_counter()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.check_running()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/ready", timeout=2) as answer:
+                    body = json.loads(answer.read())
+            except urllib.error.HTTPError as error:  # 503 while recovering: the process is up
+                body = json.loads(error.read() or b"{}")
+            except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
+                body = None
+            if body is not None and self.health_s is None:
+                self.health_s = time.perf_counter() - started
+            if body and body.get("ready"):
+                self.ready_s = time.perf_counter() - started
+                return
+            time.sleep(0.02)  # polling interval: fine enough to time a start-up
+        raise RuntimeError(f"worker {self.name} not ready after {timeout}s:\n{self.tail()}")
 
     @property
     def pid(self) -> int:
         assert self.process is not None
         return self.process.pid
+
+    def metric(self, name: str) -> dict[str, float]:
+        """One metric of ``/metrics``, by its label set (``table="vms"``)."""
+        request = urllib.request.Request(f"http://127.0.0.1:{self.web_port}/metrics",
+                                         headers={"Authorization": f"Bearer {self.deployment.web_token}"})
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            text = answer.read().decode()
+        return {m[1]: float(m[2]) for m in re.finditer(rf"^{re.escape(name)}\{{(.*?)\}} (\S+)$", text, re.M)}
+
+
+# ----------------------------------------------------------------------- workload
+
+CARDS_PER_NODE = 8
+GPU_CLASS = "nvidia-rtx-pro-6000-bse"  # RTX in examples/config.yaml
+PROJECTS = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    intent_id: str
+    key: bytes
+    value: bytes
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """VMs with running VMIs over GPU nodes, as the watch bridge's first list shows them."""
+
+    vms: int
+    nodes: int
+    gpu_nodes: int
+    gpu_share: float
+    prefix: str  # event ids are <prefix>-000001, …
+
+    def _vm(self, j: int) -> tuple[str, str, str, str, bool]:
+        """(namespace, name, project, owner, has a GPU) of the j-th VM."""
+        project = f"p{j % PROJECTS:02d}"
+        has_gpu = int((j + 1) * self.gpu_share) > int(j * self.gpu_share)  # evenly spread
+        return f"spx-{project}", f"vm-{j:05d}", project, f"user{j % 97}@example.com", has_gpu
+
+    def script(self) -> Script:
+        s = Script(datetime.now(UTC), prefix=self.prefix)
+        s.event("ADDED", kubevirt_cr())
+        names = [f"node-{i:04d}" for i in range(self.nodes)]
+        for i, name in enumerate(names):
+            s.event("ADDED", node(name, gpus={RTX: CARDS_PER_NODE} if i < self.gpu_nodes else None))
+        gpu_placed = cpu_placed = 0
+        for j in range(self.vms):
+            namespace, name, project, owner, has_gpu = self._vm(j)
+            if has_gpu:
+                host, gpu_placed = names[gpu_placed % max(1, self.gpu_nodes)], gpu_placed + 1
+            else:
+                host, cpu_placed = names[cpu_placed % self.nodes], cpu_placed + 1
+            gpu = RTX if has_gpu else None
+            s.event("ADDED", vm(namespace, name, project=project, owner=owner, gpu=gpu, printable_status="Running"))
+            s.event("ADDED", vmi(namespace, name, node_name=host, gpu=gpu,
+                                 cpu_model="host-passthrough" if gpu else None))
+        return s
+
+    def intents(self, count: int, run: str) -> list[Intent]:
+        """``set_gpu`` flipping each VM's GPU, then ``restart_vm``, round after round."""
+        out = []
+        now = iso(datetime.now(UTC))
+        for i in range(count):
+            j = i % self.vms
+            namespace, name, project, owner, has_gpu = self._vm(j)
+            spec: dict[str, Any] = {"namespace": namespace, "name": name}
+            if (i // self.vms) % 2 == 0:
+                type_ = "set_gpu"
+                spec["gpu_class"] = None if has_gpu else GPU_CLASS
+            else:
+                type_ = "restart_vm"
+            intent_id = f"{run}-{i:07d}"
+            value = {"intent_id": intent_id, "type": type_, "requested_by": owner, "project": project,
+                     "requested_at": now, "spec": spec}
+            out.append(Intent(intent_id, f"vm/{namespace}/{name}".encode(), json.dumps(value).encode()))
+        return out
+
+
+def bench_cluster(vms: int, nodes: int, prefix: str) -> Cluster:
+    """The 1,000-VM cluster the intents act on: half the VMs have a card, every node has 8."""
+    return Cluster(vms=vms, nodes=nodes, gpu_nodes=nodes, gpu_share=0.5, prefix=prefix)
+
+
+def az_cluster(vms: int, nodes: int, prefix: str) -> Cluster:
+    """A production-sized AZ: 20 % GPU nodes, 15 % GPU VMs (as the engine's AZ stream)."""
+    return Cluster(vms=vms, nodes=nodes, gpu_nodes=max(1, nodes // 5), gpu_share=0.15, prefix=prefix)
+
+
+async def publish_cluster(deployment: Deployment, script: Script, timeout: float) -> tuple[int, float]:
+    """Publish a cluster's watch events and wait until the worker audited each one: the
+    events, and the seconds from the first sent to the last audited."""
+    ids = [line["value"]["event_id"] for line in script.lines]
+    arrivals = await Arrivals(deployment.bootstrap, deployment.kafka.topic("audit"), audit_ref_of).start()
+    try:
+        started = time.perf_counter()
+        await asyncio.to_thread(deployment.publish_lines, list(script.jsonl()))
+        missing = await arrivals.wait_for(ids, timeout)
+        if missing:
+            raise RuntimeError(f"{len(missing)} of {len(ids)} cluster events not audited after {timeout:.0f}s")
+        return len(ids), max(arrivals.first.values()) - started
+    finally:
+        await arrivals.stop()
+
+
+# -------------------------------------------------------------------------- turns
+
+
+def in_turns(rounds: int, runs: dict[str, Callable[[int], Any]]) -> dict[str, list[Any]]:
+    """Each run once per round, in turn: the anchor and the project share whatever the
+    machine's load does meanwhile, so their ratio holds where their absolute figures drift."""
+    results: dict[str, list[Any]] = {name: [] for name in runs}
+    for round_ in range(rounds):
+        print(f"round {round_ + 1}/{rounds}: {', '.join(runs)}; {load_average()}", flush=True)
+        for name, run in runs.items():
+            results[name].append(run(round_))
+    return results
 
 
 if __name__ == "__main__":  # the examples above: python benchmarks/kit.py

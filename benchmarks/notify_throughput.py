@@ -10,6 +10,8 @@ two deliveries, each recorded in the ledger.
    second from the first to the last one received.
 2. steady: ``--count`` notifications at ``--rate`` per second; latency from each
    notification's ``at`` to its arrival at the webhook receiver (p50, p90, p99, max).
+3. anchor: the backlog's deliveries again from a plain client (``smtplib`` and ``urllib``,
+   one at a time, one SMTP connection), to the same server and receiver: deliveries/s.
 
 Rate limits are lifted (this measures delivery, not the limits). Run from the repository root::
 
@@ -24,11 +26,13 @@ import contextlib
 import json
 import os
 import signal
+import smtplib
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -42,9 +46,9 @@ from harness.localkafka import free_ports  # noqa: E402
 
 import yaml  # noqa: E402  # isort: skip
 from aiosmtpd.controller import Controller  # noqa: E402
-from kafka import KafkaProducer  # noqa: E402
 
 from handlers.messages import Notification, ObjectRef  # noqa: E402
+from streams.common.kafka_clients import producer  # noqa: E402
 from streams.common.settings import Settings, read_yaml  # noqa: E402
 from streams.serve.notify import ensure_ledger  # noqa: E402
 
@@ -95,6 +99,24 @@ def notification(index: int, owners: int) -> Notification:
     )
 
 
+def plain_client(sink: Sink, smtp_port: int, hook_url: str, count: int, owners: int) -> float:
+    """The anchor: ``count`` notifications delivered by mail and webhook from a plain client;
+    deliveries per second, from the first received to the last."""
+    ids = [f"anchor-{index}" for index in range(count)]
+    with smtplib.SMTP("127.0.0.1", smtp_port) as smtp:
+        for index, nid in enumerate(ids):
+            smtp.sendmail("vmstream@example.com", [f"owner-{index % owners}@example.com"],
+                          f"X-Vmstream-Notification-Id: {nid}\r\nSubject: GPU VM {index} will be stopped\r\n\r\n"
+                          f"Node gpu-node-1 is being drained.\r\n")
+            request = urllib.request.Request(hook_url, data=json.dumps({"id": nid}).encode(),
+                                             headers={"Content-Type": "application/json"})
+            urllib.request.urlopen(request, timeout=10).close()
+    wait_for(lambda: all(nid in sink.mails and nid in sink.hooks for nid in ids), "the anchor's deliveries", 60)
+    with sink.lock:
+        arrivals = sorted([*(sink.mails[nid] for nid in ids), *(sink.hooks[nid] for nid in ids)])
+    return len(arrivals) / max(arrivals[-1] - arrivals[0], 1e-9)
+
+
 def wait_for(condition: Any, what: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -136,7 +158,7 @@ def main() -> int:
         settings = Settings(**config)
         ensure_ledger(settings)
         (workdir / "config.yaml").write_text(yaml.safe_dump(config))
-        out = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+        out = producer(settings.kafka, linger_ms=5)
         stack.callback(out.close)
         topic = settings.kafka.topic("notifications")
 
@@ -173,9 +195,9 @@ def main() -> int:
             arrivals = sorted([*sink.hooks.values(), *sink.mails.values()])
         first, last = arrivals[0], arrivals[-1]
         print(f"process start to first delivery: {first - started:.1f} s")
-        print(f"backlog: {len(arrivals)} deliveries in {last - first:.2f} s: "
-              f"{len(arrivals) / max(last - first, 1e-9):.0f} deliveries/s "
-              f"({len(arrivals) / 2 / max(last - first, 1e-9):.0f} notifications/s)")
+        backlog_rate = len(arrivals) / max(last - first, 1e-9)
+        print(f"backlog: {len(arrivals)} deliveries in {last - first:.2f} s: {backlog_rate:.0f} deliveries/s "
+              f"({backlog_rate / 2:.0f} notifications/s)")
 
         sent: dict[str, float] = {}
         begin = time.monotonic()
@@ -193,6 +215,11 @@ def main() -> int:
         latencies = sorted((sink.hooks[nid] - at) * 1000 for nid, at in sent.items())
         print(f"steady {args.rate:g}/s, {args.count} notifications: notification time → webhook received: "
               + kit.summary_ms([ms / 1000 for ms in latencies]))
+        anchor = plain_client(sink, smtp_port, f"http://127.0.0.1:{http.server_address[1]}/hooks", args.backlog,
+                              args.owners)
+        print(kit.table(("the backlog's deliveries", "deliveries/s"), [
+            ("anchor: a plain client, one at a time", f"{anchor:,.0f}"),
+            ("vmstream notify", f"{backlog_rate:,.0f}")]))
         kit.print_load("at the end")
     return 0
 

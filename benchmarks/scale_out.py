@@ -48,8 +48,8 @@ from pathlib import Path
 from typing import Any
 
 import kit  # noqa: E402  (this directory's)
-from kit import Arrivals, Cpu, PinnedWorker, audit_ref_of, cpu_of, new_producer, percentile  # noqa: E402
-from worker_throughput import Intent, bench_cluster, publish_cluster  # noqa: E402
+from kit import Arrivals, Cpu, Worker, audit_ref_of, cpu_of, new_producer, percentile  # noqa: E402
+from kit import Intent, bench_cluster, publish_cluster  # noqa: E402
 
 from harness.running import Deployment  # noqa: E402
 from streams.common.kafka_clients import admin_client  # noqa: E402
@@ -85,20 +85,20 @@ class Case:
         return 1000 * sum(c.total for c in cpus) / count if count else float("nan")
 
 
-def cpu_all(workers: list[PinnedWorker]) -> list[Cpu]:
+def cpu_all(workers: list[Worker]) -> list[Cpu]:
     return [cpu_of(w.pid) for w in workers]
 
 
-def signal_all(workers: list[PinnedWorker], sig: int) -> None:
+def signal_all(workers: list[Worker], sig: int) -> None:
     for worker in workers:
         os.kill(worker.pid, sig)
 
 
-async def start_group(deployment: Deployment, cpus: list[str]) -> list[PinnedWorker]:
+async def start_group(deployment: Deployment, cpus: list[str]) -> list[Worker]:
     """Workers of one group, each on its CPUs; returns once every one of them is ready."""
     workers = []
     for i, cpu in enumerate(cpus):
-        worker = PinnedWorker(deployment, f"w{i}", cpu, env=SESSION_ENV)
+        worker = Worker(deployment, f"w{i}", cpu, env=SESSION_ENV)
         await asyncio.to_thread(worker.start, 300)
         workers.append(worker)
     for worker in workers:  # a later one joining makes the earlier ones recover again
@@ -123,7 +123,7 @@ async def send_all(bootstrap: str, topic: str, intents: list[Intent], rate: floa
     return sent
 
 
-async def preloaded(case: Case, deployment: Deployment, workers: list[PinnedWorker], intents: list[Intent],
+async def preloaded(case: Case, deployment: Deployment, workers: list[Worker], intents: list[Intent],
                     broker_pid: int | None) -> None:
     arrivals = await Arrivals(deployment.bootstrap, deployment.kafka.topic("audit"), audit_ref_of).start()
     marks: dict[str, Any] = {}
@@ -153,7 +153,7 @@ async def preloaded(case: Case, deployment: Deployment, workers: list[PinnedWork
         await arrivals.stop()
 
 
-async def steady(case: Case, deployment: Deployment, workers: list[PinnedWorker], intents: list[Intent],
+async def steady(case: Case, deployment: Deployment, workers: list[Worker], intents: list[Intent],
                  warm: int, rate: float) -> None:
     arrivals = await Arrivals(deployment.bootstrap, deployment.kafka.topic("audit"), audit_ref_of).start()
     try:
@@ -193,7 +193,7 @@ async def run_case(case: Case, args: argparse.Namespace, workdir: Path, broker_p
     try:
         cluster = bench_cluster(args.vms, args.nodes, prefix=f"{deployment.ident}-ev")
         cpu0 = cpu_all(workers)
-        events, seconds = await publish_cluster(deployment, cluster, timeout=600)
+        events, seconds = await publish_cluster(deployment, cluster.script(), timeout=600)
         await kit.wait_until_caught_up(deployment, timeout=300)
         case.events, case.events_cpu = events, [a - b for a, b in zip(cpu_all(workers), cpu0)]
         print(f"  {case.name}: {len(workers)} ready, {events:,} cluster events decided in {seconds:.1f} s", flush=True)

@@ -21,18 +21,16 @@ driver:
     writing what (a) writes (preloaded only): what a shell no heavier than (a) would make of
     the engine.
 
-Each side is measured three ways, each on a fresh :class:`~harness.running.Deployment`
+Each side is measured two ways, each on a fresh :class:`~harness.running.Deployment`
 (its own topics, group and changelogs):
 
-- **steady** — a paced producer at ``--rate`` (1,000/s) for ``--duration`` seconds after
+- **preloaded** — ``--saturation`` intents written while the process is stopped, then the
+  process started: throughput from the first output to the last. This is the saturation
+  figure the ratio (b)/(a) is taken from: the driver's producer is idle while it is measured;
+- **steady** — a paced producer at each of ``--rates`` for ``--duration`` seconds after
   ``--warmup`` seconds at the same rate (their latency is reported apart: from idle, on
-  partitions never written before); latency = the driver's send of a message → the driver's read of its
-  output, both on one monotonic clock;
-- **burst** — ``--saturation`` messages sent as fast as the driver can while the process
-  runs: throughput from the first send to the last output, and the latency of a queue;
-- **preloaded** — the same number written while the process is stopped, then the process
-  started: throughput from the first output to the last. This is the saturation figure
-  the ratio (b)/(a) is taken from: the driver's producer is idle while it is measured.
+  partitions never written before); latency = the driver's send of a message → the
+  driver's read of its output, both on one monotonic clock.
 
 Workload: a cluster is published first so intents mean something — ``--vms`` VMs (half
 with an RTX card) with running VMIs over ``--nodes`` 8-card nodes, as watch events that
@@ -41,21 +39,15 @@ the worker must have audited before any intent is sent. Intents go round the VMs
 keeps the watched VM, so each is a patch), then ``restart_vm``; each has its own
 ``intent_id`` and is keyed ``vm/<ns>/<name>``.
 
-Cold recovery: a deployment whose tables hold ``--recovery-vms`` VMs (and their VMIs) and
-``--recovery-nodes`` nodes, built by a worker deciding the watch events; then a *new*
-worker process (new working directory, no local state, same app id) is timed from its
-start to ``/ready`` (tables recovered from their changelogs and the cluster-wide view
-caught up), beside the same for an empty deployment.
-
 Everything shares the machine (broker, driver, the process measured), so the figures are
 for this machine at its load — which the report prints. Run it from the repository root::
 
-    .venv/bin/python benchmarks/worker_throughput.py              # full size (≈ 10 min)
+    .venv/bin/python benchmarks/worker_throughput.py --rates 250,500,1000,2000 --duration 10 --saturation 10000
     .venv/bin/python benchmarks/worker_throughput.py --quick      # smoke run (≈ 3 min)
-    .venv/bin/python benchmarks/worker_throughput.py --profile 20 # + py-spy of the worker's burst
-    # the steady p99 ladder, and a change's before/after (a git archive of the commit before)
-    .venv/bin/python benchmarks/worker_throughput.py --only throughput --skip-burst \
-        --rates 250,500,1000,2000 --baseline /tmp/before --repeat 2
+    .venv/bin/python benchmarks/worker_throughput.py --only idle  # an idle worker's CPU
+
+``--only idle``: what a ready worker with nothing to decide costs, its CPU over
+``--duration`` seconds (set ``VMSTREAM_WORKER__FETCH_IDLE_WAIT_MS`` to compare pacings).
 """
 
 from __future__ import annotations
@@ -63,29 +55,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import os
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
-from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import kit  # noqa: E402  (this directory's: percentile, tables, load, broker and reader helpers)
 from kit import (  # noqa: E402
-    PARTITIONS,
-    REPO,
     Arrivals,
     Cpu,
     audit_ref_of,
@@ -95,7 +79,6 @@ from kit import (  # noqa: E402
     new_producer,
     percentile,
     render,
-    rss_mib,
     wait_until_caught_up,
     yes,
 )
@@ -105,99 +88,16 @@ from kafka import KafkaConsumer  # noqa: E402
 from streams.common.kafka_clients import admin_client  # noqa: E402
 from kafka import TopicPartition as SyncTopicPartition  # noqa: E402
 
-from harness.running import CONFIG, Deployment, WorkerProcess, simulated  # noqa: E402
-from harness.scenarios import Script  # noqa: E402
-from samples.cluster import RTX, iso, kubevirt_cr, node, vm, vmi  # noqa: E402
+from harness.running import CONFIG, Deployment, simulated  # noqa: E402
 from streams.common.settings import load_settings  # noqa: E402
-from streams.common.topics import changelog_topic  # noqa: E402
 
 TARGET_RATIO = 0.5  # the worker's saturation throughput over the pass-through's
-TARGET_P99_MS = 100.0  # at the steady rate
-CARDS_PER_NODE = 8
-GPU_CLASS = "nvidia-rtx-pro-6000-bse"  # RTX in examples/config.yaml
-PROJECTS = 10
-TABLES_SHOWN = ("vms", "vmis", "nodes", "residents", "usage")
-# Leaf frames of a thread waiting, not working (py-spy's idle detection misses some).
-IDLE_LEAVES = ("EpollSelector.select (", "Condition.wait (threading.py", "Queue.get (queue.py",
-               "_worker (concurrent/futures/thread.py", "Event.wait (threading.py")
-ROOT_SHARE = 0.7  # a frame on more stacks than this is the event loop or the entry point
+TARGET_P99_MS = 100.0  # at the steady rate of TARGET_RATE
+TARGET_RATE = 1_000.0
 STALL_SECONDS = 15.0  # a preloaded drain with no output for this long is over
-RUN_PREFIX = {"pass-through": "pt", "thin-shell": "ts", "worker": "wk", "baseline": "wk0"}
-
-
-# ------------------------------------------------------------------------- workload
-
-
-@dataclass(frozen=True, slots=True)
-class Intent:
-    intent_id: str
-    key: bytes
-    value: bytes
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """VMs with running VMIs over GPU nodes, as the watch bridge's first list shows them."""
-
-    vms: int
-    nodes: int
-    gpu_nodes: int
-    gpu_share: float
-    prefix: str  # event ids are <prefix>-000001, …
-
-    def _vm(self, j: int) -> tuple[str, str, str, str, bool]:
-        """(namespace, name, project, owner, has a GPU) of the j-th VM."""
-        project = f"p{j % PROJECTS:02d}"
-        has_gpu = int((j + 1) * self.gpu_share) > int(j * self.gpu_share)  # evenly spread
-        return f"spx-{project}", f"vm-{j:05d}", project, f"user{j % 97}@example.com", has_gpu
-
-    def script(self) -> Script:
-        s = Script(datetime.now(UTC), prefix=self.prefix)
-        s.event("ADDED", kubevirt_cr())
-        names = [f"node-{i:04d}" for i in range(self.nodes)]
-        for i, name in enumerate(names):
-            s.event("ADDED", node(name, gpus={RTX: CARDS_PER_NODE} if i < self.gpu_nodes else None))
-        gpu_placed = cpu_placed = 0
-        for j in range(self.vms):
-            namespace, name, project, owner, has_gpu = self._vm(j)
-            if has_gpu:
-                host, gpu_placed = names[gpu_placed % max(1, self.gpu_nodes)], gpu_placed + 1
-            else:
-                host, cpu_placed = names[cpu_placed % self.nodes], cpu_placed + 1
-            gpu = RTX if has_gpu else None
-            s.event("ADDED", vm(namespace, name, project=project, owner=owner, gpu=gpu, printable_status="Running"))
-            s.event("ADDED", vmi(namespace, name, node_name=host, gpu=gpu,
-                                 cpu_model="host-passthrough" if gpu else None))
-        return s
-
-    def intents(self, count: int, run: str) -> list[Intent]:
-        """``set_gpu`` flipping each VM's GPU, then ``restart_vm``, round after round."""
-        out = []
-        now = iso(datetime.now(UTC))
-        for i in range(count):
-            j = i % self.vms
-            namespace, name, project, owner, has_gpu = self._vm(j)
-            spec: dict[str, Any] = {"namespace": namespace, "name": name}
-            if (i // self.vms) % 2 == 0:
-                type_ = "set_gpu"
-                spec["gpu_class"] = None if has_gpu else GPU_CLASS
-            else:
-                type_ = "restart_vm"
-            intent_id = f"{run}-{i:07d}"
-            value = {"intent_id": intent_id, "type": type_, "requested_by": owner, "project": project,
-                     "requested_at": now, "spec": spec}
-            out.append(Intent(intent_id, f"vm/{namespace}/{name}".encode(), json.dumps(value).encode()))
-        return out
-
-
-def bench_cluster(vms: int, nodes: int, prefix: str) -> Cluster:
-    """The 1,000-VM cluster the intents act on: half the VMs have a card, every node has 8."""
-    return Cluster(vms=vms, nodes=nodes, gpu_nodes=nodes, gpu_share=0.5, prefix=prefix)
-
-
-def recovery_cluster(vms: int, nodes: int, prefix: str) -> Cluster:
-    """A production-sized AZ: 20 % GPU nodes, 15 % GPU VMs (as simulate_throughput)."""
-    return Cluster(vms=vms, nodes=nodes, gpu_nodes=max(1, nodes // 5), gpu_share=0.15, prefix=prefix)
+RUN_PREFIX = {"pass-through": "pt", "thin-shell": "ts", "worker": "wk"}
+# The tick at its production default, not the tests' 0.2 s.
+WORKER_ENV = {"VMSTREAM_WORKER__TICK_SECONDS": "1.0"}
 
 
 # ---------------------------------------------------------------------- measuring
@@ -285,82 +185,37 @@ class PassThrough(Process):
                 self.process.wait()
 
 
-class TimedWorker(WorkerProcess):
-    """A worker whose start-up is timed: to ``/health`` (imports, Faust up) and to ``/ready``."""
-
-    def __init__(self, deployment: Deployment, name: str, tree: Path = REPO) -> None:
-        # The code measured is this tree's (or --baseline's); the tick at its production default, not the tests' 0.2 s.
-        super().__init__(deployment, name, env={"PYTHONPATH": str(tree), "VMSTREAM_WORKER__TICK_SECONDS": "1.0"})
-        self.health_s: float | None = None
-        self.ready_s: float | None = None
-
-    def wait_ready(self, timeout: float) -> None:
-        started = time.perf_counter()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise RuntimeError(f"worker {self.name} exited {self.process.returncode}:\n{self.tail()}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}/ready", timeout=2) as answer:
-                    body = json.loads(answer.read())
-            except urllib.error.HTTPError as error:  # 503 while recovering: the process is up
-                body = json.loads(error.read() or b"{}")
-            except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
-                body = None
-            if body is not None and self.health_s is None:
-                self.health_s = time.perf_counter() - started
-            if body and body.get("ready"):
-                self.ready_s = time.perf_counter() - started
-                return
-            time.sleep(0.02)  # polling interval: fine enough to time a start-up
-        raise RuntimeError(f"worker {self.name} not ready after {timeout}s:\n{self.tail()}")
-
-    def metrics(self) -> str:
-        request = urllib.request.Request(f"http://127.0.0.1:{self.web_port}/metrics",
-                                         headers={"Authorization": f"Bearer {self.deployment.web_token}"})
-        with urllib.request.urlopen(request, timeout=5) as answer:
-            return str(answer.read().decode())
-
-    def table_rows(self) -> dict[str, int]:
-        text = self.metrics()
-        return {m[1]: int(float(m[2])) for m in re.finditer(r'vmstream_table_rows\{table="(\w+)"\} (\S+)', text)}
-
-    def gc_pauses(self) -> str:
-        """The garbage collections of its life so far, by generation: how many, how long in all."""
-        text = self.metrics()
-        found = {(m[1], m[2]): float(m[3]) for m in re.finditer(
-            r'vmstream_gc_pause_seconds_(count|sum)\{generation="(\d)"\} (\S+)', text)}
-        return ", ".join(f"gen {g}: {found.get(('count', g), 0):,.0f} in {1000 * found.get(('sum', g), 0):,.0f} ms"
-                         for g in "012")
-
-
 class WorkerUnderTest(Process):
-    """The worker as the driver sees it: one :class:`TimedWorker` at a time per deployment."""
+    """The worker as the driver sees it: one :class:`kit.Worker` at a time per deployment."""
 
     name = "(b) worker"
 
-    def __init__(self, deployment: Deployment, tree: Path = REPO) -> None:
+    def __init__(self, deployment: Deployment) -> None:
         self.deployment = deployment
-        self.tree = tree
-        if tree != REPO:
-            self.name = f"(b0) worker of {tree.name}"
         self.instances = 0
-        self.worker: TimedWorker | None = None
+        self.worker: kit.Worker | None = None
 
     @property
     def pid(self) -> int:
-        assert self.worker is not None and self.worker.process is not None
-        return self.worker.process.pid
+        assert self.worker is not None
+        return self.worker.pid
 
     def start(self) -> None:
         self.instances += 1
-        self.worker = TimedWorker(self.deployment, f"w{self.instances}", self.tree)
+        self.worker = kit.Worker(self.deployment, f"w{self.instances}", env=WORKER_ENV)
         self.worker.start(timeout=300)
 
     def stop(self) -> None:
         if self.worker is not None:
             self.worker.stop()
+
+    def gc_pauses(self) -> str:
+        """The garbage collections of its life so far, by generation: how many, how long in all."""
+        assert self.worker is not None
+        count = self.worker.metric("vmstream_gc_pause_seconds_count")
+        total = self.worker.metric("vmstream_gc_pause_seconds_sum")
+        return ", ".join(f"gen {g}: {count.get(label, 0):,.0f} in {1000 * total.get(label, 0):,.0f} ms"
+                         for g in "012" if (label := f'generation="{g}"'))
 
 
 # --------------------------------------------------------------- the pass-through
@@ -586,7 +441,7 @@ class Setup:
     input_topic: str
     output_topic: str
     ident: Callable[[bytes], str | None]
-    intents: list[Intent]
+    intents: list[kit.Intent]
     deployment: Deployment
 
     @property
@@ -603,41 +458,18 @@ class Options:
     workdir: Path
     vms: int
     nodes: int
-    rate: float
     duration: float
     warmup: float
     saturation: int
-    profile: float
-    profile_out: Path | None
-    profile_run: str = "burst"
-    profiles: list[tuple[str, Path]] = field(default_factory=list)
     deployments: list[Deployment] = field(default_factory=list)  # their topics are deleted at the end
     recipe: list[Stream] | None = None  # what the worker writes per intent, once measured
-    baseline: Path | None = None  # the tree whose worker a "baseline" run measures
-    run_suffix: str = ""  # makes the names of repeated runs unique
-
-
-async def publish_cluster(deployment: Deployment, cluster: Cluster, timeout: float) -> tuple[int, float]:
-    """Publish the cluster's watch events and wait until the worker audited each one."""
-    script = cluster.script()
-    ids = [line["value"]["event_id"] for line in script.lines]
-    arrivals = await Arrivals(deployment.bootstrap, deployment.kafka.topic("audit"), audit_ref_of).start()
-    try:
-        started = time.perf_counter()
-        await asyncio.to_thread(deployment.publish_lines, list(script.jsonl()))
-        missing = await arrivals.wait_for(ids, timeout)
-        if missing:
-            raise RuntimeError(f"{len(missing)} of {len(ids)} cluster events not audited after {timeout:.0f}s")
-        return len(ids), max(arrivals.first.values()) - started
-    finally:
-        await arrivals.stop()
 
 
 async def new_setup(kind: str, options: Options, run: str, count: int, *, started: bool) -> Setup:
     """A fresh deployment for one measurement; the worker's gets the cluster first."""
     deployment = new_deployment(options.bootstrap, options.workdir / run)
     options.deployments.append(deployment)
-    cluster = bench_cluster(options.vms, options.nodes, prefix=f"{run}-ev")
+    cluster = kit.bench_cluster(options.vms, options.nodes, prefix=f"{run}-ev")
     intents = cluster.intents(count, run)
     if kind in ("pass-through", "thin-shell"):
         source, target = deployment.kafka.topic("pt-in"), deployment.kafka.topic("pt-out")
@@ -662,10 +494,10 @@ async def new_setup(kind: str, options: Options, run: str, count: int, *, starte
         if started:
             await asyncio.to_thread(pt.start)
         return Setup(pt, source, output, ident, intents, deployment)
-    worker = WorkerUnderTest(deployment, options.baseline if kind == "baseline" and options.baseline else REPO)
+    worker = WorkerUnderTest(deployment)
     await asyncio.to_thread(worker.start)
     try:
-        await publish_cluster(deployment, cluster, timeout=300)
+        await kit.publish_cluster(deployment, cluster.script(), timeout=300)
         await wait_until_caught_up(deployment, timeout=120)
     except BaseException:
         await asyncio.to_thread(worker.stop)  # no worker left running into the next runs
@@ -690,15 +522,12 @@ async def steady(kind: str, options: Options, rate: float) -> Row:
     producer = await new_producer(options.bootstrap)
     sent_at: dict[str, float] = {}
     sent_epoch: dict[str, float] = {}  # the same moment on the clock Kafka timestamps use
-    profiler = None
     try:
         t0 = time.perf_counter()
         cpu0 = Cpu()
         for i, intent in enumerate(setup.intents):
             if i == warm:
                 cpu0 = cpu_of(setup.process.pid)
-                if options.profile and options.profile_run == "steady" and kind == "worker" and rate == options.rate:
-                    profiler = start_profiler(setup.process.pid, options, setup.workdir)
             delay = t0 + i / rate - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -717,11 +546,8 @@ async def steady(kind: str, options: Options, rate: float) -> Row:
         window = max(arrivals.first[i] for i in arrived) - sent_at[measured[0]] if arrived else 0.0
         return Row(f"{setup.process.name} steady {rate:,.0f}/s", len(arrived), window, latencies, cpu,
                    len(missing), note=f"{warm:,} warm-up messages not counted ({from_idle(warming)}); "
-                   f"to the output's Kafka timestamp (written, not yet read back): {spread(written)}"
-                   + (f"; py-spy sampled it for {options.profile:.0f} s (slower)" if profiler else ""))
+                   f"to the output's Kafka timestamp (written, not yet read back): {spread(written)}")
     finally:
-        if profiler is not None:
-            await asyncio.to_thread(finish_profiler, profiler)
         await producer.stop()
         await arrivals.stop()
         await asyncio.to_thread(setup.finish)
@@ -743,44 +569,9 @@ def at_rate(rate: float) -> Callable[[str, Options], Awaitable[Row]]:
     return run
 
 
-async def burst(kind: str, options: Options) -> Row:
-    """Everything sent as fast as the driver can, the process running: a queue's latency."""
-    setup = await new_setup(kind, options, f"{RUN_PREFIX[kind]}-burst{options.run_suffix}",
-                            options.saturation, started=True)
-    arrivals = await Arrivals(options.bootstrap, setup.output_topic, setup.ident).start()
-    producer = await new_producer(options.bootstrap)
-    sent_at: dict[str, float] = {}
-    profiler = None
-    if options.profile and options.profile_run == "burst" and kind == "worker":  # not the ratio's preloaded run
-        profiler = start_profiler(setup.process.pid, options, setup.workdir)
-    try:
-        cpu0 = cpu_of(setup.process.pid)
-        t0 = time.perf_counter()
-        for intent in setup.intents:
-            sent_at[intent.intent_id] = time.perf_counter()
-            await producer.send(setup.input_topic, key=intent.key, value=intent.value)
-        await producer.flush()
-        sending = time.perf_counter() - t0
-        ids = [intent.intent_id for intent in setup.intents]
-        missing = await arrivals.wait_for(ids, drain_timeout(len(ids)))
-        cpu: Cpu | None = cpu_of(setup.process.pid) - cpu0
-        arrived = [i for i in ids if i in arrivals.first]
-        latencies = sorted(arrivals.first[i] - sent_at[i] for i in arrived)
-        window = max(arrivals.first[i] for i in arrived) - t0 if arrived else 0.0
-        profiled = f"; py-spy sampled it for {options.profile:.0f} s (slower)" if profiler else ""
-        return Row(f"{setup.process.name} burst", len(arrived), window, latencies, cpu, len(missing),
-                   note=f"the driver sent all in {sending:.1f} s{profiled}")
-    finally:
-        if profiler is not None:
-            await asyncio.to_thread(finish_profiler, profiler)
-        await producer.stop()
-        await arrivals.stop()
-        await asyncio.to_thread(setup.finish)
-
-
 async def preloaded(kind: str, options: Options) -> Row:
     """Everything written while the process is stopped; its drain rate once started."""
-    setup = await new_setup(kind, options, f"{RUN_PREFIX[kind]}-preloaded{options.run_suffix}",
+    setup = await new_setup(kind, options, f"{RUN_PREFIX[kind]}-preloaded",
                             options.saturation, started=False)
     topics = deployment_topics(setup.deployment) if kind == "worker" and not options.recipe else []
     starts = await asyncio.to_thread(end_offsets, options.bootstrap, topics) if topics else {}
@@ -798,12 +589,9 @@ async def preloaded(kind: str, options: Options) -> Row:
         marks["cpu"] = cpu_of(setup.process.pid)
 
     arrivals.on_first = first_arrival
-    profiler = None
     try:
         started = time.perf_counter()
         await asyncio.to_thread(setup.process.start)
-        if options.profile and options.profile_run == "preloaded" and kind == "worker":
-            profiler = start_profiler(setup.process.pid, options, setup.workdir)
         ids = [intent.intent_id for intent in setup.intents]
         missing = await arrivals.wait_for(ids, drain_timeout(len(ids)), idle=STALL_SECONDS)
         arrived = sorted(arrivals.first[i] for i in ids if i in arrivals.first)
@@ -816,32 +604,17 @@ async def preloaded(kind: str, options: Options) -> Row:
         if missing:
             note += (f"; {len(missing):,} never came (nothing more for {STALL_SECONDS:.0f} s): inputs skipped "
                      f"at start-up; its log is in {setup.workdir} (--keep)")
-        if profiler is not None:
-            note += f"; py-spy sampled it for {options.profile:.0f} s (slower)"
-        if isinstance(setup.process, WorkerUnderTest) and setup.process.worker is not None:
-            note += f"; garbage collections since its start: {setup.process.worker.gc_pauses()}"
+        if isinstance(setup.process, WorkerUnderTest):
+            note += f"; garbage collections since its start: {setup.process.gc_pauses()}"
         row = Row(f"{setup.process.name} preloaded", max(0, len(arrived) - 1), window, [], cpu, len(missing),
                   note=note)
     finally:
-        if profiler is not None:
-            await asyncio.to_thread(finish_profiler, profiler)
         await arrivals.stop()
         await asyncio.to_thread(setup.finish)
     if starts and not missing:  # stopped: its rows are flushed and its offsets committed
         options.recipe = await asyncio.to_thread(written_between, setup.deployment, starts, len(setup.intents),
                                                  ("intents",))
     return row
-
-
-def of_tree(tree: Path | None, suffix: str,
-            how: Callable[[str, Options], Awaitable[Row]] | None = None) -> Callable[[str, Options], Awaitable[Row]]:
-    """A preloaded (or ``how``) run of the worker of ``tree`` (``None``: this one's)."""
-
-    async def run(kind: str, options: Options) -> Row:
-        options.baseline, options.run_suffix = tree, suffix
-        return await (how or preloaded)(kind, options)
-
-    return run
 
 
 def engine_alone(options: Options) -> Row:
@@ -852,7 +625,7 @@ def engine_alone(options: Options) -> Row:
     """
     from handlers.engine import Source
 
-    cluster = bench_cluster(options.vms, options.nodes, prefix="engine-ev")
+    cluster = kit.bench_cluster(options.vms, options.nodes, prefix="engine-ev")
     simulation = simulated(cluster.script().jsonl())
     intents = cluster.intents(options.saturation, "engine")
     before, started = os.times(), time.perf_counter()
@@ -863,168 +636,6 @@ def engine_alone(options: Options) -> Row:
     cpu = Cpu(after.user - before.user, after.system - before.system)
     return Row("(c) engine alone, no Kafka", len(intents), seconds, [], cpu,
                note="Simulation.step over the same intents in the driver, outputs encoded")
-
-
-# ------------------------------------------------------------------ cold recovery
-
-
-@dataclass
-class Recovery:
-    case: str
-    health_s: float
-    ready_s: float
-    changelog_records: int
-    rows: dict[str, int]
-    rss: tuple[float, float]
-    note: str = ""
-
-
-def changelog_records(deployment: Deployment) -> int:
-    """Records in the deployment's changelogs: what a new instance reads before /ready."""
-    app_id = deployment.app_id
-    topics = [changelog_topic(app_id, f"state-{name}") for name in (
-        "vms", "vmis", "tracking", "nodes", "residents", "drains", "maintenances", "processed", "usage", "kubevirt")]
-    consumer = KafkaConsumer(bootstrap_servers=deployment.bootstrap, enable_auto_commit=False)
-    try:
-        partitions = [SyncTopicPartition(t, p) for t in topics for p in range(PARTITIONS)]
-        ends = consumer.end_offsets(partitions)
-        starts = consumer.beginning_offsets(partitions)
-        return sum(ends[tp] - starts[tp] for tp in partitions)
-    finally:
-        consumer.close()
-
-
-def timed_start(deployment: Deployment, name: str) -> TimedWorker:
-    worker = TimedWorker(deployment, name)
-    worker.start(timeout=600)
-    return worker
-
-
-def recovered(case: str, deployment: Deployment, worker: TimedWorker, note: str = "") -> Recovery:
-    """What a just-ready worker holds, once its timer has counted its tables."""
-    assert worker.health_s is not None and worker.ready_s is not None and worker.process is not None
-    time.sleep(1.5)  # the tick (1 s) sets vmstream_table_rows
-    rows = worker.table_rows()
-    return Recovery(case, worker.health_s, worker.ready_s, changelog_records(deployment), rows,
-                    rss_mib(worker.process.pid), note)
-
-
-async def cold_recovery(options: Options, vms: int, nodes: int) -> tuple[list[Recovery], str]:
-    """An empty deployment's start-up, then that of one whose tables hold a whole AZ."""
-    results: list[Recovery] = []
-    empty = new_deployment(options.bootstrap, options.workdir / "empty")
-    options.deployments.append(empty)
-    first = await asyncio.to_thread(timed_start, empty, "w1")
-    results.append(await asyncio.to_thread(recovered, "empty, first start (creates the changelogs)", empty, first))
-    await asyncio.to_thread(first.stop)
-    again = await asyncio.to_thread(timed_start, empty, "w2")
-    results.append(await asyncio.to_thread(recovered, "empty, new process", empty, again))
-    await asyncio.to_thread(again.stop)
-
-    full = new_deployment(options.bootstrap, options.workdir / "recovery")
-    options.deployments.append(full)
-    builder = await asyncio.to_thread(timed_start, full, "builder")
-    cluster = recovery_cluster(vms, nodes, prefix="rec-ev")
-    events, seconds = await publish_cluster(full, cluster, timeout=1800)
-    built = f"built by one worker deciding {events:,} watch events in {seconds:.1f} s ({events / seconds:,.0f}/s)"
-    await asyncio.to_thread(builder.stop)
-    fresh = await asyncio.to_thread(timed_start, full, "fresh")  # new cwd: no local state
-    results.append(await asyncio.to_thread(recovered, f"{vms:,} VMs + VMIs, {nodes:,} nodes, new process",
-                                           full, fresh))
-    await asyncio.to_thread(fresh.stop)
-    return results, built
-
-
-# ---------------------------------------------------------------------- profiling
-
-
-def start_profiler(pid: int, options: Options, workdir: Path) -> subprocess.Popen[bytes] | None:
-    """py-spy on the worker for ``--profile`` seconds of its drain.
-
-    Blocking sampling (the worker is paused for each sample, a few per cent slower): without
-    it py-spy often reads half-built coroutine stacks, and the inclusive shares are wrong. Only
-    samples holding the GIL (``--gil``): a thread waiting in a system call or preempted by
-    the broker (2 shared cores) is not spending this process's CPU.
-    """
-    spy = shutil.which("py-spy", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    if spy is None:
-        print("--profile: py-spy not found (pip install py-spy into the venv); not profiling", file=sys.stderr)
-        return None
-    out = options.profile_out or workdir / "worker.pyspy.txt"
-    options.profiles.append((f"worker, {options.profile_run}", out))
-    return subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", f"{options.profile:.0f}",
-                             "--rate", "250", "--threads", "--gil", "--format", "raw", "--output", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def finish_profiler(profiler: subprocess.Popen[bytes]) -> None:
-    try:
-        profiler.wait(120)
-    except subprocess.TimeoutExpired:
-        profiler.send_signal(signal.SIGINT)  # py-spy writes what it has on ^C
-        profiler.wait(30)
-
-
-def _frame_name(frame: str) -> str:
-    """``func (path/to/module.py:123)`` → ``func (package/module.py)``, lines merged."""
-    match = re.match(r"(.*) \((.*?)(?::\d+)?\)$", frame)
-    if not match:
-        return frame
-    func, path = match.groups()
-    for marker in ("site-packages/", "/lib/python3", str(REPO) + "/"):
-        if marker in path:
-            path = path.split(marker, 1)[1]
-            break
-    return f"{func} ({path})"
-
-
-def _area(frame: str) -> str:
-    """Where a frame's code lives: our modules one by one, others by package (py-spy's short paths)."""
-    match = re.match(r".* \((.*?)(?::\d+)?\)$", frame)
-    path = match.group(1) if match else frame
-    path = path.split("site-packages/", 1)[-1].split(str(REPO) + "/", 1)[-1]
-    if path.startswith(("handlers/", "streams/")):
-        return path.rsplit(".", 1)[0]
-    return path.split("/", 1)[0].removesuffix(".py")
-
-
-def summarize_profile(path: Path, top: int = 25) -> str:
-    """Self and inclusive shares of py-spy's collapsed stacks, by function and by area."""
-    own: Counter[str] = Counter()
-    inclusive: Counter[str] = Counter()
-    areas: Counter[str] = Counter()
-    threads: Counter[str] = Counter()
-    total = idle = 0
-    for line in path.read_text(errors="replace").splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack or not count_text.isdigit():
-            continue
-        count = int(count_text)
-        parts = stack.split(";")
-        frames = [f for f in parts if f and not f.startswith("process ") and not f.startswith("thread ")]
-        if not frames:
-            continue
-        if frames[-1].startswith(IDLE_LEAVES):
-            idle += count  # an event loop waiting for I/O, a pool thread for work
-            continue
-        threads[next((p for p in parts if p.startswith("thread ")), "thread ?")] += count
-        total += count
-        own[_frame_name(frames[-1])] += count
-        areas[_area(frames[-1])] += count
-        for name in {_frame_name(f) for f in frames}:
-            inclusive[name] += count
-    if not total:
-        return f"{path}: no samples"
-    lines = [f"py-spy samples: {total:,} busy, {idle:,} more of threads waiting left out ({path})", "", "by thread:"]
-    lines += [f"  {100 * n / total:5.1f} %  {name}" for name, n in threads.most_common()]
-    lines += ["", "self time by area (where the CPU is spent):"]
-    lines += [f"  {100 * n / total:5.1f} %  {name}" for name, n in areas.most_common(top)]
-    lines += ["", f"self time, top {top} functions:"]
-    lines += [f"  {100 * n / total:5.1f} %  {name}" for name, n in own.most_common(top)]
-    lines += ["", f"inclusive time, top {top} functions (those on over {ROOT_SHARE:.0%} of stacks left out):"]
-    shown = [(name, n) for name, n in inclusive.most_common() if n <= ROOT_SHARE * total][:top]
-    lines += [f"  {100 * n / total:5.1f} %  {name}" for name, n in shown]
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------- reporting
@@ -1046,18 +657,6 @@ def throughput_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def recovery_table(results: list[Recovery], built: str) -> str:
-    header = ("start of a new worker process", "to /health s", "to /ready s", "changelog records",
-              *(f"{t} rows" for t in TABLES_SHOWN), "RSS MiB")
-    body = [(r.case, f"{r.health_s:.2f}", f"{r.ready_s:.2f}", f"{r.changelog_records:,}",
-             *(f"{r.rows.get(t, 0):,}" for t in TABLES_SHOWN), f"{r.rss[0]:,.0f}") for r in results]
-    lines = render(header, body)
-    lines.append(f"the full deployment's tables were {built}")
-    lines.append("/health answers once the interpreter, imports and Faust's web server are up; /ready once "
-                 "the tables are recovered and the cluster-wide view caught up")
-    return "\n".join(lines)
-
-
 def verdict(rows: dict[str, Row]) -> tuple[list[str], bool]:
     """The targets, from the rows that define them."""
     lines = []
@@ -1072,12 +671,8 @@ def verdict(rows: dict[str, Row]) -> tuple[list[str], bool]:
     if a and d:
         lines.append(f"(d)/(a) at saturation (preloaded): {d.rate:,.0f} / {a.rate:,.0f} msgs/s = {d.rate / a.rate:.2f}  "
                      f"(the engine in a shell as thin as the pass-through)")
-    a, b = rows.get("pt-burst"), rows.get("wk-burst")
-    if a and b:
-        lines.append(f"(b)/(a) at saturation (burst):     {b.rate:,.0f} / {a.rate:,.0f} msgs/s = "
-                     f"{b.rate / a.rate:.2f}  (driver producing meanwhile)")
     engine = rows.get("engine")
-    b = next((r for k in ("wk-preloaded", "wk-burst") if (r := rows.get(k)) and r.cpu and r.messages), None)
+    b = rows.get("wk-preloaded")
     if engine and b and engine.cpu and b.cpu:
         alone, worker = engine.cpu.total / engine.messages, b.cpu.total / b.messages
         shell = worker - alone
@@ -1113,32 +708,17 @@ def verdict(rows: dict[str, Row]) -> tuple[list[str], bool]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--only", choices=("throughput", "idle"), default="throughput",
+                        help="the runs against the pass-through (default), or an idle worker's CPU")
     parser.add_argument("--vms", type=int, default=1_000, help="VMs the intents act on (default 1,000)")
     parser.add_argument("--nodes", type=int, default=64, help="8-card nodes they run on (default 64)")
-    parser.add_argument("--rate", type=float, default=1_000.0, help="steady intents/s (default 1,000)")
-    parser.add_argument("--low-rate", type=float, default=250.0,
-                        help="also a steady run at this rate, below the worker's saturation (0: none)")
     parser.add_argument("--rates", type=lambda text: [float(r) for r in text.split(",") if float(r)],
-                        help="steady runs at these intents/s, e.g. 250,500,1000,2000 (instead of --rate and --low-rate)")
-    parser.add_argument("--duration", type=float, default=20.0, help="steady seconds measured (default 20)")
+                        default=[1_000.0, 250.0], help="steady runs at these intents/s (default 1000,250)")
+    parser.add_argument("--duration", type=float, default=20.0, help="steady (or idle) seconds measured (default 20)")
     parser.add_argument("--warmup", type=float, default=5.0,
                         help="steady seconds sent first, reported apart (from idle) and not counted")
-    parser.add_argument("--saturation", type=int, default=20_000, help="messages of a burst/preloaded run")
-    parser.add_argument("--recovery-vms", type=int, default=10_000, help="VMs in the recovered tables")
-    parser.add_argument("--recovery-nodes", type=int, default=1_000, help="nodes in the recovered tables")
-    parser.add_argument("--only", choices=["throughput", "recovery"], help="run one half only")
-    parser.add_argument("--skip-burst", action="store_true", help="no burst runs (saturation = preloaded only)")
+    parser.add_argument("--saturation", type=int, default=20_000, help="intents of a preloaded run")
     parser.add_argument("--quick", action="store_true", help="a smoke run: small sizes, short durations")
-    parser.add_argument("--profile", type=float, nargs="?", const=20.0, default=0.0, metavar="SECONDS",
-                        help="py-spy the worker for SECONDS of its burst run, print where the time goes")
-    parser.add_argument("--profile-run", choices=("burst", "steady", "preloaded"), default="burst",
-                        help="the worker run --profile samples (steady: at --rate, after the warm-up)")
-    parser.add_argument("--profile-out", type=Path, help="keep py-spy's collapsed stacks there")
-    parser.add_argument("--baseline", type=Path, metavar="TREE", action="append", default=[],
-                        help="also the preloaded run of the worker of another tree (a git archive of a commit "
-                             "before); may be given more than once")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="preloaded runs of each worker (this tree's and the baselines'), interleaved")
     parser.add_argument("--keep", type=Path, metavar="DIR", help="keep the workers' logs in DIR (default: removed)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     kit.add_json_option(parser)
@@ -1147,65 +727,58 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
-        args.vms, args.nodes, args.duration, args.warmup = 200, 16, 5.0, 1.0
-        args.saturation, args.recovery_vms, args.recovery_nodes = 3_000, 1_000, 100
+        args.vms, args.nodes, args.duration, args.warmup, args.saturation = 200, 16, 5.0, 1.0, 3_000
     return args
 
 
+def idle(options: Options) -> int:
+    """A ready worker with nothing to decide: its share of a core over ``--duration`` seconds."""
+    deployment = new_deployment(options.bootstrap, options.workdir / "idle")
+    worker = kit.Worker(deployment, "idle").start(timeout=120)
+    try:
+        time.sleep(5.0)  # the start-up's own work (first collection, commits) is done
+        cpu0, t0 = cpu_of(worker.pid), time.monotonic()
+        time.sleep(options.duration)
+        share = (cpu_of(worker.pid) - cpu0).total / (time.monotonic() - t0)
+    finally:
+        worker.stop()
+        deployment.delete_topics()
+    pacing = os.environ.get("VMSTREAM_WORKER__FETCH_IDLE_WAIT_MS", "default")
+    print(f"an idle worker used {100 * share:.1f} % of a core over {options.duration:.0f} s "
+          f"(fetch_idle_wait_ms {pacing}; {kit.load_average()})")
+    return 0
+
+
 async def measure(args: argparse.Namespace, bootstrap: str, workdir: Path) -> int:
-    options = Options(bootstrap, workdir, args.vms, args.nodes, args.rate, args.duration, args.warmup,
-                      args.saturation, args.profile, args.profile_out, args.profile_run)
+    options = Options(bootstrap, workdir, args.vms, args.nodes, args.duration, args.warmup, args.saturation)
     print(f"worker throughput, broker {bootstrap}")
     kit.print_load("at the start")
-    rates = args.rates if args.rates is not None else [args.rate, *([args.low_rate] if args.low_rate else [])]
-    print(f"  intents on {args.vms:,} VMs over {args.nodes} nodes; steady {', '.join(f'{r:,.0f}/s' for r in rates) or 'none'} "
-          f"for {args.duration:.0f} s "
-          f"(+{args.warmup:.0f} s warm-up); burst/preloaded {args.saturation:,} messages")
+    if args.only == "idle":
+        return idle(options)
+    print(f"  intents on {args.vms:,} VMs over {args.nodes} nodes; steady {', '.join(f'{r:,.0f}/s' for r in args.rates)} "
+          f"for {args.duration:.0f} s (+{args.warmup:.0f} s warm-up); preloaded {args.saturation:,} intents")
+    # The worker's preloaded run first: the pass-through writes what it measured the worker writing.
+    plan: list[tuple[str, str, Callable[[str, Options], Awaitable[Row]]]] = [
+        ("wk-preloaded", "worker", preloaded), ("pt-preloaded", "pass-through", preloaded),
+        ("ts-preloaded", "thin-shell", preloaded)]
+    for rate in args.rates:
+        suffix = "" if rate == TARGET_RATE else f"-{rate:.0f}"
+        plan += [(f"pt-steady{suffix}", "pass-through", at_rate(rate)), (f"wk-steady{suffix}", "worker", at_rate(rate))]
     rows: dict[str, Row] = {}
-    ok = True
-    if args.only != "recovery":
-        plan: list[tuple[str, str, Callable[[str, Options], Awaitable[Row]]]] = []
-        for rate in rates:
-            run_at = at_rate(rate)
-            suffix = "" if rate == args.rate else f"-{rate:.0f}"
-            plan += [(f"pt-steady{suffix}", "pass-through", run_at), (f"wk-steady{suffix}", "worker", run_at)]
-        if not args.skip_burst:
-            plan += [("pt-burst", "pass-through", of_tree(None, "", burst))]
-            for round_ in range(args.repeat):  # a change's before and after, taking turns
-                again = f"-{round_ + 1}" if round_ else ""
-                plan.append((f"wk-burst{again}", "worker", of_tree(None, again, burst)))
-                plan += [(f"wk0-burst-{i}{again}", "baseline", of_tree(tree.resolve(), f"-{i}{again}", burst))
-                         for i, tree in enumerate(args.baseline)]
-        drains: list[tuple[str, str, Callable[[str, Options], Awaitable[Row]]]] = []
-        for round_ in range(args.repeat):
-            again = f"-{round_ + 1}" if round_ else ""
-            drains.append((f"wk-preloaded{again}", "worker", of_tree(None, again)))
-            drains += [(f"wk0-preloaded-{i}{again}", "baseline", of_tree(tree.resolve(), f"-{i}{again}"))
-                       for i, tree in enumerate(args.baseline)]
-        plan = [*drains, ("pt-preloaded", "pass-through", preloaded), ("ts-preloaded", "thin-shell", preloaded), *plan]
-        for key, kind, run in plan:
-            if kind == "thin-shell" and not options.recipe:
-                continue  # it writes what the worker wrote: measured by the worker's preloaded run
-            started = time.perf_counter()
-            rows[key] = await run(kind, options)
-            row = rows[key]
-            if key == "wk-preloaded" and options.recipe:
-                print(shape_table(options.recipe), flush=True)
-            print(f"  {row.run}: {row.rate:,.0f} msgs/s, p99 {row.ms(0.99)} ms "
-                  f"({time.perf_counter() - started:.0f} s, load {row.load1:.2f})", flush=True)
-        rows["engine"] = engine_alone(options)
-        print()
-        print(throughput_table(list(rows.values())))
-        lines, ok = verdict(rows)
-        print("\n".join(lines))
-    if args.only != "throughput":
-        print(f"\ncold recovery ({args.recovery_vms:,} VMs, {args.recovery_nodes:,} nodes) ...", flush=True)
-        results, built = await cold_recovery(options, args.recovery_vms, args.recovery_nodes)
-        print(recovery_table(results, built))
-    for what, path in options.profiles:
-        if path.exists():
-            print(f"\nprofile of the {what}:")
-            print(summarize_profile(path))
+    for key, kind, run in plan:
+        if kind == "thin-shell" and not options.recipe:
+            continue  # it writes what the worker wrote: measured by the worker's preloaded run
+        started = time.perf_counter()
+        rows[key] = row = await run(kind, options)
+        if key == "wk-preloaded" and options.recipe:
+            print(shape_table(options.recipe), flush=True)
+        print(f"  {row.run}: {row.rate:,.0f} msgs/s, p99 {row.ms(0.99)} ms "
+              f"({time.perf_counter() - started:.0f} s, load {row.load1:.2f})", flush=True)
+    rows["engine"] = engine_alone(options)
+    print()
+    print(throughput_table(list(rows.values())))
+    lines, ok = verdict(rows)
+    print("\n".join(lines))
     print()
     kit.print_load("at the end")
     kit.write_json(args.json, {
@@ -1223,10 +796,7 @@ async def measure(args: argparse.Namespace, bootstrap: str, workdir: Path) -> in
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # A topic a moment old can still answer NotLeaderForPartition: the clients retry; say nothing.
-    logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
-    logging.getLogger("kafka").setLevel(logging.ERROR)  # kafka-python's "blocking the event loop" notes
+    kit.quiet_client_logs()  # a topic a moment old can answer NotLeaderForPartition: the clients retry
     if args.pass_through_child:
         asyncio.run(pass_through(*args.pass_through_child))
         return 0

@@ -1,5 +1,5 @@
 """Hostile input: every kind of record a topic may hold that no rule can decide, for the
-broker tests and ``benchmarks/hostile_input.py`` (valid intents come with them, interleaved).
+broker tests and ``benchmarks/faults.py --only hostile`` (valid intents come with them, interleaved).
 
 Each :class:`Hostile` says what must become of it: one dead letter naming its topic,
 partition and offset, or — an intent whose envelope is sound but whose spec is not — one

@@ -5,7 +5,7 @@ a shorter long poll, and a restarted static member taken back.
 A worker that starts over a backlog must decide every waiting message. Two races in how
 Faust resumes its input partitions after table recovery lose a run of them instead; the
 offsets of the lost run are never acked, so the committed offset stops before it until the
-next restart decides it, late. ``benchmarks/restart_backlog.py`` saw it in restarts over a
+next restart decides it, late. ``benchmarks/recovery.py --only backlog`` saw it in restarts over a
 backlog; ``tests/test_faustfixes.py`` holds each fix to the order it makes.
 
 1. **The queue clear.** Recovery ends by resuming the input partitions, seeking them to the
