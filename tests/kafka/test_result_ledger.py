@@ -1,4 +1,4 @@
-"""The applier's ledger of results (streams/kube/applying.py) on a real broker, and the lines
+"""The applier's ledger of results (streams/kube/applying/loop.py) on a real broker, and the lines
 it logs per command.
 
 The ledger reads the command-results topic to learn which commands are done. The results
@@ -26,7 +26,7 @@ from streams.common.codecs import encode_message
 from streams.common.durable import Delivered, DurableProducer, Record
 from streams.common.settings import Settings, load_settings
 from streams.common.signing import Keyring
-from streams.kube import applying
+from streams.kube.applying import loop
 from streams.kube.applying import Applied, Applier, ResultLedger
 from tests.support.waiting import eventually
 
@@ -57,13 +57,13 @@ def test_the_ledger_skips_its_own_results_and_judges_the_rest(
     settings = settings_of(deployment)
     keyring = settings.signing.keyring()
     opened: list[bytes] = []
-    real_open = applying.open_sealed
+    real_open = loop.open_sealed
 
     def counting_open(model: Any, raw: bytes, purpose: Any, keys: Keyring) -> Any:
         opened.append(raw)
         return real_open(model, raw, purpose, keys)
 
-    monkeypatch.setattr(applying, "open_sealed", counting_open)
+    monkeypatch.setattr(loop, "open_sealed", counting_open)
     ledger = ResultLedger(settings, keyring=keyring)
     producer = DurableProducer(settings.kafka, client_id="vmstream-test")
     try:
@@ -110,7 +110,7 @@ class _Answers:
     def __init__(self, applied: Applied) -> None:
         self.applied = applied
 
-    def apply(self, issued: Command) -> Applied:
+    def try_once(self, issued: Command, attempt: int) -> Applied:
         return self.applied
 
 
@@ -123,9 +123,9 @@ class _Answers:
 def test_a_command_that_went_as_planned_is_logged_at_debug_the_rest_at_info(
         deployment: Deployment, caplog: pytest.LogCaptureFixture, applied: Applied, level: int) -> None:
     applier = Applier(settings_of(deployment), _Answers(applied))  # type: ignore[arg-type]
-    with caplog.at_level(logging.DEBUG, logger=applying.__name__):
+    with caplog.at_level(logging.DEBUG, logger=loop.__name__):
         applier.apply_one(command("vm-1"))
-    lines = [r for r in caplog.records if r.name == applying.__name__ and f": {applied.outcome}" in r.getMessage()]
+    lines = [r for r in caplog.records if r.name == loop.__name__ and f": {applied.outcome}" in r.getMessage()]
     assert [r.levelno for r in lines] == [level]
 
 
