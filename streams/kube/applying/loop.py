@@ -349,21 +349,7 @@ class Applier:
                 if lanes.in_flight() >= self.max_in_flight:
                     lanes.wait_for_change(timeout=0.5)
                 else:
-                    # While commands are in flight, back soon to publish what they came to.
-                    batch = commands.poll(0.02 if lanes.pending() else 0.5,
-                                          max_records=self.max_in_flight - lanes.in_flight())
-                    if batch:
-                        # Partitions handed over: what their last owner applied is read to the
-                        # end first. Otherwise the results that have come are taken as they
-                        # are, without a round trip to the broker.
-                        if assigned.is_set():
-                            assigned.clear()
-                            ledger.catch_up()
-                        else:
-                            ledger.take_arrived()
-                        for tp, records in batch.items():
-                            for record in records:
-                                self._admit(tp, record, ledger, lanes)
+                    self._read(commands, assigned, ledger, lanes)
                 # At the bound, at once: wait_for_change does not wait while a settled command
                 # heads a partition, so holding it back would spin the loop.
                 if (lanes.in_flight() >= self.max_in_flight
@@ -376,6 +362,25 @@ class Applier:
             raise
         finally:
             commands.close()  # leaves the group: settle() runs once more, with nothing left
+
+    def _read(self, commands: GroupReader, assigned: threading.Event, ledger: ResultLedger, lanes: Lanes) -> None:
+        """Read what commands have come, up to the bound, and set each going.
+
+        Partitions handed over: what their last owner applied is read to the end first.
+        Otherwise the results that have come are taken as they are, without a round trip to
+        the broker. While commands are in flight, back soon to publish what they came to.
+        """
+        batch = commands.poll(0.02 if lanes.pending() else 0.5, max_records=self.max_in_flight - lanes.in_flight())
+        if not batch:
+            return
+        if assigned.is_set():
+            assigned.clear()
+            ledger.catch_up()
+        else:
+            ledger.take_arrived()
+        for tp, records in batch.items():
+            for record in records:
+                self._admit(tp, record, ledger, lanes)
 
     def _admit(self, tp: Partition, record: Received, ledger: ResultLedger, lanes: Lanes) -> None:
         """One command read: set going behind the commands of its key, or settled at once
