@@ -105,7 +105,7 @@ def planned(custom: client.CustomObjectsApi, names: Sequence[str]) -> Patches:
 
 
 def anchor_request(custom: client.CustomObjectsApi, patches: Patches) -> Callable[[str], None]:
-    """The anchor: the applier's own request (``_json_patch_vm``), straight from a plain client."""
+    """The anchor: the applier's own request (``KubeApplier._patch_vm``), straight from a plain client."""
 
     def send(name: str) -> None:
         patch, rv = patches[name]
