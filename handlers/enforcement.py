@@ -50,7 +50,7 @@ from handlers.policy import is_system_namespace
 from handlers.state import KUBEVIRT_KEY, VMTracking, put_tracking, tracking_of
 from handlers.tables import KUBEVIRT, VMIS
 
-# The field manager of every write the applier makes (streams/kube/applying.py), so managedFields —
+# The field manager of every write the applier makes (streams/kube/applying/api.py), so managedFields —
 # and the GitOps tools that read them (docs/gitops.md) — show which fields vmstream set.
 FIELD_MANAGER = "vmstream"
 

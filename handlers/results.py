@@ -2,6 +2,7 @@
 
 command + what the API server answered → :class:`CommandResult`, one audit record, and —
 when it failed — a ``command_failed`` notification to whoever asked and the VM's owner.
+Or not yet: :class:`RetryLater`, which records nothing and holds the command for another try.
 The applier calls this; the ids derive from the command's id, so a command applied again
 after a crash records the same result ids.
 """
@@ -19,6 +20,19 @@ from handlers.topics import COMMANDS
 
 Outcome = Literal["applied", "noop", "conflict_retried", "failed"]
 COMMANDS_TOPIC = COMMANDS.name  # what a result records as its input, without the shell's prefix
+
+
+@dataclass(frozen=True, slots=True)
+class RetryLater:
+    """No result yet: the command is tried again after ``after`` seconds, read afresh.
+
+    Held where it stands (the commands of its key wait behind it, and nothing is committed
+    past it), so it is never published: a held command has no result to record. ``reason``
+    is what the last try met, and what its failure says once the tries run out.
+    """
+
+    after: float
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -231,7 +231,7 @@ def test_the_kubeconfig_precedence_is_flag_then_kubeconfig_then_in_cluster_then_
 
 
 def test_both_kubernetes_processes_load_their_kubeconfig_through_the_one_loader() -> None:
-    for module in ("applying", "watching"):
+    for module in ("applying/process", "watching"):
         text = (ROOT / "streams" / "kube" / f"{module}.py").read_text(encoding="utf-8")
         assert "streams.kube.kubeconfig import" in text, module
         assert "load_kube_config" not in text and "load_incluster_config" not in text, module

@@ -21,7 +21,7 @@ from typing import Any, get_args
 import pytest
 import yaml
 
-from handlers import events, gpus, intents, observing, policy, topics
+from handlers import events, gpus, intents, judgment, observing, policy, topics
 from handlers.cluster import OWNER_ANNOTATION, RULE_PATHS
 from handlers.messages import (
     COMMAND_TYPES,
@@ -31,10 +31,13 @@ from handlers.messages import (
     VM_INTENT_TYPES,
     WATCHED_KINDS,
     Command,
+    CommandType,
     ObjectRef,
 )
+from handlers.vms import MANAGED_BY_LABEL
 from streams.cli import requesting
-from streams.kube import applying, watching
+from streams.kube import watching
+from streams.kube.applying import api
 
 ROOT = Path(__file__).resolve().parent.parent
 DECLARATION = ROOT / "handlers" / "topics.py"
@@ -159,7 +162,7 @@ def test_the_type_domain_is_the_domain_of_vmstream_s_annotations() -> None:
     """One domain: ``vmstream.io`` names vmstream's annotations and, reversed as CloudEvents
     advise, its event types; no annotation key is renamed for it."""
     assert events.TYPE_PREFIX == "io.vmstream." and events.DOMAIN == "vmstream.io"
-    keys = (OWNER_ANNOTATION, gpus.PRE_GPU_ANNOTATION, policy.CORDONED_ANNOTATION, applying.RESTART_ANNOTATION)
+    keys = (OWNER_ANNOTATION, gpus.PRE_GPU_ANNOTATION, policy.CORDONED_ANNOTATION, judgment.RESTART_ANNOTATION)
     assert keys == ("vmstream.io/owner", "vmstream.io/pre-gpu", "vmstream.io/cordoned-by", "vmstream.io/restart")
     assert all(key.startswith(f"{events.DOMAIN}/") for key in keys)
 
@@ -254,42 +257,61 @@ def test_the_applier_policy_knows_the_target_kind_of_every_command_type() -> Non
     assert set(policy.KINDS) == set(COMMAND_TYPES)
 
 
-class _Recording(applying.KubeApplier):
+class _Recording(api.KubeApplier):
     """The applier with each change recorded instead of made."""
 
     def __init__(self) -> None:  # no API client: nothing is sent
         self.made: list[str] = []
 
-    def _made(self, what: str) -> applying.Applied:
+    def _made(self, what: str) -> api.Applied:
         self.made.append(what)
-        return applying.Applied("applied")
+        return api.Applied("applied")
 
-    def _patch_vm(self, command: Command) -> applying.Applied:
+    def _patch_vm(self, action: judgment.PatchVM) -> api.Applied:
         return self._made("patch")
 
-    def _create_vm(self, command: Command) -> applying.Applied:
+    def _create_vm(self, action: judgment.CreateVM) -> api.Applied:
         return self._made("create")
 
-    def _subresource(self, command: Command, action: str) -> applying.Applied:
-        return self._made(action)
+    def _subresource(self, action: judgment.PutSubresource) -> api.Applied:
+        return self._made(action.action)
 
-    def _delete_vmi(self, command: Command) -> applying.Applied:
+    def _delete_vmi(self, action: judgment.DeleteVMI) -> api.Applied:
         return self._made("delete VMI")
 
-    def _set_unschedulable(self, command: Command, unschedulable: bool) -> applying.Applied:
-        return self._made("cordon" if unschedulable else "uncordon")
+    def _patch_node(self, action: judgment.PatchNode) -> api.Applied:
+        return self._made("cordon" if action.body["spec"]["unschedulable"] else "uncordon")
 
-    def _cancel_evacuation(self, command: Command) -> applying.Applied:
+    def _cancel_mark(self, action: judgment.CancelMark) -> api.Applied:
         return self._made("cancel eviction mark")
 
 
+def _let_through(command_type: CommandType) -> tuple[Command, judgment.Observed]:
+    """A command of ``command_type`` and objects as the policy lets it through, with a change to make."""
+    kind = policy.KINDS[command_type]
+    target = ObjectRef(kind=kind, namespace=None if kind == "Node" else "ns", name="n")
+    manifest = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                "metadata": {"namespace": "ns", "name": "n", "labels": {MANAGED_BY_LABEL: "vmstream", "p": "x"},
+                             "annotations": {OWNER_ANNOTATION: "alice"}}}
+    command = Command(command_id="c", type=command_type, target=target, cause="i", issued_at=datetime.now(UTC),
+                      patch=[{"op": "add", "path": "/spec/template/spec/domain/devices/gpus", "value": []}],
+                      base_resource_version="1", manifest=manifest, evacuation_node="node-1")
+    cordoned = command_type == "uncordon_node"
+    return command, judgment.Observed(
+        namespace={"p": "x"}, vmi={"status": {"evacuationNodeName": "node-1"}},
+        vm=None if command_type == "create_vm" else {
+            "metadata": {"resourceVersion": "1"}, "spec": {"template": {"spec": {"domain": {"devices": {}}}}}},
+        node={"metadata": {"annotations": {policy.CORDONED_ANNOTATION: "c"} if cordoned else {}},
+              "spec": {"unschedulable": cordoned}})
+
+
 def test_the_applier_makes_one_distinct_change_per_command_type() -> None:
-    """``KubeApplier._dispatch`` has a case for each command type (mypy checks it too, by
-    ``assert_never``), and no two types make the same change."""
+    """``judgment.judge`` has a case for each command type and ``KubeApplier._act`` one for
+    each action (mypy checks both, by ``assert_never``), and no two types make the same change."""
     applier = _Recording()
     for command_type in COMMAND_TYPES:
-        command = Command.model_construct(command_id="cmd-1", type=command_type, cause="it-1", issued_at=START,
-                                          target=ObjectRef(kind="Node", namespace=None, name="n"))
-        assert applier._dispatch(command) == applying.Applied("applied")
+        command, seen = _let_through(command_type)
+        judged = judgment.judge(command, seen, project_label="p")
+        assert applier._act(command, judged, seen, 0) == api.Applied("applied"), (command_type, judged)
     assert applier.made == ["patch", "create", "restart", "start", "stop", "delete VMI", "cordon", "uncordon",
                             "cancel eviction mark"]

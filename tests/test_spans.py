@@ -124,7 +124,7 @@ def sent_headers(worker: Any, routed: Any, result: Result, message: object) -> d
 
 @dataclass
 class FakeKube:
-    def apply(self, command: Command) -> Applied:
+    def try_once(self, command: Command, attempt: int) -> Applied:
         return Applied("applied", resource_version="2")
 
 

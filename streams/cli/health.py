@@ -39,7 +39,7 @@ from pathlib import Path
 EXIT_HEALTHY = 0
 EXIT_UNHEALTHY = 1
 # The processes that serve /health, and the probe port of those that take --probe-port
-# (streams/kube/applying.py, streams/kube/watching.py, streams/serve/notify.py: their
+# (streams/kube/applying/process.py, streams/kube/watching.py, streams/serve/notify.py: their
 # add_probe_arguments; tests/test_health.py keeps the two in step).
 PROBE_PORTS = {"apply": 6067, "watch": 6068, "notify": 6070}
 SERVED = ("worker", "api", *PROBE_PORTS)

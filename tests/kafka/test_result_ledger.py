@@ -1,4 +1,4 @@
-"""The applier's ledger of results (streams/kube/applying.py) on a real broker, and the lines
+"""The applier's ledger of results (streams/kube/applying/loop.py) on a real broker, and the lines
 it logs per command.
 
 The ledger reads the command-results topic to learn which commands are done. The results
@@ -20,15 +20,14 @@ import pytest
 from handlers import ids
 from handlers.decisions import subject_key
 from handlers.messages import Command, ObjectRef
-from handlers.results import decide_result
+from handlers.results import RetryLater, decide_result
 from handlers.topics import COMMAND_RESULTS
 from harness.running import CONFIG, Deployment
 from streams.common.codecs import encode_message
 from streams.common.durable import Delivered, DurableProducer, Record
 from streams.common.settings import Settings, load_settings
 from streams.common.signing import Keyring, open_sealed
-from streams.kube import applying
-from streams.kube.applying import Applied, Applier, KubeApplier, ResultLedger
+from streams.kube.applying import Applied, Applier, KubeApplier, ResultLedger, loop
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.kafka
@@ -72,7 +71,7 @@ def test_the_ledger_skips_its_own_results_and_judges_the_rest(
         opened.append(raw)
         return real_open(model, raw, purpose, keys)
 
-    monkeypatch.setattr(applying, "open_sealed", counting_open)
+    monkeypatch.setattr(loop, "open_sealed", counting_open)
     ledger = ResultLedger(settings, keyring=keyring)
     producer = DurableProducer(settings.kafka, client_id="vmstream-test")
     try:
@@ -118,7 +117,7 @@ class _Answers(KubeApplier):
     def __init__(self, applied: Applied) -> None:  # no API client: nothing is sent
         self.applied, self.cache = applied, None
 
-    def apply(self, issued: Command) -> Applied:
+    def try_once(self, command: Command, attempt: int = 0) -> Applied | RetryLater:
         return self.applied
 
 
@@ -131,9 +130,9 @@ class _Answers(KubeApplier):
 def test_a_command_that_went_as_planned_is_logged_at_debug_the_rest_at_info(
         deployment: Deployment, caplog: pytest.LogCaptureFixture, applied: Applied, level: int) -> None:
     applier = Applier(settings_of(deployment), _Answers(applied))
-    with caplog.at_level(logging.DEBUG, logger=applying.__name__):
+    with caplog.at_level(logging.DEBUG, logger=loop.__name__):
         applier.apply_one(command("vm-1"))
-    lines = [r for r in caplog.records if r.name == applying.__name__ and f": {applied.outcome}" in r.getMessage()]
+    lines = [r for r in caplog.records if r.name == loop.__name__ and f": {applied.outcome}" in r.getMessage()]
     assert [r.levelno for r in lines] == [level]
 
 

@@ -23,6 +23,7 @@ from kubernetes import client
 from handlers import ids
 from handlers.decisions import subject_key
 from handlers.messages import Command, ObjectRef
+from handlers.results import RetryLater
 from harness.running import CONFIG, Deployment
 from samples.cluster import node as node_object
 from streams.common.codecs import encode_message
@@ -73,15 +74,15 @@ def test_a_result_not_published_stops_every_later_commit(
             raise NotDelivered("the broker refused the first command's result (the test's fault)")
         return real_send_all(self, records)
 
-    real_apply = KubeApplier.apply
+    real_try = KubeApplier.try_once
 
-    def held_apply(self: KubeApplier, command: Command) -> Applied:
+    def held_try(self: KubeApplier, command: Command, attempt: int = 0) -> Applied | RetryLater:
         if command.command_id == second.command_id:  # still in flight when the first one fails
             assert first_failed.wait(60), "the first command's result was never sent"
-        return real_apply(self, command)
+        return real_try(self, command, attempt)
 
     monkeypatch.setattr(DurableProducer, "send_all", refusing_send_all)
-    monkeypatch.setattr(KubeApplier, "apply", held_apply)
+    monkeypatch.setattr(KubeApplier, "try_once", held_try)
     keyring = deployment.signing.keyring()
     for command in (first, second):
         deployment.publish_raw("commands", subject_key(command.target), encode_message(command, keyring=keyring))

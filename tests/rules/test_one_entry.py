@@ -23,7 +23,7 @@ from handlers.state import Change, MemoryState, Overlay
 from handlers.tables import DRAINS, GLOBAL_TABLES, TABLES, TRACKING, VMS, table_named
 from samples.cluster import RTX, node, vm, vmi
 from streams.common.codecs import encode_resident_update, encode_state
-from streams.kube import applying
+from streams.kube.applying import api
 from tests.support.harness import EVENTS_TOPIC, INTENTS_TOPIC, START, config
 from tests.support.worker_state import row_event, worker_table_state
 
@@ -208,8 +208,8 @@ def test_a_start_or_stop_is_already_so_as_the_vmi_shows(action: str, phase: str 
 
 def test_the_applier_judges_with_the_rules_and_their_one_list_of_ended_phases() -> None:
     assert ENDED_PHASES == {"Succeeded", "Failed"}
-    assert vars(applying)["already_so"] is already_so
-    assert not hasattr(applying, "ENDED_PHASES")  # no copy of its own
+    assert vars(api)["already_so"] is already_so
+    assert not hasattr(api, "ENDED_PHASES")  # no copy of its own
 
 
 # ---------------------------------------------------------------- typed tables
