@@ -46,8 +46,7 @@ def test_every_library_presents_the_client_certificate(protocol: str, tmp_path: 
     match fails here)."""
     import faust
 
-    from streams.common.kafka_clients import aiokafka_options
-    from streams.worker.broker_credentials import faust_credentials
+    from streams.worker.broker_credentials import aiokafka_options, faust_credentials
 
     authority = CertificateAuthority.create(tmp_path)
     certfile, keyfile = authority.issue(tmp_path, "user", "vmstream-apply")

@@ -21,10 +21,10 @@ from kafka.net.sasl.oauth import AbstractTokenProvider as KafkaPythonTokenProvid
 from harness.pki import CertificateAuthority
 from harness.localoauth import TokenEndpoint
 from harness.processes import free_ports
-from streams.common.kafka_clients import aiokafka_options, client_options, librdkafka_options
+from streams.common.kafka_clients import client_options, librdkafka_options
 from streams.common.oauth import DEFAULT_LIFETIME, TokenError, TokenSource, jwt_claims
 from streams.common.settings import KafkaOAuthSettings, KafkaSettings
-from streams.worker.broker_credentials import faust_credentials
+from streams.worker.broker_credentials import aiokafka_options, faust_credentials
 
 
 class Clock:

@@ -297,11 +297,13 @@ def test_the_kept_topics_accept_what_api_and_notify_write() -> None:
     their headers, as those processes build them."""
     import asyncio
     import hashlib
+    from collections.abc import Sequence
     from datetime import UTC, datetime
 
     from handlers.messages import Notification
     from handlers.tracing import derived_trace
     from handlers.views import GPUClassStatus
+    from streams.common.durable import Delivered, Record
     from streams.serve.api import ClassTopic
     from streams.serve.notify import Notifier
 
@@ -310,10 +312,9 @@ def test_the_kept_topics_accept_what_api_and_notify_write() -> None:
     published: list[tuple[str, bytes, bytes | None, list[tuple[str, bytes]]]] = []
 
     class ClassProducer:
-        async def send(self, topic: str, *, key: bytes, value: bytes | None,
-                       headers: list[tuple[str, bytes]]) -> Any:
-            published.append((topic, key, value, headers))
-            return asyncio.sleep(0)  # the delivery future
+        async def deliver(self, records: Sequence[Record]) -> list[Delivered | str]:
+            published.extend((record.topic, record.key or b"", record.value, list(record.headers)) for record in records)
+            return [Delivered(record.topic, 0, offset) for offset, record in enumerate(records)]
 
     computed = datetime(2026, 11, 30, 10, 0, 5, tzinfo=UTC)
     topic = ClassTopic()

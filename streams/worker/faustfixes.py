@@ -76,7 +76,7 @@ from faust.types import TP, EventT
 from faust.types.transports import TransportT
 from mode.utils.futures import notify
 
-from streams.common.kafka_clients import pace_fetches
+from streams.worker.broker_credentials import pace_fetches
 
 log = logging.getLogger(__name__)
 

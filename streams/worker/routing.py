@@ -43,9 +43,10 @@ from mode import Service
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from streams.common import metrics
-from streams.common.kafka_clients import admin_client, aiokafka_options, pace_fetches
+from streams.common.kafka_clients import admin_client
 from streams.common.settings import Settings
 from streams.common.topics import route_group
+from streams.worker.broker_credentials import aiokafka_options, pace_fetches
 
 log = logging.getLogger(__name__)
 

@@ -38,9 +38,10 @@ from harness.localoauth import TokenEndpoint
 from harness.processes import free_ports
 from streams.common.durable import DurableProducer, Record
 from streams.common.group_reading import GroupReader
-from streams.common.kafka_clients import admin_client, aiokafka_options, consumer, librdkafka_options, producer
+from streams.common.kafka_clients import admin_client, consumer, librdkafka_options, producer
 from streams.common.settings import KafkaSettings
 from streams.common.topics import ensure_topics
+from streams.worker.broker_credentials import aiokafka_options
 from tests.support.waiting import audit_of_intent, stop
 
 pytestmark = pytest.mark.kafka

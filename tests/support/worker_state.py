@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from handlers.tables import TABLES
 from streams.common.globalview import GlobalView
+from streams.common.settings import KafkaSettings
 from streams.worker.tablestate import TableState
 
 
@@ -25,4 +26,4 @@ class LocalTable(dict):  # type: ignore[type-arg]
 
 
 def worker_table_state() -> TableState:
-    return TableState({table: LocalTable() for table in TABLES}, GlobalView("localhost:9", {}), None)
+    return TableState({table: LocalTable() for table in TABLES}, GlobalView(KafkaSettings(bootstrap_servers="localhost:9"), {}), None)
