@@ -34,7 +34,7 @@ from handlers.topics import AUDIT, COMMAND_RESULTS, COMMANDS, NOTIFICATIONS, out
 from harness.locations import REPO_ROOT
 from harness.processes import free_ports
 from harness.publishing import publish, scenario_records
-from streams.common.kafka_clients import admin_client
+from streams.common.kafka_clients import ADMIN_SECONDS, admin_client
 from streams.cli.simulating import Simulation
 from streams.common.settings import KafkaSettings, SigningSettings, load_settings
 from streams.common.topics import ensure_topics
@@ -90,14 +90,11 @@ class Deployment:
         partitions otherwise.
         """
         admin = admin_client(self.kafka)
-        try:
-            names = [name for name in admin.list_topics()
-                     if name.startswith(self.kafka.topic_prefix) or name.startswith(f"{self.app_id}-")]
-            if names:
-                admin.delete_topics(names)
-            return names
-        finally:
-            admin.close()
+        names = [name for name in admin.list_topics(timeout=ADMIN_SECONDS).topics
+                 if name.startswith(self.kafka.topic_prefix) or name.startswith(f"{self.app_id}-")]
+        for deleted in admin.delete_topics(names, request_timeout=ADMIN_SECONDS).values() if names else ():
+            deleted.result()
+        return names
 
     def publish_lines(self, lines: Iterable[str]) -> int:
         return publish(self.kafka, scenario_records(lines, shift_to_now=True))

@@ -18,7 +18,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from confluent_kafka.admin import AdminClient
+from kafka import KafkaConsumer, KafkaProducer
 from kafka.net.sasl.oauth import AbstractTokenProvider as KafkaPythonTokenProvider
 
 from streams.common.oauth import TokenError, TokenSource, token_source
@@ -87,8 +88,15 @@ def client_options(kafka: KafkaSettings) -> dict[str, Any]:
     return {key: value for key, value in options.items() if value is not None}
 
 
-def admin_client(kafka: KafkaSettings) -> KafkaAdminClient:
-    return KafkaAdminClient(client_id="vmstream-admin", **client_options(kafka))
+# The longest an administrative request is waited for: a broker that has not answered by then
+# is a failed request, not a hang.
+ADMIN_SECONDS = 30.0
+
+
+def admin_client(kafka: KafkaSettings, *, client_id: str = "vmstream-admin") -> AdminClient:
+    """librdkafka's administration client. It has nothing to close: it goes with its last
+    reference, and cancels the requests still waited for then — hold it until their answers."""
+    return AdminClient({**librdkafka_options(kafka), "client.id": client_id}, logger=LIBRDKAFKA_LOG)
 
 
 # Compression for producers whose messages can be large (whole Kubernetes objects): gzip is

@@ -50,7 +50,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic_core
-from kafka.admin import ConfigResource, ConfigResourceType
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import ConfigResource, ResourceType
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
@@ -81,7 +82,7 @@ from handlers.topics import DLQ, K8S_EVENTS
 from handlers.tracing import ce_headers
 from streams.common import spans
 from streams.common.cloudevents import event_source, kafka_headers, trace_of
-from streams.common.kafka_clients import COMPRESSION, admin_client, consumer, producer
+from streams.common.kafka_clients import ADMIN_SECONDS, COMPRESSION, admin_client, consumer, producer
 from streams.common.metrics import DEAD_LETTERS, family
 from streams.common.probes import ProbeServer, add_probe_arguments
 from streams.common.reading import assign_from_start, read_to_end
@@ -648,16 +649,16 @@ class Watcher:
 
 def message_limit(kafka: KafkaSettings, topic: str) -> int | None:
     """The topic's ``max.message.bytes`` as the broker reports it (None if it has no such topic)."""
-    admin = admin_client(kafka)
+    resource = ConfigResource(ResourceType.TOPIC, topic)
     try:
-        answer = admin.describe_configs(
-            [ConfigResource(ConfigResourceType.TOPIC, topic, configs={"max.message.bytes": None})],
-            config_filter="all",
-        )
-    finally:
-        admin.close()
-    value = (((answer.get("topic") or {}).get(topic) or {}).get("max.message.bytes") or {}).get("value")
-    return int(value) if value else None
+        admin = admin_client(kafka)  # held until the answer: a client let go cancels its requests
+        configs = admin.describe_configs([resource], request_timeout=ADMIN_SECONDS)[resource].result()
+    except KafkaException as error:
+        if error.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return None
+        raise
+    entry = configs.get("max.message.bytes")
+    return int(entry.value) if entry is not None and entry.value else None
 
 
 def last_published(

@@ -22,8 +22,15 @@ from typing import Any
 
 import pytest
 import yaml
+from confluent_kafka.admin import (
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    NewTopic,
+    ResourcePatternType,
+    ResourceType,
+)
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.admin import NewTopic
 from kafka.errors import TopicAuthorizationFailedError
 from kubernetes import client
 
@@ -32,7 +39,7 @@ from handlers.state import TABLES
 from harness.localkafka import LocalKafka, Sasl
 from harness.processes import free_ports
 from streams.common.codecs import encode_message
-from streams.common.kafka_clients import admin_client, client_options
+from streams.common.kafka_clients import ADMIN_SECONDS, admin_client, client_options
 from streams.common.principals import PRINCIPALS, acls
 from streams.common.settings import KafkaSettings
 from streams.common.signing import Keyring
@@ -78,27 +85,17 @@ def secured() -> Iterator[SecuredBroker]:
         admin_settings = secured.settings(sasl.admin)
         ensure_topics(admin_settings, changelogs=(SCRATCH,))
         admin = admin_client(admin_settings)
-        try:
-            wanted = [acl for name, grants in PRINCIPALS.items()
-                      for acl in acls(name, grants, admin_settings, app_id=APP_ID)]
-            admin.create_acls(wanted)
-            # Granted once the broker lists them (one node: its authorizer has them then).
-            deadline = time.monotonic() + 30
-            from kafka.admin import (
-                ACLFilter,
-                ACLOperation,
-                ACLPermissionType,
-                ACLResourcePatternType,
-                ResourcePatternFilter,
-                ResourceType,
-            )
-            everything = ACLFilter(None, None, ACLOperation.ANY, ACLPermissionType.ANY,
-                                   ResourcePatternFilter(ResourceType.ANY, None, ACLResourcePatternType.ANY))
-            while len(admin.describe_acls(everything)[0]) < len(wanted):
-                assert time.monotonic() < deadline, "the ACLs were never listed"
-                time.sleep(0.1)  # polling interval
-        finally:
-            admin.close()
+        wanted = [acl for name, grants in PRINCIPALS.items()
+                  for acl in acls(name, grants, admin_settings, app_id=APP_ID)]
+        for created in admin.create_acls(wanted, request_timeout=ADMIN_SECONDS).values():
+            created.result()
+        # Granted once the broker lists them (one node: its authorizer has them then).
+        deadline = time.monotonic() + 30
+        everything = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None,
+                                      AclOperation.ANY, AclPermissionType.ANY)
+        while len(admin.describe_acls(everything, request_timeout=ADMIN_SECONDS).result()) < len(wanted):
+            assert time.monotonic() < deadline, "the ACLs were never listed"
+            time.sleep(0.1)  # polling interval
         yield secured
 
 
@@ -250,9 +247,8 @@ def test_the_strimzi_users_grant_the_same(secured: SecuredBroker) -> None:
     kafka = KafkaSettings()  # the default prefix, vmstream.
     for name, grants in PRINCIPALS.items():
         assert users[name]["spec"]["authentication"]["type"] == "scram-sha-512", name
-        expected = {(a.operation.name, a.resource_pattern.resource_type.name.replace("TRANSACTIONAL_ID",
-                                                                                      "TRANSACTIONALID"),
-                     a.resource_pattern.resource_name, a.resource_pattern.pattern_type.name)
+        expected = {(a.operation.name, a.restype.name.replace("TRANSACTIONAL_ID", "TRANSACTIONALID"),
+                     a.name, a.resource_pattern_type.name)
                     for a in acls(name, grants, kafka, app_id=APP_ID)}
         assert _strimzi_acls(users[name]) == expected, name
 
@@ -357,11 +353,9 @@ def test_the_worker_does_its_job_on_its_own_acls(secured: SecuredBroker, tmp_pat
     admin) and ``kafka.create_topics: false``: it reads an intent written by an upstream
     service, keeps its tables and writes its audit record."""
     own = secured.settings("vmstream-worker")
+    leader = f"{APP_ID}-__assignor-__leader"
     admin = admin_client(secured.settings(secured.sasl.admin))
-    try:
-        admin.create_topics([NewTopic(f"{APP_ID}-__assignor-__leader", 1, 1)])
-    finally:
-        admin.close()
+    admin.create_topics([NewTopic(leader, 1, 1)], operation_timeout=ADMIN_SECONDS)[leader].result()
     ensure_topics(secured.settings(secured.sasl.admin), changelogs=CHANGELOGS)
     [web_port] = free_ports(1)
     env = {

@@ -30,15 +30,15 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition as AsyncTopicPartition
 from confluent_kafka import Producer
+from confluent_kafka.admin import NewTopic
 from kafka import TopicPartition
-from kafka.admin import NewTopic
 
 from harness.localkafka import LocalKafka, OAuthBearer, Tls
 from harness.localoauth import TokenEndpoint
 from harness.processes import free_ports
 from streams.common.durable import DurableProducer, Record
 from streams.common.group_reading import GroupReader
-from streams.common.kafka_clients import admin_client, consumer, librdkafka_options, producer
+from streams.common.kafka_clients import ADMIN_SECONDS, admin_client, consumer, librdkafka_options, producer
 from streams.common.settings import KafkaSettings
 from streams.common.topics import ensure_topics
 from streams.worker.broker_credentials import aiokafka_options
@@ -102,10 +102,7 @@ class Secured:
         """A new topic of one partition, made with vmstream's admin client as ``kafka``."""
         name = f"{self.prefix}auth-{uuid.uuid4().hex[:8]}"
         admin = admin_client(kafka)
-        try:
-            admin.create_topics([NewTopic(name, 1, 1)])
-        finally:
-            admin.close()
+        admin.create_topics([NewTopic(name, 1, 1)], operation_timeout=ADMIN_SECONDS)[name].result()
         return name
 
 
