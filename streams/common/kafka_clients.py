@@ -18,8 +18,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaProducer
 from kafka.net.sasl.oauth import AbstractTokenProvider as KafkaPythonTokenProvider
 
 from streams.common.oauth import TokenError, TokenSource, token_source
@@ -123,8 +124,21 @@ def producer(
     )
 
 
-def consumer(kafka: KafkaSettings, *topics: str, **extra: Any) -> KafkaConsumer:
-    return KafkaConsumer(*topics, **client_options(kafka), **extra)
+def consumer(kafka: KafkaSettings, *, client_id: str = "vmstream-cli", **extra: Any) -> Consumer:
+    """A consumer that is assigned partitions and commits nothing (streams/common/reading.py);
+    the members of a group are streams/common/group_reading.py's. It reports the end of each
+    partition it reaches (``enable.partition.eof``), and reads only committed transactions."""
+    return Consumer({
+        **librdkafka_options(kafka),
+        # librdkafka wants a group id even for a consumer that never joins one: it commits nothing.
+        "group.id": client_id,
+        "client.id": client_id,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "enable.partition.eof": True,
+        "isolation.level": "read_committed",
+        **extra,
+    }, logger=LIBRDKAFKA_LOG)
 
 
 def librdkafka_options(kafka: KafkaSettings) -> dict[str, Any]:

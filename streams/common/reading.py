@@ -5,9 +5,9 @@ view and the read API each rebuild something from a topic before they start work
 need the same three steps — find the partitions (a topic created a moment ago may not be in
 the client's metadata yet), assign them from the beginning, read until every partition's
 position reaches the end offset taken at the start — and the same guard: a read that makes
-no progress for a while is an error, not a hang. kafka-python's consumer serves the
-synchronous processes; the asynchronous ones (the cluster-wide view, the read API) follow a
-topic with librdkafka's consumer, each call made on a thread of the follower's own.
+no progress for a while is an error, not a hang. librdkafka's consumer serves them all: the
+asynchronous processes (the cluster-wide view, the read API) make each call on a thread of
+their :class:`Follower`'s own.
 """
 
 from __future__ import annotations
@@ -20,11 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as Assigned
-from kafka import KafkaConsumer, TopicPartition
 
-from streams.common.kafka_clients import LIBRDKAFKA_LOG, librdkafka_options
+from streams.common.kafka_clients import LIBRDKAFKA_LOG, consumer
 from streams.common.settings import KafkaSettings
 
 METADATA_POLL_SECONDS = 0.2  # how often to look again for a topic's partitions
@@ -63,70 +62,111 @@ class TopicNotFound(RuntimeError):
 
 
 def partitions_of(
-    client: KafkaConsumer, topics: Iterable[str], *, wait: float = 60.0, missing_ok: bool = False
-) -> list[TopicPartition]:
+    client: Consumer, topics: Iterable[str], *, wait: float = 60.0, missing_ok: bool = False
+) -> list[Assigned]:
     """Every partition of ``topics``, looking again for up to ``wait`` seconds for each; a topic
     still without partitions then is an error, or left out if ``missing_ok``."""
-    found: list[TopicPartition] = []
+    found: list[Assigned] = []
     deadline = time.monotonic() + wait
     for topic in topics:
-        ids = client.partitions_for_topic(topic)
-        while not ids:
+        while True:
+            listed = client.list_topics(topic, timeout=min(5.0, max(2.0, deadline - time.monotonic())))
+            known = listed.topics.get(topic)
+            if known is not None and known.error is None and known.partitions:
+                found += [Assigned(topic, p) for p in sorted(known.partitions)]
+                break
             if time.monotonic() > deadline:
                 if missing_ok:
                     break
                 raise TopicNotFound(f"topic {topic} has no partitions (does it exist?)")
             time.sleep(METADATA_POLL_SECONDS)  # metadata is not loaded yet
-            ids = client.partitions_for_topic(topic)
-        found += [TopicPartition(topic, p) for p in sorted(ids or ())]
     return found
 
 
 def assign_from_start(
-    client: KafkaConsumer, topics: Iterable[str], *, wait: float = 60.0, missing_ok: bool = False
-) -> list[TopicPartition]:
+    client: Consumer, topics: Iterable[str], *, wait: float = 60.0, missing_ok: bool = False
+) -> list[Assigned]:
     """Assign every partition of ``topics`` to ``client``, positioned at the beginning."""
     partitions = partitions_of(client, topics, wait=wait, missing_ok=missing_ok)
-    if not partitions:
-        return []
-    client.assign(partitions)
-    client.seek_to_beginning(*partitions)
+    if partitions:
+        client.assign([Assigned(tp.topic, tp.partition, OFFSET_BEGINNING) for tp in partitions])
     return partitions
 
 
+def poll_records(client: Consumer, timeout: float, *, max_records: int = FOLLOW_BATCH,
+                 ends: dict[Assigned, int] | None = None) -> list[Received]:
+    """What has arrived, at most ``max_records``, waiting up to ``timeout`` seconds for a first
+    record. ``ends``: each partition whose end of partition was reached (librdkafka says so when
+    the consumer has ``enable.partition.eof``) is given the offset it was reached at."""
+    first = client.poll(timeout)
+    if first is None:
+        return []
+    messages = [first]
+    if max_records > 1:  # what was fetched behind it, without waiting: consume() waits for all it may take
+        messages.extend(client.consume(num_messages=max_records - 1, timeout=0))
+    records = []
+    for message in messages:
+        error = message.error()
+        if error is None:
+            records.append(received(message))
+        elif error.code() == KafkaError._PARTITION_EOF:
+            if ends is not None:
+                ends[Assigned(str(message.topic()), int(message.partition() or 0))] = int(message.offset() or 0)
+        elif error.fatal():
+            raise KafkaException(error)
+        else:  # librdkafka retries on its own
+            LIBRDKAFKA_LOG.warning("reading %s: %s", message.topic(), error.str())
+    return records
+
+
 def read_to_end(
-    client: KafkaConsumer,
-    partitions: Iterable[TopicPartition],
+    client: Consumer,
+    partitions: Iterable[Assigned],
     *,
     stall: float = 30.0,
     stop: threading.Event | None = None,
-) -> Iterator[Any]:
+) -> Iterator[Received]:
     """The records of ``partitions`` from their positions up to their end offsets as they are
     now. Records written meanwhile are not yielded, and not skipped either: the client is left
     at the first of them, for its next read (a ledger that reads on would otherwise lose
     them). ``TimeoutError`` after ``stall`` seconds without a record while a partition is
-    short of its end; ends early when ``stop`` is set."""
-    partitions = list(partitions)
+    short of its end; ends early when ``stop`` is set.
+
+    A partition is at its end once a record at or past the end offset comes, or librdkafka
+    reports the end of the partition there (``enable.partition.eof``: past transaction
+    markers too, which are never handed over as records)."""
+    partitions = [Assigned(tp.topic, tp.partition) for tp in partitions]
     if not partitions:
         return
-    ends = {tp: end for tp, end in client.end_offsets(partitions).items() if client.position(tp) < end}
+    ends = {tp: client.get_watermark_offsets(tp, timeout=stall)[1] for tp in partitions}
+    at = {tp: tp.offset for tp in client.position(partitions)}  # < 0: not fetched yet (from its start)
+    short = {tp for tp, end in ends.items() if at.get(tp, -1) < end}
     progressed = time.monotonic()
-    while ends:
+    while short:
         if stop is not None and stop.is_set():
             return
-        batches = client.poll(timeout_ms=POLL_MS)
-        for tp, records in batches.items():
-            end = ends.get(tp, 0)
-            before_end = [record for record in records if record.offset < end]
-            if len(before_end) < len(records):  # written since the end was taken: read next time
-                client.seek(tp, records[len(before_end)].offset)
-            yield from before_end
-        if batches:
+        reached: dict[Assigned, int] = {}
+        records = poll_records(client, POLL_MS / 1000, ends=reached)
+        later: set[Assigned] = set()  # partitions whose next record is past their end
+        for record in records:
+            tp = Assigned(record.topic, record.partition)
+            if tp in later:
+                continue
+            end = ends.get(tp)
+            if end is None or record.offset < end:
+                yield record
+                if end is not None and record.offset + 1 >= end:
+                    short.discard(tp)
+            else:  # written since the end was taken: the client goes back to it, for next time
+                client.seek(Assigned(record.topic, record.partition, record.offset))
+                later.add(tp)
+                short.discard(tp)
+        short -= {tp for tp, offset in reached.items() if offset >= ends.get(tp, 0)}
+        if records or reached:
             progressed = time.monotonic()
         elif time.monotonic() - progressed > stall:
-            short = ", ".join(sorted(f"{tp.topic}[{tp.partition}]" for tp in ends))
-            raise TimeoutError(f"no record for {stall:.0f}s while reading to the end of {short}")
-        ends = {tp: end for tp, end in ends.items() if client.position(tp) < end}
+            waiting = ", ".join(sorted(f"{tp.topic}[{tp.partition}]" for tp in short))
+            raise TimeoutError(f"no record for {stall:.0f}s while reading to the end of {waiting}")
 
 
 class Follower:
@@ -134,15 +174,7 @@ class Follower:
     own, one at a time, so a poll in flight is finished before the consumer is closed."""
 
     def __init__(self, kafka: KafkaSettings, *, client_id: str) -> None:
-        # librdkafka wants a group id even for a consumer that is only assigned partitions;
-        # nothing is committed under it and it never joins.
-        self._consumer = Consumer({
-            **librdkafka_options(kafka),
-            "group.id": client_id,
-            "client.id": client_id,
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-        }, logger=LIBRDKAFKA_LOG)
+        self._consumer = consumer(kafka, client_id=client_id)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=client_id)
 
     async def _call(self, call: Any, *args: Any) -> Any:
@@ -171,25 +203,8 @@ class Follower:
 
     async def poll(self, timeout: float) -> list[Received]:
         """What has arrived, waiting up to ``timeout`` seconds for a first record."""
-        messages: list[Message] = await self._call(self._poll, timeout)
-        records = []
-        for message in messages:
-            error = message.error()
-            if error is None:
-                records.append(received(message))
-            elif error.fatal():
-                raise KafkaException(error)
-            else:  # librdkafka retries on its own
-                LIBRDKAFKA_LOG.warning("reading %s: %s", message.topic(), error.str())
+        records: list[Received] = await self._call(poll_records, self._consumer, timeout)
         return records
-
-    def _poll(self, timeout: float) -> list[Message]:
-        # consume() with a timeout waits for all it may take: poll() returns at the first
-        # record, consume() without one takes what was fetched behind it.
-        first = self._consumer.poll(timeout)
-        if first is None:
-            return []
-        return [first, *self._consumer.consume(num_messages=FOLLOW_BATCH - 1, timeout=0)]
 
     async def positions(self, partitions: Iterable[Assigned]) -> dict[Assigned, int]:
         """The next offset to read of each partition (past control records too); -1001 before

@@ -671,8 +671,8 @@ def last_published(
     tombstone forgets its key; a value that is no watch event is skipped.
     """
     wanted = {kind.kind for kind in kinds}
-    reader = consumer(kafka, group_id=None, enable_auto_commit=False, max_poll_records=10_000,
-                      max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024)
+    reader = consumer(kafka, client_id="vmstream-watch-read-back",
+                      **{"max.partition.fetch.bytes": 8 * 1024 * 1024, "fetch.max.bytes": 64 * 1024 * 1024})
     started = time.monotonic()
     try:
         assigned = assign_from_start(reader, [topic], wait=0, missing_ok=True)

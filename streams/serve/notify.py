@@ -66,7 +66,8 @@ from streams.common.topics import DELIVERIES as LEDGER  # the logical name of th
 from streams.common.topics import ensure_topics
 
 if TYPE_CHECKING:
-    from kafka import KafkaConsumer, KafkaProducer
+    from confluent_kafka import Consumer
+    from kafka import KafkaProducer
 
 log = logging.getLogger(__name__)
 
@@ -291,8 +292,7 @@ class DeliveryLedger:
     def __init__(self, settings: Settings, *, timeout: float = 60.0) -> None:
 
         self.topic = settings.kafka.topic(LEDGER)
-        self.consumer: KafkaConsumer = consumer(settings.kafka, enable_auto_commit=False,
-                                                client_id=f"{settings.notify.group_id}-ledger")
+        self.consumer: Consumer = consumer(settings.kafka, client_id=f"{settings.notify.group_id}-ledger")
         self.partitions = assign_from_start(self.consumer, [self.topic], wait=timeout)
         self.done: set[str] = set()
 
