@@ -138,9 +138,12 @@ def read_to_end(
     partitions = [Assigned(tp.topic, tp.partition) for tp in partitions]
     if not partitions:
         return
-    ends = {tp: client.get_watermark_offsets(tp, timeout=stall)[1] for tp in partitions}
-    at = {tp: tp.offset for tp in client.position(partitions)}  # < 0: not fetched yet (from its start)
-    short = {tp for tp, end in ends.items() if at.get(tp, -1) < end}
+    watermarks = {tp: client.get_watermark_offsets(tp, timeout=stall) for tp in partitions}
+    ends = {tp: end for tp, (_, end) in watermarks.items()}
+    # Where each partition is: past the last record handed over; none yet, at its first (the
+    # end of a partition reported earlier moves no position).
+    at = {tp: tp.offset if tp.offset >= 0 else watermarks[tp][0] for tp in client.position(partitions)}
+    short = {tp for tp, end in ends.items() if at.get(tp, end) < end}
     progressed = time.monotonic()
     while short:
         if stop is not None and stop.is_set():

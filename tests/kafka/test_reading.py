@@ -64,3 +64,22 @@ class Snapshot:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.client, name)
+
+
+def test_a_partition_still_empty_is_at_its_end_on_a_second_read(
+        kafka_bootstrap: str, kafka_topic_factory: TopicFactory) -> None:
+    """A ledger reads to the end at start, when its topic may be empty, and again later, when
+    only some partitions got records: librdkafka reported the empty one's end once, on the
+    first read, and moves no position for it."""
+    kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
+    topic = kafka_topic_factory("read-again", partitions=2)
+    reader = consumer(kafka, client_id="read-again")
+    producer = DurableProducer(kafka, client_id="read-again")
+    try:
+        partitions = assign_from_start(reader, [topic])
+        assert list(read_to_end(reader, partitions, stall=10)) == []
+        producer.send_all([Record(topic, None, b"one", partition=1)])
+        assert [r.value for r in read_to_end(reader, partitions, stall=10)] == [b"one"]
+    finally:
+        producer.close()
+        reader.close()
