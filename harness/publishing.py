@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from streams.cli.simulating import EPOCH, input_time
-from streams.common.kafka_clients import producer
+from streams.common.durable import DurableProducer, Record
 from streams.common.settings import KafkaSettings
 
 
@@ -51,16 +51,12 @@ def _shifted(value: dict[str, Any], shift: timedelta) -> dict[str, Any]:
 
 def publish(kafka: KafkaSettings, records: Iterable[tuple[str, str | None, bytes, int]]) -> int:
     """Send records in order with an idempotent producer; returns how many were sent."""
-    client = producer(kafka)
+    client = DurableProducer(kafka, client_id="vmstream-publish", timeout=30)
     try:
-        sent = [
-            client.send(_topic(kafka, topic), key=key.encode() if key else None, value=value,
-                        timestamp_ms=timestamp_ms)
-            for topic, key, value, timestamp_ms in records
-        ]
-        client.flush()
-        for future in sent:
-            future.get(timeout=30)  # raises what the broker said, e.g. a timestamp out of range
+        # raises what the broker said, e.g. a timestamp out of range
+        sent = client.send_all([Record(_topic(kafka, topic), key.encode() if key else None, value,
+                                       timestamp_ms=timestamp_ms)
+                                for topic, key, value, timestamp_ms in records])
     finally:
         client.close()
     return len(sent)

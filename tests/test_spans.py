@@ -25,6 +25,7 @@ from handlers.tracing import derived_trace, parse_traceparent, span_id
 from harness.scenarios import RTX, node, vm, vmi
 from streams.common import spans
 from streams.common.cloudevents import TraceBook, kafka_headers, trace_headers
+from streams.common.durable import Record
 from streams.common.group_reading import Received
 from streams.common.settings import Settings
 from streams.common.topics import KIND_HEADER
@@ -225,8 +226,8 @@ def test_a_watch_event_s_trace_starts_at_the_bridge(exported: InMemorySpanExport
     sent: list[tuple[str, Any]] = []
 
     class Producer:
-        def send(self, topic: str, **kwargs: Any) -> Any:
-            sent.append((topic, kwargs))
+        def send(self, record: Record) -> Any:
+            sent.append((record.topic, {"key": record.key, "value": record.value, "headers": record.headers}))
             return None
 
     publisher = Publisher(Producer(), "vmstream.k8s-events")  # type: ignore[arg-type]

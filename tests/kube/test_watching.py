@@ -36,7 +36,7 @@ from handlers.ids import watch_event_id
 from handlers.messages import ORIGINAL_PREFIX_BYTES, DeadLetter, WatchEvent, object_key
 from handlers.tracing import ce_time, derived_trace
 from streams.common import metrics
-from streams.common.kafka_clients import producer
+from streams.common.durable import DurableProducer
 from harness.localkubevirt import vm_subresource
 from harness.processes import free_ports
 from harness.running import Deployment, VmstreamProcess
@@ -408,7 +408,7 @@ def test_a_bookmark_only_moves_the_resume_point(deployment: Deployment, events: 
     watcher.resource_version = "100"
     obj = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
            "metadata": {"name": "vm-c", "namespace": "ns", "resourceVersion": "101"}}
-    kafka_producer = producer(deployment.kafka)
+    kafka_producer = DurableProducer(deployment.kafka, client_id="watch-test")
     try:
         publisher = Publisher(kafka_producer, deployment.kafka.topic(TOPIC))
         watcher._on_event({"type": "MODIFIED", "object": obj}, publisher)
@@ -434,11 +434,11 @@ def test_a_republished_event_has_the_very_headers_it_had(deployment: Deployment,
                         "creationTimestamp": "2026-11-30T06:00:00Z",
                         "managedFields": [{"manager": "a", "time": "2026-11-30T06:10:00Z"},
                                           {"manager": "b", "time": "2026-11-30T06:20:05Z"}]}}
-    kafka_producer = producer(deployment.kafka)
+    kafka_producer = DurableProducer(deployment.kafka, client_id="watch-test")
     try:
         publisher = Publisher(kafka_producer, deployment.kafka.topic(TOPIC), source="/vmstream/watch/az9")
         for _ in range(2):
-            publisher.send(select_kinds("VirtualMachine")[0], "MODIFIED", json.loads(json.dumps(obj))).future.get(30)
+            publisher.send(select_kinds("VirtualMachine")[0], "MODIFIED", json.loads(json.dumps(obj))).future.result(30)
     finally:
         kafka_producer.close()
 
