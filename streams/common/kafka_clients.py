@@ -3,13 +3,15 @@
 Each library gets the same credentials under its own names: PLAIN or SCRAM's user and
 password; a client certificate for mutual TLS (``ssl_certfile``, ``ssl_keyfile``); or, for
 OAUTHBEARER, the process's :class:`~streams.common.oauth.TokenSource` wrapped as that library
-expects (kafka-python's ``sasl_oauth_token_provider``, librdkafka's ``oauth_cb``).
+expects (librdkafka's ``oauth_cb``, aiokafka's ``sasl_oauth_token_provider``).
 
-kafka-python serves administration and the CLI's producers and consumers, librdkafka the
-applier's and the worker's writes (streams/common/durable.py), the group readers of the
-applier and notify (streams/common/group_reading.py) and the followers of the cluster-wide
-view and the read API (streams/common/reading.py); the worker's Faust app and its own aiokafka
-consumer get the same options through streams/worker/broker_credentials.py.
+librdkafka (confluent-kafka) is every process's client: administration here, every write
+(streams/common/durable.py), the members of a group (streams/common/group_reading.py) and
+the readers that are assigned their partitions (streams/common/reading.py). It does the work
+in C, on threads of its own, outside the GIL: producing with ``acks=all`` costs the applier a
+small fraction of the CPU per command that kafka-python's producer did. Only the worker's
+Faust app, and its route stage's consumer, are on aiokafka, the library Faust is built on:
+they get the same options through streams/worker/broker_credentials.py.
 """
 
 from __future__ import annotations
@@ -20,8 +22,6 @@ from typing import Any
 
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
-from kafka import KafkaProducer
-from kafka.net.sasl.oauth import AbstractTokenProvider as KafkaPythonTokenProvider
 
 from streams.common.oauth import TokenError, TokenSource, token_source
 from streams.common.settings import KafkaSettings
@@ -47,18 +47,6 @@ def oauth(kafka: KafkaSettings) -> TokenSource | None:
     return token_source(kafka.oauth) if kafka.sasl and kafka.sasl_mechanism == "OAUTHBEARER" else None
 
 
-class KafkaPythonTokens(KafkaPythonTokenProvider):  # type: ignore[misc]
-    """kafka-python's ``sasl_oauth_token_provider``: called, in its own thread, at each
-    connection's authentication."""
-
-    def __init__(self, source: TokenSource) -> None:
-        super().__init__()
-        self.source = source
-
-    def token(self) -> str:
-        return self.source.token().value
-
-
 def librdkafka_tokens(source: TokenSource) -> Callable[[str | None], tuple[str, float, str, dict[str, str]]]:
     """confluent-kafka's ``oauth_cb``: librdkafka calls it (on its background thread) for a
     first token and again before the one it has expires; the principal is the token's subject."""
@@ -74,21 +62,6 @@ def librdkafka_tokens(source: TokenSource) -> Callable[[str | None], tuple[str, 
     return refresh
 
 
-def client_options(kafka: KafkaSettings) -> dict[str, Any]:
-    """The options of a kafka-python client."""
-    options: dict[str, Any] = {"bootstrap_servers": kafka.bootstrap_servers.split(","),
-                               "security_protocol": kafka.security_protocol,
-                               **sasl_credentials(kafka, "sasl_mechanism", "sasl_plain_username", "sasl_plain_password")}
-    if kafka.tls:
-        options.update({"ssl_cafile": kafka.ssl_cafile, "ssl_certfile": kafka.ssl_certfile,
-                        "ssl_keyfile": kafka.ssl_keyfile,
-                        "ssl_password": kafka.ssl_key_password.get_secret_value() if kafka.ssl_key_password else None})
-    source = oauth(kafka)
-    if source is not None:
-        options["sasl_oauth_token_provider"] = KafkaPythonTokens(source)
-    return {key: value for key, value in options.items() if value is not None}
-
-
 # The longest an administrative request is waited for: a broker that has not answered by then
 # is a failed request, not a hang.
 ADMIN_SECONDS = 30.0
@@ -100,44 +73,30 @@ def admin_client(kafka: KafkaSettings, *, client_id: str = "vmstream-admin") -> 
     return AdminClient({**librdkafka_options(kafka), "client.id": client_id}, logger=LIBRDKAFKA_LOG)
 
 
-# Compression for producers whose messages can be large (whole Kubernetes objects): gzip is
-# the codec both kafka-python and aiokafka (Faust's ``producer_compression_type``) support
-# with the standard library alone; lz4, snappy and zstd need native packages.
+# Compression for producers whose messages can be large (whole Kubernetes objects): gzip, the
+# codec every client reads with the standard library alone (aiokafka, for Faust, too); lz4,
+# snappy and zstd need native packages there.
 COMPRESSION = "gzip"
 
 
-def producer(
-    kafka: KafkaSettings, *, client_id: str = "vmstream-cli", compression: str | None = None, **extra: Any
-) -> KafkaProducer:
-    """An idempotent producer: a retried send never writes a message twice.
-
-    ``compression`` (e.g. :data:`COMPRESSION`) compresses each batch; the broker's size limit
-    then applies to the compressed batch.
-    """
-    return KafkaProducer(
-        client_id=client_id,
-        acks="all",
-        enable_idempotence=True,
-        compression_type=compression,
-        **client_options(kafka),
-        **extra,
-    )
-
-
-def consumer(kafka: KafkaSettings, *, client_id: str = "vmstream-cli", **extra: Any) -> Consumer:
+def consumer(kafka: KafkaSettings, *, client_id: str = "vmstream-cli", group_id: str | None = None,
+             config: dict[str, Any] | None = None) -> Consumer:
     """A consumer that is assigned partitions and commits nothing (streams/common/reading.py);
     the members of a group are streams/common/group_reading.py's. It reports the end of each
-    partition it reaches (``enable.partition.eof``), and reads only committed transactions."""
+    partition it reaches (``enable.partition.eof``), and reads only committed transactions.
+
+    librdkafka wants a group id even for a consumer that never joins one, and looks for its
+    coordinator: a process that is a member of a group names that one (``group_id``), which
+    its principal may describe; the group is neither joined nor committed to."""
     return Consumer({
         **librdkafka_options(kafka),
-        # librdkafka wants a group id even for a consumer that never joins one: it commits nothing.
-        "group.id": client_id,
+        "group.id": group_id or client_id,
         "client.id": client_id,
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         "enable.partition.eof": True,
         "isolation.level": "read_committed",
-        **extra,
+        **(config or {}),  # librdkafka's own names
     }, logger=LIBRDKAFKA_LOG)
 
 

@@ -657,9 +657,10 @@ class ResultLedger:
         self.topic = settings.kafka.topic(COMMAND_RESULTS)
         self.consumer: Consumer = consumer(
             settings.kafka, client_id=f"{settings.worker.app_id}-applier-ledger",
+            group_id=f"{settings.worker.app_id}-applier",
             # Not one fetch per result: the applier's own results it knows already, and what
             # other appliers did matters after a rebalance, which reads to the end anyway.
-            **{"fetch.min.bytes": LEDGER_FETCH_BYTES, "fetch.wait.max.ms": LEDGER_FETCH_WAIT_MS},
+            config={"fetch.min.bytes": LEDGER_FETCH_BYTES, "fetch.wait.max.ms": LEDGER_FETCH_WAIT_MS},
         )
         self.partitions = assign_from_start(self.consumer, [self.topic], wait=timeout)
         self.done: set[str] = set()

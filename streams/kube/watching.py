@@ -672,7 +672,7 @@ def last_published(
     """
     wanted = {kind.kind for kind in kinds}
     reader = consumer(kafka, client_id="vmstream-watch-read-back",
-                      **{"max.partition.fetch.bytes": 8 * 1024 * 1024, "fetch.max.bytes": 64 * 1024 * 1024})
+                      config={"max.partition.fetch.bytes": 8 * 1024 * 1024, "fetch.max.bytes": 64 * 1024 * 1024})
     started = time.monotonic()
     try:
         assigned = assign_from_start(reader, [topic], wait=0, missing_ok=True)

@@ -295,7 +295,8 @@ class DeliveryLedger:
     def __init__(self, settings: Settings, *, timeout: float = 60.0) -> None:
 
         self.topic = settings.kafka.topic(LEDGER)
-        self.consumer: Consumer = consumer(settings.kafka, client_id=f"{settings.notify.group_id}-ledger")
+        self.consumer: Consumer = consumer(settings.kafka, client_id=f"{settings.notify.group_id}-ledger",
+                                           group_id=settings.notify.group_id)
         self.partitions = assign_from_start(self.consumer, [self.topic], wait=timeout)
         self.done: set[str] = set()
 

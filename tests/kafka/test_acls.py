@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import (
     AclBindingFilter,
     AclOperation,
@@ -30,17 +31,17 @@ from confluent_kafka.admin import (
     ResourcePatternType,
     ResourceType,
 )
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.errors import TopicAuthorizationFailedError
 from kubernetes import client
 
 from handlers.messages import Command, ObjectRef
 from handlers.state import TABLES
-from harness.localkafka import LocalKafka, Sasl
+from harness.localkafka import LocalKafka, Sasl, sasl_options
 from harness.processes import free_ports
 from streams.common.codecs import encode_message
-from streams.common.kafka_clients import ADMIN_SECONDS, admin_client, client_options
+from streams.common.durable import DurableProducer, NotDelivered, Record
+from streams.common.kafka_clients import ADMIN_SECONDS, admin_client, consumer
 from streams.common.principals import PRINCIPALS, acls
+from streams.common.reading import poll_records
 from streams.common.settings import KafkaSettings
 from streams.common.signing import Keyring
 from streams.common.topics import TOPICS as TOPIC_SPECS
@@ -101,26 +102,30 @@ def secured() -> Iterator[SecuredBroker]:
 
 def _produce(settings: KafkaSettings, topics: tuple[str, ...]) -> dict[str, bool]:
     """Whether ``settings``' principal can write a record to each topic."""
-    producer = KafkaProducer(client_id="acl-test", max_block_ms=10_000, request_timeout_ms=10_000, retries=0,
-                             **client_options(settings))
     outcome: dict[str, bool] = {}
-    try:
-        for topic in topics:
-            try:
-                producer.send(settings.topic(topic), key=b"k", value=b"{}").get(timeout=15)
-                outcome[topic] = True
-            except TopicAuthorizationFailedError:
-                outcome[topic] = False
-    finally:
-        producer.close(timeout=5)
+    for topic in topics:  # a producer each: a record refused for good ends its producer
+        try:
+            _send(settings, Record(settings.topic(topic), b"k", b"{}"))
+            outcome[topic] = True
+        except NotDelivered as refused:
+            assert "authorization" in str(refused).lower(), refused
+            outcome[topic] = False
     return outcome
 
 
-def _end_offset(settings: KafkaSettings, topic: str) -> int:
-    reader = KafkaConsumer(client_id="acl-test", group_id=None, **client_options(settings))
+def _send(settings: KafkaSettings, *records: Record) -> None:
+    producer = DurableProducer(settings, client_id="acl-test", timeout=15)
     try:
-        partition = TopicPartition(settings.topic(topic), 0)
-        return int(reader.end_offsets([partition])[partition])
+        producer.send_all(records)
+    finally:
+        producer.close()
+
+
+def _end_offset(settings: KafkaSettings, topic: str) -> int:
+    reader = consumer(settings, client_id="acl-test")
+    try:
+        _, end = reader.get_watermark_offsets(TopicPartition(settings.topic(topic), 0), timeout=15)
+        return int(end)
     finally:
         reader.close()
 
@@ -131,19 +136,21 @@ def _fetch(settings: KafkaSettings, topic: str) -> bool:
     Refused: the fetch answers TOPIC_AUTHORIZATION_FAILED, or — without even DESCRIBE —
     the broker's metadata does not show the topic to this principal at all.
     """
-    reader = KafkaConsumer(client_id="acl-test", enable_auto_commit=False, group_id=None, **client_options(settings))
+    reader = consumer(settings, client_id="acl-test")
     try:
-        if settings.topic(topic) not in reader.topics():
+        listed = reader.list_topics(settings.topic(topic), timeout=15).topics.get(settings.topic(topic))
+        if listed is None or listed.error is not None:
             return False
-        partition = TopicPartition(settings.topic(topic), 0)
-        reader.assign([partition])
-        reader.seek_to_beginning(partition)
+        reader.assign([TopicPartition(settings.topic(topic), 0, OFFSET_BEGINNING)])
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
-            try:
-                if reader.poll(timeout_ms=500):
-                    return True
-            except TopicAuthorizationFailedError:
+            message = reader.poll(0.5)
+            if message is None:
+                continue
+            error = message.error()
+            if error is None:
+                return True
+            if error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
                 return False
         raise AssertionError(f"nothing read from {topic} and no refusal either")
     finally:
@@ -176,28 +183,20 @@ def test_only_upstream_services_write_intents(secured: SecuredBroker) -> None:
         assert _produce(secured.settings(principal), ("intents",)) == {"intents": False}, principal
 
 
-WRONG_PASSWORD = """
-import sys
-from kafka import KafkaProducer
-from harness.localkafka import sasl_options
-try:
-    producer = KafkaProducer(bootstrap_servers=sys.argv[1], max_block_ms=10000, **sasl_options(sys.argv[2], "wrong"))
-    producer.send(sys.argv[3], b"forged").get(timeout=15)
-except Exception as exc:
-    print(f"refused: {type(exc).__name__}: {exc}")
-    sys.exit(0)
-print("written")
-sys.exit(1)
-"""
-
-
 def test_a_wrong_password_is_not_a_principal_at_all(secured: SecuredBroker) -> None:
     admin = secured.settings(secured.sasl.admin)
     before = _end_offset(admin, "intents")
-    # In a process of its own: kafka-python leaves a client that failed to start unclosed.
-    tried = subprocess.run([sys.executable, "-c", WRONG_PASSWORD, admin.bootstrap_servers, "upstream-portal",
-                            admin.topic("intents")], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert tried.returncode == 0 and tried.stdout.startswith("refused: "), (tried.stdout, tried.stderr[-2000:])
+    failures: list[Any] = []
+    forger = Producer({"bootstrap.servers": admin.bootstrap_servers, "message.timeout.ms": 10_000,
+                       **sasl_options("upstream-portal", "wrong"), "error_cb": failures.append})
+    forger.produce(admin.topic("intents"), b"forged")
+    deadline = time.monotonic() + 60
+    while not failures:
+        assert time.monotonic() < deadline, "the wrong password was neither refused nor taken"
+        forger.poll(0.1)
+    forger.purge()
+    forger.flush(5)
+    assert "authentication" in str(failures[0]).lower(), failures
     assert _end_offset(admin, "intents") == before
 
 
@@ -316,28 +315,21 @@ def test_the_applier_does_its_job_on_its_own_acls(secured: SecuredBroker, kube: 
                 time.sleep(0.2)  # polling interval
             cordon = Command(command_id=f"cmd-acl-{node}", type="cordon_node", target=ObjectRef(kind="Node", name=node),
                              cause="acl-test", issued_at=datetime.now(UTC), requested_by="ops@example.com")
-            worker = KafkaProducer(**client_options(secured.settings("vmstream-worker")))
+            _send(secured.settings("vmstream-worker"),
+                  Record(own.topic("commands"), f"node/{node}".encode(), encode_message(cordon, keyring=keyring)))
+            reader = consumer(secured.settings(secured.sasl.admin), client_id="acl-test")
             try:
-                worker.send(own.topic("commands"), key=f"node/{node}".encode(),
-                            value=encode_message(cordon, keyring=keyring)).get(timeout=15)
-            finally:
-                worker.close(timeout=5)
-            reader = KafkaConsumer(group_id=None, enable_auto_commit=False,
-                                   **client_options(secured.settings(secured.sasl.admin)))
-            try:
-                partitions = [TopicPartition(own.topic(topic), 0) for topic in ("command-results", "audit")]
-                reader.assign(partitions)
-                reader.seek_to_beginning(*partitions)
+                reader.assign([TopicPartition(own.topic(topic), 0, OFFSET_BEGINNING)
+                               for topic in ("command-results", "audit")])
                 seen: dict[str, list[dict[str, Any]]] = {"command-results": [], "audit": []}
                 while not seen["command-results"] or not seen["audit"]:
                     assert process.poll() is None, log_path.read_text(errors="replace")[-3000:]
                     assert time.monotonic() < deadline + 60, f"no result: {log_path.read_text(errors='replace')[-3000:]}"
-                    for records in reader.poll(timeout_ms=500).values():
-                        for record in records:
-                            value = json.loads(record.value)
-                            if value.get("command_id") == cordon.command_id or \
-                                    (value.get("input") or {}).get("ref") == cordon.command_id:
-                                seen[record.topic.removeprefix(own.topic_prefix)].append(value)
+                    for record in poll_records(reader, 0.5):
+                        value = json.loads(record.value or b"{}")
+                        if value.get("command_id") == cordon.command_id or \
+                                (value.get("input") or {}).get("ref") == cordon.command_id:
+                            seen[record.topic.removeprefix(own.topic_prefix)].append(value)
             finally:
                 reader.close()
             assert [r["outcome"] for r in seen["command-results"]] == ["applied"]
@@ -382,14 +374,9 @@ def test_the_worker_does_its_job_on_its_own_acls(secured: SecuredBroker, tmp_pat
         intent = {"intent_id": intent_id, "type": "set_gpu", "requested_by": "alice@example.com",
                   "project": "proj-a", "spec": {"namespace": "spx-proj-a", "name": "nowhere",
                                                 "gpu_class": "nvidia-a100"}}
-        portal = KafkaProducer(**client_options(secured.settings("upstream-portal")))
-        try:
-            portal.send(own.topic("intents"), key=b"vm/spx-proj-a/nowhere",
-                        value=json.dumps(intent).encode()).get(timeout=15)
-        finally:
-            portal.close(timeout=5)
-        reader = KafkaConsumer(group_id=None, enable_auto_commit=False,
-                               **client_options(secured.settings(secured.sasl.admin)))
+        _send(secured.settings("upstream-portal"),
+              Record(own.topic("intents"), b"vm/spx-proj-a/nowhere", json.dumps(intent).encode()))
+        reader = consumer(secured.settings(secured.sasl.admin), client_id="acl-test")
         audits = audit_of_intent(reader, own.topic("audit"), intent_id, process, log_path)
         assert audits[0]["outcome"] in ("accepted", "rejected"), audits
         assert "AuthorizationFailed" not in log_path.read_text(errors="replace")
@@ -445,12 +432,8 @@ def test_notify_does_its_job_on_its_own_acls(secured: SecuredBroker, tmp_path: P
             notification_id=f"ntf-acl-{uuid.uuid4().hex[:8]}", type="drain_will_stop_gpu_vm",
             recipients=["webhook:hooks", "nobody"], subject=ObjectRef(kind="Node", name="gpu-node-1"),
             severity="warning", message="Node gpu-node-1 is being drained.", at=datetime.now(UTC))
-        worker = KafkaProducer(**client_options(secured.settings("vmstream-worker")))
-        try:
-            worker.send(own.topic("notifications"), key=b"node/gpu-node-1", value=encode_message(notice)
-                        ).get(timeout=15)
-        finally:
-            worker.close(timeout=5)
+        _send(secured.settings("vmstream-worker"),
+              Record(own.topic("notifications"), b"node/gpu-node-1", encode_message(notice)))
         deadline = time.monotonic() + 180
         while not received or _end_offset(own, "deliveries") < 2 or _end_offset(own, "dlq") < 1:
             assert process.poll() is None, log_path.read_text(errors="replace")[-4000:]

@@ -17,8 +17,8 @@ from collections.abc import Callable
 import pytest
 
 from harness.publishing import publish
+from streams.common.durable import DurableProducer, Record
 from streams.common.group_reading import GroupReader, Partition
-from streams.common.kafka_clients import producer
 from streams.common.settings import KafkaSettings
 from tests.support.waiting import eventually
 
@@ -187,11 +187,11 @@ def test_records_arriving_one_by_one_come_several_to_a_fetch_when_the_broker_may
     assigned = threading.Event()
     reader = GroupReader(kafka, group_id=f"g-{uuid.uuid4().hex[:8]}", client_id="held", topic=topic,
                          on_assign=lambda _: assigned.set(), fetch_wait_ms=wait_ms)
-    sender = producer(kafka)
+    sender = DurableProducer(kafka, client_id="held", timeout=30)
     try:
         eventually(lambda: reader.poll(0.05, max_records=1) == {} and assigned.is_set() or None, "the assignment")
         one_by_one = threading.Thread(target=lambda: [
-            sender.send(topic, value=str(n).encode()).get(timeout=30) for n in range(60)])
+            sender.send_all([Record(topic, None, str(n).encode())]) for n in range(60)])
         one_by_one.start()
         polls = read_in_polls(reader, 60)
         one_by_one.join(30)

@@ -36,7 +36,7 @@ def test_a_record_past_the_end_is_left_for_the_next_read(
     producer.send_all([Record(topic, None, b"late", partition=1)])
     producer.close()
 
-    reader = consumer(kafka, client_id="read-to-end", **{"max.partition.fetch.bytes": 1024})
+    reader = consumer(kafka, client_id="read-to-end", config={"max.partition.fetch.bytes": 1024})
 
     def ends_before_the_late_record(tp: TopicPartition, **_: Any) -> tuple[int, int]:
         return 0, snapshot[tp.partition]
