@@ -70,7 +70,7 @@ from handlers.messages import Command, ObjectRef  # noqa: E402
 from harness.localkube import LocalKube  # noqa: E402
 from harness.running import CONFIG, VmstreamProcess  # noqa: E402
 from streams.common.codecs import encode_message  # noqa: E402
-from streams.common.kafka_clients import producer  # noqa: E402
+from streams.common.durable import DurableProducer, Record  # noqa: E402
 from streams.kube.applying import KUBEVIRT  # noqa: E402
 
 
@@ -97,8 +97,7 @@ def paced_run(sender: Any, topic: str, watcher: PatchWatcher, paced: list[tuple[
     for index, (name, key, value) in enumerate(paced):
         kit.sleep_until(first + index / rate)
         sent[name] = time.monotonic()
-        sender.send(topic, key=key.encode(), value=value)
-        sender.flush()
+        sender.send_all([Record(topic, key.encode(), value)])
     last = wait_patched(watcher, [name for name, _, _ in paced])
     split: dict[str, float] = {}
     add_split(split, before, cpu_split(pids))
@@ -178,7 +177,7 @@ def main() -> int:
                               base_resource_version=rv, mutation=MUTATION, requested_by="bench@example.com")
             return subject_key(target), encode_message(command, keyring=keyring)
 
-        sender = producer(deployment.kafka, linger_ms=0)
+        sender = DurableProducer(deployment.kafka, client_id="bench")
         stack.callback(sender.close)
         assert applier.process is not None and live_applier.process is not None
         pids = {"applier": applier.process.pid, "live": live_applier.process.pid}
@@ -191,9 +190,8 @@ def main() -> int:
 
         def through_applier(part: str, names: list[str]) -> float:
             """Every command of ``names`` on ``part``'s commands topic at once; when the last VM was seen patched."""
-            for key, value in [sealed(name, keyrings[part]) for name in names]:
-                sender.send(topics[part], key=key.encode(), value=value)
-            sender.flush()
+            sender.send_all([Record(topics[part], key.encode(), value)
+                             for key, value in [sealed(name, keyrings[part]) for name in names]])
             return wait_patched(watcher, names)
 
         if warmup:

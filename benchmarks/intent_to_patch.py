@@ -73,7 +73,7 @@ from patching import (  # noqa: E402
 from handlers.messages import object_key  # noqa: E402
 from harness.localkube import LocalKube  # noqa: E402
 from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess  # noqa: E402
-from streams.common.kafka_clients import producer  # noqa: E402
+from streams.common.durable import DurableProducer, Record  # noqa: E402
 
 PROCESSES = ("kube-apiserver", "etcd", "broker", "worker", "watch", "apply", "benchmark")
 CONTROL_PLANE = ("kube-apiserver", "etcd")  # CPU 0 with --pin
@@ -149,7 +149,7 @@ def main() -> int:
 
         watcher = watch_patches(api)
         stack.callback(watcher.stop.set)
-        sender = producer(deployment.kafka, linger_ms=0)
+        sender = DurableProducer(deployment.kafka, client_id="bench")
         stack.callback(sender.close)
         topic = deployment.kafka.topic("intents")
         state = kube.state
@@ -165,9 +165,7 @@ def main() -> int:
 
         def through_loop(names: list[str]) -> tuple[float, dict[str, float]]:
             """Every intent of ``names`` at once: when the last VM was seen patched, the CPU then."""
-            for name in names:
-                sender.send(topic, **intent(name))
-            sender.flush()
+            sender.send_all([Record(topic, **intent(name)) for name in names])
             return wait_patched(watcher, names), cpu_split(pids)
 
         def through_anchor(names: list[str]) -> tuple[float, dict[str, float]]:
@@ -217,8 +215,7 @@ def main() -> int:
         for index, name in enumerate(sets["paced"]):
             kit.sleep_until(first + index / rate)
             sent[name], sent_wall[name] = time.monotonic(), time.time()
-            sender.send(topic, **intent(name))
-            sender.flush()
+            sender.send_all([Record(topic, **intent(name))])
         last = wait_patched(watcher, sets["paced"])
         add_split(splits["paced"], before, cpu_split(pids))
         latencies = [1000 * (watcher.patched[n] - sent[n]) for n in sets["paced"]]

@@ -47,7 +47,7 @@ from harness.running import CONFIG, Deployment, WorkerProcess  # noqa: E402
 from harness.scenarios import A100, cluster  # noqa: E402
 from harness.scenarios import node as node_object  # noqa: E402
 from streams.common.codecs import encode_message  # noqa: E402
-from streams.common.kafka_clients import producer  # noqa: E402
+from streams.common.durable import DurableProducer, Record  # noqa: E402
 
 PERIOD = 0.1  # one input every 100 ms
 DEADLINE = 240.0  # a recovery slower than this is reported as such
@@ -106,12 +106,12 @@ class Feeder:
         self._thread.start()
 
     def _run(self) -> None:
-        client = producer(self.kafka)
+        client = DurableProducer(self.kafka, client_id="bench", timeout=30)
         try:
             n = 0
             while not self._stop.wait(PERIOD):
                 topic, key, value, ref = self.make(n)
-                client.send(self.kafka.topic(topic), key=key.encode(), value=value).get(timeout=30)
+                client.send_all([Record(self.kafka.topic(topic), key.encode(), value)])
                 self.sent[ref] = time.monotonic()
                 n += 1
         finally:

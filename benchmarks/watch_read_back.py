@@ -30,7 +30,8 @@ from typing import Literal
 
 import kit  # noqa: E402  (this directory's; first: quiets kafka-python's import)
 
-from streams.common.kafka_clients import COMPRESSION, producer  # noqa: E402  # isort: skip
+from streams.common.durable import DurableProducer  # noqa: E402  # isort: skip
+from streams.common.kafka_clients import COMPRESSION  # noqa: E402  # isort: skip
 from streams.kube.watching import TOPIC, Publisher, last_published, select_kinds  # noqa: E402
 
 
@@ -58,7 +59,7 @@ def main() -> int:
         deployment = kit.new_deployment(bootstrap, Path(stack.enter_context(tempfile.TemporaryDirectory())))
         stack.callback(deployment.delete_topics)
         kafka = deployment.kafka
-        sending = producer(kafka, linger_ms=20, compression=COMPRESSION)
+        sending = DurableProducer(kafka, client_id="bench", linger_ms=20, compression=COMPRESSION)
         publisher = Publisher(sending, kafka.topic(TOPIC))
         started = time.monotonic()
         for version in range(args.events_per_object):
@@ -66,8 +67,7 @@ def main() -> int:
                 last = version == args.events_per_object - 1
                 type_: Literal["DELETED", "RELISTED", "MODIFIED"] = "DELETED" if last and index % 10 == 0 else ("RELISTED" if version == 0 else "MODIFIED")
                 publisher.send(kind, type_, vm(index, version * args.objects + index + 1, args.object_bytes))
-        sending.flush()
-        sending.close()
+        sending.close()  # what was sent, flushed
         published = time.monotonic() - started
         events = args.objects * args.events_per_object
 
