@@ -294,6 +294,10 @@ def test_create_vm_then_patch_vm_gives_a_valid_gpu_vm(
     created = create_vm_command(kube_namespace, "vm-1")
     publish(deployment, created)
     assert published.result(created)["outcome"] == "applied"
+    # Observed once virt-controller has written its status: a patch based on the VM as created
+    # would meet a conflict, which the applier retries, not the case tested here.
+    eventually(lambda: ((get(api, "virtualmachines", kube_namespace, "vm-1") or {}).get("status") or {})
+               .get("printableStatus"), "virt-controller's status of vm-1")
     vm = get(api, "virtualmachines", kube_namespace, "vm-1")
     assert vm is not None and vm["metadata"]["annotations"][OWNER_ANNOTATION] == OWNER
 
