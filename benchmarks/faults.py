@@ -44,7 +44,7 @@ from harness.hostile import Hostile, interleaved, valid_intent  # noqa: E402
 from harness.localkafka import LocalKafka, free_ports  # noqa: E402  (a broker of its own, restarted on purpose)
 from harness.running import Outputs, WorkerProcess  # noqa: E402
 from harness.scenarios import cluster  # noqa: E402
-from streams.common.kafka_clients import producer  # noqa: E402
+from streams.common.durable import DurableProducer, Record  # noqa: E402
 from tests.support.chaos import Ledger, Publisher, Workload, with_faults, worker_env  # noqa: E402
 
 
@@ -86,23 +86,22 @@ def hostile(bootstrap: str, count: int, valid: int, big_every: int, window: floa
             if time.monotonic() > deadline:
                 raise SystemExit("the AZ was not decided in 120 s")
             reader.poll()
-        out = producer(deployment.kafka, linger_ms=5, max_request_size=1_100_000)
+        out = DurableProducer(deployment.kafka, client_id="bench-hostile", linger_ms=5)
         sends: list[tuple[Hostile, Any]] = []
         valid_ids: list[str] = []
         started = time.monotonic()
         for _, item in interleaved(count, valid, big_every=big_every):
             if isinstance(item, Hostile):
-                sends.append((item, out.send(deployment.kafka.topic(item.topic), key=item.key, value=item.value)))
+                sends.append((item, out.send(Record(deployment.kafka.topic(item.topic), item.key, item.value))))
             else:
                 key, value, intent_id = valid_intent(item)
-                out.send(deployment.kafka.topic("intents"), key=key, value=value)
+                out.send(Record(deployment.kafka.topic("intents"), key, value))
                 valid_ids.append(intent_id)
             if len(sends) % 500 == 0:
                 reader.poll()  # keep the reader's fetches going while publishing
-        out.flush()
+        out.close()  # once every record is acknowledged
         published = time.monotonic() - started
-        placed = [(h, f.get(timeout=60)) for h, f in sends]
-        out.close()
+        placed = [(h, f.result(timeout=60)) for h, f in sends]
         letters = {(deployment.kafka.topic(h.topic), m.partition, m.offset) for h, m in placed
                    if h.fate == "dead_letter"}
         rejections = {h.ref for h, _ in placed if h.fate == "rejected" and h.ref is not None}

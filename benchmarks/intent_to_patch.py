@@ -65,7 +65,7 @@ from harness.localkube import LocalKube  # noqa: E402
 from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess  # noqa: E402
 from samples.cluster import A100, PROJECT_LABEL  # noqa: E402
 from streams.common.codecs import encode_message  # noqa: E402
-from streams.common.kafka_clients import producer  # noqa: E402
+from streams.common.durable import DurableProducer, Record  # noqa: E402
 from streams.kube.applying import JSON_PATCH, KUBEVIRT  # noqa: E402
 
 NAMESPACE = "spx-bench"
@@ -300,7 +300,7 @@ def main() -> int:
         watcher = PatchWatcher(api)
         watcher.start()
         stack.callback(watcher.stop.set)
-        sender = producer(deployment.kafka, linger_ms=0)
+        sender = DurableProducer(deployment.kafka, client_id="bench")
         stack.callback(sender.close)
         state = kube.state
         assert state is not None
@@ -315,10 +315,7 @@ def main() -> int:
 
         def through_vmstream(names: list[str]) -> float:
             """Every message of ``names`` at once; when the last VM was seen patched."""
-            for name in names:
-                key, value = message(name)
-                sender.send(topic, key=key, value=value)
-            sender.flush()
+            sender.send_all([Record(topic, *message(name)) for name in names])
             return watcher.last(names)
 
         def through_anchor(names: list[str]) -> float:
@@ -366,10 +363,8 @@ def main() -> int:
         before, first = cpu_split(pids), time.monotonic()
         for index, name in enumerate(sets["paced"]):
             kit.sleep_until(first + index / rate)
-            key, value = message(name)
             sent[name] = time.monotonic()
-            sender.send(topic, key=key, value=value)
-            sender.flush()
+            sender.send_all([Record(topic, *message(name))])
         last = watcher.last(sets["paced"])
         add_split(splits["paced"], before, cpu_split(pids))
         latencies = [watcher.patched[name] - sent[name] for name in sets["paced"]]

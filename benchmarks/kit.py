@@ -41,12 +41,13 @@ from harness.localkafka import LocalKafka  # noqa: E402  (first: quiets kafka-py
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402  # isort: skip
 from kafka import KafkaConsumer  # noqa: E402
 from kafka import TopicPartition as SyncTopicPartition  # noqa: E402
-from kafka.admin import NewTopic  # noqa: E402
+from confluent_kafka import ConsumerGroupTopicPartitions  # noqa: E402
+from confluent_kafka.admin import NewTopic  # noqa: E402
 
 from harness.running import Deployment, WorkerProcess  # noqa: E402
 from harness.scenarios import Script  # noqa: E402
 from samples.cluster import RTX, iso, kubevirt_cr, node, vm, vmi  # noqa: E402
-from streams.common.kafka_clients import admin_client  # noqa: E402
+from streams.common.kafka_clients import ADMIN_SECONDS, admin_client  # noqa: E402
 from streams.common.settings import KafkaSettings  # noqa: E402
 from streams.common.topics import ROUTED, TOPICS, route_group  # noqa: E402
 
@@ -251,26 +252,21 @@ def broker() -> Iterator[Broker]:
 
 def create_topics(bootstrap: str, names: Sequence[str]) -> None:
     client = admin_client(KafkaSettings(bootstrap_servers=bootstrap))
-    try:
-        client.create_topics([NewTopic(name=name, num_partitions=PARTITIONS, replication_factor=1) for name in names])
-    finally:
-        client.close()
+    for created in client.create_topics([NewTopic(name, PARTITIONS, 1) for name in names]).values():
+        created.result()
     wait_for_leaders(bootstrap, names)
 
 
 def wait_for_leaders(bootstrap: str, names: Sequence[str], timeout: float = 30.0) -> None:
     """A topic just created has no partition leaders for a moment: producing then only retries."""
     client = admin_client(KafkaSettings(bootstrap_servers=bootstrap))
-    try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            described = client.describe_topics(list(names))
-            if all(len(t.get("partitions") or []) == PARTITIONS
-                   and all(p.get("leader_id", p.get("leader", -1)) >= 0 for p in t["partitions"]) for t in described):
-                return
-            time.sleep(0.1)  # polling interval of the metadata
-    finally:
-        client.close()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listed = client.list_topics(timeout=ADMIN_SECONDS).topics
+        if all(name in listed and len(listed[name].partitions) == PARTITIONS
+               and all(p.leader >= 0 for p in listed[name].partitions.values()) for name in names):
+            return
+        time.sleep(0.1)  # polling interval of the metadata
 
 
 def new_deployment(bootstrap: str, workdir: Path) -> Deployment:
@@ -296,13 +292,16 @@ def behind(deployment: Deployment) -> int:
     admin = admin_client(kafka)
     consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers)
     try:
-        found = {group: admin.list_group_offsets({group: None}).get(group, {}) for group in groups}
+        found: dict[str, dict[tuple[str, int], int]] = {}
+        for group in groups:
+            listed = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result()
+            found[group] = {(tp.topic, tp.partition): tp.offset for tp in listed.topic_partitions or ()
+                            if tp.error is None and tp.offset >= 0}
         ends = consumer.end_offsets(partitions)
     finally:
         consumer.close()
-        admin.close()
-    committed = {tp: max((found.get(group, {})[tp].offset for group in groups if tp in found.get(group, {})),
-                         default=0) for tp in partitions}
+    committed = {tp: max((found[group][tp] for group in groups if tp in found[group]), default=0)
+                 for tp in partitions}
     return sum(end - committed[tp] for tp, end in ends.items())
 
 

@@ -48,7 +48,7 @@ import yaml  # noqa: E402  # isort: skip
 from aiosmtpd.controller import Controller  # noqa: E402
 
 from handlers.messages import Notification, ObjectRef  # noqa: E402
-from streams.common.kafka_clients import producer  # noqa: E402
+from streams.common.durable import DurableProducer, Record  # noqa: E402
 from streams.common.settings import Settings, read_yaml  # noqa: E402
 from streams.serve.notify import ensure_ledger  # noqa: E402
 
@@ -158,17 +158,14 @@ def main() -> int:
         settings = Settings(**config)
         ensure_ledger(settings)
         (workdir / "config.yaml").write_text(yaml.safe_dump(config))
-        out = producer(settings.kafka, linger_ms=5)
+        out = DurableProducer(settings.kafka, client_id="bench-notify", linger_ms=5)
         stack.callback(out.close)
         topic = settings.kafka.topic("notifications")
 
-        def publish(index: int) -> None:
-            value = notification(index, args.owners)
-            out.send(topic, key=f"vm/spx-proj-a/vm-{index}".encode(), value=value.model_dump_json().encode())
+        def record(index: int, value: Notification) -> Record:
+            return Record(topic, f"vm/spx-proj-a/vm-{index}".encode(), value.model_dump_json().encode())
 
-        for index in range(args.backlog):
-            publish(index)
-        out.flush()
+        out.send_all([record(index, notification(index, args.owners)) for index in range(args.backlog)])
         print(f"backlog of {args.backlog} notifications published ({2 * args.backlog} deliveries)")
 
         log = open(workdir / "notify.log", "wb")  # noqa: SIM115 — closed by the stack
@@ -209,8 +206,7 @@ def main() -> int:
             value = value.model_copy(update={"at": datetime.now(UTC)})
             assert value.at is not None
             sent[value.notification_id] = value.at.timestamp()
-            out.send(topic, key=f"vm/spx-proj-a/vm-{args.backlog + n}".encode(), value=value.model_dump_json().encode())
-            out.flush()
+            out.send_all([record(args.backlog + n, value)])
         wait_for(lambda: all(nid in sink.hooks for nid in sent), "the steady run's webhook calls", timeout=300)
         latencies = sorted((sink.hooks[nid] - at) * 1000 for nid, at in sent.items())
         print(f"steady {args.rate:g}/s, {args.count} notifications: notification time → webhook received: "

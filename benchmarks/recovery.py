@@ -52,7 +52,8 @@ from harness.scenarios import cluster  # noqa: E402
 from samples.cluster import A100  # noqa: E402
 from samples.cluster import node as node_object  # noqa: E402
 from streams.common.codecs import encode_message  # noqa: E402
-from streams.common.kafka_clients import admin_client, producer  # noqa: E402
+from streams.common.durable import DurableProducer, Record  # noqa: E402
+from streams.common.kafka_clients import admin_client  # noqa: E402
 
 PERIOD = 0.1  # one input every 100 ms
 DEADLINE = 240.0  # a recovery slower than this is reported as such
@@ -91,13 +92,13 @@ class Feeder:
         self._thread.start()
 
     def _run(self) -> None:
-        client = producer(self.kafka)
+        client = DurableProducer(self.kafka, client_id="bench", timeout=30)
         try:
             n = 0
             while not self._stop.wait(PERIOD):
                 topic, key, value, ref = self.make(n)
                 self.sent[ref] = time.time()  # before the send: its output cannot come earlier
-                client.send(self.kafka.topic(topic), key=key.encode(), value=value).get(timeout=30)
+                client.send_all([Record(self.kafka.topic(topic), key.encode(), value)])
                 n += 1
         finally:
             client.close()

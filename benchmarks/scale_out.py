@@ -52,7 +52,7 @@ from kit import Arrivals, Cpu, Worker, audit_ref_of, cpu_of, new_producer, perce
 from kit import Intent, bench_cluster, publish_cluster  # noqa: E402
 
 from harness.running import Deployment  # noqa: E402
-from streams.common.kafka_clients import admin_client  # noqa: E402
+from streams.common.kafka_clients import ADMIN_SECONDS, admin_client  # noqa: E402
 from streams.common.topics import ROUTED  # noqa: E402
 
 # A stopped worker keeps its partitions: the group waits this long for its heartbeat.
@@ -175,12 +175,8 @@ def deployment_topics(deployment: Deployment) -> list[str]:
     """The deployment's topics and every changelog its workers created (whatever tables there are)."""
     kafka = deployment.kafka
     names = [kafka.topic(n) for n in ("intents", "k8s-events", ROUTED, "commands", "notifications", "audit", "dlq")]
-    admin = admin_client(kafka)
-    try:
-        changelogs = sorted(t for t in admin.list_topics()
-                            if t.startswith(f"{deployment.app_id}-") and t.endswith("-changelog"))
-    finally:
-        admin.close()
+    listed = admin_client(kafka).list_topics(timeout=ADMIN_SECONDS).topics
+    changelogs = sorted(t for t in listed if t.startswith(f"{deployment.app_id}-") and t.endswith("-changelog"))
     return names + changelogs
 
 

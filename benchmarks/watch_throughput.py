@@ -47,7 +47,8 @@ from kit import REPO  # noqa: E402
 from kubernetes import client, config  # noqa: E402  # isort: skip
 
 from harness.localkube import LocalKube  # noqa: E402
-from streams.common.kafka_clients import COMPRESSION, consumer, producer  # noqa: E402
+from streams.common.durable import DurableProducer  # noqa: E402
+from streams.common.kafka_clients import COMPRESSION, consumer  # noqa: E402
 from streams.common.reading import assign_from_start  # noqa: E402
 from streams.common.settings import KafkaSettings  # noqa: E402
 from streams.kube.watching import TOPIC, Publisher, last_published, select_kinds  # noqa: E402
@@ -277,7 +278,7 @@ def read_back(args: argparse.Namespace, bootstrap: str, stack: contextlib.ExitSt
     deployment = kit.new_deployment(bootstrap, Path(stack.enter_context(tempfile.TemporaryDirectory())))
     stack.callback(deployment.delete_topics)
     kafka = deployment.kafka
-    sending = producer(kafka, linger_ms=20, compression=COMPRESSION)
+    sending = DurableProducer(kafka, client_id="bench-read-back", linger_ms=20, compression=COMPRESSION)
     publisher = Publisher(sending, kafka.topic(TOPIC))
     started = time.monotonic()
     for version in range(args.events_per_object):
@@ -286,8 +287,7 @@ def read_back(args: argparse.Namespace, bootstrap: str, stack: contextlib.ExitSt
             type_: Literal["DELETED", "RELISTED", "MODIFIED"] = (
                 "DELETED" if last and index % 10 == 0 else "RELISTED" if version == 0 else "MODIFIED")
             publisher.send(kind, type_, padded_vm(index, version * args.objects + index + 1, args.object_bytes))
-    sending.flush()
-    sending.close()
+    sending.close()  # once every event is acknowledged
     published = time.monotonic() - started
     events = args.objects * args.events_per_object
 

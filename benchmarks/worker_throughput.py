@@ -85,7 +85,7 @@ from kit import (  # noqa: E402
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402  # isort: skip
 from kafka import KafkaConsumer  # noqa: E402
-from streams.common.kafka_clients import admin_client  # noqa: E402
+from streams.common.kafka_clients import ADMIN_SECONDS, admin_client  # noqa: E402
 from kafka import TopicPartition as SyncTopicPartition  # noqa: E402
 
 from harness.running import CONFIG, Deployment, simulated  # noqa: E402
@@ -247,12 +247,9 @@ def phase_of(kind: str) -> int:
 
 def deployment_topics(deployment: Deployment) -> list[str]:
     """The topics a deployment's worker writes: its own and its app's changelogs."""
-    admin = admin_client(deployment.kafka)
-    try:
-        return sorted(name for name in admin.list_topics()
-                      if name.startswith(deployment.kafka.topic_prefix) or name.startswith(f"{deployment.app_id}-"))
-    finally:
-        admin.close()
+    listed = admin_client(deployment.kafka).list_topics(timeout=ADMIN_SECONDS).topics
+    return sorted(name for name in listed
+                  if name.startswith(deployment.kafka.topic_prefix) or name.startswith(f"{deployment.app_id}-"))
 
 
 def end_offsets(bootstrap: str, topics: Sequence[str]) -> dict[SyncTopicPartition, int]:

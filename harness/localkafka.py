@@ -16,7 +16,7 @@ the same ports when they are free) unless ``up --reset`` starts it empty.
 A ``LocalKafka`` may require its clients to authenticate: ``sasl=Sasl(...)`` with SCRAM and
 the StandardAuthorizer, ``tls=Tls.create(dir)`` with a client certificate (mutual TLS),
 ``oauth=OAuthBearer(...)`` with an OAuth 2 token (harness/localoauth.py), ``tls`` and ``oauth``
-together over SASL_SSL; ``admin_options()`` are kafka-python's options of a client that may
+together over SASL_SSL; ``admin_options()`` are librdkafka's options of a client that may
 do anything there.
 """
 
@@ -40,7 +40,6 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
-import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
@@ -52,15 +51,8 @@ from harness import processes
 from harness.locations import cache_dir
 from harness.processes import free_ports
 
-# kafka-python 3.0 reads its protocol schemas with importlib.resources.read_text/open_text,
-# deprecated on Python 3.11-3.12 (and no longer in 3.13): silence exactly that, once, here.
-with warnings.catch_warnings():
-    warnings.filterwarnings(
-        "ignore", message=r"(read_text|open_text) is deprecated", category=DeprecationWarning
-    )
-    from kafka import KafkaAdminClient
-    from kafka.errors import KafkaError
-    from kafka.net.sasl.oauth import AbstractTokenProvider as KafkaPythonTokenProvider
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
 
 __all__ = [
     "KAFKA_VERSION",
@@ -270,31 +262,18 @@ def probe(bootstrap_servers: str, *, timeout: float = 2.0, sasl: tuple[str, str]
           options: Mapping[str, Any] | None = None) -> bool:
     """Whether a broker at ``bootstrap_servers`` answers a metadata request with itself
     (``sasl``: the user and password to ask as, over SCRAM-SHA-512; ``options``: other
-    kafka-python security options, a client certificate or a token provider)."""
+    librdkafka security options, a client certificate or a token callback)."""
     host, _, port = bootstrap_servers.split(",")[0].rpartition(":")
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()
     except OSError:
         return False
-    timeout_ms = int(timeout * 1000)
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "client.id": "vmstream-localkafka-probe",
+                         **(sasl_options(*sasl) if sasl else {}), **(options or {})}, logger=_QUIET)
     try:
-        admin = KafkaAdminClient(
-            bootstrap_servers=bootstrap_servers,
-            client_id="vmstream-localkafka-probe",
-            bootstrap_timeout_ms=timeout_ms,
-            request_timeout_ms=timeout_ms,
-            **(sasl_options(*sasl) if sasl else {}),
-            **(options or {}),
-        )
-    except (KafkaError, OSError):
+        return bool(admin.list_topics(timeout=timeout).brokers)
+    except KafkaException:
         return False
-    try:
-        brokers = admin.describe_cluster().get("brokers") or []
-    except (KafkaError, OSError):
-        return False
-    finally:
-        admin.close()
-    return any(not broker.get("is_fenced", False) for broker in brokers)
 
 
 # -- configuration ---------------------------------------------------------------------
@@ -381,9 +360,9 @@ class Sasl:
 
 
 def sasl_options(user: str, password: str) -> dict[str, str]:
-    """kafka-python's options for a SCRAM user of a :class:`Sasl` broker."""
-    return {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": SASL_MECHANISM,
-            "sasl_plain_username": user, "sasl_plain_password": password}
+    """librdkafka's options for a SCRAM user of a :class:`Sasl` broker."""
+    return {"security.protocol": "sasl_plaintext", "sasl.mechanism": SASL_MECHANISM,
+            "sasl.username": user, "sasl.password": password}
 
 
 @dataclass(frozen=True)
@@ -396,9 +375,9 @@ class ClientCertificate:
     keyfile: Path
 
     def options(self) -> dict[str, Any]:
-        """kafka-python's options for this client over SSL."""
-        return {"security_protocol": "SSL", "ssl_cafile": str(self.cafile), "ssl_certfile": str(self.certfile),
-                "ssl_keyfile": str(self.keyfile)}
+        """librdkafka's options for this client over SSL."""
+        return {"security.protocol": "ssl", "ssl.ca.location": str(self.cafile),
+                "ssl.certificate.location": str(self.certfile), "ssl.key.location": str(self.keyfile)}
 
 
 class Tls:
@@ -533,23 +512,27 @@ class OAuthBearer:
         return token
 
 
-class _Token(KafkaPythonTokenProvider):  # type: ignore[misc]
-    """kafka-python's token provider for one token fetched by :meth:`OAuthBearer.token`."""
+class _Quiet:
+    """librdkafka's lines of a probe: a broker not up yet refuses connections, as expected."""
 
-    def __init__(self, oauth: OAuthBearer) -> None:
-        super().__init__()
-        self.oauth = oauth
+    def log(self, *args: Any, **kwargs: Any) -> None:
+        pass
 
-    def token(self) -> str:
-        return self.oauth.token()
+
+_QUIET = _Quiet()
+TOKEN_SECONDS = 300  # how long librdkafka uses a token of the probe's before asking again
 
 
 def oauth_options(oauth: OAuthBearer, *, tls: Tls | None = None) -> dict[str, Any]:
-    """kafka-python's options for the broker's own OAuth client (the probe's, an admin's)."""
-    options: dict[str, Any] = {"security_protocol": "SASL_SSL" if tls else "SASL_PLAINTEXT",
-                               "sasl_mechanism": "OAUTHBEARER", "sasl_oauth_token_provider": _Token(oauth)}
+    """librdkafka's options for the broker's own OAuth client (the probe's, an admin's)."""
+
+    def token(_config: str | None) -> tuple[str, float]:
+        return oauth.token(), time.time() + TOKEN_SECONDS
+
+    options: dict[str, Any] = {"security.protocol": "sasl_ssl" if tls else "sasl_plaintext",
+                               "sasl.mechanism": "OAUTHBEARER", "oauth_cb": token}
     if tls is not None:
-        options["ssl_cafile"] = str(tls.cafile)
+        options["ssl.ca.location"] = str(tls.cafile)
     return options
 
 
@@ -676,7 +659,7 @@ class LocalKafka(processes.Supervisor):
         return self.data_dir / "logs" / "server.log"
 
     def admin_options(self) -> dict[str, Any]:
-        """kafka-python's security options of a client that may do anything here: the SCRAM
+        """librdkafka's security options of a client that may do anything here: the SCRAM
         admin, a client certificate ``CN=admin``, or the broker's own OAuth client."""
         if self.sasl is not None:
             return sasl_options(self.sasl.admin, self.sasl.admin_password)

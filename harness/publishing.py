@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from streams.cli.simulating import EPOCH, input_time
-from streams.common.kafka_clients import producer
+from streams.common.durable import DurableProducer, Record
 from streams.common.settings import KafkaSettings
 
 
@@ -50,20 +50,22 @@ def _shifted(value: dict[str, Any], shift: timedelta) -> dict[str, Any]:
 
 
 def publish(kafka: KafkaSettings, records: Iterable[tuple[str, str | None, bytes, int]]) -> int:
-    """Send records in order with an idempotent producer; returns how many were sent."""
-    client = producer(kafka)
+    """Send records in order with an idempotent producer; returns how many were sent.
+
+    One at a time, each acknowledged before the next is sent, as a cluster and a person
+    write them: records of two topics have no order of their own, and a scenario's intent
+    must not reach the worker before the watch events of the VM it names."""
+    client = DurableProducer(kafka, client_id="vmstream-publish", timeout=30)
+    sent = 0
     try:
-        sent = [
-            client.send(_topic(kafka, topic), key=key.encode() if key else None, value=value,
-                        timestamp_ms=timestamp_ms)
-            for topic, key, value, timestamp_ms in records
-        ]
-        client.flush()
-        for future in sent:
-            future.get(timeout=30)  # raises what the broker said, e.g. a timestamp out of range
+        for topic, key, value, timestamp_ms in records:
+            # raises what the broker said, e.g. a timestamp out of range
+            client.send_all([Record(_topic(kafka, topic), key.encode() if key else None, value,
+                                    timestamp_ms=timestamp_ms)])
+            sent += 1
     finally:
         client.close()
-    return len(sent)
+    return sent
 
 
 def _topic(kafka: KafkaSettings, name: str) -> str:

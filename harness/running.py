@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Self, cast
 
-from kafka import KafkaConsumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from pydantic import SecretStr
 
 from handlers.capacity import capacity_report
@@ -34,7 +34,8 @@ from handlers.topics import AUDIT, COMMAND_RESULTS, COMMANDS, NOTIFICATIONS, out
 from harness.locations import REPO_ROOT
 from harness.processes import free_ports
 from harness.publishing import publish, scenario_records
-from streams.common.kafka_clients import admin_client
+from streams.common.kafka_clients import ADMIN_SECONDS, admin_client, consumer
+from streams.common.reading import poll_records
 from streams.cli.simulating import Simulation
 from streams.common.settings import KafkaSettings, SigningSettings, load_settings
 from streams.common.topics import ensure_topics
@@ -90,14 +91,11 @@ class Deployment:
         partitions otherwise.
         """
         admin = admin_client(self.kafka)
-        try:
-            names = [name for name in admin.list_topics()
-                     if name.startswith(self.kafka.topic_prefix) or name.startswith(f"{self.app_id}-")]
-            if names:
-                admin.delete_topics(names)
-            return names
-        finally:
-            admin.close()
+        names = [name for name in admin.list_topics(timeout=ADMIN_SECONDS).topics
+                 if name.startswith(self.kafka.topic_prefix) or name.startswith(f"{self.app_id}-")]
+        for deleted in admin.delete_topics(names, request_timeout=ADMIN_SECONDS).values() if names else ():
+            deleted.result()
+        return names
 
     def publish_lines(self, lines: Iterable[str]) -> int:
         return publish(self.kafka, scenario_records(lines, shift_to_now=True))
@@ -233,11 +231,9 @@ class Outputs:
         self.topics = {kafka.topic(name): name for name in OUTPUTS}
         # Only committed output counts: under exactly-once, what a killed worker had not
         # committed is aborted and decided again by its successor.
-        self.consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False,
-                                      isolation_level="read_committed")
-        partitions = [TopicPartition(topic, p) for topic in self.topics for p in range(kafka.partitions)]
-        self.consumer.assign(partitions)
-        self.consumer.seek_to_beginning(*partitions)
+        self.consumer = consumer(kafka, client_id="vmstream-outputs")  # read_committed
+        self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING)
+                              for topic in self.topics for p in range(kafka.partitions)])
         self.seen: dict[str, list[dict[str, Any]]] = {name: [] for name in OUTPUTS}
         self.keys: dict[str, list[str]] = {name: [] for name in OUTPUTS}
         self.arrivals: list[tuple[datetime, str, dict[str, Any]]] = []  # (read at, topic, value)
@@ -245,14 +241,13 @@ class Outputs:
     def poll(self) -> list[tuple[str, bytes]]:
         """Read what arrived; returns it as (logical topic, raw value) in arrival order."""
         arrived = []
-        for records in self.consumer.poll(timeout_ms=200).values():
-            for record in records:
-                name = self.topics[record.topic]
-                value = json.loads(record.value)
-                self.seen[name].append(value)
-                self.arrivals.append((datetime.now(UTC), name, value))
-                self.keys[name].append(record.key.decode() if record.key else "")
-                arrived.append((name, record.value))
+        for record in poll_records(self.consumer, 0.2):
+            name = self.topics[record.topic]
+            value = json.loads(record.value or b"null")
+            self.seen[name].append(value)
+            self.arrivals.append((datetime.now(UTC), name, value))
+            self.keys[name].append(record.key.decode() if record.key else "")
+            arrived.append((name, record.value or b""))
         if self.on_arrival is not None:
             for name, value in sorted(arrived, key=lambda item: OUTPUTS.index(item[0])):
                 self.on_arrival(name, value)

@@ -1,5 +1,5 @@
-"""The broker settings reach every client under that client's own names: kafka-python's and
-librdkafka's (the applier's outputs). librdkafka checks its configuration when a client is
+"""The broker settings reach every client under that client's own names: librdkafka's (every
+process's) and aiokafka's (the worker's, Faust's). librdkafka checks its configuration when a client is
 made, so an option it does not know, or a value it does not take, fails here."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from confluent_kafka import Producer
 from pydantic import SecretStr
 
 from harness.pki import CertificateAuthority
-from streams.common.kafka_clients import client_options, librdkafka_options
+from streams.common.kafka_clients import librdkafka_options
 from streams.common.settings import KafkaSettings
 
 
@@ -34,9 +34,6 @@ def test_librdkafka_takes_every_security_setting(protocol: str, tmp_path: Path) 
                 if sasl else {})
     assert {k: v for k, v in options.items() if k.startswith("sasl.")} == expected
     assert options.get("ssl.ca.location") == (str(cafile) if "SSL" in protocol else None)
-    kafka_python = client_options(settings)  # the same settings, kafka-python's names
-    assert kafka_python.get("sasl_plain_password") == expected.get("sasl.password")
-    assert kafka_python.get("ssl_cafile") == options.get("ssl.ca.location")
 
 
 @pytest.mark.parametrize("protocol", ["SSL", "SASL_SSL"])
@@ -46,8 +43,7 @@ def test_every_library_presents_the_client_certificate(protocol: str, tmp_path: 
     match fails here)."""
     import faust
 
-    from streams.common.kafka_clients import aiokafka_options
-    from streams.worker.broker_credentials import faust_credentials
+    from streams.worker.broker_credentials import aiokafka_options, faust_credentials
 
     authority = CertificateAuthority.create(tmp_path)
     certfile, keyfile = authority.issue(tmp_path, "user", "vmstream-apply")
@@ -60,9 +56,7 @@ def test_every_library_presents_the_client_certificate(protocol: str, tmp_path: 
     Producer(options)
     assert (options["ssl.certificate.location"], options["ssl.key.location"]) == (str(certfile), str(keyfile))
     assert ("sasl.username" in options) is sasl  # read only where SASL is the protocol
-    kafka_python = client_options(settings)
-    assert (kafka_python["ssl_certfile"], kafka_python["ssl_keyfile"], kafka_python["ssl_cafile"]) == (
-        str(certfile), str(keyfile), str(tmp_path / "ca.crt"))
+    assert options["ssl.ca.location"] == str(tmp_path / "ca.crt")
     assert aiokafka_options(settings)["ssl_context"] is not None  # the pair loaded into it
     credentials = faust_credentials(settings)
     assert isinstance(credentials, faust.SASLCredentials if sasl else faust.SSLCredentials)

@@ -1,7 +1,7 @@
 """``inherit_offsets`` (streams/worker/routing.py): the route group is given the Faust group's
 offsets of the partitions it never committed, and nothing else; refused writes are tried
-again, and if they stay refused the worker does not start. The admin client is a stand-in
-that keeps both groups' offsets as the broker would (the stage on a real broker:
+again, and if they stay refused the worker does not start. The groups are a stand-in that
+keeps both groups' offsets as the broker would (the stage on a real broker:
 tests/kafka/test_route_group.py)."""
 
 from __future__ import annotations
@@ -9,10 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kafka import TopicPartition
-from kafka.errors import CoordinatorNotAvailableError, GroupAuthorizationFailedError, NoError, UnknownMemberIdError
-from kafka.structs import OffsetAndMetadata
+from confluent_kafka import KafkaError, KafkaException
 
+from streams.common.group_reading import Partition
 from streams.worker.routing import INHERIT_ATTEMPTS, inherit_offsets, inherit_offsets_patiently
 
 INTENTS, EVENTS, ROUTED = "t.intents", "t.k8s-events", "t.worker-routed"
@@ -21,37 +20,36 @@ INTENTS, EVENTS, ROUTED = "t.intents", "t.k8s-events", "t.worker-routed"
 class Groups:
     """Committed offsets by group, and how many writes to refuse before taking one."""
 
-    def __init__(self, offsets: dict[str, dict[TopicPartition, int]], refuse: int = 0,
-                 joined_meanwhile: dict[TopicPartition, int] | None = None) -> None:
+    def __init__(self, offsets: dict[str, dict[Partition, int]], refuse: int = 0,
+                 joined_meanwhile: dict[Partition, int] | None = None) -> None:
         self.offsets = offsets
         self.refuse = refuse
         self.joined_meanwhile = joined_meanwhile  # what another replica gives the group when refused
         self.writes = 0
 
-    def list_group_offsets(self, specs: dict[str, Any]) -> dict[str, dict[TopicPartition, OffsetAndMetadata]]:
-        assert len(specs) == 1  # one group per request
-        return {g: {tp: OffsetAndMetadata(o, "", -1) for tp, o in self.offsets.get(g, {}).items()} for g in specs}
+    def committed(self, group: str) -> dict[Partition, int]:
+        return dict(self.offsets.get(group, {}))
 
-    def alter_group_offsets(self, group: str, offsets: dict[TopicPartition, OffsetAndMetadata]) -> dict[Any, Any]:
+    def give(self, group: str, offsets: dict[Partition, int]) -> list[str]:
         self.writes += 1
         if self.refuse:
             self.refuse -= 1
             if self.joined_meanwhile is not None:
                 self.offsets.setdefault(group, {}).update(self.joined_meanwhile)
-            return dict.fromkeys(offsets, UnknownMemberIdError)
-        self.offsets.setdefault(group, {}).update({tp: meta.offset for tp, meta in offsets.items()})
-        return dict.fromkeys(offsets, NoError)
+            return ["UNKNOWN_MEMBER_ID"]
+        self.offsets.setdefault(group, {}).update(offsets)
+        return []
 
 
-def tp(topic: str, partition: int) -> TopicPartition:
-    return TopicPartition(topic, partition)
+def tp(topic: str, partition: int) -> Partition:
+    return Partition(topic, partition)
 
 
 def test_only_the_inputs_partitions_the_group_never_committed_are_given() -> None:
     groups = Groups({"app": {tp(INTENTS, 0): 10, tp(INTENTS, 1): 20, tp(EVENTS, 0): 5, tp(ROUTED, 0): 99},
                      "app-route": {tp(INTENTS, 1): 25}})
     given = inherit_offsets(groups, "app-route", "app", (INTENTS, EVENTS))
-    assert {t: m.offset for t, m in given.items()} == {tp(INTENTS, 0): 10, tp(EVENTS, 0): 5}
+    assert given == {tp(INTENTS, 0): 10, tp(EVENTS, 0): 5}
     # its own offset of intents/1 stays; the routed topic is the Faust group's own
     assert groups.offsets["app-route"] == {tp(INTENTS, 0): 10, tp(INTENTS, 1): 25, tp(EVENTS, 0): 5}
 
@@ -83,23 +81,23 @@ class Unready(Groups):
         super().__init__(*args, **kwargs)
         self.unready = unready
 
-    def list_group_offsets(self, specs: dict[str, Any]) -> dict[str, dict[TopicPartition, OffsetAndMetadata]]:
+    def committed(self, group: str) -> dict[Partition, int]:
         if self.unready:
             self.unready -= 1
-            raise CoordinatorNotAvailableError("FindCoordinatorResponse error")
-        return super().list_group_offsets(specs)
+            raise KafkaException(KafkaError(KafkaError.COORDINATOR_NOT_AVAILABLE, retriable=True))
+        return super().committed(group)
 
 
 def test_a_broker_without_a_coordinator_yet_is_asked_again() -> None:
     groups = Unready({"app": {tp(INTENTS, 0): 10}}, unready=2)
     given = inherit_offsets_patiently(groups, "app-route", "app", (INTENTS,), patience=30)
-    assert {t: m.offset for t, m in given.items()} == {tp(INTENTS, 0): 10}
+    assert given == {tp(INTENTS, 0): 10}
 
 
 def test_an_error_that_asking_again_cannot_mend_is_not_waited_out() -> None:
     class Forbidden(Groups):
-        def list_group_offsets(self, specs: dict[str, Any]) -> Any:
-            raise GroupAuthorizationFailedError("vmstream-route")
+        def committed(self, group: str) -> dict[Partition, int]:
+            raise KafkaException(KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED))
 
-    with pytest.raises(GroupAuthorizationFailedError):
+    with pytest.raises(KafkaException, match="GROUP_AUTHORIZATION_FAILED"):
         inherit_offsets_patiently(Forbidden({}), "app-route", "app", (INTENTS,), patience=30)

@@ -28,6 +28,7 @@ from streams.common.principals import PRINCIPAL_OF, PRINCIPALS
 from streams.common.settings import KafkaSettings, load_settings
 from streams.cli.simulating import Simulation
 from streams.common.topics import DELIVERIES, GPU_CLASSES
+from tests.support.producers import KeptRecords
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS_DIR = ROOT / "docs" / "schemas"
@@ -297,11 +298,13 @@ def test_the_kept_topics_accept_what_api_and_notify_write() -> None:
     their headers, as those processes build them."""
     import asyncio
     import hashlib
+    from collections.abc import Sequence
     from datetime import UTC, datetime
 
     from handlers.messages import Notification
     from handlers.tracing import derived_trace
     from handlers.views import GPUClassStatus
+    from streams.common.durable import Delivered, Record
     from streams.serve.api import ClassTopic
     from streams.serve.notify import DeliveryLedger, Notifier
 
@@ -310,10 +313,9 @@ def test_the_kept_topics_accept_what_api_and_notify_write() -> None:
     published: list[tuple[str, bytes, bytes | None, list[tuple[str, bytes]]]] = []
 
     class ClassProducer:
-        async def send(self, topic: str, *, key: bytes, value: bytes | None,
-                       headers: list[tuple[str, bytes]]) -> Any:
-            published.append((topic, key, value, headers))
-            return asyncio.sleep(0)  # the delivery future
+        async def deliver(self, records: Sequence[Record]) -> list[Delivered | str]:
+            published.extend((record.topic, record.key or b"", record.value, list(record.headers)) for record in records)
+            return [Delivered(record.topic, 0, offset) for offset, record in enumerate(records)]
 
     computed = datetime(2026, 11, 30, 10, 0, 5, tzinfo=UTC)
     topic = ClassTopic()
@@ -336,16 +338,7 @@ def test_the_kept_topics_accept_what_api_and_notify_write() -> None:
             assert named["ce_id"] == f"nvidia-a100@{hashlib.sha256(value).hexdigest()[:16]}"
             assert named["content-type"] == "application/json"
 
-    sent: list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]] = []
-
-    class Producer:
-        def send(self, topic: str, *, key: bytes, value: bytes, headers: list[tuple[str, bytes]]) -> Any:
-            sent.append((topic, key, value, headers))
-            return self
-
-        def get(self, timeout: float) -> None:
-            return None
-
+    out = KeptRecords()
     ledger = DeliveryLedger.__new__(DeliveryLedger)  # nothing delivered yet, and no consumer to read it back
     ledger.topic, ledger.done = KAFKA.topic(DELIVERIES), set()
 
@@ -356,9 +349,10 @@ def test_the_kept_topics_accept_what_api_and_notify_write() -> None:
     for channel, recipient, outcome, attempts in (("email", "bob@example.com", "delivered", 1),
                                                    ("none", "carol", "dead_lettered", 0)):
         key = f"{parsed.notification_id}|{channel}|{recipient}"
-        notifier._record(Producer(), ledger, key, parsed, channel=channel,
+        notifier._record(out, ledger, key, parsed, channel=channel,
                          recipient=recipient, outcome=outcome, attempts=attempts,
                          trace=derived_trace(parsed.notification_id))
+    sent = [(r.topic, r.key or b"", r.value or b"", list(r.headers)) for r in out.records]
     assert len(sent) == 2
     message = _asyncapi()["components"]["messages"]["Delivery"]
     for topic_name, key_bytes, value_bytes, headers in sent:

@@ -11,7 +11,6 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -34,6 +33,7 @@ from streams.serve.notify import DeliveryLedger, Notifier
 from streams.worker.app import Worker
 from streams.worker.routing import Read
 from tests.support.harness import START, Harness
+from tests.support.producers import KeptRecords
 
 ALICE = "alice@example.com"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -128,19 +128,6 @@ class FakeKube:
         return Applied("applied", resource_version="2")
 
 
-@dataclass
-class FakeOut:
-    records: list[Any] = field(default_factory=list)
-
-    def send_all(self, records: list[Any]) -> list[Any]:
-        self.records += records
-        return [None] * len(records)
-
-    def send(self, topic: str, **kwargs: Any) -> Any:
-        self.records.append((topic, kwargs))
-        return SimpleNamespace(get=lambda timeout=None: None)
-
-
 def bare_applier() -> Any:
     """An Applier without its clients: apply's and send's span code reads only these."""
     applier: Any = Applier.__new__(Applier)
@@ -194,7 +181,7 @@ def test_one_intent_is_one_trace_from_route_to_the_delivery(exported: InMemorySp
     applier = bare_applier()
     applier.traces.keep(command.command_id, list(sent_headers(worker, routed, result, command).items()))
     decision = applier.apply_one(command)
-    out = FakeOut()
+    out = KeptRecords()
     applier._send(out, [("vmstream.command-results", command.command_id, decision.result)])
     [apply] = named(exported, "apply")
     assert ids(apply)[:1] == (TRACE_ID,) and ids(apply)[2] == ids(sends[command.command_id])[1]
@@ -208,7 +195,7 @@ def test_one_intent_is_one_trace_from_route_to_the_delivery(exported: InMemorySp
     notifier = Notifier(Settings(az="az1"), transport=mailbox, clock=lambda: datetime(2026, 11, 30, 10, 0, 2, tzinfo=UTC))
     record = Received("vmstream.notifications", 0, 5, told.subject.name.encode() if told.subject else None,
                       told.model_dump_json().encode(), list(sent_headers(worker, routed, result, told).items()))
-    notifier.handle(record, nothing_delivered("vmstream.deliveries"), FakeOut())
+    notifier.handle(record, nothing_delivered("vmstream.deliveries"), KeptRecords())
     [notify] = named(exported, "notify")
     [deliver] = named(exported, "deliver")
     assert ids(notify)[2] == ids(sends[told.notification_id])[1]
@@ -238,23 +225,17 @@ def test_an_intent_without_a_trace_has_route_as_its_root(exported: InMemorySpanE
 
 
 def test_a_watch_event_s_trace_starts_at_the_bridge(exported: InMemorySpanExporter) -> None:
-    sent: list[tuple[str, Any]] = []
-
-    class Producer:
-        def send(self, topic: str, **kwargs: Any) -> Any:
-            sent.append((topic, kwargs))
-            return None
-
-    publisher = Publisher(Producer(), "vmstream.k8s-events")
+    out = KeptRecords()
+    publisher = Publisher(out, "vmstream.k8s-events")
     [node_kind] = [k for k in KINDS if k.kind == "Node"]
     publisher.send(node_kind, "ADDED", node("gpu-node-7", gpus={RTX: 2}))
-    [(_, record)] = sent
-    traceparent = trace_of(header(record["headers"]))
+    [record] = out.records
+    traceparent = trace_of(header(record.headers))
     [watch] = named(exported, "watch Node")
     assert ids(watch) == (traceparent.trace_id, traceparent.span_id, None)
 
-    value = json.loads(record["value"])
-    read = Read("vmstream.k8s-events", 0, 3, record["key"], record["value"], START.timestamp(), record["headers"])
+    value = json.loads(record.value or b"")
+    read = Read("vmstream.k8s-events", 0, 3, record.key, record.value, START.timestamp(), record.headers)
     routed = bare_worker()._route_trace(read, value, False)
     [route] = named(exported, "route")
     assert ids(route)[0] == traceparent.trace_id and ids(route)[2] == ids(watch)[1]

@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from kafka.consumer.fetcher import ConsumerRecord
 from pydantic import ValidationError
 
 from handlers.decisions import Output
@@ -52,7 +51,7 @@ from handlers.topics import AUDIT, COMMAND_RESULTS, COMMANDS, DLQ, INTENTS, K8S_
 from streams.common.codecs import encode_resident_update
 from streams.common.credentials import key_source
 from streams.common.kafka_clients import consumer
-from streams.common.reading import assign_from_start, read_to_end
+from streams.common.reading import Received, assign_from_start, read_to_end
 from streams.common.settings import KafkaSettings
 from streams.common.signing import MAC_FIELD, Keyring, KeyringError
 from streams.common.topics import KIND_HEADER, ROUTED, ROUTED_INPUTS, SOURCE_HEADER
@@ -60,9 +59,9 @@ from streams.common.topics import KIND_HEADER, ROUTED, ROUTED_INPUTS, SOURCE_HEA
 COMPARED = ("at", "outcome", "reason", "commands", "notifications", "input")
 
 
-def read_topics(kafka: KafkaSettings, topics: list[str], *, idle_seconds: float = 30.0) -> Iterator[ConsumerRecord]:
+def read_topics(kafka: KafkaSettings, topics: list[str], *, idle_seconds: float = 30.0) -> Iterator[Received]:
     """Every committed record of ``topics`` up to their end offsets now (a bounded read)."""
-    client = consumer(kafka, enable_auto_commit=False, isolation_level="read_committed")
+    client = consumer(kafka, client_id="vmstream-replay")
     try:
         partitions = assign_from_start(client, topics, wait=0, missing_ok=True)
         yield from read_to_end(client, partitions, stall=idle_seconds)
@@ -178,16 +177,16 @@ _LATEST = 253402300799.0  # 9999-12-31T23:59:59Z, as the worker clamps a timesta
 _APPLIER_MADE = ("command_failed",)  # notifications the applier sends, not the worker
 
 
-def _key(record: ConsumerRecord) -> str | None:
+def _key(record: Received) -> str | None:
     """A record's key as the worker reads it (undecodable bytes replaced)."""
     return record.key.decode("utf-8", "replace") if isinstance(record.key, bytes) else record.key
 
 
-def _headers(record: ConsumerRecord) -> dict[str, bytes]:
+def _headers(record: Received) -> dict[str, bytes]:
     return {str(name): value or b"" for name, value in (record.headers or ())}
 
 
-def _ref(record: ConsumerRecord) -> str:
+def _ref(record: Received) -> str:
     return f"{record.topic}:{record.partition}:{record.offset}"
 
 
@@ -197,7 +196,7 @@ def _time(stamp: Any) -> datetime:
     return datetime.fromtimestamp(min(max(seconds, 0.0), _LATEST), UTC)
 
 
-def _origin(record: ConsumerRecord) -> Source:
+def _origin(record: Received) -> Source:
     """Where a routed intent or event was first read (the worker's ``_origin``)."""
     headers = _headers(record)
     try:
@@ -224,7 +223,7 @@ class Replay:
 
     # ------------------------------------------------------------------ route
 
-    def check_routing(self, inputs: dict[str, ConsumerRecord], routed: list[ConsumerRecord]) -> None:
+    def check_routing(self, inputs: dict[str, Received], routed: list[Received]) -> None:
         """Each routed intent or event is its input's copy; each input was routed or refused."""
         kinds = {self.kafka.topic(INTENTS): b"intent", self.kafka.topic(K8S_EVENTS): b"event"}
         copied: set[str] = set()
@@ -244,22 +243,22 @@ class Replay:
         for ref, record in inputs.items():
             if ref in copied:
                 continue
-            source = Source(record.topic, _key(record), record.partition, record.offset)
+            place = Source(record.topic, _key(record), record.partition, record.offset)
             now = _time(record.timestamp)
             try:
-                self.engine.screen(record.value, source)
+                self.engine.screen(record.value, place)
             except MalformedMessage as exc:  # refused by route, as ``on_intent``/``on_event`` would
-                letter = self.engine.dead_letter(record.value, str(exc), source, now)
-                self.outputs += self.engine.fitted(letter, record.value, source, now).outputs()
+                letter = self.engine.dead_letter(record.value, str(exc), place, now)
+                self.outputs += self.engine.fitted(letter, record.value, place, now).outputs()
             else:
                 self.problems.append(f"input {ref} was never routed")
 
     # ------------------------------------------------------------------ decide
 
-    def decide_all(self, routed: list[ConsumerRecord], progress: Progress) -> None:
+    def decide_all(self, routed: list[Received], progress: Progress) -> None:
         """Each routed partition in offset order, partitions merged by time; a resident
         update waits until the decision that sent it has been made."""
-        partitions: dict[int, list[ConsumerRecord]] = {}
+        partitions: dict[int, list[Received]] = {}
         for record in routed:
             partitions.setdefault(record.partition, []).append(record)
         for records in partitions.values():
@@ -281,15 +280,15 @@ class Replay:
         for key, _ in self.made - self.forwarded:
             self.problems.append(f"a resident update for {key.decode()} was decided but is not on the routed topic")
 
-    def _waits(self, record: ConsumerRecord) -> bool:
+    def _waits(self, record: Received) -> bool:
         return _headers(record).get(KIND_HEADER) == b"resident" and (record.key, record.value) not in self.made
 
-    def decide(self, record: ConsumerRecord) -> None:
+    def decide(self, record: Received) -> None:
         """One routed record, as the worker's ``decide`` agent decides it."""
         now, source = _time(record.timestamp), _origin(record)
         kind = _headers(record).get(KIND_HEADER, b"").decode("utf-8", "replace")
         if kind == "resident":
-            self.forwarded.add((record.key, record.value))
+            self.forwarded.add((record.key or b"", record.value or b""))
         try:
             results = self.engine.decide(self.state, routed_input(kind, record.value, source, now))
             results = [self.engine.fitted(result, record.value, source, now) for result in results]
@@ -462,11 +461,11 @@ def _output_id(topic: str, body: dict[str, Any]) -> str:
     return f"{source.get('topic')}:{source.get('partition')}:{source.get('offset')}"
 
 
-def _json(records: Iterator[ConsumerRecord], problems: list[str]) -> list[dict[str, Any]]:
+def _json(records: Iterator[Received], problems: list[str]) -> list[dict[str, Any]]:
     values = []
     for record in records:
         try:
-            value = json.loads(record.value)
+            value = json.loads(record.value or b"")
         except (TypeError, ValueError):
             value = None
         if isinstance(value, dict):

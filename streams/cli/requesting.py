@@ -66,7 +66,6 @@ from handlers.messages import (
 )
 from handlers.topics import AUDIT, COMMAND_RESULTS, INTENTS, NOTIFICATIONS
 from streams.cli.tailing import (
-    bounded,
     positive_seconds,
     quiet_kafka_logs,
     render_audit,
@@ -81,7 +80,9 @@ from streams.common.settings import EnvironmentFirst, KafkaSettings, SigningSett
 from streams.common.signing import Keyring, open_sealed
 
 if TYPE_CHECKING:
-    from kafka import KafkaConsumer
+    from confluent_kafka import Consumer
+
+    from streams.common.reading import Received
 
 log = logging.getLogger(__name__)
 
@@ -259,17 +260,15 @@ def publish_intent(kafka: KafkaSettings, intent: AnyIntent, *, timeout: float,
                    source: str = DEFAULT_SOURCE) -> Published:
     """Send one intent, with its CloudEvents headers, and wait for the broker's acknowledgement
     (acks=all, idempotent)."""
-    from kafka import KafkaProducer
-
-    from streams.common.kafka_clients import producer
+    from streams.common.durable import DurableProducer, Record
 
     topic, key = kafka.topic(INTENTS), intent_key(intent)
-    client = producer(kafka, max_block_ms=max(1, int(timeout * 1000)), **bounded(KafkaProducer, timeout))
+    client = DurableProducer(kafka, client_id="vmstream-cli", timeout=timeout)
     try:
-        metadata = client.send(topic, key=key.encode(), value=encode_intent(intent),
-                               headers=intent_headers(intent, source=source)).get(timeout=timeout)
+        [metadata] = client.send_all([Record(topic, key.encode(), encode_intent(intent),
+                                             intent_headers(intent, source=source))])
     finally:
-        client.close(timeout=timeout)
+        client.close()
     log.debug("published %s to %s[%d]@%d", intent.intent_id, topic, metadata.partition, metadata.offset)
     return Published(topic, key, metadata.partition, metadata.offset)
 
@@ -283,10 +282,10 @@ class OutcomeWatch:
 
     def __init__(self, kafka: KafkaSettings, *, timeout: float | None = None, results: bool = False,
                  keyring: Keyring | None = None) -> None:
-        from kafka import KafkaConsumer
-        from kafka.structs import TopicPartition
+        from confluent_kafka import TopicPartition
 
         from streams.common.kafka_clients import consumer
+        from streams.common.reading import partitions_of
 
         self.audit_topic = kafka.topic(AUDIT)
         self.notifications_topic = kafka.topic(NOTIFICATIONS)
@@ -295,26 +294,21 @@ class OutcomeWatch:
         self.ignored = 0  # audit records under the intent's id that were not sealed
         self._results: dict[str, CommandResult] = {}
         # read_committed: the worker writes in transactions; an aborted decision never happened.
-        self._client: KafkaConsumer = consumer(kafka, group_id=None, enable_auto_commit=False,
-                                               isolation_level="read_committed", **bounded(KafkaConsumer, timeout))
+        self._client: Consumer = consumer(kafka, client_id="vmstream-cli")
         try:
             partitions = []
             # A topic created a moment ago may not be in every broker's metadata yet: look again
             # for a while before calling it missing.
-            settle = time.monotonic() + min(timeout if timeout is not None else 10.0, 10.0)
+            settle = min(timeout if timeout is not None else 10.0, 10.0)
             for topic in (self.audit_topic, self.notifications_topic, *([self.results_topic] if results else [])):
-                ids = self._client.partitions_for_topic(topic)
-                while not ids and time.monotonic() < settle:
-                    time.sleep(0.2)  # metadata polling interval
-                    ids = self._client.partitions_for_topic(topic)
-                if not ids:
+                found = partitions_of(self._client, [topic], wait=settle, missing_ok=True)
+                if not found:
                     raise RequestError(f"no topic {topic!r} on {kafka.bootstrap_servers} "
                                        "(create them with `vmstream topics create`)")
-                partitions += [TopicPartition(topic, p) for p in sorted(ids)]
-            ends = self._client.end_offsets(partitions)
-            self._client.assign(partitions)
-            for tp in partitions:
-                self._client.seek(tp, ends[tp])
+                partitions += found
+            self._client.assign([TopicPartition(tp.topic, tp.partition,
+                                                self._client.get_watermark_offsets(tp, timeout=settle)[1])
+                                 for tp in partitions])
         except BaseException:
             self._client.close()
             raise
@@ -346,18 +340,17 @@ class OutcomeWatch:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None if audit is None else self._outcome(audit)
-            for records in self._client.poll(timeout_ms=int(min(remaining, POLL_SECONDS) * 1000)).values():
-                for record in records:
-                    if record.topic == self.audit_topic:
-                        found = self._take_audit(record.value, refs)
-                        if audit is None and found is not None and self._decides(found, own):
-                            audit = found
-                    elif record.topic == self.results_topic:
-                        self._take_result(record.value)
-                    else:
-                        notification = _read(Notification, record.value)
-                        if notification is not None:
-                            self._notifications[notification.notification_id] = notification
+            for record in self._poll(min(remaining, POLL_SECONDS)):
+                if record.topic == self.audit_topic:
+                    found = self._take_audit(record.value, refs)
+                    if audit is None and found is not None and self._decides(found, own):
+                        audit = found
+                elif record.topic == self.results_topic:
+                    self._take_result(record.value)
+                else:
+                    notification = _read(Notification, record.value)
+                    if notification is not None:
+                        self._notifications[notification.notification_id] = notification
 
     def wait_results(self, command_ids: Collection[str], deadline: float) -> dict[str, CommandResult]:
         """The first result of each of ``command_ids`` seen by ``deadline`` (all of them, if
@@ -366,11 +359,15 @@ class OutcomeWatch:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            for records in self._client.poll(timeout_ms=int(min(remaining, POLL_SECONDS) * 1000)).values():
-                for record in records:
-                    if record.topic == self.results_topic:
-                        self._take_result(record.value)
+            for record in self._poll(min(remaining, POLL_SECONDS)):
+                if record.topic == self.results_topic:
+                    self._take_result(record.value)
         return {c: self._results[c] for c in command_ids if c in self._results}
+
+    def _poll(self, timeout: float) -> list[Received]:
+        from streams.common.reading import poll_records
+
+        return poll_records(self._client, timeout)
 
     def _take_audit(self, raw: bytes | None, refs: Collection[str]) -> AuditRecord | None:
         """An audit record about one of ``refs`` that counts: sealed by the worker or an applier,
@@ -536,7 +533,9 @@ def check_gpu_class(intent: AnyIntent, config: str | None) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from kafka.errors import KafkaError
+    from confluent_kafka import KafkaException
+
+    from streams.common.durable import NotDelivered
 
     from streams.common.startup import load_kafka_config, reach_kafka
 
@@ -571,7 +570,7 @@ def _run(args: argparse.Namespace) -> int:
     except RequestError as exc:
         print(f"vmstream intent: {exc}", file=sys.stderr)
         return EXIT_KAFKA
-    except KafkaError as exc:
+    except (KafkaException, NotDelivered) as exc:
         print(f"vmstream intent: Kafka at {kafka.bootstrap_servers}: {exc!r}", file=sys.stderr)
         return EXIT_KAFKA
     except KeyboardInterrupt:

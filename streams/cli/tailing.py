@@ -52,9 +52,9 @@ from streams.common import errors
 from streams.common.settings import KafkaSettings
 
 if TYPE_CHECKING:
-    from kafka import KafkaConsumer
-    from kafka.consumer.fetcher import ConsumerRecord
-    from kafka.structs import TopicPartition
+    from confluent_kafka import Consumer, TopicPartition
+
+    from streams.common.reading import Received
 
 log = logging.getLogger(__name__)
 
@@ -278,38 +278,22 @@ def resolve_topic(kafka: KafkaSettings, name: str) -> tuple[str, str | None]:
 # ---------------------------------------------------------------------------- reading
 
 
-def bounded(client_class: type[Any], timeout: float | None) -> dict[str, Any]:
-    """Client options that make an unreachable broker fail within ``timeout``, not 30s.
-
-    ``bootstrap_timeout_ms`` is kafka-python 3's; older versions refuse unknown options.
-    """
-    if timeout is None or "bootstrap_timeout_ms" not in getattr(client_class, "DEFAULT_CONFIG", {}):
-        return {}
-    return {"bootstrap_timeout_ms": max(1, int(timeout * 1000))}
-
-
-
 class TailError(RuntimeError):
     """There is no such topic (a broker that does not answer raises Kafka's own errors)."""
 
 
-def _open(kafka: KafkaSettings, topic: str, timeout: float | None) -> tuple[KafkaConsumer, list[TopicPartition]]:
-    from kafka import KafkaConsumer
-    from kafka.structs import TopicPartition
-
+def _open(kafka: KafkaSettings, topic: str) -> tuple[Consumer, list[TopicPartition]]:
     from streams.common.kafka_clients import consumer
+    from streams.common.reading import partitions_of
 
     # No group and no commits: tailing is read-only. read_committed: the worker writes
     # in transactions, and an aborted write never happened.
-    client = consumer(kafka, group_id=None, enable_auto_commit=False, isolation_level="read_committed",
-                      **bounded(KafkaConsumer, timeout))
-    partitions = sorted(client.partitions_for_topic(topic))
+    client = consumer(kafka, client_id="vmstream-tail")
+    partitions = partitions_of(client, [topic], wait=0, missing_ok=True)
     if not partitions:
         client.close()
         raise TailError(f"no topic {topic!r} on {kafka.bootstrap_servers} (create them with `vmstream topics create`)")
-    assigned = [TopicPartition(topic, p) for p in partitions]
-    client.assign(assigned)
-    return client, assigned
+    return client, partitions
 
 
 class Tail:
@@ -321,12 +305,12 @@ class Tail:
         self.out = out
         self.as_json = as_json
 
-    def line(self, record: ConsumerRecord) -> str:
+    def line(self, record: Received) -> str:
         if self.as_json:
             return json_line(record.topic, record.key, record.value, record.timestamp)
         return render(self.logical, record.value)
 
-    def emit(self, records: Iterable[ConsumerRecord]) -> None:
+    def emit(self, records: Iterable[Received]) -> None:
         for record in records:
             print(self.line(record), file=self.out, flush=True)
 
@@ -339,18 +323,22 @@ class Tail:
         follow: bool,
         timeout: float | None,
     ) -> int:
+        from confluent_kafka import TopicPartition
+
         deadline = None if timeout is None else time.monotonic() + timeout
-        client, partitions = _open(kafka, self.topic, timeout)
+        client, partitions = _open(kafka, self.topic)
         try:
-            begin = client.beginning_offsets(partitions)
-            end = client.end_offsets(partitions)
+            start, end = {}, {}
             for tp in partitions:
-                client.seek(tp, begin[tp] if from_beginning else max(begin[tp], end[tp] - last))
+                begin, end[tp] = client.get_watermark_offsets(tp, timeout=timeout or POLL_SECONDS * 10)
+                start[tp] = begin if from_beginning else max(begin, end[tp] - last)
+            client.assign([TopicPartition(tp.topic, tp.partition, start[tp]) for tp in partitions])
+            at = dict(start)  # each partition's next offset to read
             # What was there at start: in order as read with --from-beginning, else the last
             # ``last`` across partitions by time (a partition's tail alone means little).
-            backlog: list[ConsumerRecord] = []
-            later: list[ConsumerRecord] = []  # arrived meanwhile; printed after the backlog
-            while not all(client.position(tp) >= end[tp] for tp in partitions):
+            backlog: list[Received] = []
+            later: list[Received] = []  # arrived meanwhile; printed after the backlog
+            while not all(at[tp] >= end[tp] for tp in partitions):
                 if deadline is not None and time.monotonic() >= deadline:
                     self._flush_backlog(backlog, last)
                     if follow:
@@ -359,50 +347,56 @@ class Tail:
                     print(f"vmstream tail: the end of {self.topic} was not reached within {timeout:g}s",
                           file=sys.stderr)
                     return EXIT_TIMEOUT
-                for tp, records in self._poll(client, deadline).items():
-                    if not follow:
-                        records = [r for r in records if r.offset < end[tp]]
-                        if client.position(tp) >= end[tp]:
-                            client.pause(tp)  # the rest is newer than the start: not ours to print
+                reached: dict[TopicPartition, int] = {}
+                for record in self._poll(client, deadline, reached):
+                    tp = TopicPartition(record.topic, record.partition)
+                    at[tp] = max(at[tp], record.offset + 1)
+                    if record.offset >= end[tp] and not follow:
+                        continue  # newer than the start: not ours to print
                     if from_beginning:
-                        self.emit(records)
+                        self.emit([record])
+                    elif record.offset < end[tp]:
+                        backlog.append(record)
                     else:
-                        backlog.extend(r for r in records if r.offset < end[tp])
-                        later.extend(r for r in records if r.offset >= end[tp])
+                        later.append(record)
+                for tp, offset in reached.items():
+                    at[tp] = max(at[tp], offset)
+                if not follow:  # the rest is newer than the start: not fetched at all
+                    client.pause([tp for tp in partitions if at[tp] >= end[tp]])
             self._flush_backlog(backlog, last)
             self.emit(later)
             while follow and (deadline is None or time.monotonic() < deadline):
-                for records in self._poll(client, deadline).values():
-                    self.emit(records)
+                self.emit(self._poll(client, deadline, {}))
             return EXIT_OK
         finally:
             client.close()
 
-    def _flush_backlog(self, backlog: list[ConsumerRecord], last: int) -> None:
+    def _flush_backlog(self, backlog: list[Received], last: int) -> None:
         """The newest ``last`` messages across partitions, oldest first."""
         backlog.sort(key=lambda r: (r.timestamp, r.partition, r.offset))
         self.emit(backlog[-last:] if last else [])
         backlog.clear()
 
     @staticmethod
-    def _poll(client: KafkaConsumer, deadline: float | None) -> dict[TopicPartition, list[ConsumerRecord]]:
+    def _poll(client: Consumer, deadline: float | None, reached: dict[TopicPartition, int]) -> list[Received]:
+        from streams.common.reading import poll_records
+
         wait = POLL_SECONDS if deadline is None else max(0.0, min(POLL_SECONDS, deadline - time.monotonic()))
-        polled: dict[TopicPartition, list[ConsumerRecord]] = client.poll(timeout_ms=int(wait * 1000))
-        return polled
+        return poll_records(client, wait, ends=reached)
 
 
 # -------------------------------------------------------------------------------- CLI
 
 
 def quiet_kafka_logs(args: argparse.Namespace) -> None:
-    """kafka-python narrates every connection and retry: noise on a person's terminal, where
+    """The Kafka client narrates every connection and retry: noise on a person's terminal, where
     the command's own message says what failed (``-v`` shows it all)."""
     if not getattr(args, "verbose", False):
         logging.getLogger("kafka").setLevel(logging.CRITICAL)
 
 
 def _tail(args: argparse.Namespace) -> int:
-    from kafka.errors import KafkaError
+    from confluent_kafka import KafkaException
 
     from streams.common.startup import load_kafka_config, reach_kafka
 
@@ -418,7 +412,7 @@ def _tail(args: argparse.Namespace) -> int:
     except TailError as exc:
         print(f"vmstream tail: {exc}", file=sys.stderr)
         return EXIT_KAFKA
-    except KafkaError as exc:
+    except KafkaException as exc:
         print(f"vmstream tail: cannot read {topic} from {kafka.bootstrap_servers}: {exc!r}",
               file=sys.stderr)
         return EXIT_KAFKA

@@ -16,6 +16,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,7 +70,11 @@ class DurableProducer:
     records land where they did before this producer and where any other client puts them.
     """
 
-    def __init__(self, kafka: KafkaSettings, *, client_id: str, timeout: float = DELIVERY_SECONDS) -> None:
+    def __init__(self, kafka: KafkaSettings, *, client_id: str, timeout: float = DELIVERY_SECONDS,
+                 linger_ms: int = 0, compression: str | None = None) -> None:
+        """``linger_ms``: how long a record waits for others to share its request (0: a batch
+        is sent as a whole already); ``compression``: each request's codec (the broker's size
+        limit then applies to the compressed batch)."""
         self.timeout = timeout
         self._producer = Producer({
             **librdkafka_options(kafka),
@@ -79,7 +84,8 @@ class DurableProducer:
             # is a fatal error of the producer, every later send fails: never a silent gap.
             "enable.gapless.guarantee": True,
             "partitioner": "murmur2_random",  # the Java client's murmur2; a record without a key anywhere
-            "linger.ms": 0,  # a batch is sent as a whole already
+            "linger.ms": linger_ms,
+            **({"compression.type": compression} if compression else {}),
             "message.max.bytes": MAX_REQUEST_BYTES,
             "request.timeout.ms": int(min(REQUEST_SECONDS, timeout) * 1000),
             "delivery.timeout.ms": int(timeout * 1000),
@@ -87,6 +93,7 @@ class DurableProducer:
         # ``deliver``'s batches, and the thread that serves their delivery reports (started at
         # the first ``deliver``).
         self._pending: set[_Batch] = set()
+        self._futures: set[Future[Delivered]] = set()  # ``send``'s, until reported
         self._reporter: threading.Thread | None = None
         self._closing = threading.Event()
 
@@ -158,6 +165,24 @@ class DurableProducer:
             self._pending.discard(batch)
         return batch.outcomes(f"not acknowledged in {self.timeout:g}s")
 
+    def send(self, record: Record) -> Future[Delivered]:
+        """Queue one record; the future is resolved, on the reporting thread, with where it
+        landed, or fails with :class:`NotDelivered`. For a caller that goes on meanwhile (the
+        watch bridge: its next events are sent before this one is acknowledged)."""
+        future: Future[Delivered] = Future()
+        self._futures.add(future)
+
+        def delivered(error: KafkaError | None, message: Message) -> None:
+            _settle(future, _outcome(error, message))
+            self._futures.discard(future)
+
+        refused = self._produce(record, delivered)
+        if refused is not None:
+            _settle(future, refused)
+            self._futures.discard(future)
+        self._start_reporting()
+        return future
+
     def _start_reporting(self) -> None:
         if self._reporter is None:
             self._reporter = threading.Thread(target=self._serve_reports, name="vmstream-delivery-reports", daemon=True)
@@ -171,6 +196,9 @@ class DurableProducer:
                 why = f"the producer failed: {error.__cause__ or error}"
                 for batch in list(self._pending):
                     batch.fail(why)
+                for future in list(self._futures):
+                    _settle(future, why)
+                    self._futures.discard(future)
                 self._closing.wait(REPORT_POLL_SECONDS)
 
     def _produce(self, record: Record, on_delivery: Any) -> str | None:
@@ -237,6 +265,16 @@ class _Batch:
             self.loop.call_soon_threadsafe(_resolve, self.done)
         except RuntimeError:  # the loop is closed: nobody waits any more
             pass
+
+
+def _settle(future: Future[Delivered], outcome: Delivered | str) -> None:
+    try:
+        if isinstance(outcome, Delivered):
+            future.set_result(outcome)
+        else:
+            future.set_exception(NotDelivered(outcome))
+    except InvalidStateError:  # settled already, by the other thread that could
+        pass
 
 
 def _resolve(done: asyncio.Future[None]) -> None:

@@ -20,11 +20,10 @@ import json
 import logging
 from typing import Any, TypeVar
 
-from aiokafka import AIOKafkaConsumer
-
 from handlers.tables import Table
 from streams.common.codecs import decode_state
-from streams.common.reading import follow_from_start
+from streams.common.reading import Follower, follow_from_start
+from streams.common.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 V = TypeVar("V")
@@ -33,27 +32,25 @@ V = TypeVar("V")
 class GlobalView:
     """The latest value of every key of some tables' changelogs, across all partitions."""
 
-    def __init__(self, bootstrap_servers: str, changelogs: dict[Table[Any], str], *, decode: bool = True,
-                 **client: Any) -> None:
-        self.bootstrap_servers = bootstrap_servers
+    def __init__(self, kafka: KafkaSettings, changelogs: dict[Table[Any], str], *, decode: bool = True,
+                 client_id: str = "vmstream-view") -> None:
+        self.kafka = kafka
         self.changelogs = changelogs
         self.decode = decode  # else rows are kept as bytes, decoded by ``get``
-        self.client = client
+        self.client_id = client_id
         self.tables: dict[str, dict[str, Any]] = {table: {} for table in changelogs}
         self.caught_up = asyncio.Event()
         self._names = {topic: table for table, topic in changelogs.items()}
 
     async def run(self) -> None:
         """Read every partition from the start, flag when the start-up backlog is read, go on."""
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, enable_auto_commit=False,
-                                    group_id=None, **self.client)
-        await consumer.start()
+        follower = Follower(self.kafka, client_id=self.client_id)
         try:
-            async for records in follow_from_start(consumer, self.changelogs.values(), self.caught_up):
+            async for records in follow_from_start(follower, self.changelogs.values(), self.caught_up):
                 for record in records:
                     self._apply(record.topic, record.key, record.value)
         finally:
-            await consumer.stop()
+            await follower.close()
 
     def _apply(self, topic: str, key: bytes | None, value: bytes | None) -> None:
         if key is None:

@@ -22,13 +22,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from streams.common import metrics
 from streams.common.kafka_clients import LIBRDKAFKA_LOG, librdkafka_options
+from streams.common.reading import Received as Received  # what a poll hands over
+from streams.common.reading import received
 from streams.common.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -44,18 +45,6 @@ class Partition(NamedTuple):
 
     topic: str
     partition: int
-
-
-@dataclass(frozen=True, slots=True)
-class Received:
-    """One record read, with where it was read from."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: Sequence[tuple[str, bytes]]
 
 
 Callback = Callable[[list[Partition]], None]
@@ -150,7 +139,7 @@ class GroupReader:
                 log.warning("reading %s: %s", self.topic, error.str())  # librdkafka retries on its own
                 continue
             tp = Partition(str(message.topic()), int(message.partition() or 0))
-            record = _received(message)
+            record = received(message)
             batch.setdefault(tp, []).append(record)
             self._positions[tp] = record.offset + 1
         return batch
@@ -199,16 +188,6 @@ class GroupReader:
 
 def _partitions(tps: Sequence[TopicPartition]) -> list[Partition]:
     return [Partition(tp.topic, tp.partition) for tp in tps]
-
-
-def _received(message: Message) -> Received:
-    offset = message.offset()
-    raw = message.headers() or []
-    headers = [(name, value if isinstance(value, bytes) else (value or "").encode())
-               for name, value in (raw.items() if isinstance(raw, dict) else raw)]
-    key, value = message.key(), message.value()
-    return Received(str(message.topic()), int(message.partition() or 0), -1 if offset is None else offset,
-                    key if isinstance(key, bytes) else None, value if isinstance(value, bytes) else None, headers)
 
 
 def _log_failed_commit(error: KafkaError | None, partitions: Sequence[TopicPartition]) -> None:

@@ -4,7 +4,7 @@ A :class:`TokenSource` asks the token endpoint for a token with the client crede
 (RFC 6749, 4.4: the client's id and secret in HTTP Basic authentication, as Strimzi's own
 clients and Keycloak expect), or reads one from ``kafka.oauth.token_file``; it keeps the
 token until four fifths of its life have passed and hands it to every Kafka client of the
-process that asks: kafka-python, aiokafka (and Faust through it) and librdkafka each wrap it
+process that asks: librdkafka and aiokafka (and Faust through it) each wrap it
 in the form that library takes (streams/common/kafka_clients.py). The broker checks the token
 (its signature, issuer, audience, expiry) and takes its subject as the principal.
 """

@@ -19,7 +19,7 @@ from streams.common.settings import KafkaSettings
 from streams.common.topics import ROUTE_GROUP
 
 if TYPE_CHECKING:
-    from kafka.admin import ACL
+    from confluent_kafka.admin import AclBinding
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,24 +61,24 @@ PRINCIPAL_OF: dict[Process, str] = {"worker": "vmstream-worker", "watch-bridge":
                                     "applier": "vmstream-apply", "notify": "vmstream-notify", "api": "vmstream-api"}
 
 
-def acls(principal: str, grants: Grants, kafka: KafkaSettings, *, app_id: str) -> list[ACL]:
-    """``grants`` as Kafka ACLs for ``User:<principal>`` (kafka-python's admin types)."""
-    from kafka.admin import ACL, ACLOperation, ACLPermissionType, ACLResourcePatternType, ResourcePattern, ResourceType
+def acls(principal: str, grants: Grants, kafka: KafkaSettings, *, app_id: str) -> list[AclBinding]:
+    """``grants`` as Kafka ACLs for ``User:<principal>`` (librdkafka's admin types)."""
+    from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
 
-    def allow(operation: ACLOperation, kind: ResourceType, name: str,
-              pattern: ACLResourcePatternType = ACLResourcePatternType.LITERAL) -> ACL:
-        return ACL(f"User:{principal}", "*", operation, ACLPermissionType.ALLOW, ResourcePattern(kind, name, pattern))
+    def allow(operation: AclOperation, kind: ResourceType, name: str,
+              pattern: ResourcePatternType = ResourcePatternType.LITERAL) -> AclBinding:
+        return AclBinding(kind, name, pattern, f"User:{principal}", "*", operation, AclPermissionType.ALLOW)
 
-    found: list[ACL] = []
+    found: list[AclBinding] = []
     # READ and WRITE imply DESCRIBE.
-    found += [allow(ACLOperation.READ, ResourceType.TOPIC, kafka.topic(topic)) for topic in grants.read]
-    found += [allow(ACLOperation.WRITE, ResourceType.TOPIC, kafka.topic(topic)) for topic in grants.write]
-    found += [allow(ACLOperation.READ, ResourceType.TOPIC, prefix.format(app_id=app_id),
-                    ACLResourcePatternType.PREFIXED) for prefix in grants.read_prefixed]
+    found += [allow(AclOperation.READ, ResourceType.TOPIC, kafka.topic(topic)) for topic in grants.read]
+    found += [allow(AclOperation.WRITE, ResourceType.TOPIC, kafka.topic(topic)) for topic in grants.write]
+    found += [allow(AclOperation.READ, ResourceType.TOPIC, prefix.format(app_id=app_id),
+                    ResourcePatternType.PREFIXED) for prefix in grants.read_prefixed]
     for group in grants.groups:
-        found.append(allow(ACLOperation.READ, ResourceType.GROUP, group.format(app_id=app_id)))
+        found.append(allow(AclOperation.READ, ResourceType.GROUP, group.format(app_id=app_id)))
     if grants.owned_prefix:
         prefix = grants.owned_prefix.format(app_id=app_id)
-        found += [allow(ACLOperation.ALL, ResourceType.TOPIC, prefix, ACLResourcePatternType.PREFIXED),
-                  allow(ACLOperation.ALL, ResourceType.TRANSACTIONAL_ID, prefix, ACLResourcePatternType.PREFIXED)]
+        found += [allow(AclOperation.ALL, ResourceType.TOPIC, prefix, ResourcePatternType.PREFIXED),
+                  allow(AclOperation.ALL, ResourceType.TRANSACTIONAL_ID, prefix, ResourcePatternType.PREFIXED)]
     return found

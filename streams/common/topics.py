@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import logging
 
-from kafka.admin import NewTopic
-from kafka.errors import TopicAlreadyExistsError
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import NewTopic
 
 from handlers import topics
 from handlers.topics import TOPICS as TOPICS  # re-exported: the topics created
-from streams.common.kafka_clients import admin_client
+from streams.common.kafka_clients import ADMIN_SECONDS, admin_client
 from streams.common.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -55,43 +55,34 @@ def ensure_topics(kafka: KafkaSettings, *, changelogs: tuple[str, ...] = ()) -> 
     skipped at the first assignment is not recovered until the next rebalance.
     """
     client = admin_client(kafka)
-    try:
-        existing = set(client.list_topics())
-        specs = [(kafka.topic(spec), dict(spec.configs)) for spec in TOPICS]
-        specs += [(name, {"cleanup.policy": "compact"}) for name in changelogs]
-        if not kafka.create_topics:  # the topics are the platform's (Strimzi KafkaTopics): only look
-            absent = sorted(name for name, _ in specs if name not in existing)
-            if absent:  # or not this principal's to see: ACLs hide the topics it may not describe
-                log.warning("kafka.create_topics is false; not created, not visible: %s", ", ".join(absent))
-            return []
-        wanted = [
-            NewTopic(
-                name=name,
-                num_partitions=kafka.partitions,
-                replication_factor=kafka.replication_factor,
-                topic_configs=configs,
-            )
-            for name, configs in specs
-            if name not in existing
-        ]
-        created = []
-        for topic in wanted:  # one at a time: a race with another worker loses nothing
-            try:
-                client.create_topics([topic])
-                created.append(topic.name)
-            except TopicAlreadyExistsError:
-                pass
-        if created:
-            log.info("created topics", extra={"topics": created})
-        return created
-    finally:
-        client.close()
+    existing = set(client.list_topics(timeout=ADMIN_SECONDS).topics)
+    specs = [(kafka.topic(spec), dict(spec.configs)) for spec in TOPICS]
+    specs += [(name, {"cleanup.policy": "compact"}) for name in changelogs]
+    if not kafka.create_topics:  # the topics are the platform's (Strimzi KafkaTopics): only look
+        absent = sorted(name for name, _ in specs if name not in existing)
+        if absent:  # or not this principal's to see: ACLs hide the topics it may not describe
+            log.warning("kafka.create_topics is false; not created, not visible: %s", ", ".join(absent))
+        return []
+    wanted = [
+        NewTopic(name, num_partitions=kafka.partitions, replication_factor=kafka.replication_factor, config=configs)
+        for name, configs in specs
+        if name not in existing
+    ]
+    created = []
+    for topic in wanted:  # one at a time: a race with another worker loses nothing
+        try:
+            # Waited for until the cluster has it: a client that looks next finds its partitions.
+            client.create_topics([topic], operation_timeout=ADMIN_SECONDS,
+                                 request_timeout=ADMIN_SECONDS)[topic.topic].result()
+            created.append(topic.topic)
+        except KafkaException as error:
+            if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+    if created:
+        log.info("created topics", extra={"topics": created})
+    return created
 
 
 def missing_topics(kafka: KafkaSettings) -> list[str]:
-    client = admin_client(kafka)
-    try:
-        existing = set(client.list_topics())
-    finally:
-        client.close()
+    existing = set(admin_client(kafka).list_topics(timeout=ADMIN_SECONDS).topics)
     return [kafka.topic(spec) for spec in TOPICS if kafka.topic(spec) not in existing]

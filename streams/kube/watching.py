@@ -50,7 +50,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic_core
-from kafka.admin import ConfigResource, ConfigResourceType
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import ConfigResource, ResourceType
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
@@ -81,15 +82,15 @@ from handlers.topics import DLQ, K8S_EVENTS
 from handlers.tracing import ce_headers
 from streams.common import spans
 from streams.common.cloudevents import event_source, kafka_headers, trace_of
-from streams.common.kafka_clients import COMPRESSION, admin_client, consumer, producer
+from streams.common.durable import Delivered, DurableProducer, Record
+from streams.common.kafka_clients import ADMIN_SECONDS, COMPRESSION, admin_client, consumer
 from streams.common.metrics import DEAD_LETTERS, family
 from streams.common.probes import ProbeServer, add_probe_arguments
 from streams.common.reading import assign_from_start, read_to_end
 from streams.common.settings import KafkaSettings, read_yaml
 
 if TYPE_CHECKING:
-    from kafka import KafkaProducer
-    from kafka.producer.future import FutureRecordMetadata
+    from concurrent.futures import Future
     from urllib3 import BaseHTTPResponse
 
 log = logging.getLogger(__name__)
@@ -242,7 +243,7 @@ Form = Literal["whole", "reduced", "dead_letter"]
 class Sent:
     """An event handed to the producer: when Kafka has it, and the object as published."""
 
-    future: FutureRecordMetadata
+    future: Future[Delivered]
     obj: bytes  # compact JSON: the object, or its rule view when reduced or dead-lettered
     form: Form
 
@@ -259,7 +260,7 @@ class Publisher:
     """
 
     def __init__(
-        self, kafka_producer: KafkaProducer, topic: str, *, dlq_topic: str | None = None,
+        self, kafka_producer: DurableProducer, topic: str, *, dlq_topic: str | None = None,
         max_bytes: int = Limits().max_input_bytes, message_bytes: int = MESSAGE_BYTES,
         source: str = event_source("watch", "vmstream"),
     ) -> None:
@@ -283,14 +284,14 @@ class Publisher:
                          root_trace=trace_id, attributes={"messaging.destination.name": self.topic,
                                                           "messaging.message.id": event_id, "vmstream.key": key})
         if self._fits(key, value, envelope):
-            future = self.producer.send(self.topic, key=key.encode(), value=value, headers=envelope)
+            future = self.producer.send(Record(self.topic, key.encode(), value, envelope))
             return self._sent(kind, future, pydantic_core.to_json(obj), "whole")
         whole_size = len(value)
         view = rule_view(kind.kind, obj)
         _, reduced = watch_event(kind, type_, view)
         headers = [*envelope, (REDUCED_HEADER, str(whole_size).encode())]
         if self._fits(key, reduced, headers):
-            future = self.producer.send(self.topic, key=key.encode(), value=reduced, headers=headers)
+            future = self.producer.send(Record(self.topic, key.encode(), reduced, headers))
             log.warning("watch %s %s: %d bytes, over %d; published reduced to what the rules read (%d bytes)",
                         type_, key, whole_size, self.max_bytes, len(reduced))
             return self._sent(kind, future, pydantic_core.to_json(view), "reduced")
@@ -310,9 +311,9 @@ class Publisher:
         log.error("watch %s %s: %d bytes, too large even reduced; dead-lettered", type_, key, whole_size)
         DEAD_LETTERS.labels(self.topic).inc()
         trace = trace_of(None, event_id)  # the event's, as if it had been published
-        future = self.producer.send(self.dlq_topic, key=key.encode(), value=letter.model_dump_json().encode(),
-                                    headers=list(kafka_headers(letter, source=self.source, trace=trace,
-                                                               time=at).items()))
+        future = self.producer.send(Record(self.dlq_topic, key.encode(), letter.model_dump_json().encode(),
+                                           list(kafka_headers(letter, source=self.source, trace=trace,
+                                                              time=at).items())))
         return self._sent(kind, future, pydantic_core.to_json(view), "dead_letter")
 
     def _fits(self, key: str, value: bytes, headers: list[tuple[str, bytes]]) -> bool:
@@ -320,7 +321,7 @@ class Publisher:
         return len(value) <= self.max_bytes and len(key) + len(value) + RECORD_OVERHEAD + extra <= self.message_bytes
 
     @staticmethod
-    def _sent(kind: Kind, future: FutureRecordMetadata, obj: bytes, form: Form) -> Sent:
+    def _sent(kind: Kind, future: Future[Delivered], obj: bytes, form: Form) -> Sent:
         if form != "whole":
             OVERSIZED.labels(kind.kind, form).inc()
         return Sent(future, obj, form)
@@ -361,7 +362,7 @@ class _Pending:
     type_: str
     key: str | None
     obj: bytes | None  # the object as JSON; None once deleted
-    future: FutureRecordMetadata | None
+    future: Future[Delivered] | None
     form: Form = "whole"
 
 
@@ -619,7 +620,7 @@ class Watcher:
         while pending:
             head = pending[0]
             if head.future is not None:
-                if not block and not head.future.is_done:
+                if not block and not head.future.done():
                     return
                 try:
                     _acknowledged(head.future)
@@ -648,16 +649,16 @@ class Watcher:
 
 def message_limit(kafka: KafkaSettings, topic: str) -> int | None:
     """The topic's ``max.message.bytes`` as the broker reports it (None if it has no such topic)."""
-    admin = admin_client(kafka)
+    resource = ConfigResource(ResourceType.TOPIC, topic)
     try:
-        answer = admin.describe_configs(
-            [ConfigResource(ConfigResourceType.TOPIC, topic, configs={"max.message.bytes": None})],
-            config_filter="all",
-        )
-    finally:
-        admin.close()
-    value = (((answer.get("topic") or {}).get(topic) or {}).get("max.message.bytes") or {}).get("value")
-    return int(value) if value else None
+        admin = admin_client(kafka)  # held until the answer: a client let go cancels its requests
+        configs = admin.describe_configs([resource], request_timeout=ADMIN_SECONDS)[resource].result()
+    except KafkaException as error:
+        if error.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return None
+        raise
+    entry = configs.get("max.message.bytes")
+    return int(entry.value) if entry is not None and entry.value else None
 
 
 def last_published(
@@ -670,8 +671,8 @@ def last_published(
     tombstone forgets its key; a value that is no watch event is skipped.
     """
     wanted = {kind.kind for kind in kinds}
-    reader = consumer(kafka, group_id=None, enable_auto_commit=False, max_poll_records=10_000,
-                      max_partition_fetch_bytes=8 * 1024 * 1024, fetch_max_bytes=64 * 1024 * 1024)
+    reader = consumer(kafka, client_id="vmstream-watch-read-back",
+                      config={"max.partition.fetch.bytes": 8 * 1024 * 1024, "fetch.max.bytes": 64 * 1024 * 1024})
     started = time.monotonic()
     try:
         assigned = assign_from_start(reader, [topic], wait=0, missing_ok=True)
@@ -716,17 +717,17 @@ def _backoff(state: RetryCallState) -> float:
 _JITTERED = wait_random_exponential(multiplier=BACKOFF_FIRST, max=BACKOFF_CAP)
 
 
-def _acknowledged(future: FutureRecordMetadata) -> None:
+def _acknowledged(future: Future[Delivered]) -> None:
     """Wait for Kafka's acknowledgement (bounded by the producer's delivery timeout)."""
     try:
-        future.get()
+        future.result()
     except Exception as error:
         raise PublishFailed(f"Kafka did not acknowledge an event: {error}") from error
 
 
-def _quietly(future: FutureRecordMetadata) -> None:
+def _quietly(future: Future[Delivered]) -> None:
     try:
-        future.get()
+        future.result()
     except Exception:  # already reported through the first failure
         pass
 
@@ -821,19 +822,18 @@ class Bridge:
                 watcher.interrupt()
             for thread in threads:
                 thread.join()
-            kafka_producer.flush()
-            kafka_producer.close()
+            kafka_producer.close()  # what was sent, flushed
             for api in apis.values():
                 api.close()
             self.log_stats()
             log.info("watch stopped")
 
-    def _producer(self, stop: threading.Event) -> KafkaProducer | None:
+    def _producer(self, stop: threading.Event) -> DurableProducer | None:
         """The idempotent producer, once Kafka answers (None if stopped before it did)."""
         try:
             for attempt in _until_stopped(stop, "Kafka not reachable"):
                 with attempt:
-                    return producer(self.kafka, client_id="vmstream-watch", linger_ms=5, compression=COMPRESSION)
+                    return DurableProducer(self.kafka, client_id="vmstream-watch", linger_ms=5, compression=COMPRESSION)
         except Exception:
             if not stop.is_set():
                 raise

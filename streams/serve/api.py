@@ -29,11 +29,11 @@ import json
 import logging
 import signal
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import aiohttp.web
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
@@ -56,10 +56,10 @@ from handlers.views import (
 )
 from streams.common import spans
 from streams.common.cloudevents import event_source
+from streams.common.durable import Delivered, DurableProducer, NotDelivered, Record
 from streams.common.globalview import GlobalView
-from streams.common.kafka_clients import aiokafka_options
 from streams.common.metrics import CONTENT_TYPE, exposition, family
-from streams.common.reading import follow_from_start
+from streams.common.reading import Follower, follow_from_start
 from streams.common.settings import ApiSettings, Caller, KafkaSettings
 from streams.common.topics import GPU_CLASSES, changelog_topic, ensure_topics
 
@@ -127,20 +127,20 @@ class ClassTopic:
         """Send :meth:`changes` with their headers (:func:`class_headers`), wait for every one, and
         hold them as the topic will read them back; the names of the classes sent."""
         changes = self.changes(current)
-        sent = [await producer.send(topic, key=name.encode(), value=value,
-                                    headers=class_headers(name, value, source=source, time=time))
-                for name, value in changes]
-        for (name, value), future in zip(changes, sent, strict=True):
-            await future
+        outcomes = await producer.deliver([
+            Record(topic, name.encode(), value, class_headers(name, value, source=source, time=time))
+            for name, value in changes])
+        for (name, value), outcome in zip(changes, outcomes, strict=True):
+            if not isinstance(outcome, Delivered):
+                raise NotDelivered(f"the class {name} was not written: {outcome}")
             self.apply(name.encode(), value)  # as the topic will read back
         return [name for name, _ in changes]
 
 
 class Sender(Protocol):
-    """What :meth:`ClassTopic.publish` needs of a producer (:class:`AIOKafkaProducer`)."""
+    """What :meth:`ClassTopic.publish` needs of a producer (:class:`DurableProducer`)."""
 
-    async def send(self, topic: str, *, key: bytes, value: bytes | None,
-                   headers: list[tuple[str, bytes]]) -> Any: ...
+    async def deliver(self, records: Sequence[Record]) -> list[Delivered | str]: ...
 
 
 def class_record_id(name: str, value: bytes | None) -> str:
@@ -167,7 +167,7 @@ class Api:
         self.az = rules.az
         self.catalog = Catalog.from_config(rules)
         self.changelogs = {table: changelog_topic(app_id, table.stored_as) for table in VIEW_TABLES}
-        self.view = GlobalView(kafka.bootstrap_servers, self.changelogs, decode=False, **aiokafka_options(kafka))
+        self.view = GlobalView(kafka, self.changelogs, decode=False, client_id=f"{app_id}-api-view")
         self.classes = ClassTopic()
         self.source = event_source("api", app_id)
         self.tokens = conf.tokens()
@@ -198,25 +198,20 @@ class Api:
     async def run_class_topic(self) -> None:
         """Read the class topic (all partitions), then publish what differs, every period."""
         topic = self.kafka.topic(GPU_CLASSES)
-        options = aiokafka_options(self.kafka)
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.kafka.bootstrap_servers, enable_auto_commit=False,
-                                    group_id=None, **options)
-        producer = AIOKafkaProducer(bootstrap_servers=self.kafka.bootstrap_servers, acks="all",
-                                    enable_idempotence=True, **options)
-        await consumer.start()
-        await producer.start()
+        follower = Follower(self.kafka, client_id="vmstream-api")
+        producer = DurableProducer(self.kafka, client_id="vmstream-api")
         try:
-            async for records in follow_from_start(consumer, [topic], self.classes.caught_up,
+            async for records in follow_from_start(follower, [topic], self.classes.caught_up,
                                                    poll_ms=int(self.conf.publish_seconds * 1000)):
                 for record in records:
                     self.classes.apply(record.key, record.value)
                 if self.ready:
                     await self._publish(producer, topic)
         finally:
-            await consumer.stop()
-            await producer.stop()
+            await follower.close()
+            await asyncio.get_running_loop().run_in_executor(None, producer.close)
 
-    async def _publish(self, producer: AIOKafkaProducer, topic: str) -> None:
+    async def _publish(self, producer: Sender, topic: str) -> None:
         computed = datetime.now(UTC)  # the records' ce_time
         changes = await self.classes.publish(producer, topic, self.gpu_classes().classes,
                                              source=self.source, time=computed)

@@ -56,8 +56,9 @@ from handlers.events import DEAD_LETTER_TYPE, DELIVERY_TYPE, source_process
 from handlers.tracing import ce_headers, dead_letter_id, span_id
 from streams.common import spans
 from streams.common.cloudevents import TRACEPARENT, TRACESTATE, Trace, event_source, header_text, trace_of
+from streams.common.durable import DurableProducer, Record
 from streams.common.group_reading import GroupReader, Received
-from streams.common.kafka_clients import consumer, producer
+from streams.common.kafka_clients import consumer
 from streams.common.metrics import DEAD_LETTERS, family
 from streams.common.probes import ProbeServer, add_probe_arguments
 from streams.common.reading import assign_from_start, read_to_end
@@ -66,10 +67,13 @@ from streams.common.topics import DELIVERIES as LEDGER  # the logical name of th
 from streams.common.topics import ensure_topics
 
 if TYPE_CHECKING:
-    from kafka import KafkaConsumer, KafkaProducer
+    from confluent_kafka import Consumer
 
 log = logging.getLogger(__name__)
 
+# A ledger record or dead letter not acknowledged by then is a failed write: the notification
+# is not committed, and is handled again.
+LEDGER_WRITE_SECONDS = 30.0
 DELIVERIES = family(Counter(
     "vmstream_notify_deliveries_total",
     "Deliveries of notifications, by channel and outcome (delivered, dead_lettered, skipped: already in the ledger)",
@@ -287,8 +291,8 @@ class DeliveryLedger:
     def __init__(self, settings: Settings, *, timeout: float = 60.0) -> None:
 
         self.topic = settings.kafka.topic(LEDGER)
-        self.consumer: KafkaConsumer = consumer(settings.kafka, enable_auto_commit=False,
-                                                client_id=f"{settings.notify.group_id}-ledger")
+        self.consumer: Consumer = consumer(settings.kafka, client_id=f"{settings.notify.group_id}-ledger",
+                                           group_id=settings.notify.group_id)
         self.partitions = assign_from_start(self.consumer, [self.topic], wait=timeout)
         self.done: set[str] = set()
 
@@ -330,7 +334,7 @@ class Notifier:
         """Run until ``stop`` is set; ``ready`` once the ledger has been read."""
         self.stop = stop
         ledger = DeliveryLedger(self.settings)
-        out = producer(self.kafka, client_id=self.notify.group_id)
+        out = DurableProducer(self.kafka, client_id=self.notify.group_id, timeout=LEDGER_WRITE_SECONDS)
         notifications: GroupReader | None = None
         try:
             ledger.catch_up()
@@ -364,7 +368,7 @@ class Notifier:
             out.close()
             ledger.close()
 
-    def handle(self, record: Received, ledger: DeliveryLedger, out: KafkaProducer) -> None:
+    def handle(self, record: Received, ledger: DeliveryLedger, out: DurableProducer) -> None:
         """One notification: every pending delivery made or dead-lettered, each recorded."""
         raw: bytes = record.value or b""
         try:
@@ -380,7 +384,7 @@ class Notifier:
                          ledger, out)
 
     def _handle(self, record: Received, notification: Notification, trace: Trace, span: Any,
-                ledger: DeliveryLedger, out: KafkaProducer) -> None:
+                ledger: DeliveryLedger, out: DurableProducer) -> None:
         source = self._source_of(record)
         members = self.directory.members(delivery.projects_to_expand(notification, self.notify.routes))
         resolution = delivery.targets(notification, directory=members, routes=self.notify.routes,
@@ -480,18 +484,18 @@ class Notifier:
             return attempts, exc
         return attempts, None
 
-    def _record(self, out: KafkaProducer, ledger: DeliveryLedger, key: str, notification: Notification, *,
+    def _record(self, out: DurableProducer, ledger: DeliveryLedger, key: str, notification: Notification, *,
                 channel: str, recipient: str, outcome: str, attempts: int, trace: Trace) -> None:
         """The ledger's record of one delivery, acknowledged before the next one starts: named
         by its key, in the notification's trace."""
         at = self.clock()
         value = {"notification_id": notification.notification_id, "channel": channel, "recipient": recipient,
                  "outcome": outcome, "attempts": attempts, "at": at.isoformat()}
-        out.send(ledger.topic, key=key.encode(), value=json.dumps(value).encode(),
-                 headers=self._envelope(key, DELIVERY_TYPE, at, trace)).get(timeout=30)
+        out.send_all([Record(ledger.topic, key.encode(), json.dumps(value).encode(),
+                             self._envelope(key, DELIVERY_TYPE, at, trace))])
         ledger.done.add(key)
 
-    def _dead_letter(self, out: KafkaProducer, record: Received, reason: str, *, trace: Trace | None = None,
+    def _dead_letter(self, out: DurableProducer, record: Received, reason: str, *, trace: Trace | None = None,
                      **about: Any) -> None:
         """A dead letter of ``record``: in ``trace`` (a malformed one: derived from where it was
         read); named by where it was read and, one per delivery, the delivery's channel and recipient."""
@@ -511,8 +515,8 @@ class Notifier:
         id_ = dead_letter_id(letter)
         if "recipient" in about:
             id_ += f"|{about.get('channel', 'none')}|{about['recipient']}"
-        out.send(self.kafka.topic(DLQ), key=record.key, value=letter.model_dump_json(exclude_none=True).encode(),
-                 headers=self._envelope(id_, DEAD_LETTER_TYPE, at, trace)).get(timeout=30)
+        out.send_all([Record(self.kafka.topic(DLQ), record.key, letter.model_dump_json(exclude_none=True).encode(),
+                             self._envelope(id_, DEAD_LETTER_TYPE, at, trace))])
         DEAD_LETTERS.labels(record.topic).inc()
 
     def _envelope(self, id_: str, type_: str, at: datetime, trace: Trace) -> list[tuple[str, bytes]]:

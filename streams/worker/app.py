@@ -65,7 +65,6 @@ from streams.common.durable import Delivered, DurableProducer
 from streams.common.durable import Record as Outgoing  # a message to send, as bytes on the wire
 from streams.common.globalview import GlobalView
 from streams.common.heap import Heap
-from streams.common.kafka_clients import aiokafka_options
 from streams.common.settings import Settings
 from streams.common.signing import KeyringError
 from streams.common.topics import KIND_HEADER, ROUTED, SOURCE_HEADER, changelog_topic, missing_topics
@@ -197,9 +196,9 @@ class Worker:
             for table in TABLES
         }
         self.view = GlobalView(
-            self.kafka.bootstrap_servers,
+            self.kafka,
             {table: changelog_topic(conf.app_id, table.stored_as) for table in GLOBAL_TABLES},
-            **aiokafka_options(self.kafka),
+            client_id=f"{conf.app_id}-view",
         )
         journal = self.app.Table("state-journal", key_type=str, value_type=bytes, partitions=self.kafka.partitions,
                                  help="input topic:partition:offset → its decision, until the offset is committed")
@@ -208,10 +207,10 @@ class Worker:
         self.app.task(self.view.run)
         # What /pending shows, for the whole cluster from any instance (kept as bytes).
         self.pages_view = GlobalView(
-            self.kafka.bootstrap_servers,
+            self.kafka,
             {table: changelog_topic(conf.app_id, table.stored_as) for table in PENDING_TABLES},
             decode=False,
-            **aiokafka_options(self.kafka),
+            client_id=f"{conf.app_id}-pages-view",
         )
         self.app.task(self.pages_view.run)
         self.missing_topics: list[str] | None = None  # checked at start, then while any is missing

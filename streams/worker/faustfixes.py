@@ -53,7 +53,7 @@ from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
 from faust.types.transports import TransportT
 
-from streams.common.kafka_clients import pace_fetches
+from streams.worker.broker_credentials import pace_fetches
 
 log = logging.getLogger(__name__)
 

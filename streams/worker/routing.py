@@ -33,19 +33,22 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
-from kafka.errors import KafkaError, NoError
-from kafka.structs import OffsetAndMetadata
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException
+from confluent_kafka import TopicPartition as Offset
+from confluent_kafka.admin import AdminClient
 from mode import Service
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from streams.common import metrics
-from streams.common.kafka_clients import admin_client, aiokafka_options, pace_fetches
+from streams.common.group_reading import Partition
+from streams.common.kafka_clients import ADMIN_SECONDS, admin_client
 from streams.common.settings import Settings
 from streams.common.topics import route_group
+from streams.worker.broker_credentials import aiokafka_options, pace_fetches
 
 log = logging.getLogger(__name__)
 
@@ -192,12 +195,9 @@ class Router(Service):
             log.warning("route offsets not committed: %r", error, extra={"partitions": len(offsets)})
 
     def _inherit(self) -> dict[TopicPartition, int]:
-        client = admin_client(self.settings.kafka)
-        try:
-            given = inherit_offsets_patiently(client, self.group_id, self.settings.worker.app_id, self.topics)
-        finally:
-            client.close()
-        return {TopicPartition(tp.topic, tp.partition): meta.offset for tp, meta in given.items()}
+        groups = GroupOffsets(admin_client(self.settings.kafka))
+        given = inherit_offsets_patiently(groups, self.group_id, self.settings.worker.app_id, self.topics)
+        return {TopicPartition(tp.topic, tp.partition): offset for tp, offset in given.items()}
 
     def record_lag(self) -> None:
         """The route stage's lag on its input partitions (``vmstream_consumer_lag``)."""
@@ -205,38 +205,76 @@ class Router(Service):
             metrics.record_aiokafka_lag(self.consumer)
 
 
+# What a write of a group's offsets gets while the group has members: read them again.
+REFUSED_WHILE_MEMBERS = frozenset({KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION,
+                                   KafkaError.REBALANCE_IN_PROGRESS, KafkaError.NON_EMPTY_GROUP})
+
+
+class Groups(Protocol):
+    """The committed offsets of consumer groups, as :func:`inherit_offsets` reads and writes them."""
+
+    def committed(self, group: str) -> dict[Partition, int]: ...
+
+    def give(self, group: str, offsets: dict[Partition, int]) -> list[str]:
+        """Write ``offsets``; why any was refused (nothing: all written)."""
+        ...
+
+
+class GroupOffsets:
+    """:class:`Groups` on librdkafka's admin client, one group per request."""
+
+    def __init__(self, admin: AdminClient) -> None:
+        self.admin = admin
+
+    def committed(self, group: str) -> dict[Partition, int]:
+        asked = [ConsumerGroupTopicPartitions(group)]
+        listed = self.admin.list_consumer_group_offsets(asked, request_timeout=ADMIN_SECONDS)[group].result()
+        return {Partition(tp.topic, tp.partition): tp.offset for tp in listed.topic_partitions or ()
+                if tp.error is None}
+
+    def give(self, group: str, offsets: dict[Partition, int]) -> list[str]:
+        wanted = [ConsumerGroupTopicPartitions(group, [Offset(tp.topic, tp.partition, o) for tp, o in offsets.items()])]
+        try:
+            written = self.admin.alter_consumer_group_offsets(wanted, request_timeout=ADMIN_SECONDS)[group].result()
+        except KafkaException as error:
+            if error.args[0].code() in REFUSED_WHILE_MEMBERS:
+                return [error.args[0].name()]
+            raise
+        return [tp.error.name() for tp in written.topic_partitions or () if tp.error is not None]
+
+
 def _retriable(error: BaseException) -> bool:
-    return isinstance(error, KafkaError) and bool(getattr(error, "retriable", False))
+    return isinstance(error, KafkaException) and bool(error.args[0].retriable())
 
 
-def inherit_offsets_patiently(admin: Any, group: str, former: str, topics: Sequence[str], *,
-                              patience: float = INHERIT_PATIENCE_SECONDS) -> dict[Any, OffsetAndMetadata]:
+def inherit_offsets_patiently(groups: Groups, group: str, former: str, topics: Sequence[str], *,
+                              patience: float = INHERIT_PATIENCE_SECONDS) -> dict[Partition, int]:
     """:func:`inherit_offsets`, asked again after a retriable error for ``patience`` seconds."""
     for attempt in Retrying(retry=retry_if_exception(_retriable), reraise=True, stop=stop_after_delay(patience),
                             wait=wait_exponential(multiplier=0.1, max=2.0)):
         with attempt:
-            return inherit_offsets(admin, group, former, topics)
+            return inherit_offsets(groups, group, former, topics)
     raise AssertionError("unreachable: Retrying returns or raises")
 
 
-def inherit_offsets(admin: Any, group: str, former: str, topics: Sequence[str]) -> dict[Any, OffsetAndMetadata]:
+def inherit_offsets(groups: Groups, group: str, former: str, topics: Sequence[str]) -> dict[Partition, int]:
     """Give ``group`` the offsets ``former`` committed on ``topics`` for every partition
-    ``group`` has none of; returns what was given (kafka-python's admin client).
+    ``group`` has none of; returns what was given.
 
     Offsets can be written only while the group has no member. A replica that started
     meanwhile joined it with the offsets it gave: read again, they are then found.
     """
     for _ in range(INHERIT_ATTEMPTS):
-        ours = admin.list_group_offsets({group: None}).get(group, {})  # one group per request:
-        theirs = admin.list_group_offsets({former: None}).get(former, {})  # brokers before 3.0
-        wanted = {tp: OffsetAndMetadata(meta.offset, "", -1) for tp, meta in theirs.items()
-                  if tp.topic in topics and meta.offset >= 0 and (tp not in ours or ours[tp].offset < 0)}
+        ours = groups.committed(group)
+        theirs = groups.committed(former)
+        wanted = {tp: offset for tp, offset in theirs.items()
+                  if tp.topic in topics and offset >= 0 and ours.get(tp, -1) < 0}
         if not wanted:
             return {}
-        refused = {tp: error for tp, error in admin.alter_group_offsets(group, wanted).items() if error is not NoError}
+        refused = groups.give(group, wanted)
         if not refused:
             return wanted
-        log.info("route offsets not given yet: %s", sorted({error.__name__ for error in refused.values()}))
+        log.info("route offsets not given yet: %s", sorted(set(refused)))
     raise RuntimeError(f"could not give the consumer group {group} the offsets {former} committed "
                        f"({len(wanted)} partitions): its members would route them from the beginning")
 

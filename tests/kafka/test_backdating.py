@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
-from kafka import KafkaConsumer, TopicPartition
-from kafka.errors import InvalidTimestampError
 
-from streams.common.kafka_clients import producer
+from streams.common.durable import DurableProducer, NotDelivered, Record
+from streams.common.kafka_clients import consumer
+from streams.common.reading import assign_from_start, read_to_end
 from harness.running import Deployment
 from handlers.topics import INTENT_TIMESTAMP_BEFORE_MS
 
@@ -29,33 +29,23 @@ def test_an_intent_stamped_further_back_than_the_bound_is_refused_by_the_broker(
     deployment = Deployment(kafka_bootstrap, tmp_path)
     deployment.create_topics()
     topic = deployment.kafka.topic("intents")
-    client = producer(deployment.kafka)
+    client = DurableProducer(deployment.kafka, client_id="back-dating", timeout=30)
     try:
-        back_dated = client.send(topic, key=b"vm/spx-proj-b/dev-1", value=b'{"back":"dated"}',
-                                 timestamp_ms=int(time.time() * 1000) - 2 * 3600 * 1000)
-        client.flush()  # a batch of its own: the broker refuses a whole batch holding it
-        with pytest.raises(InvalidTimestampError):
-            back_dated.get(timeout=30)
+        with pytest.raises(NotDelivered, match="INVALID_TIMESTAMP|timestamp"):
+            client.send_all([Record(topic, b"vm/spx-proj-b/dev-1", b'{"back":"dated"}',
+                                    timestamp_ms=int(time.time() * 1000) - 2 * 3600 * 1000)])
     finally:
         client.close()
-    client = producer(deployment.kafka)  # a producer of its own: the one refused is done
+    client = DurableProducer(deployment.kafka, client_id="current")  # of its own: the one refused is done
     try:
-        client.send(topic, key=b"vm/spx-proj-b/dev-1", value=b'{"current":true}').get(timeout=30)
+        client.send_all([Record(topic, b"vm/spx-proj-b/dev-1", b'{"current":true}')])
     finally:
         client.close()
     assert INTENT_TIMESTAMP_BEFORE_MS < 3600 * 1000  # shorter than the longest credential
 
-    reader = KafkaConsumer(bootstrap_servers=kafka_bootstrap, enable_auto_commit=False)
+    reader = consumer(deployment.kafka, client_id="back-dating")
     try:
-        partitions = [TopicPartition(topic, p) for p in reader.partitions_for_topic(topic) or ()]
-        reader.assign(partitions)
-        reader.seek_to_beginning()
-        end = reader.end_offsets(partitions)
-        values: list[bytes | None] = []
-        deadline = time.monotonic() + 30
-        while any(reader.position(tp) < end[tp] for tp in partitions) and time.monotonic() < deadline:
-            for records in reader.poll(timeout_ms=500).values():
-                values.extend(record.value for record in records)
+        values = [record.value for record in read_to_end(reader, assign_from_start(reader, [topic]), stall=30)]
     finally:
         reader.close()
     assert values == [b'{"current":true}']

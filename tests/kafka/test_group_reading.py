@@ -17,8 +17,8 @@ from collections.abc import Callable
 import pytest
 
 from harness.publishing import publish
+from streams.common.durable import DurableProducer, Record
 from streams.common.group_reading import GroupReader, Partition
-from streams.common.kafka_clients import producer
 from streams.common.settings import KafkaSettings
 from tests.support.waiting import eventually
 
@@ -174,6 +174,9 @@ def read_in_polls(reader: GroupReader, count: int, timeout: float = 60.0) -> lis
     return polls
 
 
+COMMAND_GAP_SECONDS = 0.01  # between two commands at a low rate: librdkafka acknowledges in less
+
+
 @pytest.mark.parametrize("wait_ms", [0, 250])
 def test_records_arriving_one_by_one_come_several_to_a_fetch_when_the_broker_may_hold_it(
     kafka_bootstrap: str, kafka_topic_factory: Callable[..., str], wait_ms: int
@@ -187,11 +190,15 @@ def test_records_arriving_one_by_one_come_several_to_a_fetch_when_the_broker_may
     assigned = threading.Event()
     reader = GroupReader(kafka, group_id=f"g-{uuid.uuid4().hex[:8]}", client_id="held", topic=topic,
                          on_assign=lambda _: assigned.set(), fetch_wait_ms=wait_ms)
-    sender = producer(kafka)
+    sender = DurableProducer(kafka, client_id="held", timeout=30)
     try:
         eventually(lambda: reader.poll(0.05, max_records=1) == {} and assigned.is_set() or None, "the assignment")
-        one_by_one = threading.Thread(target=lambda: [
-            sender.send(topic, value=str(n).encode()).get(timeout=30) for n in range(60)])
+        def one_at_a_time() -> None:  # the low rate: a record every few milliseconds, not a burst
+            for n in range(60):
+                sender.send_all([Record(topic, None, str(n).encode())])
+                time.sleep(COMMAND_GAP_SECONDS)
+
+        one_by_one = threading.Thread(target=one_at_a_time)
         one_by_one.start()
         polls = read_in_polls(reader, 60)
         one_by_one.join(30)

@@ -18,14 +18,13 @@ from typing import Any
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.admin import ConfigResource, ConfigResourceType
 
 from harness.hostile import Hostile, hostile_events, hostile_intents, interleaved, valid_intent
 from harness.running import Deployment, WorkerProcess
 from harness.scenarios import cluster
-from streams.common.kafka_clients import admin_client
 from streams.common.topics import KIND_HEADER, SOURCE_HEADER
 from streams.worker.app import EXIT_UNPUBLISHED, Worker, _origin
+from tests.support.kafka_broker import set_topic_config
 
 pytestmark = pytest.mark.kafka
 
@@ -144,13 +143,7 @@ def committed(deployment: Deployment, partition: TopicPartition) -> int | None:
 
 
 def limit_audit(deployment: Deployment, max_message_bytes: str) -> None:
-    admin = admin_client(deployment.kafka)
-    try:
-        admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, deployment.kafka.topic("audit"),
-                                            configs={"max.message.bytes": max_message_bytes})],
-                            raise_on_unknown=False, incremental=True)
-    finally:
-        admin.close()
+    set_topic_config(deployment.kafka, deployment.kafka.topic("audit"), "max.message.bytes", max_message_bytes)
 
 
 def test_an_output_the_broker_refuses_stops_the_worker_before_its_input_is_committed(

@@ -6,9 +6,9 @@ harness/localoauth.py's token endpoint, which grants tokens by the client creden
 as a Strimzi ``type: oauth`` listener) over SASL_PLAINTEXT and over SASL_SSL.
 
 For each, every client library vmstream uses produces and consumes through vmstream's own
-factories (streams/common/kafka_clients.py): kafka-python, aiokafka, librdkafka (the durable
-producer and the group reader); Faust through a real ``vmstream worker``; ``vmstream tail`` as
-a real process. A client without credentials, or with credentials the broker does not trust,
+factories (streams/common/kafka_clients.py): librdkafka (the durable producer, the readers
+and the group reader) and the worker's aiokafka; Faust through a real ``vmstream worker``;
+``vmstream tail`` as a real process. A client without credentials, or with credentials the broker does not trust,
 is refused.
 """
 
@@ -29,18 +29,19 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition as AsyncTopicPartition
-from confluent_kafka import Producer
-from kafka import TopicPartition
-from kafka.admin import NewTopic
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import NewTopic
 
 from harness.localkafka import LocalKafka, OAuthBearer, Tls
 from harness.localoauth import TokenEndpoint
 from harness.processes import free_ports
-from streams.common.durable import DurableProducer, Record
+from streams.common.durable import Delivered, DurableProducer, Record
 from streams.common.group_reading import GroupReader
-from streams.common.kafka_clients import admin_client, aiokafka_options, consumer, librdkafka_options, producer
+from streams.common.kafka_clients import ADMIN_SECONDS, admin_client, consumer, librdkafka_options
+from streams.common.reading import assign_from_start, read_to_end
 from streams.common.settings import KafkaSettings
 from streams.common.topics import ensure_topics
+from streams.worker.broker_credentials import aiokafka_options
 from tests.support.waiting import audit_of_intent, stop
 
 pytestmark = pytest.mark.kafka
@@ -101,10 +102,7 @@ class Secured:
         """A new topic of one partition, made with vmstream's admin client as ``kafka``."""
         name = f"{self.prefix}auth-{uuid.uuid4().hex[:8]}"
         admin = admin_client(kafka)
-        try:
-            admin.create_topics([NewTopic(name, 1, 1)])
-        finally:
-            admin.close()
+        admin.create_topics([NewTopic(name, 1, 1)], operation_timeout=ADMIN_SECONDS)[name].result()
         return name
 
 
@@ -134,23 +132,24 @@ def only(*modes: str) -> pytest.MarkDecorator:
 # ----------------------------------------------------------------- each client library
 
 
-def test_kafka_python_produces_and_consumes(secured: Secured) -> None:
+def test_a_reader_reads_what_the_durable_producer_wrote(secured: Secured) -> None:
     kafka = secured.settings("vmstream-watch")
     topic = secured.topic(kafka)
-    writer = producer(kafka, client_id="auth-test")
+    [written] = send(kafka, Record(topic, b"k", secured.mode.encode()))
+    reader = consumer(kafka, client_id="auth-test")
     try:
-        written = writer.send(topic, key=b"k", value=secured.mode.encode()).get(timeout=30)
-    finally:
-        writer.close(timeout=5)
-    reader = consumer(kafka, group_id=None, enable_auto_commit=False, consumer_timeout_ms=int(DEADLINE * 1000))
-    try:
-        partition = TopicPartition(topic, 0)
-        reader.assign([partition])
-        reader.seek_to_beginning(partition)
-        record = next(iter(reader))
+        [record] = read_to_end(reader, assign_from_start(reader, [topic]), stall=DEADLINE)
     finally:
         reader.close()
     assert (record.offset, record.key, record.value) == (written.offset, b"k", secured.mode.encode())
+
+
+def send(kafka: KafkaSettings, *records: Record) -> list[Delivered]:
+    writer = DurableProducer(kafka, client_id="auth-test", timeout=30)
+    try:
+        return writer.send_all(records)
+    finally:
+        writer.close()
 
 
 async def test_aiokafka_produces_and_consumes(secured: Secured) -> None:
@@ -202,29 +201,6 @@ def test_librdkafka_produces_and_consumes(secured: Secured) -> None:
 # ----------------------------------------------------------------- refused
 
 
-REFUSED = """
-import json, sys
-from kafka import KafkaProducer
-try:
-    writer = KafkaProducer(bootstrap_servers=sys.argv[1], max_block_ms=5000, bootstrap_timeout_ms=5000,
-                           **json.loads(sys.argv[2]))
-    writer.send(sys.argv[3], b"anonymous").get(timeout=15)
-except Exception as exc:
-    print(f"refused: {type(exc).__name__}: {exc}")
-    sys.exit(0)
-print("written")
-sys.exit(1)
-"""
-
-
-def _kafka_python_refused(secured: Secured, options: dict[str, Any], topic: str) -> str:
-    # In a process of its own: kafka-python leaves a client that failed to start unclosed.
-    tried = subprocess.run([sys.executable, "-c", REFUSED, secured.bootstrap, json.dumps(options), topic],
-                           capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert tried.returncode == 0 and tried.stdout.startswith("refused: "), (tried.stdout, tried.stderr[-2000:])
-    return tried.stdout
-
-
 def _librdkafka_refused(secured: Secured, options: dict[str, Any], topic: str) -> str:
     """The first error librdkafka reports: the connection refused (nothing waits for the
     message's own timeout)."""
@@ -249,10 +225,10 @@ class _Discard:
 
 
 def _end_offset(kafka: KafkaSettings, topic: str) -> int:
-    reader = consumer(kafka, group_id=None)
+    reader = consumer(kafka, client_id="auth-test")
     try:
-        partition = TopicPartition(topic, 0)
-        return int(reader.end_offsets([partition])[partition])
+        _, end = reader.get_watermark_offsets(TopicPartition(topic, 0), timeout=DEADLINE)
+        return int(end)
     finally:
         reader.close()
 
@@ -273,15 +249,12 @@ def test_a_client_without_credentials_is_refused(secured: Secured) -> None:
     if secured.mode == "mtls":
         assert secured.tls is not None
         # TLS and the CA, no certificate of its own.
-        _kafka_python_refused(secured, {"security_protocol": "SSL", "ssl_cafile": str(secured.tls.cafile)}, topic)
         assert "certificate" in _librdkafka_refused(
             secured, {"security.protocol": "ssl", "ssl.ca.location": str(secured.tls.cafile)}, topic)
         anonymous = kafka.model_copy(update={"ssl_certfile": None, "ssl_keyfile": None})
     else:
         # No SASL at all, on the listener that wants it.
         protocol = "SSL" if secured.tls else "PLAINTEXT"
-        cafile = {"ssl_cafile": str(secured.tls.cafile)} if secured.tls else {}
-        _kafka_python_refused(secured, {"security_protocol": protocol, **cafile}, topic)
         _librdkafka_refused(secured, {"security.protocol": protocol.lower(),
                                       **({"ssl.ca.location": str(secured.tls.cafile)} if secured.tls else {})}, topic)
         anonymous = kafka.model_copy(update={"security_protocol": protocol, "sasl_mechanism": None,
@@ -296,8 +269,6 @@ def test_a_certificate_of_another_ca_is_refused(secured: Secured, tmp_path: Path
     topic = secured.topic(kafka)
     stranger = Tls.create(tmp_path / "elsewhere").client("vmstream-worker")  # same name, another CA
     assert secured.tls is not None
-    options = {**stranger.options(), "ssl_cafile": str(secured.tls.cafile)}
-    _kafka_python_refused(secured, options, topic)
     assert "certificate" in _librdkafka_refused(
         secured, {"security.protocol": "ssl", "ssl.ca.location": str(secured.tls.cafile),
                   "ssl.certificate.location": str(stranger.certfile), "ssl.key.location": str(stranger.keyfile)},
@@ -320,11 +291,7 @@ def test_a_token_the_broker_did_not_issue_is_refused(secured: Secured, tmp_path:
     def from_file(path: Path) -> KafkaSettings:
         return kafka.model_copy(update={"oauth": type(kafka.oauth)(token_file=str(path))})
 
-    writer = producer(from_file(good), client_id="auth-test")
-    try:
-        writer.send(topic, b"with a token file").get(timeout=30)
-    finally:
-        writer.close(timeout=5)
+    send(from_file(good), Record(topic, None, b"with a token file"))
     before = _end_offset(kafka, topic)
     for path in (forged, elsewhere):
         refusal = _librdkafka_refused(secured, librdkafka_options(from_file(path)), topic)
@@ -343,11 +310,7 @@ def _run(env: dict[str, str], *argv: str, timeout: float = 120) -> subprocess.Co
 def test_vmstream_tail_reads_as_its_principal(secured: Secured) -> None:
     kafka = secured.settings("vmstream-tail")
     topic = secured.topic(kafka)
-    writer = producer(kafka, client_id="auth-test")
-    try:
-        writer.send(topic, key=b"k", value=json.dumps({"mode": secured.mode}).encode()).get(timeout=30)
-    finally:
-        writer.close(timeout=5)
+    send(kafka, Record(topic, b"k", json.dumps({"mode": secured.mode}).encode()))
     tailed = _run(secured.environment(kafka), "tail", topic, "--from-beginning", "--json", "--timeout", "60")
     assert tailed.returncode == 0, tailed.stderr[-3000:]
     [line] = tailed.stdout.splitlines()
@@ -370,8 +333,8 @@ def test_vmstream_tail_without_credentials_exits_4(secured: Secured, tmp_path: P
 
 @only("mtls", "oauth")
 def test_the_worker_does_its_job_as_its_principal(secured: Secured, tmp_path: Path) -> None:
-    """``vmstream worker`` (Faust and aiokafka, librdkafka's durable producer, kafka-python's
-    admin client) with only its own credentials: it creates its topics, reads an intent and
+    """``vmstream worker`` (Faust and aiokafka, librdkafka's durable producer and admin
+    client) with only its own credentials: it creates its topics, reads an intent and
     writes its audit record."""
     kafka = secured.settings("vmstream-worker")
     app_id = f"auth-{uuid.uuid4().hex[:6]}"
@@ -394,13 +357,8 @@ def test_the_worker_does_its_job_as_its_principal(secured: Secured, tmp_path: Pa
         intent = {"intent_id": intent_id, "type": "set_gpu", "requested_by": "alice@example.com",
                   "project": "proj-a", "spec": {"namespace": "spx-proj-a", "name": "nowhere",
                                                 "gpu_class": "nvidia-a100"}}
-        portal = producer(portal_settings, client_id="upstream-portal")
-        try:
-            portal.send(kafka.topic("intents"), key=b"vm/spx-proj-a/nowhere", value=json.dumps(intent).encode()).get(
-                timeout=30)
-        finally:
-            portal.close(timeout=5)
-        reader = consumer(secured.settings("auditor"), group_id=None, enable_auto_commit=False)
+        send(portal_settings, Record(kafka.topic("intents"), b"vm/spx-proj-a/nowhere", json.dumps(intent).encode()))
+        reader = consumer(secured.settings("auditor"), client_id="auth-test")
         audits = audit_of_intent(reader, kafka.topic("audit"), intent_id, process, log_path)
         assert audits[0]["outcome"] in ("accepted", "rejected"), audits
     finally:

@@ -38,10 +38,10 @@ from handlers.messages import Notification, ObjectRef
 from handlers.tracing import derived_trace, span_id
 from harness.processes import free_ports
 from streams.common.cloudevents import kafka_headers, trace_of
-from streams.common.kafka_clients import admin_client
 from streams.common.settings import Settings, read_yaml
 from streams.common.topics import DELIVERIES as LEDGER
 from streams.serve.notify import Notifier, ensure_ledger
+from tests.support.kafka_broker import committed, end_offsets
 from tests.support.waiting import eventually, stop
 
 pytestmark = pytest.mark.kafka
@@ -242,18 +242,9 @@ class Setup:
 
     def all_committed(self) -> bool:
         """notify's group has committed every notification published so far."""
-        topic = self.topic("notifications")
-        admin = admin_client(self.settings.kafka)
-        consumer = KafkaConsumer(bootstrap_servers=self.settings.kafka.bootstrap_servers)
-        try:
-            partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
-            ends = consumer.end_offsets(partitions)
-            group = self.settings.notify.group_id
-            committed = admin.list_group_offsets({group: partitions}).get(group, {})
-        finally:
-            consumer.close()
-            admin.close()
-        return all(ends[tp] == 0 or (tp in committed and committed[tp].offset >= ends[tp]) for tp in partitions)
+        ends = end_offsets(self.settings.kafka, self.topic("notifications"))
+        done = committed(self.settings.kafka, self.settings.notify.group_id)
+        return all(end == 0 or done.get(tp, -1) >= end for tp, end in ends.items())
 
     def config_file(self) -> Path:
         path = self.workdir / "config.yaml"

@@ -11,15 +11,15 @@ replica behind a Service, and either must give the whole cluster's list.
 from __future__ import annotations
 
 import json
-import logging
 import time
 from typing import Any
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from confluent_kafka import ConsumerGroupState
 from kafka.partitioner.default import murmur2
 
-from streams.common.kafka_clients import admin_client
+from streams.common.kafka_clients import ADMIN_SECONDS, admin_client
 from harness.running import Deployment, WorkerProcess, capacity_after, simulated
 from harness.scenarios import cluster
 
@@ -83,21 +83,15 @@ def wait_for_two_members(deployment: Deployment, timeout: float = 90.0) -> None:
     admin = admin_client(deployment.kafka)
     routed = deployment.kafka.topic("worker-routed")
     holding: list[bool] = []
-    quiet = logging.getLogger("kafka.admin")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)  # Faust's member metadata is not kafka-python's: it says so each time
-    try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            group = admin.describe_groups([deployment.app_id])[deployment.app_id]
-            holding = [routed in json.dumps(member.get("member_assignment"), default=str)
-                       for member in group.get("members") or ()] if group.get("group_state") == "Stable" else []
-            if len(holding) == 2 and all(holding):
-                return
-            time.sleep(0.2)  # polling interval
-    finally:
-        quiet.setLevel(level)
-        admin.close()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        group = admin.describe_consumer_groups([deployment.app_id],
+                                               request_timeout=ADMIN_SECONDS)[deployment.app_id].result()
+        holding = [any(tp.topic == routed for tp in member.assignment.topic_partitions or ())
+                   for member in group.members or ()] if group.state == ConsumerGroupState.STABLE else []
+        if len(holding) == 2 and all(holding):
+            return
+        time.sleep(0.2)  # polling interval
     raise AssertionError(f"the group never had two members holding routed partitions: {holding}")
 
 

@@ -11,11 +11,15 @@ client is handed a snapshot from before it), and the test's next poll must see i
 from __future__ import annotations
 
 import time
+from typing import Any, cast
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
-from streams.common.reading import read_to_end
+from streams.common.durable import DurableProducer, Record
+from streams.common.kafka_clients import consumer
+from streams.common.reading import assign_from_start, poll_records, read_to_end
+from streams.common.settings import KafkaSettings
 from tests.support.kafka_broker import TopicFactory
 
 pytestmark = pytest.mark.kafka
@@ -23,29 +27,59 @@ pytestmark = pytest.mark.kafka
 
 def test_a_record_past_the_end_is_left_for_the_next_read(
         kafka_bootstrap: str, kafka_topic_factory: TopicFactory) -> None:
+    kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
     topic = kafka_topic_factory("read-to-end", partitions=2)
-    busy, quiet = TopicPartition(topic, 0), TopicPartition(topic, 1)
-    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
-    for i in range(200):  # many fetches' worth for the busy partition (1 KiB per fetch below)
-        producer.send(topic, value=b"%03d" % i + b"." * 97, partition=0)
-    producer.flush()
-    snapshot = {busy: 200, quiet: 0}  # the end offsets as they were before the late record
-    producer.send(topic, value=b"late", partition=1)
-    producer.flush()
+    producer = DurableProducer(kafka, client_id="read-to-end")
+    # many fetches' worth for the busy partition (1 KiB per fetch below)
+    producer.send_all([Record(topic, None, b"%03d" % i + b"." * 97, partition=0) for i in range(200)])
+    snapshot = {0: 200, 1: 0}  # the end offsets as they were before the late record
+    producer.send_all([Record(topic, None, b"late", partition=1)])
     producer.close()
 
-    reader = KafkaConsumer(bootstrap_servers=kafka_bootstrap, enable_auto_commit=False,
-                           max_partition_fetch_bytes=1024)
+    reader = consumer(kafka, client_id="read-to-end", config={"max.partition.fetch.bytes": 1024})
+
+    def ends_before_the_late_record(tp: TopicPartition, **_: Any) -> tuple[int, int]:
+        return 0, snapshot[tp.partition]
+
     try:
-        reader.assign([busy, quiet])
-        reader.seek_to_beginning(busy, quiet)
-        reader.end_offsets = lambda partitions: {tp: snapshot[tp] for tp in partitions}
-        read = [(r.partition, r.value) for r in read_to_end(reader, [busy, quiet], stall=30)]
+        partitions = assign_from_start(reader, [topic])
+        read = [(r.partition, r.value) for r in read_to_end(cast(Consumer, Snapshot(reader, ends_before_the_late_record)),
+                                                            partitions, stall=30)]
         assert len(read) == 200 and {p for p, _ in read} == {0}  # up to the ends taken, nothing past them
-        later: list[bytes] = []
+        later: list[bytes | None] = []
         deadline = time.monotonic() + 30
         while not later and time.monotonic() < deadline:
-            later += [r.value for records in reader.poll(timeout_ms=500).values() for r in records]
+            later += [r.value for r in poll_records(reader, 0.5)]
     finally:
         reader.close()
     assert later == [b"late"], "the record read past the end was skipped for good"
+
+
+class Snapshot:
+    """A consumer whose end offsets are those given, not the broker's: a snapshot taken earlier."""
+
+    def __init__(self, client: Consumer, watermarks: Any) -> None:
+        self.client = client
+        self.get_watermark_offsets = watermarks
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+
+def test_a_partition_still_empty_is_at_its_end_on_a_second_read(
+        kafka_bootstrap: str, kafka_topic_factory: TopicFactory) -> None:
+    """A ledger reads to the end at start, when its topic may be empty, and again later, when
+    only some partitions got records: librdkafka reported the empty one's end once, on the
+    first read, and moves no position for it."""
+    kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
+    topic = kafka_topic_factory("read-again", partitions=2)
+    reader = consumer(kafka, client_id="read-again")
+    producer = DurableProducer(kafka, client_id="read-again")
+    try:
+        partitions = assign_from_start(reader, [topic])
+        assert list(read_to_end(reader, partitions, stall=10)) == []
+        producer.send_all([Record(topic, None, b"one", partition=1)])
+        assert [r.value for r in read_to_end(reader, partitions, stall=10)] == [b"one"]
+    finally:
+        producer.close()
+        reader.close()

@@ -26,9 +26,9 @@ from streams.cli import requesting
 from streams.cli import tailing
 from streams.common.cloudevents import trace_of
 from streams.common.codecs import encode_message
-from streams.common.kafka_clients import admin_client
 from streams.common.settings import KafkaSettings
 from streams.common.topics import ensure_topics
+from tests.support.kafka_broker import delete_topics
 
 pytestmark = pytest.mark.kafka
 
@@ -45,11 +45,7 @@ def kafka(kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Kaf
     monkeypatch.setenv("VMSTREAM_KAFKA__BOOTSTRAP_SERVERS", settings.bootstrap_servers)
     monkeypatch.setenv("VMSTREAM_KAFKA__TOPIC_PREFIX", settings.topic_prefix)
     yield settings
-    admin = admin_client(settings)
-    try:
-        admin.delete_topics(created)
-    finally:
-        admin.close()
+    delete_topics(settings, created)
 
 
 def cli(*argv: str) -> int:

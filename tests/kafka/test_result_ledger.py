@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -25,6 +24,7 @@ from handlers.topics import COMMAND_RESULTS
 from harness.running import CONFIG, Deployment
 from streams.common.codecs import encode_message
 from streams.common.durable import Delivered, DurableProducer, Record
+from streams.common.group_reading import Received
 from streams.common.settings import Settings, load_settings
 from streams.common.signing import Keyring, open_sealed
 from streams.kube.applying import Applied, Applier, KubeApplier, ResultLedger, loop
@@ -154,7 +154,7 @@ def test_only_offsets_of_its_own_topic_and_partitions_are_kept_and_passed_ones_a
         eventually(read_then(ledger, lambda: not ledger.written[place.partition]), "its own result read back")
         # An offset it wrote that is never read back (compacted away) goes once a later one is read.
         ledger.wrote([Delivered(results, 0, 7), Delivered(results, 0, 9)])
-        assert ledger._own(SimpleNamespace(partition=0, offset=9))
+        assert ledger._own(Received(results, 0, 9, None, b"", []))
         assert not ledger.written[0]
     finally:
         producer.close()

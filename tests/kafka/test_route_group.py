@@ -17,8 +17,9 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
 from harness.running import Deployment, Outputs, WorkerProcess
-from streams.common.kafka_clients import admin_client
+from streams.common.group_reading import Partition
 from streams.common.topics import ROUTED, SOURCE_HEADER, route_group
+from tests.support.kafka_broker import committed as group_offsets
 
 pytestmark = pytest.mark.kafka
 
@@ -58,12 +59,8 @@ def end_offsets(deployment: Deployment, partitions: list[TopicPartition]) -> dic
 
 
 def committed(deployment: Deployment, group: str, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
-    admin = admin_client(deployment.kafka)
-    try:
-        found = admin.list_group_offsets({group: partitions}).get(group, {})
-    finally:
-        admin.close()
-    return {tp: meta.offset for tp, meta in found.items() if meta.offset >= 0}
+    found = group_offsets(deployment.kafka, group)  # by (topic, partition): the same tuples
+    return {tp: found[Partition(*tp)] for tp in partitions if Partition(*tp) in found}
 
 
 def routed_origins(deployment: Deployment) -> list[tuple[str, int, int]]:

@@ -9,8 +9,8 @@ import json
 from typing import Any
 
 import pytest
-from kafka import KafkaProducer
 
+from streams.common.durable import DurableProducer, Record
 from streams.common.settings import KafkaSettings
 from streams.kube.watching import KINDS, Publisher, Watcher, last_published, watch_event
 from tests.support.kafka_broker import TopicFactory
@@ -43,11 +43,9 @@ def test_records_that_are_no_watch_event_are_skipped_not_fatal(
         (b"VirtualMachine/spx-proj-a/deep-object",
          json.dumps({"kind": "VirtualMachine", "type": "ADDED", "object": _nested(600)}).encode()),
     ]
-    out = KafkaProducer(bootstrap_servers=kafka_bootstrap, max_request_size=4 * 1024 * 1024)
+    out = DurableProducer(KafkaSettings(bootstrap_servers=kafka_bootstrap), client_id="read-back-test")
     try:
-        for record_key, record_value in [*hostile, (key.encode(), value)]:
-            out.send(topic, key=record_key, value=record_value)
-        out.flush()
+        out.send_all([Record(topic, record_key, record_value) for record_key, record_value in [*hostile, (key.encode(), value)]])
     finally:
         out.close()
 
@@ -79,11 +77,9 @@ def test_a_relist_publishes_deletions_only_for_what_was_read_back_as_that_very_o
         ("VirtualMachine/spx-proj-a/ghost", json.dumps({"kind": "VirtualMachine", "type": "ADDED",
                                                         "object": vm("live")}).encode()),
     ]
-    out = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    out = DurableProducer(KafkaSettings(bootstrap_servers=kafka_bootstrap), client_id="read-back-test")
     try:
-        for record_key, record_value in records:
-            out.send(topic, key=record_key.encode(), value=record_value)
-        out.flush()
+        out.send_all([Record(topic, record_key.encode(), record_value) for record_key, record_value in records])
         watcher = Watcher(VM_KIND)
         watcher.known = last_published(KafkaSettings(bootstrap_servers=kafka_bootstrap), topic,
                                        [VM_KIND]).get("VirtualMachine", {})

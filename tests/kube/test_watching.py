@@ -27,8 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from kafka import KafkaConsumer, TopicPartition
-from kafka.admin import ConfigResource, ConfigResourceType
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kubernetes import client, config
 
 from handlers.capacity import capacity
@@ -39,7 +38,7 @@ from handlers.messages import ORIGINAL_PREFIX_BYTES, DeadLetter, WatchEvent, obj
 from handlers.tables import VMS
 from handlers.tracing import ce_time, derived_trace
 from streams.common import metrics
-from streams.common.kafka_clients import admin_client, producer
+from streams.common.durable import DurableProducer
 from harness.localkubevirt import vm_subresource
 from harness.processes import free_ports
 from harness.running import Deployment, VmstreamProcess
@@ -57,6 +56,7 @@ from streams.kube.watching import (
     select_kinds,
 )
 from tests.support.harness import Harness
+from tests.support.kafka_broker import set_topic_config
 from tests.support.kube_apiserver import Kube, as_others_write_it, minimal_vm
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
@@ -411,7 +411,7 @@ def test_a_bookmark_only_moves_the_resume_point(deployment: Deployment, events: 
     watcher.resource_version = "100"
     obj = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
            "metadata": {"name": "vm-c", "namespace": "ns", "resourceVersion": "101"}}
-    kafka_producer = producer(deployment.kafka)
+    kafka_producer = DurableProducer(deployment.kafka, client_id="watch-test")
     try:
         publisher = Publisher(kafka_producer, deployment.kafka.topic(TOPIC))
         watcher._on_event({"type": "MODIFIED", "object": obj}, publisher)
@@ -437,11 +437,11 @@ def test_a_republished_event_has_the_very_headers_it_had(deployment: Deployment,
                         "creationTimestamp": "2026-11-30T06:00:00Z",
                         "managedFields": [{"manager": "a", "time": "2026-11-30T06:10:00Z"},
                                           {"manager": "b", "time": "2026-11-30T06:20:05Z"}]}}
-    kafka_producer = producer(deployment.kafka)
+    kafka_producer = DurableProducer(deployment.kafka, client_id="watch-test")
     try:
         publisher = Publisher(kafka_producer, deployment.kafka.topic(TOPIC), source="/vmstream/watch/az9")
         for _ in range(2):
-            publisher.send(select_kinds("VirtualMachine")[0], "MODIFIED", json.loads(json.dumps(obj))).future.get(30)
+            publisher.send(select_kinds("VirtualMachine")[0], "MODIFIED", json.loads(json.dumps(obj))).future.result(30)
     finally:
         kafka_producer.close()
 
@@ -637,8 +637,9 @@ def vm_with_blob(name: str, data: str) -> dict[str, Any]:
 
 
 def topic_bytes(kafka: KafkaSettings, topic: str) -> int:
-    """What the broker stores of ``topic`` (its log segments' size): batches as compressed."""
-    admin = admin_client(kafka)
+    """What the broker stores of ``topic`` (its log segments' size): batches as compressed.
+    kafka-python's admin client: librdkafka's has no DescribeLogDirs."""
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
     try:
         answers = admin.describe_log_dirs([kafka.topic(topic)])
     finally:
@@ -725,14 +726,8 @@ def test_a_topic_that_takes_less_than_the_worker_gets_reduced_events_not_refused
     """A broker whose limit is below the worker's: the bridge reads it and stays under it."""
     ns = cluster.namespace
     topic = deployment.kafka.topic(TOPIC)
-    admin = admin_client(deployment.kafka)
-    try:
-        answer = admin.alter_configs(
-            [ConfigResource(ConfigResourceType.TOPIC, topic, configs={"max.message.bytes": "50000"})],
-            raise_on_unknown=False)  # kafka-python knows only the topic's keys already set
-    finally:
-        admin.close()
-    wait_until(lambda: message_limit(deployment.kafka, topic) == 50_000, f"the topic's new limit ({answer})")
+    set_topic_config(deployment.kafka, topic, "max.message.bytes", "50000")
+    wait_until(lambda: message_limit(deployment.kafka, topic) == 50_000, "the topic's new limit")
     cloud, small = f"VirtualMachine/{ns}/vm-cloud", f"VirtualMachine/{ns}/vm-small"
     cluster.custom.create_namespaced_custom_object(  # 100 KB: under the worker's 512 KiB, over the topic's
         *KUBEVIRT, ns, "virtualmachines", vm_with_blob("vm-cloud", blob(100_000, compressible=False)))

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from handlers.cluster import effective_run_strategy
-from handlers.drains import RESTARTS_AFTER_DELETION, restarts_by_itself
+from handlers.drains import restarts_by_itself
 from samples.cluster import A100, RTX, node, vm, vmi
 from tests.support.harness import Harness
 

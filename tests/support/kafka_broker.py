@@ -18,12 +18,24 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import ConsumerGroupTopicPartitions
+from confluent_kafka import TopicPartition as Offset
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    OffsetSpec,
+    ResourceType,
+)
 
 # First: it imports kafka-python with that library's import-time DeprecationWarning silenced.
 from harness.localkafka import KAFKA_VERSION, SINGLE_NODE_SETTINGS, LocalKafka, free_ports, probe
 from harness.running import Deployment
-
-from kafka import KafkaAdminClient  # isort: skip
+from streams.common.group_reading import Partition
+from streams.common.kafka_clients import ADMIN_SECONDS, admin_client
+from streams.common.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -106,18 +118,48 @@ def kafka_bootstrap() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def kafka_admin(kafka_bootstrap: str) -> Iterator[KafkaAdminClient]:
-    """A kafka-python admin client on the session's broker."""
-    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="vmstream-tests")
-    try:
-        yield admin
-    finally:
-        admin.close()
+def kafka_admin(kafka_bootstrap: str) -> AdminClient:
+    """vmstream's admin client on the session's broker."""
+    return admin_client(KafkaSettings(bootstrap_servers=kafka_bootstrap), client_id="vmstream-tests")
+
+
+def committed(kafka: KafkaSettings, group: str) -> dict[Partition, int]:
+    """The offsets ``group`` has committed, by partition (none: not there)."""
+    asked = [ConsumerGroupTopicPartitions(group)]
+    admin = admin_client(kafka)
+    listed = admin.list_consumer_group_offsets(asked, request_timeout=ADMIN_SECONDS)[group].result()
+    return {Partition(tp.topic, tp.partition): tp.offset for tp in listed.topic_partitions or ()
+            if tp.error is None and tp.offset >= 0}
+
+
+def end_offsets(kafka: KafkaSettings, topic: str) -> dict[Partition, int]:
+    """Each partition of ``topic``: the offset its next record will take."""
+    admin = admin_client(kafka)
+    partitions = admin.list_topics(topic, timeout=ADMIN_SECONDS).topics[topic].partitions
+    asked = {Offset(topic, p): OffsetSpec.latest() for p in partitions}  # type: ignore[no-untyped-call]  # unannotated in confluent-kafka
+    return {Partition(tp.topic, tp.partition): answer.result().offset
+            for tp, answer in admin.list_offsets(asked, request_timeout=ADMIN_SECONDS).items()}
+
+
+def set_topic_config(kafka: KafkaSettings, topic: str, name: str, value: str) -> None:
+    """Set one of ``topic``'s configs, the others left as they are."""
+    resource = ConfigResource(ResourceType.TOPIC, topic,
+                              incremental_configs=[ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)])
+    admin = admin_client(kafka)
+    for altered in admin.incremental_alter_configs([resource], request_timeout=ADMIN_SECONDS).values():
+        altered.result()
+
+
+def delete_topics(kafka: KafkaSettings, topics: list[str]) -> None:
+    if topics:
+        admin = admin_client(kafka)
+        for deleted in admin.delete_topics(topics, request_timeout=ADMIN_SECONDS).values():
+            deleted.result()
 
 
 @pytest.fixture
 def kafka_topic_factory(
-    kafka_admin: KafkaAdminClient, request: pytest.FixtureRequest
+    kafka_admin: AdminClient, request: pytest.FixtureRequest
 ) -> Iterator[TopicFactory]:
     """``make(suffix="", *, partitions=1, configs=None) -> name``: a fresh topic per call.
 
@@ -131,14 +173,14 @@ def kafka_topic_factory(
         suffix: str = "", *, partitions: int = 1, configs: dict[str, str] | None = None
     ) -> str:
         name = "-".join(part for part in (stem, suffix, uuid.uuid4().hex[:8]) if part)
-        spec = {"num_partitions": partitions, "replication_factor": 1, "configs": configs or {}}
-        kafka_admin.create_topics({name: spec}, wait_for_metadata=True)
+        topic = NewTopic(name, num_partitions=partitions, replication_factor=1, config=configs or {})
+        kafka_admin.create_topics([topic], operation_timeout=ADMIN_SECONDS)[name].result()
         created.append(name)
         return name
 
     yield make
-    if created:
-        kafka_admin.delete_topics(created)
+    for deleted in kafka_admin.delete_topics(created).values() if created else ():
+        deleted.result()
 
 
 @pytest.fixture

@@ -45,22 +45,21 @@ def stop(process: subprocess.Popen[bytes] | subprocess.Popen[str] | None, grace:
 def audit_of_intent(reader: Any, topic: str, intent_id: str, process: subprocess.Popen[bytes], log_path: Path,
                     timeout: float = 180.0) -> list[dict[str, Any]]:
     """The audit records of ``intent_id`` on partition 0 of ``topic``, read from the start with
-    ``reader`` (a kafka-python consumer, closed here) once there is one; the process deciding it
-    must stay up meanwhile (its log's tail is the failure's message)."""
-    from kafka import TopicPartition
+    ``reader`` (a consumer of streams/common/kafka_clients.py, closed here) once there is one;
+    the process deciding it must stay up meanwhile (its log's tail is the failure's message)."""
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+    from streams.common.reading import poll_records
 
     try:
-        partition = TopicPartition(topic, 0)
-        reader.assign([partition])
-        reader.seek_to_beginning(partition)
+        reader.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
         deadline = time.monotonic() + timeout
         audits: list[dict[str, Any]] = []
         while not audits:
             assert process.poll() is None, log_path.read_text(errors="replace")[-4000:]
             assert time.monotonic() < deadline, f"no audit record: {log_path.read_text(errors='replace')[-4000:]}"
-            for records in reader.poll(timeout_ms=500).values():
-                audits += [v for v in (json.loads(r.value) for r in records)
-                           if (v.get("input") or {}).get("ref") == intent_id]
+            audits += [v for v in (json.loads(r.value or b"{}") for r in poll_records(reader, 0.5))
+                       if (v.get("input") or {}).get("ref") == intent_id]
         return audits
     finally:
         reader.close()

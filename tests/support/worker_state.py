@@ -9,6 +9,7 @@ from faust.types import EventT
 
 from handlers.tables import TABLES
 from streams.common.globalview import GlobalView
+from streams.common.settings import KafkaSettings
 from streams.worker.tablestate import TableState
 
 
@@ -35,4 +36,4 @@ class LocalTable(dict[str, Any]):
 
 
 def worker_table_state() -> TableState:
-    return TableState({table: LocalTable() for table in TABLES}, GlobalView("localhost:9", {}), None)
+    return TableState({table: LocalTable() for table in TABLES}, GlobalView(KafkaSettings(bootstrap_servers="localhost:9"), {}), None)

@@ -47,14 +47,13 @@ from streams.common.codecs import encode_message
 from streams.common.durable import Delivered, DurableProducer, Record
 from streams.common.group_reading import GroupReader, Partition, Received
 from streams.common.kafka_clients import consumer
-from streams.common.reading import assign_from_start, read_to_end
+from streams.common.reading import assign_from_start, poll_records, read_to_end
 from streams.common.settings import Settings
 from streams.common.signing import Keyring, KeyringError, open_sealed
 from streams.kube.applying.api import Applied, KubeApplier
 
 if TYPE_CHECKING:
-    from kafka import KafkaConsumer
-    from kafka.consumer.fetcher import ConsumerRecord
+    from confluent_kafka import Consumer
     from pydantic import BaseModel
 
 log = logging.getLogger(__name__)
@@ -80,12 +79,12 @@ class ResultLedger:
         self.keyring = keyring
         self.ignored = 0  # results that did not count: unsealed, forged, refusing a forgery
         self.topic = settings.kafka.topic(COMMAND_RESULTS)
-        self.consumer: KafkaConsumer = consumer(
-            settings.kafka, enable_auto_commit=False, isolation_level="read_committed",
-            client_id=f"{settings.worker.app_id}-applier-ledger",
+        self.consumer: Consumer = consumer(
+            settings.kafka, client_id=f"{settings.worker.app_id}-applier-ledger",
+            group_id=f"{settings.worker.app_id}-applier",
             # Not one fetch per result: the applier's own results it knows already, and what
             # other appliers did matters after a rebalance, which reads to the end anyway.
-            fetch_min_bytes=LEDGER_FETCH_BYTES, fetch_max_wait_ms=LEDGER_FETCH_WAIT_MS,
+            config={"fetch.min.bytes": LEDGER_FETCH_BYTES, "fetch.wait.max.ms": LEDGER_FETCH_WAIT_MS},
         )
         self.partitions = assign_from_start(self.consumer, [self.topic], wait=timeout)
         self.done: set[str] = set()
@@ -108,7 +107,7 @@ class ResultLedger:
             if place.topic == self.topic and place.offset >= 0 and mine is not None:
                 mine.append(place.offset)
 
-    def _own(self, record: ConsumerRecord) -> bool:
+    def _own(self, record: Received) -> bool:
         """Is ``record`` one this applier wrote? Offsets below it that were never read back
         (compacted away, or skipped) are forgotten on the way: a partition is read in order."""
         mine = self.written.get(record.partition)
@@ -126,11 +125,10 @@ class ResultLedger:
 
     def take_arrived(self) -> None:
         """Read the results already fetched, without waiting for more."""
-        for records in self.consumer.poll(timeout_ms=0).values():
-            for record in records:
-                self._read(record)
+        for record in poll_records(self.consumer, 0):
+            self._read(record)
 
-    def _read(self, record: ConsumerRecord) -> None:
+    def _read(self, record: Received) -> None:
         if self._own(record):  # this applier's own: its command is done already
             return
         result, problem = open_sealed(CommandResult, record.value or b"", "command-result", self.keyring)
