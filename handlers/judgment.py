@@ -226,13 +226,13 @@ def judge(command: Command, seen: Observed, *, project_label: str) -> Judgment:
             assert_never(command.type)
 
 
-def conflicted(command: Command, attempt: int) -> RetryLater | Failure:
-    """The API server answered 409 to try ``attempt`` (0 the first): the object is not the
+def conflicted(command: Command, conflicts: int) -> RetryLater | Failure:
+    """The API server answered 409 after ``conflicts`` earlier ones: the object is not the
     one judged. Read and judged again at once, unless it keeps changing."""
     target = f"{command.target.kind} {command.target.namespace}/{command.target.name}"
-    if attempt + 1 < MAX_CONFLICTS:
-        return RetryLater(0.0, f"{target} changed under the command")
-    return Failure(f"{target} kept changing: gave up after {attempt + 1} conflicts")
+    if conflicts + 1 < MAX_CONFLICTS:
+        return RetryLater(0.0, f"{target} changed under the command", cause="conflict")
+    return Failure(f"{target} kept changing: gave up after {conflicts + 1} conflicts")
 
 
 # --- one command type each ---------------------------------------------------------------------

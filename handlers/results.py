@@ -33,6 +33,27 @@ class RetryLater:
 
     after: float
     reason: str
+    cause: Literal["conflict", "transient"] = "transient"
+
+
+@dataclass(frozen=True, slots=True)
+class Tries:
+    """The tries a command has had, by what each met: a conflict (the object changed under
+    it) and a transient failure (the API server unavailable) have budgets of their own, so
+    an outage's retries never spend the tries a busy VM's conflicts need."""
+
+    conflicts: int = 0
+    transients: int = 0
+
+    @property
+    def first(self) -> bool:
+        return self.conflicts == self.transients == 0
+
+    def after(self, held: RetryLater) -> Tries:
+        """The tries once ``held``'s try is counted."""
+        if held.cause == "conflict":
+            return Tries(self.conflicts + 1, self.transients)
+        return Tries(self.conflicts, self.transients + 1)
 
 
 @dataclass(frozen=True, slots=True)

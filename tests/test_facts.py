@@ -34,6 +34,7 @@ from handlers.messages import (
     CommandType,
     ObjectRef,
 )
+from handlers.results import Tries
 from handlers.vms import MANAGED_BY_LABEL
 from streams.cli import requesting
 from streams.kube import watching
@@ -312,6 +313,6 @@ def test_the_applier_makes_one_distinct_change_per_command_type() -> None:
     for command_type in COMMAND_TYPES:
         command, seen = _let_through(command_type)
         judged = judgment.judge(command, seen, project_label="p")
-        assert applier._act(command, judged, seen, 0) == api.Applied("applied"), (command_type, judged)
+        assert applier._act(command, judged, seen, Tries()) == api.Applied("applied"), (command_type, judged)
     assert applier.made == ["patch", "create", "restart", "start", "stop", "delete VMI", "cordon", "uncordon",
                             "cancel eviction mark"]

@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from handlers.engine import Result, Source
 from handlers.inputs import IntentInput
 from handlers.messages import Command, Notification
+from handlers.results import Tries
 from handlers.tracing import Trace, derived_trace, parse_traceparent, span_id
 from samples.cluster import RTX, node, vm, vmi
 from streams.common import spans
@@ -124,7 +125,7 @@ def sent_headers(worker: Any, routed: Any, result: Result, message: object) -> d
 
 @dataclass
 class FakeKube:
-    def try_once(self, command: Command, attempt: int) -> Applied:
+    def try_once(self, command: Command, tries: Tries = Tries()) -> Applied:
         return Applied("applied", resource_version="2")
 
 

@@ -1,7 +1,7 @@
 """A producer that sends a batch of records and returns once the broker has every one.
 
 The applier publishes what each command came to before it commits the command's offset
-(streams/kube/applying.py), and the worker its journal, messages and table rows before
+(streams/kube/applying/), and the worker its journal, messages and table rows before
 its inputs are acknowledged (streams/worker/app.py): every send waits for ``acks=all``.
 kafka-python does that in Python, on a sender thread and an I/O thread of its own, which
 cost the applier more CPU per command than the API call it records; aiokafka does it on the

@@ -103,7 +103,7 @@ DEAD_LETTERS = family(Counter("vmstream_dead_letters_total", "Records this proce
                               "the topic the record was read from", ["topic"], registry=None),
                       "worker", "apply", "watch", "notify")
 
-# The applier's (streams/kube/applying.py).
+# The applier's (streams/kube/applying/).
 APPLY_RESULTS = family(Counter("vmstream_apply_results_total", "Commands applied, by command type and outcome",
                                ["type", "outcome"], registry=None), "apply")
 APPLY_SECONDS = family(Histogram(

@@ -19,7 +19,7 @@ import pytest
 from handlers import ids
 from handlers.decisions import subject_key
 from handlers.messages import Command, ObjectRef
-from handlers.results import RetryLater, decide_result
+from handlers.results import RetryLater, Tries, decide_result
 from handlers.topics import COMMAND_RESULTS
 from harness.running import CONFIG, Deployment
 from streams.common.codecs import encode_message
@@ -117,7 +117,7 @@ class _Answers(KubeApplier):
     def __init__(self, applied: Applied) -> None:  # no API client: nothing is sent
         self.applied, self.cache = applied, None
 
-    def try_once(self, command: Command, attempt: int = 0) -> Applied | RetryLater:
+    def try_once(self, command: Command, tries: Tries = Tries()) -> Applied | RetryLater:
         return self.applied
 
 

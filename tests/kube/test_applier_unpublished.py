@@ -23,7 +23,7 @@ from kubernetes import client
 from handlers import ids
 from handlers.decisions import subject_key
 from handlers.messages import Command, ObjectRef
-from handlers.results import RetryLater
+from handlers.results import RetryLater, Tries
 from harness.running import CONFIG, Deployment
 from samples.cluster import node as node_object
 from streams.common.codecs import encode_message
@@ -76,10 +76,10 @@ def test_a_result_not_published_stops_every_later_commit(
 
     real_try = KubeApplier.try_once
 
-    def held_try(self: KubeApplier, command: Command, attempt: int = 0) -> Applied | RetryLater:
+    def held_try(self: KubeApplier, command: Command, tries: Tries = Tries()) -> Applied | RetryLater:
         if command.command_id == second.command_id:  # still in flight when the first one fails
             assert first_failed.wait(60), "the first command's result was never sent"
-        return real_try(self, command, attempt)
+        return real_try(self, command, tries)
 
     monkeypatch.setattr(DurableProducer, "send_all", refusing_send_all)
     monkeypatch.setattr(KubeApplier, "try_once", held_try)

@@ -183,8 +183,8 @@ def test_a_patch_of_a_vm_that_is_gone_fails() -> None:
 def test_a_conflict_is_judged_again_at_once_until_the_vm_keeps_changing() -> None:
     patch = command("patch_vm", VM_REF, patch=[], base_resource_version="1")
     for attempt in range(MAX_CONFLICTS - 1):
-        assert judgment.conflicted(patch, attempt) == RetryLater(0.0, "VirtualMachine spx-proj-a/vm-1 changed "
-                                                                     "under the command")
+        assert judgment.conflicted(patch, attempt) == RetryLater(
+            0.0, "VirtualMachine spx-proj-a/vm-1 changed under the command", cause="conflict")
     assert judgment.conflicted(patch, MAX_CONFLICTS - 1) == Failure(
         f"VirtualMachine spx-proj-a/vm-1 kept changing: gave up after {MAX_CONFLICTS} conflicts")
 

@@ -47,7 +47,7 @@ from handlers.judgment import (
     Refusal,
 )
 from handlers.messages import Command
-from handlers.results import Outcome, RetryLater
+from handlers.results import Outcome, RetryLater, Tries
 from handlers.running import already_so
 from streams.common import metrics
 from streams.kube.informing import PolicyCache, Unknown
@@ -115,7 +115,7 @@ class RetryPolicy:
     read_timeout: float = 30.0
 
     def later(self, attempt: int, reason: str) -> RetryLater | None:
-        """Try ``attempt`` (0 the first) met a transient failure: when to try again, exponentially
+        """The try after ``attempt`` transient failures met another: when to try again, exponentially
         later and a little at random (appliers that met one outage do not all come back at
         once), or None when the tries are spent."""
         if attempt + 1 >= self.attempts:
@@ -168,37 +168,38 @@ class KubeApplier:
 
     def apply(self, command: Command) -> Applied:
         """Try ``command`` until it comes to something, waiting as each try asks."""
-        attempt = 0
-        while isinstance(outcome := self.try_once(command, attempt), RetryLater):
+        tries = Tries()
+        while isinstance(outcome := self.try_once(command, tries), RetryLater):
             time.sleep(outcome.after)
-            attempt += 1
+            tries = tries.after(outcome)
         return outcome
 
-    def try_once(self, command: Command, attempt: int = 0) -> Applied | RetryLater:
-        """One try of ``command`` (``attempt`` 0 the first): read, judge, act. Never raises for
-        what the API server answers."""
+    def try_once(self, command: Command, tries: Tries = Tries()) -> Applied | RetryLater:
+        """One try of ``command`` after ``tries``: read, judge, act. Never raises for what the
+        API server answers."""
         seen: Observed | None = None
         try:
-            seen = self.observe(command, attempt)
-            return self._act(command, judgment.judge(command, seen, project_label=self.project_label), seen, attempt)
+            seen = self.observe(command, tries.first)
+            return self._act(command, judgment.judge(command, seen, project_label=self.project_label), seen, tries)
         except ApiException as exc:
-            if is_transient(exc) and (later := self.retry.later(attempt, api_message(exc))) is not None:
+            if is_transient(exc) and (later := self.retry.later(tries.transients, api_message(exc))) is not None:
                 return later
             return Applied("failed", error=api_message(exc), owner=self._owner(command, seen))
         except TRANSIENT_ERRORS as exc:
             error = f"the API server did not answer: {exc}"
-            return self.retry.later(attempt, error) or Applied("failed", error=error, owner=self._owner(command, seen))
+            return (self.retry.later(tries.transients, error)
+                    or Applied("failed", error=error, owner=self._owner(command, seen)))
 
     # --- read ------------------------------------------------------------------------------
 
-    def observe(self, command: Command, attempt: int = 0) -> Observed:
+    def observe(self, command: Command, first: bool = True) -> Observed:
         """The objects ``command`` is judged on, each read once (:func:`~handlers.judgment.reads`)."""
         needs = judgment.reads(command)
         target = command.target
         where = {"namespace": target.namespace, "name": target.name}
         return Observed(
             namespace=self._namespace_labels(command) if NAMESPACE in needs else None,
-            vm=self._vm(command, attempt) if VM in needs else None,
+            vm=self._vm(command, first) if VM in needs else None,
             vmi=self._read(PATHS[VMI].format(**where)) if VMI in needs else None,
             node=self._read(PATHS[NODE].format(**where)) if NODE in needs else None,
         )
@@ -222,12 +223,14 @@ class KubeApplier:
         labels = ((found or {}).get("metadata") or {}).get("labels") or {}
         return {str(key): str(value) for key, value in labels.items()} if found is not None else None
 
-    def _vm(self, command: Command, attempt: int) -> dict[str, Any] | None:
-        """The VM: on a first try the watched copy when it is the VM the command was planned
-        against — the patch is sent under its resourceVersion, so a VM that moved on since
-        is a 409, and the next try reads it live."""
+    def _vm(self, command: Command, first: bool) -> dict[str, Any] | None:
+        """The VM: for a patch's first try the watched copy when it is the VM the command was
+        planned against — the patch is sent under its resourceVersion, so a VM that moved on
+        since is a 409, and the next try reads it live. Every other command reads it live: a
+        restart's record of itself, say, is written unguarded, and a stale copy without it
+        would restart the VM twice."""
         target = command.target
-        if self.cache is not None and attempt == 0:
+        if self.cache is not None and first and command.type == "patch_vm":
             cached = self.cache.vm(target.namespace or "", target.name, command.base_resource_version)
             if cached is not None:
                 return cached
@@ -266,7 +269,7 @@ class KubeApplier:
 
     # --- act -------------------------------------------------------------------------------
 
-    def _act(self, command: Command, judged: Judgment, seen: Observed, attempt: int) -> Applied | RetryLater:
+    def _act(self, command: Command, judged: Judgment, seen: Observed, tries: Tries) -> Applied | RetryLater:
         """Do what was judged: one case per judgment (handlers/judgment.py); mypy fails here
         when one has none (``assert_never``)."""
         match judged:
@@ -279,9 +282,9 @@ class KubeApplier:
             case Failure(error):
                 return Applied("failed", error=error, owner=self._owner(command, seen))
             case PatchVM():
-                return self._conflicts(command, attempt, seen, lambda: self._patch_vm(judged))
+                return self._conflicts(command, tries.conflicts, seen, lambda: self._patch_vm(judged))
             case CreateVM():
-                return self._conflicts(command, attempt, seen, lambda: self._create_vm(judged))
+                return self._conflicts(command, tries.conflicts, seen, lambda: self._create_vm(judged))
             case PutSubresource():
                 return self._subresource(judged)
             case DeleteVMI():
@@ -293,7 +296,7 @@ class KubeApplier:
             case _:
                 assert_never(judged)
 
-    def _conflicts(self, command: Command, attempt: int, seen: Observed,
+    def _conflicts(self, command: Command, conflicts: int, seen: Observed,
                    send: Callable[[], Applied]) -> Applied | RetryLater:
         """``send``, whose 409 means the object is not as judged: judged again on a new read."""
         try:
@@ -301,7 +304,7 @@ class KubeApplier:
         except ApiException as exc:
             if exc.status != 409:
                 raise
-        again = judgment.conflicted(command, attempt)
+        again = judgment.conflicted(command, conflicts)
         if isinstance(again, Failure):
             return Applied("failed", error=again.error, owner=self._owner(command, seen))
         return again

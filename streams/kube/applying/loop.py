@@ -39,7 +39,7 @@ from handlers import policy
 from handlers.decisions import subject_key
 from handlers.engine import Engine, Source
 from handlers.messages import Command, CommandResult, describe_validation_error
-from handlers.results import ResultDecision, RetryLater, decide_result
+from handlers.results import ResultDecision, RetryLater, Tries, decide_result
 from handlers.topics import AUDIT, COMMAND_RESULTS, COMMANDS, NOTIFICATIONS
 from streams.common import metrics, spans
 from streams.common.cloudevents import TraceBook, event_source, kafka_headers, ref_of
@@ -164,7 +164,7 @@ class Lanes:
     unsettled, until a later try comes to something.
     """
 
-    def __init__(self, pool: ThreadPoolExecutor, apply: Callable[[Command, int], Outputs | RetryLater]) -> None:
+    def __init__(self, pool: ThreadPoolExecutor, apply: Callable[[Command, Tries], Outputs | RetryLater]) -> None:
         self.pool = pool
         self.apply = apply
         self.changed = threading.Condition()
@@ -227,11 +227,12 @@ class Lanes:
 
     def _settle(self, command: Command) -> Outputs:
         """Try ``command`` until it comes to something, waiting between tries as each asks."""
-        attempt = 0
-        while isinstance(outputs := self.apply(command, attempt), RetryLater):
+        started, tries = time.perf_counter(), Tries()
+        while isinstance(outputs := self.apply(command, tries), RetryLater):
             if outputs.after > 0:
                 time.sleep(outputs.after)
-            attempt += 1
+            tries = tries.after(outputs)
+        metrics.APPLY_SECONDS.labels(command.type).observe(time.perf_counter() - started)
         return outputs
 
     def wait_for_change(self, timeout: float) -> None:
@@ -401,8 +402,8 @@ class Applier:
         ledger.add(command.command_id)  # a repeat read before this one is done is skipped too
         lanes.start(tp, record.offset, subject_key(command.target), command)
 
-    def _try(self, command: Command, attempt: int) -> Outputs | RetryLater:
-        decision = self.apply_one(command, attempt)
+    def _try(self, command: Command, tries: Tries) -> Outputs | RetryLater:
+        decision = self.apply_one(command, tries)
         return decision if isinstance(decision, RetryLater) else self._outputs(command, decision)
 
     def _outputs(self, command: Command, decision: ResultDecision) -> Outputs:
@@ -474,15 +475,14 @@ class Applier:
             dead.extend((self.kafka.topic(o.topic), o.key, o.value) for o in result.outputs())
             return None
 
-    def apply_one(self, command: Command, attempt: int = 0) -> ResultDecision | RetryLater:
-        """One try of one command on the API server (``attempt`` 0 the first), and what to
-        record of it once it has come to something."""
-        started = time.perf_counter()
+    def apply_one(self, command: Command, tries: Tries = Tries()) -> ResultDecision | RetryLater:
+        """One try of one command on the API server after ``tries``, and what to record of it
+        once it has come to something."""
         with spans.span(f"apply {command.type}", self.traces.trace(command.command_id), kind=spans.Kind.CONSUMER,
                         attributes={"vmstream.command": command.command_id,
                                     "vmstream.target": subject_key(command.target)}) as span:
             try:
-                applied = self.kube.try_once(command, attempt)
+                applied = self.kube.try_once(command, tries)
             except Exception as exc:  # a bug must not stop the line: record it as a failure
                 log.exception("applying command %s failed unexpectedly", command.command_id)
                 applied = Applied("failed", error=f"internal error: {type(exc).__name__}: {exc}")
@@ -494,10 +494,11 @@ class Applier:
                     if applied.outcome == "failed":
                         span.set_status(spans.Status(spans.StatusCode.ERROR, applied.error or "failed"))
                 self.applied_spans[command.command_id] = span.get_span_context()
-        metrics.APPLY_SECONDS.labels(command.type).observe(time.perf_counter() - started)
         if isinstance(applied, RetryLater):
-            log.info("command %s (%s %s) held, tried again in %.1fs: %s", command.command_id, command.type,
-                     subject_key(command.target), applied.after, applied.reason)
+            # An API server in trouble is worth a warning; a VM that changed meanwhile is not.
+            log.log(logging.WARNING if applied.cause == "transient" else logging.INFO,
+                    "command %s (%s %s) held, tried again in %.1fs: %s", command.command_id, command.type,
+                    subject_key(command.target), applied.after, applied.reason)
             return applied
         metrics.APPLY_RESULTS.labels(command.type, applied.outcome).inc()
         # The audit stream records every result; a line of its own only for what went otherwise.
