@@ -8,7 +8,6 @@ yields byte-identical outputs.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -29,6 +28,7 @@ from handlers.messages import (
     Severity,
 )
 from handlers.state import Change, ObservedFate, Overlay, StateView
+from handlers.topics import AUDIT, COMMANDS, NOTIFICATIONS
 
 OutputTopic = str  # the logical name of a topic the worker writes (handlers/topics.py)
 
@@ -108,21 +108,11 @@ class Decision:
 
     def outputs(self) -> list[Output]:
         """Commands, then notifications, then the audit record that names them."""
-        commands, notifications, audit = _output_topics()
-        out = [Output(commands, subject_key(c.target), c) for c in self.commands]
-        out += [Output(notifications, subject_key(n.subject), n) for n in self.notifications]
+        out = [Output(COMMANDS.name, subject_key(c.target), c) for c in self.commands]
+        out += [Output(NOTIFICATIONS.name, subject_key(n.subject), n) for n in self.notifications]
         if self.audit is not None:
-            out.append(Output(audit, self.audit.input.key or "", self.audit))
+            out.append(Output(AUDIT.name, self.audit.input.key or "", self.audit))
         return out
-
-
-@functools.cache
-def _output_topics() -> tuple[str, str, str]:
-    """The logical names of the commands, notifications and audit topics: looked up once,
-    not at import (the topics' value models, handlers/views.py, import this module)."""
-    from handlers.topics import AUDIT, COMMANDS, NOTIFICATIONS
-
-    return COMMANDS.name, NOTIFICATIONS.name, AUDIT.name
 
 
 @dataclass(slots=True)

@@ -559,6 +559,24 @@ class DeadLetter(Message):
                                         description="The whole value's SHA-256, hex, when truncated.")
 
 
+class GPUClassStatus(BaseModel):
+    """One GPU class of the AZ and its cards; also the value of ``vmstream.gpu-classes``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")  # the read API's answers refuse unknown fields
+
+    name: str = Field(description="The class id, or the device name of a device no class maps to")
+    class_id: str | None = Field(description="None for a device seen on nodes that no configured class names")
+    display_name: str
+    device_name: str = Field(description="The device plugin's resource name (KubeVirt's deviceName)")
+    undefined: bool = Field(description="No configured class maps to this device")
+    permitted: bool = Field(description="The observed KubeVirt CR lets a VM with this device start "
+                                        "(permittedHostDevices); True while no CR was observed")
+    total: int = Field(ge=0, description="Cards on every node, schedulable or not")
+    schedulable: int = Field(ge=0, description="Cards on Ready, uncordoned nodes")
+    in_use: int = Field(ge=0, description="Cards held by GPU VMIs on schedulable nodes")
+    free: int = Field(ge=0, description="Schedulable cards no VMI holds")
+
+
 # ---------------------------------------------------------------------------- helpers
 
 

@@ -26,11 +26,11 @@ from handlers.messages import (
     Command,
     CommandResult,
     DeadLetter,
+    GPUClassStatus,
     Intent,
     Notification,
     WatchEvent,
 )
-from handlers.views import GPUClassStatus
 
 # The long-running vmstream processes, as the AsyncAPI document tags them.
 Process = Literal["worker", "applier", "watch-bridge", "api", "notify"]

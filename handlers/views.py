@@ -23,7 +23,7 @@ from handlers.availability import waiting_for_gpu
 from handlers.capacity import capacity_report
 from handlers.catalog import Catalog
 from handlers.cluster import next_gpus
-from handlers.messages import vm_key
+from handlers.messages import GPUClassStatus, vm_key
 from handlers.restarts import change_pending
 from handlers.state import DrainEpisode, DrainOutcome, ObservedFate, StateView, tracking_of
 from handlers.tables import DRAINS, NAMESPACES, VMIS, VMS
@@ -34,22 +34,6 @@ BADGES: dict[WaitsFor, str] = {"restart": "(applies after restart)", "gpu": "(wa
 
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class GPUClassStatus(_Model):
-    """One GPU class of the AZ and its cards; also the value of ``vmstream.gpu-classes``."""
-
-    name: str = Field(description="The class id, or the device name of a device no class maps to")
-    class_id: str | None = Field(description="None for a device seen on nodes that no configured class names")
-    display_name: str
-    device_name: str = Field(description="The device plugin's resource name (KubeVirt's deviceName)")
-    undefined: bool = Field(description="No configured class maps to this device")
-    permitted: bool = Field(description="The observed KubeVirt CR lets a VM with this device start "
-                                        "(permittedHostDevices); True while no CR was observed")
-    total: int = Field(ge=0, description="Cards on every node, schedulable or not")
-    schedulable: int = Field(ge=0, description="Cards on Ready, uncordoned nodes")
-    in_use: int = Field(ge=0, description="Cards held by GPU VMIs on schedulable nodes")
-    free: int = Field(ge=0, description="Schedulable cards no VMI holds")
 
 
 class GPUClassList(_Model):

@@ -301,9 +301,8 @@ def test_the_kept_topics_accept_what_api_and_notify_write() -> None:
     from collections.abc import Sequence
     from datetime import UTC, datetime
 
-    from handlers.messages import Notification
+    from handlers.messages import GPUClassStatus, Notification
     from handlers.tracing import derived_trace
-    from handlers.views import GPUClassStatus
     from streams.common.durable import Delivered, Record
     from streams.serve.api import ClassTopic
     from streams.serve.notify import DeliveryLedger, Notifier

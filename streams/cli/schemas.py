@@ -37,6 +37,7 @@ from handlers.messages import (
     CommandResult,
     DeadLetter,
     DeadLetterSource,
+    GPUClassStatus,
     GPUMutation,
     Intent,
     Notification,
@@ -83,7 +84,6 @@ from handlers.tracing import (
     message_headers,
     parse_traceparent,
 )
-from handlers.views import GPUClassStatus
 from streams.common.cloudevents import event_source
 from streams.common.settings import KafkaSettings, Settings
 from streams.kube.watching import EventType, event_headers

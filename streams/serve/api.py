@@ -41,12 +41,11 @@ from pydantic.json_schema import models_json_schema
 from handlers.catalog import Catalog
 from handlers.config import Config
 from handlers.events import GPU_CLASS_TYPE
-from handlers.messages import vm_key
+from handlers.messages import GPUClassStatus, vm_key
 from handlers.tables import DRAINS, KUBEVIRT, NAMESPACES, TRACKING, USAGE, VMIS, VMS, Table
 from handlers.tracing import ce_headers, derived_trace, parse_traceparent
 from handlers.views import (
     GPUClassList,
-    GPUClassStatus,
     ProjectView,
     VMBadge,
     gpu_classes,

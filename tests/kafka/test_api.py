@@ -216,7 +216,7 @@ def test_two_replicas_answer_alike_tokens_are_scoped_and_the_class_topic_is_curr
 
 def test_the_class_topic_publishes_what_differs_and_a_tombstone_for_a_class_gone() -> None:
     """No broker: what a replica would publish over a topic holding ``latest``."""
-    from handlers.views import GPUClassStatus
+    from handlers.messages import GPUClassStatus
     from streams.serve.api import ClassTopic
 
     def status(name: str, free: int) -> GPUClassStatus:
