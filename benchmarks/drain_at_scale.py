@@ -59,7 +59,7 @@ from kafka import KafkaConsumer, KafkaProducer  # noqa: E402
 from kafka import TopicPartition as SyncTopicPartition  # noqa: E402
 from kit import Worker, percentile  # noqa: E402
 
-from handlers.engine import Engine  # noqa: E402
+from handlers.decide.engine import Engine  # noqa: E402
 from harness.running import CONFIG, Deployment  # noqa: E402
 from harness.scenarios import Script  # noqa: E402
 from samples.cluster import RTX, iso, kubevirt_cr, node, node_maintenance, vm, vmi  # noqa: E402

@@ -49,9 +49,9 @@ from typing import Any
 import az_stream as az  # noqa: E402  (benchmarks/ is this script's directory)
 import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
 
-from handlers.engine import Engine  # noqa: E402
-from handlers.state import MemoryState  # noqa: E402
-from handlers.tables import DRAINS  # noqa: E402
+from handlers.core.state import MemoryState  # noqa: E402
+from handlers.core.tables import DRAINS  # noqa: E402
+from handlers.decide.engine import Engine  # noqa: E402
 from harness.scenarios import Script  # noqa: E402
 from samples.cluster import RTX, node, node_maintenance, vm, vmi  # noqa: E402
 from streams.cli.simulating import Simulation  # noqa: E402

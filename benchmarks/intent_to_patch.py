@@ -56,11 +56,11 @@ from typing import Any
 import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
 from kubernetes import client, watch  # noqa: E402
 
-from handlers import ids  # noqa: E402
-from handlers.decisions import subject_key  # noqa: E402
-from handlers.enforcement import FIELD_MANAGER  # noqa: E402
-from handlers.gpus import desired_vm, plan_patch  # noqa: E402
-from handlers.messages import Command, GPUMutation, ObjectRef, object_key  # noqa: E402
+from handlers.contracts import ids  # noqa: E402
+from handlers.contracts.messages import Command, GPUMutation, ObjectRef, object_key  # noqa: E402
+from handlers.core.decisions import subject_key  # noqa: E402
+from handlers.rules.enforcement import FIELD_MANAGER  # noqa: E402
+from handlers.rules.gpus import desired_vm, plan_patch  # noqa: E402
 from harness.localkube import LocalKube  # noqa: E402
 from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess  # noqa: E402
 from samples.cluster import A100, PROJECT_LABEL  # noqa: E402

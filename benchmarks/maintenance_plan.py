@@ -5,7 +5,7 @@ VMs, which restart elsewhere only if a card of their class is free there. A plai
 NodeMaintenance per node (or Harvester's maintenance mode), one after another in name
 order, keeps no card for anyone, places restarted VMs wherever the scheduler likes — on a
 node still to be drained too, which stops them again — and tells owners at the drain.
-``handlers/maintenance.py`` plans the order instead. This script compares the two on one
+``handlers/rules/maintenance.py`` plans the order instead. This script compares the two on one
 generated AZ, in the same model (pure: no broker, no API server; seconds):
 
 - 40 planned GPU nodes of 3 classes, 300 GPU VMs, every run strategy, owners' preferences
@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tree this file sits in
 
-from handlers.maintenance import (  # noqa: E402
+from handlers.rules.maintenance import (  # noqa: E402
     GPUVM,
     AfterMaintenance,
     MaintenancePlan,

@@ -47,7 +47,7 @@ from harness.localkafka import free_ports  # noqa: E402
 import yaml  # noqa: E402  # isort: skip
 from aiosmtpd.controller import Controller  # noqa: E402
 
-from handlers.messages import Notification, ObjectRef  # noqa: E402
+from handlers.contracts.messages import Notification, ObjectRef  # noqa: E402
 from streams.common.durable import DurableProducer, Record  # noqa: E402
 from streams.common.settings import Settings, read_yaml  # noqa: E402
 from streams.serve.notify import ensure_ledger  # noqa: E402

@@ -44,8 +44,8 @@ from typing import Any
 
 import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
 
-from handlers.decisions import subject_key  # noqa: E402
-from handlers.messages import Command, ObjectRef  # noqa: E402
+from handlers.contracts.messages import Command, ObjectRef  # noqa: E402
+from handlers.core.decisions import subject_key  # noqa: E402
 from harness.publishing import publish  # noqa: E402
 from harness.running import CONFIG, Deployment, Outputs, WorkerProcess  # noqa: E402
 from harness.scenarios import cluster  # noqa: E402

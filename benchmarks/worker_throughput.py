@@ -410,8 +410,8 @@ def thin_engine(cluster: Path) -> Callable[[bytes | None, bytes], list[bytes]]:
     engine over state in memory that holds ``cluster``, each output encoded as the worker
     encodes it (``encode_message``, commands sealed with a keyring of its own, as a
     deployment's)."""
-    from handlers.engine import Source
-    from handlers.topics import INTENTS
+    from handlers.contracts.topics import INTENTS
+    from handlers.decide.engine import Source
     from streams.common.codecs import encode_message
     from streams.common.signing import keyring_from
 
@@ -620,7 +620,7 @@ def engine_alone(options: Options) -> Row:
     ``Simulation`` runs the rules the worker runs, with state in memory, and each output is
     encoded as the worker encodes it; what the worker spends beyond this is its Kafka shell.
     """
-    from handlers.engine import Source
+    from handlers.decide.engine import Source
 
     cluster = kit.bench_cluster(options.vms, options.nodes, prefix="engine-ev")
     simulation = simulated(cluster.script().jsonl())

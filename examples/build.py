@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import yaml  # noqa: E402
 
-from handlers.gpus import desired_vm  # noqa: E402
-from handlers.messages import GPUMutation  # noqa: E402
+from handlers.contracts.messages import GPUMutation  # noqa: E402
+from handlers.rules.gpus import desired_vm  # noqa: E402
 from harness.scenarios import ALICE, BOB, OPS, SCENARIOS, Script, cluster  # noqa: E402
 from samples.cluster import EXAMPLE_CONFIG, RTX, kubevirt_cr, node, node_maintenance, vm, vmi  # noqa: E402
 
@@ -230,7 +230,7 @@ CASES: dict[str, Callable[[], Script]] = {
 }
 
 
-# Not part of the rules' configuration (EXAMPLE_CONFIG is a handlers.config.Config), but
+# Not part of the rules' configuration (EXAMPLE_CONFIG is a handlers.contracts.config.Config), but
 # every process that seals needs it: the example key beside the file (keys/README.md).
 EXAMPLE_SIGNING = {"signing": {"keys_file": "keys/signing-keys.yaml"}}
 

@@ -21,7 +21,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TextIO
 
-from handlers.topics import AUDIT, COMMAND_RESULTS, COMMANDS, DLQ, NOTIFICATIONS
+from handlers.contracts.topics import AUDIT, COMMAND_RESULTS, COMMANDS, DLQ, NOTIFICATIONS
 from harness import demo_kubernetes
 from harness.demo_people import ApiProcess, Console, MailSink, NotifyProcess, mails_due, start_together
 from harness.localkafka import LocalKafka

@@ -22,9 +22,9 @@ from typing import Any, TextIO
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from handlers.ids import watch_event_id
-from handlers.messages import object_key
-from handlers.topics import K8S_EVENTS
+from handlers.contracts.ids import watch_event_id
+from handlers.contracts.messages import object_key
+from handlers.contracts.topics import K8S_EVENTS
 from harness.demo_people import ApiProcess, Console, MailSink, NotifyProcess, mails_due, start_together
 from harness.localkube import LocalKube
 from harness.processes import poll_until

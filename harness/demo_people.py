@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 from aiosmtpd.controller import Controller
 
-from handlers.topics import NOTIFICATIONS
+from handlers.contracts.topics import NOTIFICATIONS
 from harness.processes import free_ports
 from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from handlers.topics import INTENTS, K8S_EVENTS
+from handlers.contracts.topics import INTENTS, K8S_EVENTS
 from samples.cluster import vm
 
 Fate = Literal["dead_letter", "rejected"]

@@ -39,7 +39,7 @@ import yaml
 from kubernetes import client, utils
 from kubernetes.client.rest import ApiException
 
-from handlers.messages import Preference
+from handlers.contracts.messages import Preference
 from harness import processes
 from harness.locations import kubevirt_binary, kubevirt_control_plane_dir, third_party_versions
 from harness.pki import CertificateAuthority, write_kubeconfig

@@ -28,9 +28,9 @@ from typing import Any, Self, cast
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from pydantic import SecretStr
 
-from handlers.capacity import capacity_report
-from handlers.engine import Engine
-from handlers.topics import AUDIT, COMMAND_RESULTS, COMMANDS, NOTIFICATIONS, outputs
+from handlers.contracts.topics import AUDIT, COMMAND_RESULTS, COMMANDS, NOTIFICATIONS, outputs
+from handlers.decide.engine import Engine
+from handlers.rules.capacity import capacity_report
 from harness.locations import REPO_ROOT
 from harness.processes import free_ports
 from harness.publishing import publish, scenario_records
@@ -41,7 +41,7 @@ from streams.common.settings import KafkaSettings, SigningSettings, load_setting
 from streams.common.topics import ensure_topics
 
 CONFIG = REPO_ROOT / "examples" / "config.yaml"
-# What the worker and the applier write, by logical name (handlers/topics.py).
+# What the worker and the applier write, by logical name (handlers/contracts/topics.py).
 OUTPUTS = tuple(topic.name for topic in outputs("worker", "applier"))
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from handlers import topics
+from handlers.contracts import topics
 from samples.cluster import A100, RTX, iso, kubevirt_cr, node, node_maintenance, vm, vmi
 from streams.common.settings import KafkaSettings
 
@@ -147,7 +147,7 @@ def drain() -> Script:
 
 def cordon_landed(node_name: str = "gpu-node-1") -> list[str]:
     """The watch event of the cordon a drain of the scripted AZ's node asked for, landed: a
-    whole-node drain stops its GPU VMs only on a node seen cordoned (handlers/drains.py)."""
+    whole-node drain stops its GPU VMs only on a node seen cordoned (handlers/rules/drains.py)."""
     s = Script(cluster().now, f"cordon-{node_name}")
     s.event("MODIFIED", node(node_name, gpus={RTX: 2}, unschedulable=True, rv=2))
     return list(s.jsonl())

@@ -9,8 +9,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
-from handlers.messages import Command, ObjectRef
-from handlers.results import RetryLater, Tries
+from handlers.contracts.messages import Command, ObjectRef
+from handlers.rules.results import RetryLater, Tries
 from streams.kube.applying.api import RetryPolicy
 from streams.kube.applying.loop import Lanes, Outputs
 

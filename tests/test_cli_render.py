@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from handlers.messages import SetGPUIntent, parse_intent
+from handlers.contracts.messages import SetGPUIntent, parse_intent
 from streams.cli import requesting
 from streams.cli import tailing
 from streams.cli.requesting import InvalidRequest, build_intent, encode_intent, intent_key

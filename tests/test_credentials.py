@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from handlers.config import AuthPolicy
+from handlers.contracts.config import AuthPolicy
 from streams.common.credentials import KeySource, SigningKey, check_key_set, jwks, key_source
 
 

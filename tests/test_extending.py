@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from handlers import topics
-from handlers.delivery import PAYLOADS, Endpoint, targets
-from handlers.engine import Engine
-from handlers.messages import Notification, ObjectRef
+from handlers.contracts import topics
+from handlers.contracts.delivery import PAYLOADS, Endpoint, targets
+from handlers.contracts.messages import Notification, ObjectRef
+from handlers.decide.engine import Engine
 from samples.cluster import RTX, kubevirt_cr, node, vm
 from streams.cli.simulating import Simulation
 from streams.common.settings import KafkaSettings, NotifySettings, load_settings

@@ -1,8 +1,8 @@
 """One declaration per fact: topics, watched kinds, intent types, command types and the
 CloudEvents identity.
 
-Each is declared once — topics in handlers/topics.py, watched kinds, intent and command
-types in handlers/messages.py, the CloudEvents types and sources in handlers/events.py — and
+Each is declared once — topics in handlers/contracts/topics.py, watched kinds, intent and command
+types in handlers/contracts/messages.py, the CloudEvents types and sources in handlers/contracts/events.py — and
 everything else derives from the declaration or is checked against it here: no source file
 in handlers/ or streams/ spells a topic's name or a CloudEvents type or source, the folds and
 the watch bridge's RBAC cover exactly the watched kinds, the engine has a rule for exactly the
@@ -21,9 +21,8 @@ from typing import Any, get_args
 import pytest
 import yaml
 
-from handlers import events, gpus, intents, judgment, observing, policy, topics
-from handlers.cluster import OWNER_ANNOTATION, RULE_PATHS
-from handlers.messages import (
+from handlers.contracts import events, topics
+from handlers.contracts.messages import (
     COMMAND_TYPES,
     INTENT_MODELS,
     INTENT_TYPES,
@@ -34,14 +33,17 @@ from handlers.messages import (
     CommandType,
     ObjectRef,
 )
-from handlers.results import Tries
-from handlers.vms import MANAGED_BY_LABEL
+from handlers.core.cluster import OWNER_ANNOTATION, RULE_PATHS
+from handlers.decide import intents, observing
+from handlers.rules import gpus, judgment, policy
+from handlers.rules.results import Tries
+from handlers.rules.vms import MANAGED_BY_LABEL
 from streams.cli import requesting
 from streams.kube import watching
 from streams.kube.applying import api
 
 ROOT = Path(__file__).resolve().parent.parent
-DECLARATION = ROOT / "handlers" / "topics.py"
+DECLARATION = ROOT / "handlers" / "contracts" / "topics.py"
 WATCH_RBAC = ROOT / "deploy" / "base" / "rbac-watch.yaml"
 CONTRACTS = ROOT / "docs" / "contracts.md"
 START = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
@@ -102,7 +104,7 @@ def topic_literals(path: Path, root: Path = ROOT) -> list[str]:
 
 def test_no_topic_name_is_spelled_outside_its_declaration() -> None:
     found = [hit for path in _sources() for hit in topic_literals(path)]
-    assert not found, "use handlers/topics.py's declarations:\n" + "\n".join(found)
+    assert not found, "use handlers/contracts/topics.py's declarations:\n" + "\n".join(found)
 
 
 def test_the_check_sees_a_copied_topic_name(tmp_path: Path) -> None:
@@ -129,7 +131,7 @@ def test_every_topic_name_is_declared_once() -> None:
 
 # -------------------------------------------------------------- the CloudEvents identity
 
-EVENTS = ROOT / "handlers" / "events.py"
+EVENTS = ROOT / "handlers" / "contracts" / "events.py"
 # The type domain, a source's root, and the spellings one scheme replaced: a webhook's
 # ``net.superphenix.vmstream.notification.<type>`` from ``urn:vmstream``.
 EVENT_SPELLINGS = (events.TYPE_PREFIX, events.SOURCE_PREFIX, "superphenix.vmstream", "urn:vmstream")
@@ -146,7 +148,7 @@ def event_literals(path: Path, root: Path = ROOT) -> list[str]:
 
 def test_no_cloudevents_type_or_source_is_spelled_outside_its_declaration() -> None:
     found = [hit for path in _sources() if path != EVENTS for hit in event_literals(path)]
-    assert not found, "use handlers/events.py's scheme:\n" + "\n".join(found)
+    assert not found, "use handlers/contracts/events.py's scheme:\n" + "\n".join(found)
 
 
 def test_the_check_sees_a_copied_type_or_source(tmp_path: Path) -> None:

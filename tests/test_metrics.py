@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 import streams.cli.main  # noqa: F401 — imports the applier, the watch bridge and notify, as the command does
 import streams.serve.api  # noqa: F401
 import streams.worker.app  # noqa: F401
-from handlers.capacity import Capacity
-from handlers.figures import ClassFigures, DrainFigures, Figures
+from handlers.reads.figures import ClassFigures, DrainFigures, Figures
+from handlers.rules.capacity import Capacity
 from streams.common import metrics
 from streams.common.probes import ProbeServer
 
@@ -117,7 +117,7 @@ async def test_the_read_api_serves_its_metrics_without_a_token() -> None:
     """``/metrics`` on the read API's port: its requests counted by route, never by path."""
     from aiohttp.test_utils import TestClient, TestServer
 
-    from handlers.config import Config
+    from handlers.contracts.config import Config
     from streams.common.settings import ApiSettings, KafkaSettings
     from streams.serve.api import Api
 

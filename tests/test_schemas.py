@@ -19,11 +19,11 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from handlers.engine import Engine
-from handlers.messages import InvalidIntent, MalformedMessage, parse_intent, parse_watch_event
+from handlers.contracts.messages import InvalidIntent, MalformedMessage, parse_intent, parse_watch_event
+from handlers.decide.engine import Engine
 from streams.cli.schemas import ASYNCAPI_FILE, CONFIG, MESSAGES, TOPICS, render_schemas
-from handlers.topics import TOPICS as TOPICS_DECLARED
-from handlers.topics import ROUTED_INPUTS, outputs
+from handlers.contracts.topics import TOPICS as TOPICS_DECLARED
+from handlers.contracts.topics import ROUTED_INPUTS, outputs
 from streams.common.principals import PRINCIPAL_OF, PRINCIPALS
 from streams.common.settings import KafkaSettings, load_settings
 from streams.cli.simulating import Simulation
@@ -279,7 +279,7 @@ def test_asyncapi_references_resolve() -> None:
 
 
 def test_asyncapi_operations_are_what_the_acls_allow() -> None:
-    """The document's operations are the sends and receives handlers/topics.py declares; the ACL
+    """The document's operations are the sends and receives handlers/contracts/topics.py declares; the ACL
     table derives from the same declaration and tests/kafka/test_acls.py shows, on a secured
     broker, that each process needs exactly those grants. So the document says what the code does."""
     operations = _asyncapi()["operations"].values()
@@ -301,8 +301,8 @@ def test_the_kept_topics_accept_what_api_and_notify_write() -> None:
     from collections.abc import Sequence
     from datetime import UTC, datetime
 
-    from handlers.messages import GPUClassStatus, Notification
-    from handlers.tracing import derived_trace
+    from handlers.contracts.messages import GPUClassStatus, Notification
+    from handlers.contracts.tracing import derived_trace
     from streams.common.durable import Delivered, Record
     from streams.serve.api import ClassTopic
     from streams.serve.notify import DeliveryLedger, Notifier

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from handlers.topics import RESIDENTS, TIMER
-from handlers.engine import Engine
+from handlers.contracts.topics import RESIDENTS, TIMER
+from handlers.decide.engine import Engine
 from streams.common.settings import load_settings
 from streams.cli.simulating import Simulation
 

@@ -17,11 +17,11 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from handlers.engine import Result, Source
-from handlers.inputs import IntentInput
-from handlers.messages import Command, Notification
-from handlers.results import Tries
-from handlers.tracing import Trace, derived_trace, parse_traceparent, span_id
+from handlers.contracts.messages import Command, Notification
+from handlers.contracts.tracing import Trace, derived_trace, parse_traceparent, span_id
+from handlers.decide.engine import Result, Source
+from handlers.decide.inputs import IntentInput
+from handlers.rules.results import Tries
 from samples.cluster import RTX, node, vm, vmi
 from streams.common import spans
 from streams.common.cloudevents import TraceBook, kafka_headers, trace_headers

@@ -21,7 +21,7 @@ from streams.serve import notify
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from handlers.engine import Engine
+    from handlers.decide.engine import Engine
     from streams.cli.simulating import run
     from streams.common.credentials import key_source
 

@@ -18,7 +18,7 @@ reported as such and left out of the comparison, so a forged record never passes
 decision nor makes a real one look different. The applier's records (docs/security.md) are checked against the
 commands: one result per command (repeats of the same result aside), sealed by an applier
 when the replay has the keys, and its audit record (and failure notice) the one
-:func:`~handlers.results.decide_result` makes of that result. They are checked when the
+:func:`~handlers.rules.results.decide_result` makes of that result. They are checked when the
 applier has written anything, or always with ``--applier yes``.
 
 A difference means a decision was not a function of its inputs, or a record was altered,
@@ -41,13 +41,13 @@ from typing import Any, TextIO
 
 from pydantic import ValidationError
 
-from handlers.decisions import Output
-from handlers.engine import Engine, Source
-from handlers.inputs import routed_input
-from handlers.messages import AuditRecord, Command, CommandResult, MalformedMessage
-from handlers.results import decide_result
-from handlers.state import MemoryState
-from handlers.topics import AUDIT, COMMAND_RESULTS, COMMANDS, DLQ, INTENTS, K8S_EVENTS, NOTIFICATIONS
+from handlers.contracts.messages import AuditRecord, Command, CommandResult, MalformedMessage
+from handlers.contracts.topics import AUDIT, COMMAND_RESULTS, COMMANDS, DLQ, INTENTS, K8S_EVENTS, NOTIFICATIONS
+from handlers.core.decisions import Output
+from handlers.core.state import MemoryState
+from handlers.decide.engine import Engine, Source
+from handlers.decide.inputs import routed_input
+from handlers.rules.results import decide_result
 from streams.common.codecs import encode_resident_update
 from streams.common.credentials import key_source
 from streams.common.kafka_clients import consumer

@@ -12,7 +12,7 @@ when sealed by an applier, if the signing keys are at hand (``signing`` in the c
 ``VMSTREAM_SIGNING__KEYS``; docs/security.md); and an ``unauthenticated`` refusal under the
 intent's id counts only when it is this intent's own (a forged copy's is someone else's).
 
-The intent goes out as a CloudEvent in vmstream's one scheme (handlers/events.py): ``ce_id``
+The intent goes out as a CloudEvent in vmstream's one scheme (handlers/contracts/events.py): ``ce_id``
 its id, ``ce_type`` ``io.vmstream.intent.<type>``, ``ce_source`` ``/vmstream/cli/<app_id>``
 (``worker.app_id`` of the configuration), ``ce_time`` its ``requested_at``, and the
 ``traceparent`` the worker would derive from its id.
@@ -47,9 +47,9 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeVar, get_args
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from pydantic_settings import SettingsConfigDict
 
-from handlers import ids
-from handlers.config import AuthPolicy
-from handlers.messages import (
+from handlers.contracts import ids
+from handlers.contracts.config import AuthPolicy
+from handlers.contracts.messages import (
     INTENT_TYPES,
     VM_INTENT_TYPES,
     AuditRecord,
@@ -64,7 +64,7 @@ from handlers.messages import (
     SetGPUIntent,
     UndrainNodeIntent,
 )
-from handlers.topics import AUDIT, COMMAND_RESULTS, INTENTS, NOTIFICATIONS
+from handlers.contracts.topics import AUDIT, COMMAND_RESULTS, INTENTS, NOTIFICATIONS
 from streams.cli.tailing import (
     positive_seconds,
     quiet_kafka_logs,
@@ -72,7 +72,7 @@ from streams.cli.tailing import (
     render_command_result,
     render_notification,
 )
-from handlers.tracing import derived_trace
+from handlers.contracts.tracing import derived_trace
 from streams.common import errors
 from streams.common.cloudevents import event_source, kafka_headers
 from streams.common.credentials import SigningKey, environment_key, sign_intent
@@ -493,7 +493,7 @@ def request(
 
 def own_refusal_id(topic: str, intent: AnyIntent) -> str:
     """The audit id the worker gives ``intent``, as sent, if it refuses it for who asks
-    (handlers/ids.py ``unauthenticated_ref``): another copy's refusal has another."""
+    (handlers/contracts/ids.py ``unauthenticated_ref``): another copy's refusal has another."""
     ref = ids.unauthenticated_ref(topic, intent.intent_id, json.loads(encode_intent(intent)))
     return ids.audit_id(topic, ref, "unauthenticated")
 

@@ -1,8 +1,8 @@
 """``vmstream schemas``: the published contracts, generated from the pydantic models.
 
-pydantic models (``handlers.messages``, ``handlers.views``, ``handlers.delivery``,
+pydantic models (``handlers.contracts.messages``, ``handlers.reads.views``, ``handlers.contracts.delivery``,
 ``streams.common.settings``) → one JSON Schema file per message plus the configuration file;
-the topics' declaration (``handlers.topics``: name, key, value, configs, who sends and who
+the topics' declaration (``handlers.contracts.topics``: name, key, value, configs, who sends and who
 receives) → an AsyncAPI 3.0.0 document, its channels and operations, so it says what the
 code is declared to do and nothing else.
 Consumers read these files instead of our code, so they are committed under
@@ -27,39 +27,9 @@ from typing import Any, Literal, cast, get_args
 import yaml
 from pydantic import TypeAdapter
 
-from handlers import ids, topics
-from handlers.delivery import Channel, DeliveryRecord, Target
-from handlers.messages import (
-    WATCHED_KINDS,
-    AuditInput,
-    AuditRecord,
-    Command,
-    CommandResult,
-    DeadLetter,
-    DeadLetterSource,
-    GPUClassStatus,
-    GPUMutation,
-    Intent,
-    Notification,
-    ObjectRef,
-    SetGPUIntent,
-    WatchEvent,
-)
-from handlers.topics import (
-    AUDIT,
-    COMMAND_RESULTS,
-    COMMANDS,
-    DELIVERIES,
-    DLQ,
-    GPU_CLASSES,
-    INTENTS,
-    K8S_EVENTS,
-    NOTIFICATIONS,
-    WORKER_ROUTED,
-    Process,
-    Topic,
-)
-from handlers.events import (
+from handlers.contracts import ids, topics
+from handlers.contracts.delivery import Channel, DeliveryRecord, Target
+from handlers.contracts.events import (
     AUDIT_TYPE,
     COMMAND_RESULT_TYPE,
     DEAD_LETTER_TYPE,
@@ -75,8 +45,38 @@ from handlers.events import (
     process_named,
     watch_event_type,
 )
-from handlers.events import Process as EventProcess  # handlers.topics' Process names them otherwise
-from handlers.tracing import (
+from handlers.contracts.events import Process as EventProcess  # handlers.contracts.topics' Process names them otherwise
+from handlers.contracts.messages import (
+    WATCHED_KINDS,
+    AuditInput,
+    AuditRecord,
+    Command,
+    CommandResult,
+    DeadLetter,
+    DeadLetterSource,
+    GPUClassStatus,
+    GPUMutation,
+    Intent,
+    Notification,
+    ObjectRef,
+    SetGPUIntent,
+    WatchEvent,
+)
+from handlers.contracts.topics import (
+    AUDIT,
+    COMMAND_RESULTS,
+    COMMANDS,
+    DELIVERIES,
+    DLQ,
+    GPU_CLASSES,
+    INTENTS,
+    K8S_EVENTS,
+    NOTIFICATIONS,
+    WORKER_ROUTED,
+    Process,
+    Topic,
+)
+from handlers.contracts.tracing import (
     CONTENT_TYPE,
     SPEC_VERSION,
     ce_headers,
@@ -113,12 +113,12 @@ class SchemaDoc:
     name: str
     description: str
     generate: Callable[[], JsonObject]
-    value: Any = None  # the type a topic declares as its value (handlers/topics.py)
+    value: Any = None  # the type a topic declares as its value (handlers/contracts/topics.py)
 
 
 @dataclass(frozen=True, slots=True)
 class TopicDoc:
-    """One public topic of handlers/topics.py and the schema of its message."""
+    """One public topic of handlers/contracts/topics.py and the schema of its message."""
 
     topic: Topic
     message: SchemaDoc
@@ -259,7 +259,7 @@ def _doc_of(topic: Topic) -> SchemaDoc:
     return found[0]
 
 
-# The public topics (handlers/topics.py), in their declared order, each with its message.
+# The public topics (handlers/contracts/topics.py), in their declared order, each with its message.
 TOPICS: tuple[TopicDoc, ...] = tuple(TopicDoc(topic, _doc_of(topic)) for topic in topics.TOPICS if not topic.internal)
 
 # Every declared send and receive of a public topic, by process: what the AsyncAPI operations say.
@@ -319,7 +319,7 @@ _DECIDED_AT = "When it was decided: the input's own time, so a replay writes the
 
 
 def _writers(topic: Topic) -> tuple[EventProcess, ...]:
-    """The processes that write a topic (handlers/topics.py), by their name in CloudEvents ``source``."""
+    """The processes that write a topic (handlers/contracts/topics.py), by their name in CloudEvents ``source``."""
     return tuple(process_named(process) for process in topic.sends)
 
 

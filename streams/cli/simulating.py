@@ -15,11 +15,11 @@ from typing import Any, TextIO
 
 import pydantic_core
 
-from handlers.decisions import Output
-from handlers.engine import Engine, Result
-from handlers.inputs import DeadlineTick, InputKind, ResidentInput, Source, routed_input
-from handlers.state import MemoryState
-from handlers.topics import INTENTS, ROUTED_INPUTS
+from handlers.contracts.topics import INTENTS, ROUTED_INPUTS
+from handlers.core.decisions import Output
+from handlers.core.state import MemoryState
+from handlers.decide.engine import Engine, Result
+from handlers.decide.inputs import DeadlineTick, InputKind, ResidentInput, Source, routed_input
 from streams.common.settings import KafkaSettings
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

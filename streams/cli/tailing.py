@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from pydantic import ValidationError
 
-from handlers.messages import (
+from handlers.contracts.messages import (
     AuditRecord,
     Command,
     CommandResult,
@@ -47,7 +47,7 @@ from handlers.messages import (
     describe_validation_error,
     parse_intent,
 )
-from handlers.topics import AUDIT, COMMAND_RESULTS, COMMANDS, DLQ, INTENTS, K8S_EVENTS, NOTIFICATIONS, TOPICS
+from handlers.contracts.topics import AUDIT, COMMAND_RESULTS, COMMANDS, DLQ, INTENTS, K8S_EVENTS, NOTIFICATIONS, TOPICS
 from streams.common import errors
 from streams.common.settings import KafkaSettings
 
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# The public topics of handlers/topics.py, by the logical name ``vmstream tail`` accepts.
+# The public topics of handlers/contracts/topics.py, by the logical name ``vmstream tail`` accepts.
 LOGICAL_TOPICS = tuple(topic.name for topic in TOPICS if not topic.internal)
 
 EXIT_OK = errors.EXIT_OK  # the exit codes of streams/common/errors.py
@@ -71,7 +71,7 @@ DEFAULT_LAST = 10
 DEFAULT_TIMEOUT = 30.0  # without --follow: how long reaching the end offsets may take
 POLL_SECONDS = 0.5  # the longest one poll blocks; the deadline is checked between polls
 EXCERPT = 160
-ERROR_EXCERPT = 4096  # handlers/messages.py bounds free text to this
+ERROR_EXCERPT = 4096  # handlers/contracts/messages.py bounds free text to this
 
 
 # ------------------------------------------------------------------------- rendering

@@ -1,9 +1,9 @@
 """CloudEvents headers and W3C trace context on the records vmstream sends.
 
-    record's headers → :func:`trace_of` → :class:`~handlers.tracing.Trace`
+    record's headers → :func:`trace_of` → :class:`~handlers.contracts.tracing.Trace`
     output message + trace → :func:`kafka_headers` → the record's headers
 
-The values are computed in ``handlers/tracing.py``; this module only reads and writes Kafka
+The values are computed in ``handlers/contracts/tracing.py``; this module only reads and writes Kafka
 headers (names are text, values bytes). The worker, the applier, the watch bridge,
 ``vmstream notify`` and ``vmstream api`` send through it, so every output record carries the
 same envelope (docs/integrators.md).
@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
-from handlers.events import Process, source
-from handlers.messages import AuditRecord, CommandResult, DeadLetter, Notification
-from handlers.tracing import (
+from handlers.contracts.events import Process, source
+from handlers.contracts.messages import AuditRecord, CommandResult, DeadLetter, Notification
+from handlers.contracts.tracing import (
     TRACEPARENT,
     TRACESTATE,
     Trace,
@@ -36,7 +36,7 @@ HeaderItems = Mapping[str, bytes] | Iterable[tuple[str, bytes | None]] | None
 
 def event_source(process: Process, app_id: str) -> str:
     """The CloudEvents ``source`` of one vmstream process: ``/vmstream/<process>/<app_id>``
-    (handlers/events.py)."""
+    (handlers/contracts/events.py)."""
     return source(process, app_id)
 
 

@@ -14,12 +14,12 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter
 
-from handlers.decisions import ResidentUpdate
-from handlers.inputs import RESIDENT_UPDATE
-from handlers.tables import table_named
+from handlers.core.decisions import ResidentUpdate
+from handlers.core.tables import table_named
+from handlers.decide.inputs import RESIDENT_UPDATE
 from streams.common.signing import Keyring, sealed_json
 
-_RESIDENT_UPDATE = RESIDENT_UPDATE  # the routed topic's reading of it (handlers/inputs.py)
+_RESIDENT_UPDATE = RESIDENT_UPDATE  # the routed topic's reading of it (handlers/decide/inputs.py)
 
 
 @cache
@@ -28,7 +28,7 @@ def _adapter(name: str) -> TypeAdapter[Any]:
 
 
 def encode_state(table: str, value: Any) -> bytes:
-    """A row of ``table`` (a handle of handlers/tables.py, or its name) as JSON."""
+    """A row of ``table`` (a handle of handlers/core/tables.py, or its name) as JSON."""
     return _adapter(table).dump_json(value)
 
 

@@ -2,10 +2,10 @@
 and loading the public keys the worker verifies them with.
 
     signer's private key ──sign_intent──► intent["credential"] ──► vmstream.intents
-    JWKS file / URL ──KeySource──► KeySet ──► handlers/auth.verify_intent
+    JWKS file / URL ──KeySource──► KeySet ──► handlers/rules/auth.verify_intent
 
 What a credential must say is in docs/auth.md; the verification itself is pure and lives
-in ``handlers/auth.py``. Keys rotate by ``kid``: publish the new public key in the JWKS
+in ``handlers/rules/auth.py``. Keys rotate by ``kid``: publish the new public key in the JWKS
 (the worker re-reads a changed file at once and refetches a URL every
 ``auth.jwks_refresh_seconds``), then sign with it, and remove the old key once no
 credential signed with it can still be read (replays included).
@@ -30,9 +30,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 
-from handlers.auth import CREDENTIAL_FIELD, DIGEST_CLAIM, INTENT_ID_CLAIM, KeySet, body_digest
-from handlers.config import AuthPolicy
-from handlers.topics import INTENTS
+from handlers.contracts.config import AuthPolicy
+from handlers.contracts.topics import INTENTS
+from handlers.rules.auth import CREDENTIAL_FIELD, DIGEST_CLAIM, INTENT_ID_CLAIM, KeySet, body_digest
 from streams.common.settings import KafkaSettings
 
 log = logging.getLogger(__name__)

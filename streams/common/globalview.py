@@ -20,7 +20,7 @@ import json
 import logging
 from typing import Any, TypeVar
 
-from handlers.tables import Table
+from handlers.core.tables import Table
 from streams.common.codecs import decode_state
 from streams.common.reading import Follower, follow_from_start
 from streams.common.settings import KafkaSettings
@@ -63,7 +63,7 @@ class GlobalView:
             self.tables[name][decoded_key] = decode_state(name, value) if self.decode else value
 
     def get(self, table: Table[V], key: str) -> V | None:
-        """A row, decoded (a :class:`~handlers.state.StateView` over the view alone)."""
+        """A row, decoded (a :class:`~handlers.core.state.StateView` over the view alone)."""
         value = self.tables[table].get(key)
         row: V | None = decode_state(table, value) if isinstance(value, bytes) else value
         return row

@@ -33,7 +33,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from handlers.figures import NO_GPU, Figures
+from handlers.reads.figures import NO_GPU, Figures
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST.split(";")[0]
 
@@ -120,7 +120,7 @@ API_ERRORS = family(Counter("vmstream_kube_api_errors_total",
 
 
 class FiguresCollector(Collector):
-    """The worker's gauges of what its tables hold (:mod:`handlers.figures`), counted when
+    """The worker's gauges of what its tables hold (:mod:`handlers.reads.figures`), counted when
     ``/metrics`` is read: ``source`` is set by the worker, and gives the figures of the
     partitions this instance owns. Without a source (any other process, a worker not
     started) the families are there with no samples."""

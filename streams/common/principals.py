@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from handlers.topics import INTENTS, Process, read_by, written_by
+from handlers.contracts.topics import INTENTS, Process, read_by, written_by
 from streams.common.settings import KafkaSettings
 from streams.common.topics import ROUTE_GROUP
 
@@ -39,7 +39,7 @@ class Grants:
 # intents only, so a leaked credential cannot forge commands, results or audit records.
 def _grants(process: Process, *, groups: tuple[str, ...] = (), owned_prefix: str | None = None,
             read_prefixed: tuple[str, ...] = ()) -> Grants:
-    """A process's topics as handlers/topics.py declares them: it reads what it receives, writes
+    """A process's topics as handlers/contracts/topics.py declares them: it reads what it receives, writes
     what it sends."""
     return Grants(read=tuple(topic.name for topic in read_by(process)),
                   write=tuple(topic.name for topic in written_by(process)),

@@ -2,7 +2,7 @@
 
 Precedence, highest first: environment variables (``VMSTREAM_<KEY>``, nested with
 ``__``: ``VMSTREAM_DRAIN__NOTICE_SECONDS=60``), then the YAML file, then defaults. The
-rules see only :class:`~handlers.config.Config`; Kafka and worker options stay here.
+rules see only :class:`~handlers.contracts.config.Config`; Kafka and worker options stay here.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from handlers.config import Config
-from handlers.delivery import Endpoint, Route
-from handlers.topics import Topic
+from handlers.contracts.config import Config
+from handlers.contracts.delivery import Endpoint, Route
+from handlers.contracts.topics import Topic
 from streams.common.signing import Keyring, keyring_from, yaml_problem
 
 
@@ -117,7 +117,7 @@ class KafkaSettings(BaseModel):
         return self
 
     def topic(self, topic: Topic | str) -> str:
-        """The full name of a topic of handlers/topics.py, or of a logical name
+        """The full name of a topic of handlers/contracts/topics.py, or of a logical name
         (``AUDIT`` → ``vmstream.audit``)."""
         return f"{self.topic_prefix}{topic.name if isinstance(topic, Topic) else topic}"
 
@@ -333,7 +333,7 @@ class NotifySettings(BaseModel):
     backoff_max_seconds: float = Field(default=30.0, gt=0)
     http_timeout_seconds: float = Field(default=10.0, gt=0)
     # Read no more, kept so that a file that sets it still loads: a webhook's CloudEvent has the
-    # source of the record it delivers (handlers/events.py).
+    # source of the record it delivers (handlers/contracts/events.py).
     source: str | None = Field(default=None, description=(
         "Not used: a webhook's CloudEvent has the type and source of the Kafka record it delivers "
         "(the process that wrote it: docs/notify.md). Accepted so that an older file still loads."))

@@ -31,7 +31,7 @@ import pydantic_core
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from handlers.messages import AuditRecord, Command, CommandResult
+from handlers.contracts.messages import AuditRecord, Command, CommandResult
 
 MAC_FIELD = "mac"
 ALGORITHM = "HS256"

@@ -3,7 +3,7 @@
     intent ─route─► routed record ─decide─► command ─apply─► result, notification ─notify─► webhook
                                           └► notification ─notify─► e-mail, webhook
 
-The records already carry W3C trace context (handlers/tracing.py): every output's
+The records already carry W3C trace context (handlers/contracts/tracing.py): every output's
 ``traceparent`` names the input's trace-id and a span id derived from the output's own id.
 The spans here are made to match those headers, so one intent is one trace in Jaeger or
 Tempo: each step's span is a child of the span its record's ``traceparent`` names, and each
@@ -38,7 +38,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from handlers.tracing import Trace, derived_trace, identity, span_id
+from handlers.contracts.tracing import Trace, derived_trace, identity, span_id
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +190,6 @@ def sent_as(own_id: str, parent: Parent, *, topic: str, start: int, end: int | N
 
 def root_of(input_id: str) -> tuple[str, str]:
     """(trace-id, span id) of the trace the worker derives for an input that brought none:
-    the span the decision's outputs descend from (handlers/tracing.py, ``derived_trace``)."""
+    the span the decision's outputs descend from (handlers/contracts/tracing.py, ``derived_trace``)."""
     derived = derived_trace(input_id)
     return derived.trace_id, derived.span_id

@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from handlers.config import lower_case_class_ids
+from handlers.contracts.config import lower_case_class_ids
 from streams.common.errors import EXIT_OK, ConfigError, KafkaUnreachable, PortInUse
 from streams.common.probes import ProbeServer
 

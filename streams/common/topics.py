@@ -1,4 +1,4 @@
-"""Creating the Kafka topics of handlers/topics.py (names, configs), plus the worker's changelogs.
+"""Creating the Kafka topics of handlers/contracts/topics.py (names, configs), plus the worker's changelogs.
 
 The worker decides only what it read from ``worker-routed``, a topic it partitions itself
 (murmur2 of the decision key, by its own producer): intents and watch events are re-keyed
@@ -6,7 +6,7 @@ onto it whatever partitioner their producer used (docs/worker.md, "Decision keys
 
 Creation is idempotent (an existing topic is left as it is) and part of the worker's
 start-up and of ``vmstream topics create``. Each topic's retention is declared with it
-(handlers/topics.py): the audit stream is the record and never expires; dead letters wait
+(handlers/contracts/topics.py): the audit stream is the record and never expires; dead letters wait
 weeks for a person.
 """
 
@@ -17,8 +17,8 @@ import logging
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import NewTopic
 
-from handlers import topics
-from handlers.topics import TOPICS as TOPICS  # re-exported: the topics created
+from handlers.contracts import topics
+from handlers.contracts.topics import TOPICS as TOPICS  # re-exported: the topics created
 from streams.common.kafka_clients import ADMIN_SECONDS, admin_client
 from streams.common.settings import KafkaSettings
 
@@ -30,7 +30,7 @@ KIND_HEADER = "vmstream-kind"
 SOURCE_HEADER = "vmstream-source"
 # The route stage's consumer group (streams/worker/routing.py); ``{app_id}`` is the worker's.
 ROUTE_GROUP = "{app_id}-route"
-# Logical names (strings) of handlers/topics.py's declarations, for the shell's callers.
+# Logical names (strings) of handlers/contracts/topics.py's declarations, for the shell's callers.
 ROUTED = topics.WORKER_ROUTED.name
 ROUTED_INPUTS = tuple(topic.name for topic in topics.ROUTED_INPUTS)
 DELIVERIES = topics.DELIVERIES.name

@@ -1,6 +1,6 @@
 """Kubernetes → Kafka: the watch bridge (``vmstream watch``).
 
-API server → list, then watch, one thread per kind → :class:`~handlers.messages.WatchEvent`
+API server → list, then watch, one thread per kind → :class:`~handlers.contracts.messages.WatchEvent`
 → idempotent producer → ``vmstream.k8s-events`` (key ``<Kind>/<namespace>/<name>``) →
 the worker. Nothing here decides anything; the bridge only makes sure that what the API
 server showed reaches Kafka, in order per object, even across restarts of the watch.
@@ -65,11 +65,10 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from handlers.cluster import rule_view
-from handlers.config import Limits
-from handlers.events import watch_event_type
-from handlers.ids import watch_event_id
-from handlers.messages import (
+from handlers.contracts.config import Limits
+from handlers.contracts.events import watch_event_type
+from handlers.contracts.ids import watch_event_id
+from handlers.contracts.messages import (
     ORIGINAL_PREFIX_BYTES,
     WATCHED_KINDS,
     DeadLetter,
@@ -78,8 +77,9 @@ from handlers.messages import (
     WatchEvent,
     object_key,
 )
-from handlers.topics import DLQ, K8S_EVENTS
-from handlers.tracing import ce_headers
+from handlers.contracts.topics import DLQ, K8S_EVENTS
+from handlers.contracts.tracing import ce_headers
+from handlers.core.cluster import rule_view
 from streams.common import spans
 from streams.common.cloudevents import event_source, kafka_headers, trace_of
 from streams.common.durable import Delivered, DurableProducer, Record
@@ -133,7 +133,7 @@ LISTED = family(Gauge("vmstream_watch_listed", "1 once the kind's first list is 
                 "watch")
 
 
-# A watched resource and the watched ones: declared once, with the messages (handlers/messages.py).
+# A watched resource and the watched ones: declared once, with the messages (handlers/contracts/messages.py).
 Kind = WatchedKind
 KINDS: tuple[Kind, ...] = WATCHED_KINDS
 
@@ -255,7 +255,7 @@ class Publisher:
     is at most ``max_bytes`` — what the worker takes (its ``limits.max_input_bytes``: it
     dead-letters larger input unparsed) — and fits ``message_bytes`` (the topic's
     max.message.bytes); else the object reduced to what the rules read
-    (:func:`~handlers.cluster.rule_view`, marked by the :data:`REDUCED_HEADER` header); else
+    (:func:`~handlers.core.cluster.rule_view`, marked by the :data:`REDUCED_HEADER` header); else
     a dead letter naming it. Nothing one object does can stop the events behind it.
     """
 
@@ -277,7 +277,7 @@ class Publisher:
         event_id, changed = event_id_of(kind, type_, obj), changed_at(obj) or datetime.now(UTC)
         key, value = watch_event(kind, type_, obj)
         envelope = event_headers(kind, type_, event_id, source=self.source, time=changed)
-        if spans.enabled():  # the trace's root: the id the event's traceparent names (handlers/tracing.py)
+        if spans.enabled():  # the trace's root: the id the event's traceparent names (handlers/contracts/tracing.py)
             started = spans.now()
             trace_id, root = spans.root_of(event_id)
             spans.record(f"watch {kind.kind} {type_}", None, start=started, kind=spans.Kind.PRODUCER, own_span=root,

@@ -1,6 +1,6 @@
 """``vmstream api``: the read API for consoles, from the worker's tables, for the whole cluster.
 
-worker changelogs (every partition, ``streams/common/globalview.py``) → :mod:`handlers.views` →
+worker changelogs (every partition, ``streams/common/globalview.py``) → :mod:`handlers.reads.views` →
 JSON over HTTP, read-only::
 
     GET /v1/gpu-classes                 the AZ's GPU classes: total / in use / free, permitted
@@ -38,13 +38,13 @@ from prometheus_client import Counter, Gauge, Histogram
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from handlers.catalog import Catalog
-from handlers.config import Config
-from handlers.events import GPU_CLASS_TYPE
-from handlers.messages import GPUClassStatus, vm_key
-from handlers.tables import DRAINS, KUBEVIRT, NAMESPACES, TRACKING, USAGE, VMIS, VMS, Table
-from handlers.tracing import ce_headers, derived_trace, parse_traceparent
-from handlers.views import (
+from handlers.contracts.config import Config
+from handlers.contracts.events import GPU_CLASS_TYPE
+from handlers.contracts.messages import GPUClassStatus, vm_key
+from handlers.contracts.tracing import ce_headers, derived_trace, parse_traceparent
+from handlers.core.catalog import Catalog
+from handlers.core.tables import DRAINS, KUBEVIRT, NAMESPACES, TRACKING, USAGE, VMIS, VMS, Table
+from handlers.reads.views import (
     GPUClassList,
     ProjectView,
     VMBadge,

@@ -1,8 +1,8 @@
 """``vmstream notify``: notifications delivered to people — e-mail, webhooks, chat rooms.
 
-    notifications topic → :class:`~handlers.messages.Notification`
-        → :func:`~handlers.delivery.targets` (addresses, ``project:`` members, routes)
-        → :func:`~handlers.delivery.pending` (what the deliveries ledger does not hold yet)
+    notifications topic → :class:`~handlers.contracts.messages.Notification`
+        → :func:`~handlers.contracts.delivery.targets` (addresses, ``project:`` members, routes)
+        → :func:`~handlers.contracts.delivery.pending` (what the deliveries ledger does not hold yet)
         → per target: rate limit, send (SMTP / HTTP POST), retried while transient
         → a ledger record per delivery (or a dead letter, and its ledger record)
         → commit the notification's offset
@@ -48,12 +48,12 @@ from prometheus_client import Counter, Histogram
 from pydantic import ValidationError
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from handlers import delivery
-from handlers.delivery import Bucket, Endpoint, Target, Verdict
-from handlers.messages import DeadLetter, DeadLetterSource, Notification, clip, describe_validation_error
-from handlers.topics import DLQ, NOTIFICATIONS
-from handlers.events import DEAD_LETTER_TYPE, DELIVERY_TYPE, source_process
-from handlers.tracing import ce_headers, dead_letter_id, span_id
+from handlers.contracts import delivery
+from handlers.contracts.delivery import Bucket, Endpoint, Target, Verdict
+from handlers.contracts.events import DEAD_LETTER_TYPE, DELIVERY_TYPE, source_process
+from handlers.contracts.messages import DeadLetter, DeadLetterSource, Notification, clip, describe_validation_error
+from handlers.contracts.topics import DLQ, NOTIFICATIONS
+from handlers.contracts.tracing import ce_headers, dead_letter_id, span_id
 from streams.common import spans
 from streams.common.cloudevents import TRACEPARENT, TRACESTATE, Trace, event_source, header_text, trace_of
 from streams.common.durable import DurableProducer, Record
@@ -433,7 +433,7 @@ class Notifier:
 
     def _source_of(self, record: Received) -> str:
         """The CloudEvents source a webhook's event has: the record's own (``ce_source``, the
-        process that wrote it: handlers/events.py), so an event has one identity on Kafka and
+        process that wrote it: handlers/contracts/events.py), so an event has one identity on Kafka and
         on a webhook; this process's for a record without one in the scheme."""
         written = header_text(record.headers, "ce_source")
         return written if written is not None and source_process(written) is not None else self.event_source

@@ -14,7 +14,7 @@ partitioner wrote an intent or a watch event, one instance owns a key's inputs a
 rows at once. ``decide`` is a Faust agent, for its tables; ``route``, which keeps no state,
 reads on a consumer group of its own (streams/worker/routing.py). Table rows are written
 under the partition of the message being decided, which is what keeps each row with its
-key. The rules run in :class:`~handlers.engine.Engine`; this module only moves bytes.
+key. The rules run in :class:`~handlers.decide.engine.Engine`; this module only moves bytes.
 
 Effectively once without Faust's exactly-once: intents are deduplicated by ``intent_id``
 in the ``processed`` table, every output carries an id derived from its cause, and a batch's
@@ -39,16 +39,16 @@ from typing import Any, cast
 import aiohttp.web
 from faust.types import EventT
 
-from handlers.capacity import capacity_report
-from handlers.figures import Figures, figures
-from handlers.engine import Engine, Result, Source
-from handlers.inputs import DeadlineTick, ForgetTick, forget_value, kind_of, routed_input, tick_value
-from handlers.messages import KEY_MAX, DeadLetter, MalformedMessage
-from handlers.restarts import pending_detail
-from handlers.rows import DecidedIntent
-from handlers.tables import GLOBAL_TABLES, PROCESSED, TABLES, TRACKING, VMIS, VMS, Table
-from handlers.topics import INTENTS, ROUTED_INPUTS, WORKER_ROUTED, written_by
-from handlers.tracing import span_id
+from handlers.contracts.messages import KEY_MAX, DeadLetter, MalformedMessage
+from handlers.contracts.topics import INTENTS, ROUTED_INPUTS, WORKER_ROUTED, written_by
+from handlers.contracts.tracing import span_id
+from handlers.core.rows import DecidedIntent
+from handlers.core.tables import GLOBAL_TABLES, PROCESSED, TABLES, TRACKING, VMIS, VMS, Table
+from handlers.decide.engine import Engine, Result, Source
+from handlers.decide.inputs import DeadlineTick, ForgetTick, forget_value, kind_of, routed_input, tick_value
+from handlers.reads.figures import Figures, figures
+from handlers.rules.capacity import capacity_report
+from handlers.rules.restarts import pending_detail
 from streams.common import metrics, spans
 from streams.common.cloudevents import (
     TRACEPARENT,
@@ -396,7 +396,7 @@ class Worker:
                 self._decided[id(result)] = context
 
     def _decide_one(self, event: EventT[Any], source: Source, now: datetime) -> tuple[str, list[Result]]:
-        """A routed record read as its input (handlers/inputs.py), decided by the one entry."""
+        """A routed record read as its input (handlers/decide/inputs.py), decided by the one entry."""
         kind = _headers(event.message).get(KIND_HEADER, b"").decode("utf-8", "replace")
         input_ = routed_input(kind, event.value, source, now)
         return kind_of(input_), self.engine.decide(self.state, input_)
@@ -451,7 +451,7 @@ class Worker:
     def _trace(self, message: Record, result: Result) -> tuple[Trace, datetime]:
         """The trace a result's messages carry and the time it was decided at: the input's
         ``traceparent``, else one derived from the input's id (its audit record's ``ref``),
-        so a decision taken again yields the same headers (handlers/tracing.py)."""
+        so a decision taken again yields the same headers (handlers/contracts/tracing.py)."""
         audit = result.decision.audit
         input_id = audit.input.ref if audit is not None else f"{message.topic}:{message.partition}:{message.offset}"
         return trace_of(message.headers, input_id), audit.at if audit is not None else self._time(message)

@@ -38,11 +38,11 @@ from faust.streams import _current_event
 from faust.types import TP, EventT
 from pydantic import TypeAdapter, ValidationError
 
-from handlers.decisions import Decision, ResidentUpdate
-from handlers.engine import Result
-from handlers.messages import AuditRecord, Command, DeadLetter, Notification
-from handlers.state import Change, DeadlineIndex, ExpiryIndex
-from handlers.tables import DRAINS, PROCESSED, Table, TableName, table_named
+from handlers.contracts.messages import AuditRecord, Command, DeadLetter, Notification
+from handlers.core.decisions import Decision, ResidentUpdate
+from handlers.core.state import Change, DeadlineIndex, ExpiryIndex
+from handlers.core.tables import DRAINS, PROCESSED, Table, TableName, table_named
+from handlers.decide.engine import Result
 from streams.common.codecs import decode_state, encode_state
 from streams.common.durable import Delivered, Record
 from streams.common.globalview import GlobalView
@@ -64,7 +64,7 @@ class Row(NamedTuple):
     """A table row as its changelog gets it, with the input whose decision wrote it."""
 
     event: EventT[Any]
-    table: str  # the table's name (handlers/tables.py)
+    table: str  # the table's name (handlers/core/tables.py)
     record: Record
 
 
@@ -110,7 +110,7 @@ def _fingerprint(event: EventT[Any]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _Recorded:
-    """One :class:`~handlers.engine.Result` as the journal keeps it; state values as the
+    """One :class:`~handlers.decide.engine.Result` as the journal keeps it; state values as the
     text their table's codec writes (``streams/common/codecs.py``)."""
 
     commands: list[Command]
@@ -330,14 +330,14 @@ def _result(recorded: _Recorded) -> Result:
 
 
 class TableState:
-    """The handlers' :class:`~handlers.state.StateView` over Faust tables of bytes.
+    """The handlers' :class:`~handlers.core.state.StateView` over Faust tables of bytes.
 
     Reads see, in order: changes staged by the current batch, this instance's tables, and
     — for cluster-wide tables — the :class:`GlobalView` of every partition. Decoded values
     are cached and reused while the stored bytes are the same object.
 
-    It keeps the :class:`~handlers.state.DeadlineIndex` of its ``drains`` rows and the
-    :class:`~handlers.state.ExpiryIndex` of its ``processed`` rows, so the timer asks the
+    It keeps the :class:`~handlers.core.state.DeadlineIndex` of its ``drains`` rows and the
+    :class:`~handlers.core.state.ExpiryIndex` of its ``processed`` rows, so the timer asks the
     rules what is due (``Engine.due``) without a pass over every episode or intent id:
     noted as rows are written, and rebuilt from the rows after the partitions this instance
     owns changed (:meth:`rebuild_indexes`, on every completed rebalance).
@@ -514,7 +514,7 @@ class TableState:
 
 
 class LocalRows:
-    """A :class:`~handlers.state.StateView` of one instance's own rows (:meth:`TableState.local`),
+    """A :class:`~handlers.core.state.StateView` of one instance's own rows (:meth:`TableState.local`),
     decoded through the table state's cache."""
 
     def __init__(self, state: TableState) -> None:

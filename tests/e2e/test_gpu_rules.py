@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from handlers import ids
-from handlers.gpus import rule_gaps
+from handlers.contracts import ids
+from handlers.rules.gpus import rule_gaps
 from samples.cluster import RTX
 from tests.e2e.test_loop import (  # noqa: F401 (fixtures)
     ALICE,

@@ -26,8 +26,8 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kubernetes import client, config
 
-from handlers.decisions import subject_key
-from handlers.messages import Command
+from handlers.contracts.messages import Command
+from handlers.core.decisions import subject_key
 from streams.common.codecs import encode_message
 from harness.localkube import LocalKube
 from harness.processes import free_ports

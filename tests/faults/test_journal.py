@@ -16,7 +16,7 @@ from typing import Any, cast
 import pytest
 from faust.types import EventT
 
-from handlers.engine import Engine, Result, Source
+from handlers.decide.engine import Engine, Result, Source
 from streams.common.codecs import encode_message
 from harness.locations import REPO_ROOT
 from streams.common.durable import Delivered, Record

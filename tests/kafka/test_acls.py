@@ -34,8 +34,8 @@ from confluent_kafka.admin import (
 )
 from kubernetes import client
 
-from handlers.messages import Command, ObjectRef
-from handlers.state import TABLES
+from handlers.contracts.messages import Command, ObjectRef
+from handlers.core.state import TABLES
 from harness.localkafka import LocalKafka, Sasl, sasl_options
 from harness.processes import free_ports
 from streams.common.codecs import encode_message
@@ -393,7 +393,7 @@ def test_notify_does_its_job_on_its_own_acls(secured: SecuredBroker, tmp_path: P
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from threading import Thread
 
-    from handlers.messages import Notification
+    from handlers.contracts.messages import Notification
 
     own = secured.settings("vmstream-notify")
     ensure_topics(secured.settings(secured.sasl.admin))

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from handlers.engine import Engine
-from handlers.tracing import derived_trace
-from handlers.views import gpu_classes, vm_badge
+from handlers.contracts.tracing import derived_trace
+from handlers.decide.engine import Engine
+from handlers.reads.views import gpu_classes, vm_badge
 from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess
 from harness.scenarios import BOB, Script, cluster
 from samples.cluster import RTX, vm
@@ -216,7 +216,7 @@ def test_two_replicas_answer_alike_tokens_are_scoped_and_the_class_topic_is_curr
 
 def test_the_class_topic_publishes_what_differs_and_a_tombstone_for_a_class_gone() -> None:
     """No broker: what a replica would publish over a topic holding ``latest``."""
-    from handlers.messages import GPUClassStatus
+    from handlers.contracts.messages import GPUClassStatus
     from streams.serve.api import ClassTopic
 
     def status(name: str, free: int) -> GPUClassStatus:

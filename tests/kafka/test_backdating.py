@@ -3,7 +3,7 @@
 The worker checks a credential's expiry at the intent's Kafka timestamp, and a producer
 chooses that timestamp. Without a bound, a credential that expired hours ago is current
 again for a record stamped inside its lifetime. ``vmstream.intents`` is created with
-``message.timestamp.before.max.ms`` (handlers/topics.py), so such a record never reaches the
+``message.timestamp.before.max.ms`` (handlers/contracts/topics.py), so such a record never reaches the
 worker; this test counts what the topic holds with a consumer of its own.
 """
 
@@ -18,7 +18,7 @@ from streams.common.durable import DurableProducer, NotDelivered, Record
 from streams.common.kafka_clients import consumer
 from streams.common.reading import assign_from_start, read_to_end
 from harness.running import Deployment
-from handlers.topics import INTENT_TIMESTAMP_BEFORE_MS
+from handlers.contracts.topics import INTENT_TIMESTAMP_BEFORE_MS
 
 pytestmark = pytest.mark.kafka
 

@@ -21,10 +21,10 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kubernetes import client
 
-from handlers import ids
-from handlers.decisions import subject_key
-from handlers.messages import Command, ObjectRef
-from handlers.tracing import ce_time, derived_trace, parse_traceparent, span_id
+from handlers.contracts import ids
+from handlers.contracts.messages import Command, ObjectRef
+from handlers.contracts.tracing import ce_time, derived_trace, parse_traceparent, span_id
+from handlers.core.decisions import subject_key
 from streams.kube.applying import Applier, KubeApplier
 from streams.common.codecs import encode_message
 from harness.running import CONFIG, Deployment, WorkerProcess

@@ -17,7 +17,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.partitioner.default import murmur2
 
-from handlers.tables import PROCESSED
+from handlers.core.tables import PROCESSED
 from harness.running import Deployment, Outputs, WorkerProcess
 from harness.scenarios import cluster
 from streams.common.topics import changelog_topic

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from handlers import ids
-from handlers.messages import AuditInput, AuditRecord, CommandResult, ObjectRef
+from handlers.contracts import ids
+from handlers.contracts.messages import AuditInput, AuditRecord, CommandResult, ObjectRef
 from streams.cli import requesting
 from streams.common.codecs import encode_message
 from streams.common.settings import KafkaSettings
@@ -108,7 +108,7 @@ class ApplierStandIn(threading.Thread):
 
 
 def refused_copy(topic: str, ref: str, key: str, body: dict[str, Any]) -> AuditRecord:
-    """The audit record the worker writes for ``body`` refused for who asks (handlers/engine.py)."""
+    """The audit record the worker writes for ``body`` refused for who asks (handlers/decide/engine.py)."""
     return AuditRecord(audit_id=ids.audit_id(topic, ids.unauthenticated_ref(topic, ref, body), "unauthenticated"),
                        at=datetime.now(UTC), input=AuditInput(topic=topic, key=key, ref=ref),
                        outcome="unauthenticated", reason="unauthenticated: no credential: an intent must carry a "

@@ -34,8 +34,8 @@ import yaml
 from aiosmtpd.controller import Controller
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from handlers.messages import Notification, ObjectRef
-from handlers.tracing import derived_trace, span_id
+from handlers.contracts.messages import Notification, ObjectRef
+from handlers.contracts.tracing import derived_trace, span_id
 from harness.processes import free_ports
 from streams.common.cloudevents import kafka_headers, trace_of
 from streams.common.settings import Settings, read_yaml
@@ -607,7 +607,7 @@ def test_the_engines_own_drain_notices_reach_each_recipient_once(
     """The notifications the decision engine makes of examples/drain.jsonl (what the worker
     publishes), each published twice: alice is told of both her VMs, ops of the drain's end,
     once each; the two warnings also reach the webhook, once each."""
-    from handlers.engine import Engine
+    from handlers.decide.engine import Engine
     from streams.cli.simulating import run as simulate
 
     setup = make_setup(kafka_bootstrap, tmp_path, smtp_port=inbox[1], receiver=receiver)

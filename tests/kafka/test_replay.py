@@ -26,7 +26,7 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.partitioner.default import murmur2
 
-from handlers.messages import AuditRecord
+from handlers.contracts.messages import AuditRecord
 from harness.running import CONFIG, Deployment, VmstreamProcess, WorkerProcess, capacity_after
 from harness.scenarios import cluster, cordon_landed
 from streams.common.codecs import encode_message

@@ -20,8 +20,8 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 
-from handlers.messages import AuditInput, AuditRecord, Notification, ObjectRef, SetGPUIntent, parse_intent
-from handlers.tracing import derived_trace
+from handlers.contracts.messages import AuditInput, AuditRecord, Notification, ObjectRef, SetGPUIntent, parse_intent
+from handlers.contracts.tracing import derived_trace
 from streams.cli import requesting
 from streams.cli import tailing
 from streams.common.cloudevents import trace_of
@@ -170,7 +170,7 @@ def test_an_intent_goes_out_as_a_cloudevent_in_vmstream_s_scheme(
     kafka: KafkaSettings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`vmstream intent` names what it sends as every vmstream record is named
-    (handlers/events.py): its id, io.vmstream.intent.<type>, /vmstream/cli/<app_id>, its time,
+    (handlers/contracts/events.py): its id, io.vmstream.intent.<type>, /vmstream/cli/<app_id>, its time,
     and the trace the worker would derive from its id."""
     monkeypatch.setenv("VMSTREAM_WORKER__APP_ID", "vmstream-az1")
     assert cli("intent", *SET_GPU, "--id", "it-ce") == requesting.EXIT_ACCEPTED

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from handlers import ids
-from handlers.decisions import subject_key
-from handlers.messages import Command, ObjectRef
-from handlers.results import RetryLater, Tries, decide_result
-from handlers.topics import COMMAND_RESULTS
+from handlers.contracts import ids
+from handlers.contracts.messages import Command, ObjectRef
+from handlers.contracts.topics import COMMAND_RESULTS
+from handlers.core.decisions import subject_key
+from handlers.rules.results import RetryLater, Tries, decide_result
 from harness.running import CONFIG, Deployment
 from streams.common.codecs import encode_message
 from streams.common.durable import Delivered, DurableProducer, Record

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from handlers.tracing import parse_traceparent
+from handlers.contracts.tracing import parse_traceparent
 from harness.running import CONFIG, Deployment, VmstreamProcess, WorkerProcess
 from tests.kafka.test_cloudevents import CLUSTER, TRACE_ID, Records, send, set_gpu
 

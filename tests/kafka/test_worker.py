@@ -167,7 +167,7 @@ def test_two_instances_decide_a_drain(deployment: Deployment, outputs: Outputs) 
 def test_replay_reproduces_the_audit_stream_and_catches_an_altered_record(
     deployment: Deployment, outputs: Outputs
 ) -> None:
-    from handlers.engine import Engine
+    from handlers.decide.engine import Engine
     from streams.cli.replaying import replay
     from harness.running import CONFIG
     from streams.common.settings import load_settings

@@ -22,9 +22,9 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from handlers import policy
-from handlers.gpus import desired_vm, plan_patch
-from handlers.messages import GPUMutation
+from handlers.contracts.messages import GPUMutation
+from handlers.rules import policy
+from handlers.rules.gpus import desired_vm, plan_patch
 from samples.cluster import A100, PROJECT_LABEL
 from samples.cluster import node as node_object
 from samples.cluster import vm as vm_object

@@ -18,9 +18,9 @@ from urllib.parse import urlsplit
 import pytest
 from kubernetes import client
 
-from handlers import ids
-from handlers.decisions import subject_key
-from handlers.messages import Command, ObjectRef
+from handlers.contracts import ids
+from handlers.contracts.messages import Command, ObjectRef
+from handlers.core.decisions import subject_key
 from samples.cluster import A100, PROJECT_LABEL
 from samples.cluster import vm as scenario_vm
 from streams.kube.applying import KUBEVIRT, KubeApplier

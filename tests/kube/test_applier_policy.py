@@ -27,10 +27,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from handlers import ids
-from handlers.decisions import subject_key
-from handlers.gpus import desired_vm, plan_patch
-from handlers.messages import Command, CommandResult, CommandType, GPUMutation, ObjectRef
+from handlers.contracts import ids
+from handlers.contracts.messages import Command, CommandResult, CommandType, GPUMutation, ObjectRef
+from handlers.core.decisions import subject_key
+from handlers.rules.gpus import desired_vm, plan_patch
 from streams.common.codecs import encode_message
 from harness.running import Deployment
 from samples.cluster import A100, PROJECT_LABEL

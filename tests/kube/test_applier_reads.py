@@ -1,4 +1,4 @@
-"""The applier reads what a command concerns once (handlers/judgment.py, ``reads``), on a real API
+"""The applier reads what a command concerns once (handlers/rules/judgment.py, ``reads``), on a real API
 server: each object kind at most one GET per try of a command, counted at the client (the API
 server also answers KubeVirt's controllers)."""
 
@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 from kubernetes import client
 
-from handlers.messages import Command, ObjectRef
+from handlers.contracts.messages import Command, ObjectRef
 from streams.kube.applying import KubeApplier
 from tests.kube.test_applier_cache import create_vm, project_namespace, requests_sent, set_gpu  # noqa: F401
 from tests.kube.test_applying import command, create_vm_command, make_node, vm_ref, vmi_ref  # noqa: F401

@@ -22,9 +22,9 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kubernetes import client
 
-from handlers import ids
-from handlers.decisions import subject_key
-from handlers.messages import Command, ObjectRef
+from handlers.contracts import ids
+from handlers.contracts.messages import Command, ObjectRef
+from handlers.core.decisions import subject_key
 from harness.running import CONFIG, Deployment
 from streams.common.codecs import encode_message
 from streams.common.durable import Delivered, DurableProducer, Record

@@ -20,10 +20,10 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kubernetes import client
 
-from handlers import ids
-from handlers.decisions import subject_key
-from handlers.messages import Command, ObjectRef
-from handlers.results import RetryLater, Tries
+from handlers.contracts import ids
+from handlers.contracts.messages import Command, ObjectRef
+from handlers.core.decisions import subject_key
+from handlers.rules.results import RetryLater, Tries
 from harness.running import CONFIG, Deployment
 from samples.cluster import node as node_object
 from streams.common.codecs import encode_message

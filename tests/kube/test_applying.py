@@ -30,10 +30,10 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from handlers import ids
-from handlers.cluster import OWNER_ANNOTATION
-from handlers.decisions import subject_key
-from handlers.messages import Command, CommandType, GPUMutation, ObjectRef
+from handlers.contracts import ids
+from handlers.contracts.messages import Command, CommandType, GPUMutation, ObjectRef
+from handlers.core.cluster import OWNER_ANNOTATION
+from handlers.core.decisions import subject_key
 from harness.processes import free_ports
 from harness.publishing import publish as publish_records
 from harness.running import CONFIG, Deployment

@@ -100,7 +100,7 @@ APPLY_GRANTS: dict[tuple[str, str], set[str]] = {
     ("kubevirt.io", "virtualmachines"): {"get", "list", "watch", "create", "patch"},
     ("kubevirt.io", "virtualmachineinstances"): {"get", "delete"},
     ("", "nodes"): {"get", "patch"},
-    ("", "namespaces"): {"get", "list", "watch"},  # is the target's namespace a project's (handlers/policy.py)
+    ("", "namespaces"): {"get", "list", "watch"},  # is the target's namespace a project's (handlers/rules/policy.py)
     ("subresources.kubevirt.io", "virtualmachines/restart"): {"update"},
     ("subresources.kubevirt.io", "virtualmachines/start"): {"update"},
     ("subresources.kubevirt.io", "virtualmachines/stop"): {"update"},

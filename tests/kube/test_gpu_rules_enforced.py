@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from handlers.enforcement import FIELD_MANAGER
-from handlers.gpus import gpu_devices, rule_gaps
+from handlers.rules.enforcement import FIELD_MANAGER
+from handlers.rules.gpus import gpu_devices, rule_gaps
 from samples.cluster import A100, PROJECT_LABEL, RTX, vm
 from streams.kube.applying import KUBEVIRT, KubeApplier
 from tests.support.harness import Harness

@@ -3,7 +3,7 @@
 KubeVirt checks a GPU against ``permittedHostDevices`` only when virt-controller renders the
 launcher pod (``validatePermittedHostDevices``, pkg/virt-controller/services/renderresources.go),
 not at admission: the VM is accepted and its VMI never starts. vmstream's rules refuse such a
-``set_gpu`` before anything is written (handlers/admission.py, tests/rules/test_refused_up_front.py);
+``set_gpu`` before anything is written (handlers/rules/admission.py, tests/rules/test_refused_up_front.py);
 here the same KubeVirt CR, as the API server serves it, leads the rules to that refusal while
 the real virt-controller shows what would have happened without it.
 """

@@ -1,7 +1,7 @@
 """KubeVirt's own virt-controller as the oracle for what vmstream tells owners.
 
 A drain deletes a GPU VM's VMI and tells the owner whether it comes back by itself
-(``handlers.drains.RESTARTS_AFTER_DELETION``); a VMI that ends (the guest crashed, or shut
+(``handlers.rules.drains.RESTARTS_AFTER_DELETION``); a VMI that ends (the guest crashed, or shut
 itself down) is replaced or not as docs/kubevirt.md's table says. Both are checked here
 against the real virt-controller and virt-api of the session's control plane, with the node
 agent playing the scheduler, the kubelet and virt-handler.
@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from handlers.drains import RESTARTS_AFTER_DELETION, restarts_by_itself
+from handlers.rules.drains import RESTARTS_AFTER_DELETION, restarts_by_itself
 from harness.localkubevirt import vm_subresource
 from harness.node_agent import NodeAgent
 from samples.cluster import node as node_object

@@ -30,13 +30,13 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kubernetes import client, config
 
-from handlers.capacity import capacity
-from handlers.engine import Result, Source
+from handlers.decide.engine import Result, Source
+from handlers.rules.capacity import capacity
 from tests.support.harness import EVENTS_TOPIC
-from handlers.ids import watch_event_id
-from handlers.messages import ORIGINAL_PREFIX_BYTES, DeadLetter, WatchEvent, object_key
-from handlers.tables import VMS
-from handlers.tracing import ce_time, derived_trace
+from handlers.contracts.ids import watch_event_id
+from handlers.contracts.messages import ORIGINAL_PREFIX_BYTES, DeadLetter, WatchEvent, object_key
+from handlers.contracts.tracing import ce_time, derived_trace
+from handlers.core.tables import VMS
 from streams.common import metrics
 from streams.common.durable import DurableProducer
 from harness.localkubevirt import vm_subresource

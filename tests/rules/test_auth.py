@@ -1,4 +1,4 @@
-"""Who asks is proven, not claimed: intents' credentials (handlers/auth.py) and what the
+"""Who asks is proven, not claimed: intents' credentials (handlers/rules/auth.py) and what the
 rules let a proven requester do (their projects' VMs and namespaces, drains for operators)."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from typing import Any
 import jwt
 import pytest
 
-from handlers import ids
-from handlers.auth import KeySet, Principal, Unauthenticated, body_digest, verify_intent
-from handlers.config import AuthPolicy
-from handlers.engine import Result
-from handlers.messages import principal_problem
-from handlers.outcomes import Unproven
+from handlers.contracts import ids
+from handlers.contracts.config import AuthPolicy
+from handlers.contracts.messages import principal_problem
+from handlers.core.outcomes import Unproven
+from handlers.decide.engine import Result
+from handlers.rules.auth import KeySet, Principal, Unauthenticated, body_digest, verify_intent
 from samples.cluster import RTX, node, vm, vmi
 from streams.common.credentials import SigningKey, jwks, sign_intent, signed
 from tests.support.harness import INTENTS_TOPIC, KEYS, SIGNER, START, Harness, config

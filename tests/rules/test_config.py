@@ -1,4 +1,4 @@
-"""The policy's configuration model (handlers/config.py): what it refuses rather than keep
+"""The policy's configuration model (handlers/contracts/config.py): what it refuses rather than keep
 silently wrong."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from handlers.catalog import Catalog
-from handlers.config import Config
+from handlers.contracts.config import Config
+from handlers.core.catalog import Catalog
 
 A100 = "nvidia.com/GA100_A100_PCIE_40GB"
 A100_80 = "nvidia.com/GA100_A100_PCIE_80GB"

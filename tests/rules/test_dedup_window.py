@@ -11,14 +11,14 @@ import json
 from datetime import datetime, timedelta
 from typing import Any
 
-from handlers import engine as engine_module
-from handlers.config import Config
-from handlers.engine import Engine, Result
-from handlers.inputs import DeadlineTick, ForgetTick, IntentInput, Source, WatchInput, forget_value, routed_input
-from handlers.outcomes import Accepted, Duplicate, Refused
-from handlers.rows import DecidedIntent
-from handlers.state import Change, MemoryState
-from handlers.tables import PROCESSED
+from handlers.contracts.config import Config
+from handlers.core.outcomes import Accepted, Duplicate, Refused
+from handlers.core.rows import DecidedIntent
+from handlers.core.state import Change, MemoryState
+from handlers.core.tables import PROCESSED
+from handlers.decide import engine as engine_module
+from handlers.decide.engine import Engine, Result
+from handlers.decide.inputs import DeadlineTick, ForgetTick, IntentInput, Source, WatchInput, forget_value, routed_input
 from samples.cluster import RTX, node
 from streams.common.codecs import decode_state, encode_state
 from streams.worker import tablestate

@@ -1,4 +1,4 @@
-"""Who a notification reaches, over what, in which words: handlers/delivery.py, no I/O."""
+"""Who a notification reaches, over what, in which words: handlers/contracts/delivery.py, no I/O."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from handlers.delivery import (
+from handlers.contracts.delivery import (
     Bucket,
     Endpoint,
     Route,
@@ -22,9 +22,9 @@ from handlers.delivery import (
     take,
     targets,
 )
-from handlers.events import notification_type
-from handlers.messages import Notification, ObjectRef
-from handlers.tracing import derived_trace, message_headers
+from handlers.contracts.events import notification_type
+from handlers.contracts.messages import Notification, ObjectRef
+from handlers.contracts.tracing import derived_trace, message_headers
 
 AT = datetime(2026, 11, 30, 6, 30, tzinfo=UTC)
 DEADLINE = datetime(2026, 11, 30, 6, 45, 58, tzinfo=UTC)

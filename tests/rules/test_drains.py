@@ -7,8 +7,8 @@ from datetime import timedelta
 
 import pytest
 
-from handlers.topics import TIMER
-from handlers.tables import DRAINS
+from handlers.contracts.topics import TIMER
+from handlers.core.tables import DRAINS
 from samples.cluster import A100, RTX, node, node_maintenance, vm, vmi
 from tests.support.harness import START, Harness
 

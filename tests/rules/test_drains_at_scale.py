@@ -8,12 +8,12 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from handlers.capacity import Capacity, capacity
-from handlers.cluster import NodeUsage
-from handlers.drains import due_deadlines
-from handlers.engine import TIMER_TOPIC
-from handlers.state import Change, DeadlineIndex, DrainEpisode, MemoryState, Overlay, StateView
-from handlers.tables import DRAINS, USAGE, Table
+from handlers.core.cluster import NodeUsage
+from handlers.core.state import Change, DeadlineIndex, DrainEpisode, MemoryState, Overlay, StateView
+from handlers.core.tables import DRAINS, USAGE, Table
+from handlers.decide.engine import TIMER_TOPIC
+from handlers.rules.capacity import Capacity, capacity
+from handlers.rules.drains import due_deadlines
 from samples.cluster import A100, RTX, node, node_maintenance, vm, vmi
 from tests.support.harness import START, Harness
 

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from handlers.topics import TIMER
-from handlers.capacity import capacity
-from handlers.catalog import Catalog
-from handlers.cluster import NodeRecord
-from handlers.messages import parse_intent
-from handlers.tables import KUBEVIRT, RESIDENTS, USAGE
+from handlers.contracts.messages import parse_intent
+from handlers.contracts.topics import TIMER
+from handlers.core.catalog import Catalog
+from handlers.core.cluster import NodeRecord
+from handlers.core.tables import KUBEVIRT, RESIDENTS, USAGE
+from handlers.rules.capacity import capacity
 from samples.cluster import A100, RTX, kubevirt_cr, node, vm, vmi
 from tests.support.harness import Harness, config
 
@@ -48,7 +48,7 @@ def test_malformed_intents_go_to_dead_letters_with_their_offset(raw: bytes, erro
 
 def test_malformed_watch_events_are_dead_lettered_and_the_next_one_is_decided() -> None:
     h = Harness()
-    from handlers.engine import Source
+    from handlers.decide.engine import Source
     from tests.support.harness import EVENTS_TOPIC
 
     bad = h.engine.on_event(h.state, b'{"event_id": "e", "type": "ADDED", "kind": "Node"}',
@@ -90,7 +90,7 @@ def test_audit_names_the_commands_and_notifications_it_caused() -> None:
 
 
 def test_validation_errors_name_the_field_and_the_reason() -> None:
-    from handlers.messages import InvalidIntent
+    from handlers.contracts.messages import InvalidIntent
 
     with pytest.raises(InvalidIntent) as caught:
         parse_intent({"intent_id": "i", "type": "drain_node", "requested_by": "o",
@@ -191,7 +191,7 @@ def test_deleted_objects_leave_state() -> None:
     ],
 )
 def test_each_event_is_decided_under_its_vm_its_node_or_the_cluster(obj: dict[str, Any], key: str) -> None:
-    from handlers.observing import decision_key
+    from handlers.decide.observing import decision_key
 
     assert decision_key(obj["kind"], obj) == key
 

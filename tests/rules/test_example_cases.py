@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from handlers.engine import Engine
+from handlers.decide.engine import Engine
 from streams.common.settings import load_settings
 from streams.cli.simulating import Simulation
 

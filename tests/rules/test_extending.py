@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from handlers.engine import Engine, Result, Source
-from handlers.inputs import WatchInput
-from handlers.messages import parse_intent
+from handlers.contracts.messages import parse_intent
+from handlers.decide.engine import Engine, Result, Source
+from handlers.decide.inputs import WatchInput
 from samples.cluster import RTX, node, vm, vmi
 from tests.support.extension_example import (
     FOLDS_WITH_EXAMPLE,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from handlers.figures import NO_GPU, figures
+from handlers.reads.figures import NO_GPU, figures
 from samples.cluster import A100, RTX, node, vm, vmi
 from tests.support.harness import START, Harness
 

@@ -1,4 +1,4 @@
-"""Every GPU VM gets the GPU rules, however it was created (handlers/enforcement.py).
+"""Every GPU VM gets the GPU rules, however it was created (handlers/rules/enforcement.py).
 
 A VM observed with a GPU but without host-passthrough, with its memory overcommitted or
 without the eviction strategy gets the mutation a set_gpu intent gives, once per content:
@@ -16,9 +16,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handlers.gpus import PRE_GPU_ANNOTATION, desired_vm, gpu_devices, plan_patch, quantity, rule_gaps, same_quantity
-from handlers.messages import Command, GPUMutation
-from handlers.tables import TRACKING
+from handlers.contracts.messages import Command, GPUMutation
+from handlers.core.tables import TRACKING
+from handlers.rules.gpus import (
+    PRE_GPU_ANNOTATION,
+    desired_vm,
+    gpu_devices,
+    plan_patch,
+    quantity,
+    rule_gaps,
+    same_quantity,
+)
 from samples.cluster import A100, RTX, vm, vmi
 from streams.common.settings import load_settings
 from tests.support.harness import Harness, config

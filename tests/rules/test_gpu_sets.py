@@ -13,11 +13,11 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handlers.gpus import desired_vm, template_devices
-from handlers.policy import apply_patch
-from handlers.restarts import pending_detail
-from handlers.tables import USAGE, VMIS, VMS
-from handlers.views import vm_badge
+from handlers.core.tables import USAGE, VMIS, VMS
+from handlers.reads.views import vm_badge
+from handlers.rules.gpus import desired_vm, template_devices
+from handlers.rules.policy import apply_patch
+from handlers.rules.restarts import pending_detail
 from samples.cluster import (
     A100,
     RTX,

@@ -13,13 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handlers.gpus import (
+from handlers.contracts.messages import GPUMutation
+from handlers.rules.gpus import (
     PRE_GPU_ANNOTATION,
     GPURuleViolation,
     desired_vm,
     plan_patch,
 )
-from handlers.messages import GPUMutation
 from samples.cluster import A100, RTX, vm
 from tests.support.kubevirt_schema import example_vms, validate_vm
 

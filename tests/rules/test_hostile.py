@@ -13,9 +13,7 @@ from typing import Any
 
 import pytest
 
-from handlers.decisions import Decision
-from handlers.engine import Result, Source
-from handlers.messages import (
+from handlers.contracts.messages import (
     ORIGINAL_MAX,
     ORIGINAL_PREFIX_BYTES,
     TEXT_MAX,
@@ -26,7 +24,9 @@ from handlers.messages import (
     ObjectRef,
     wire_bytes,
 )
-from handlers.tables import NODES, PROCESSED
+from handlers.core.decisions import Decision
+from handlers.core.tables import NODES, PROCESSED
+from handlers.decide.engine import Result, Source
 from samples.cluster import RTX, node, vm
 from tests.support.harness import EVENTS_TOPIC, INTENTS_TOPIC, START, Harness, config
 

@@ -1,4 +1,4 @@
-"""The applier's judgment (handlers/judgment.py): what each command reads, and what it comes to
+"""The applier's judgment (handlers/rules/judgment.py): what each command reads, and what it comes to
 on what was read — an action, done already, refused, failed, or tried again later. One test per
 rule; the objects are given, nothing is sent."""
 
@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from handlers import judgment, policy
-from handlers.cluster import OWNER_ANNOTATION
-from handlers.gpus import desired_vm, plan_patch
-from handlers.judgment import (
+from handlers.contracts.messages import COMMAND_TYPES, Command, GPUMutation, ObjectRef
+from handlers.core.cluster import OWNER_ANNOTATION
+from handlers.rules import judgment, policy
+from handlers.rules.gpus import desired_vm, plan_patch
+from handlers.rules.judgment import (
     MAX_CONFLICTS,
     NAMESPACE,
     NODE,
@@ -31,8 +32,7 @@ from handlers.judgment import (
     PutSubresource,
     Refusal,
 )
-from handlers.messages import COMMAND_TYPES, Command, GPUMutation, ObjectRef
-from handlers.results import RetryLater
+from handlers.rules.results import RetryLater
 from samples.cluster import A100, PROJECT_LABEL, vm
 
 ISSUED = datetime(2026, 12, 1, 10, 0, 0, 500000, tzinfo=UTC)

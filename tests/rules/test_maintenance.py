@@ -1,4 +1,4 @@
-"""GPU node maintenance planned (handlers/maintenance.py): nodes whose VMs fit go first, a
+"""GPU node maintenance planned (handlers/rules/maintenance.py): nodes whose VMs fit go first, a
 node that does not fit waits for the cards of nodes coming back, a card is reserved once, the
 window and the concurrency limit hold or the plan says so, owners' answers change only what
 they must and re-tell only the owners whose notice changed."""
@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handlers.drains import RESTARTS_AFTER_DELETION
-from handlers.maintenance import (
+from handlers.rules.drains import RESTARTS_AFTER_DELETION
+from handlers.rules.maintenance import (
     GPUVM,
     AfterMaintenance,
     Change,

@@ -11,16 +11,16 @@ from typing import Any
 
 import pytest
 
-from handlers.cluster import ENDED_PHASES
-from handlers.decisions import ResidentUpdate
-from handlers.engine import Engine
-from handlers.inputs import DeadlineTick, IntentInput, ResidentInput, Source, WatchInput, kind_of, routed_input
-from handlers.messages import AuditInput, AuditRecord, MalformedMessage
-from handlers.outcomes import Accepted, Duplicate, Ignored, Refused, judgement_of
-from handlers.rows import DrainEpisode, VMTracking
-from handlers.running import already_so
-from handlers.state import Change, MemoryState, Overlay
-from handlers.tables import DRAINS, GLOBAL_TABLES, TABLES, TRACKING, VMS, table_named
+from handlers.contracts.messages import AuditInput, AuditRecord, MalformedMessage
+from handlers.core.cluster import ENDED_PHASES
+from handlers.core.decisions import ResidentUpdate
+from handlers.core.outcomes import Accepted, Duplicate, Ignored, Refused, judgement_of
+from handlers.core.rows import DrainEpisode, VMTracking
+from handlers.core.state import Change, MemoryState, Overlay
+from handlers.core.tables import DRAINS, GLOBAL_TABLES, TABLES, TRACKING, VMS, table_named
+from handlers.decide.engine import Engine
+from handlers.decide.inputs import DeadlineTick, IntentInput, ResidentInput, Source, WatchInput, kind_of, routed_input
+from handlers.rules.running import already_so
 from samples.cluster import RTX, node, vm, vmi
 from streams.common.codecs import encode_resident_update, encode_state
 from streams.kube.applying import api

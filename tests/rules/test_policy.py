@@ -1,4 +1,4 @@
-"""The applier's policy (handlers/policy.py) and the seal on commands, results and audit
+"""The applier's policy (handlers/rules/policy.py) and the seal on commands, results and audit
 records (streams/common/signing.py), as pure functions: one test per rule."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from handlers import policy
-from handlers.gpus import desired_vm, plan_patch
-from handlers.messages import AuditInput, AuditRecord, Command, CommandResult, GPUMutation, ObjectRef
+from handlers.contracts.messages import AuditInput, AuditRecord, Command, CommandResult, GPUMutation, ObjectRef
+from handlers.rules import policy
+from handlers.rules.gpus import desired_vm, plan_patch
 from samples.cluster import A100, PROJECT_LABEL, vm
 from streams.common.codecs import encode_message
 from streams.common.signing import Keyring, KeyringError, Purpose, canonical, open_sealed

@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from handlers.messages import Notification
-from handlers.tables import DRAINS
+from handlers.contracts.messages import Notification
+from handlers.core.tables import DRAINS
 from samples.cluster import RTX, node, node_maintenance, vm, vmi
 from tests.support.harness import Harness
 
@@ -166,7 +166,7 @@ def test_a_called_off_drain_cancels_the_eviction_marks_it_leaves_behind() -> Non
 
 
 def test_a_mark_vmstream_could_not_cancel_never_stops_the_vm_and_the_owner_is_told_it_is_still_there() -> None:
-    from handlers.results import decide_result
+    from handlers.rules.results import decide_result
 
     h = Harness()
     maintained_and_evicted(h)

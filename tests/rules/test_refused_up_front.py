@@ -1,4 +1,4 @@
-"""What KubeVirt will refuse is refused up front (handlers/admission.py, docs/kubevirt.md).
+"""What KubeVirt will refuse is refused up front (handlers/rules/admission.py, docs/kubevirt.md).
 
 A GPU class whose device is not in the observed KubeVirt CR's permittedHostDevices
 (``validatePermittedHostDevices``, pkg/virt-controller/services/renderresources.go: checked
@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handlers.capacity import capacity_report
-from handlers.cluster import KubeVirtRecord
+from handlers.core.cluster import KubeVirtRecord
+from handlers.rules.capacity import capacity_report
 from samples.cluster import A100, RTX, kubevirt_cr, node, vm, vmi
 from tests.support.harness import Harness, config
 from tests.support.kubevirt_schema import validate_vm

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from handlers.tables import TRACKING
+from handlers.core.tables import TRACKING
 from samples.cluster import A100, RTX, node, vm, vmi
 from tests.support.harness import Harness
 
@@ -68,7 +68,7 @@ def test_a_restart_with_the_new_spec_clears_the_pending_state() -> None:
 
 
 def test_pending_detail_says_what_waits_for_the_restart() -> None:
-    from handlers.restarts import pending_detail
+    from handlers.rules.restarts import pending_detail
 
     h = running_vm()
     assert pending_detail(h.state, "vm/spx-proj-a/w-1") is None

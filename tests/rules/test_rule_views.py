@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handlers.capacity import capacity_report
-from handlers.cluster import (
+from handlers.contracts.messages import GPUMutation
+from handlers.core.cluster import (
     KEPT_FOR_EVERY_KIND,
     RULE_PATHS,
     InstancetypeRevision,
@@ -30,9 +30,9 @@ from handlers.cluster import (
     VMRecord,
     rule_view,
 )
-from handlers.gpus import desired_vm, plan_patch
-from handlers.messages import GPUMutation
-from handlers.tables import VMS
+from handlers.core.tables import VMS
+from handlers.rules.capacity import capacity_report
+from handlers.rules.gpus import desired_vm, plan_patch
 from samples.cluster import (
     A100,
     PROJECT_LABEL,

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handlers.cluster import effective_run_strategy
-from handlers.drains import restarts_by_itself
+from handlers.core.cluster import effective_run_strategy
+from handlers.rules.drains import restarts_by_itself
 from samples.cluster import A100, RTX, node, vm, vmi
 from tests.support.harness import Harness
 

@@ -1,4 +1,4 @@
-"""W3C trace context and CloudEvents attributes, as pure values (handlers/tracing.py).
+"""W3C trace context and CloudEvents attributes, as pure values (handlers/contracts/tracing.py).
 
 An incoming ``traceparent`` is taken only when it is valid per the W3C spec; otherwise the
 trace is derived from the input's id, the same every time. Each output's attributes come
@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from handlers.messages import (
+from handlers.contracts.messages import (
     AuditInput,
     AuditRecord,
     Command,
@@ -25,7 +25,7 @@ from handlers.messages import (
     Notification,
     ObjectRef,
 )
-from handlers.tracing import (
+from handlers.contracts.tracing import (
     Trace,
     ce_headers,
     ce_time,

@@ -1,11 +1,11 @@
-"""The read API's answers (handlers/views.py), computed from the state the rules leave."""
+"""The read API's answers (handlers/reads/views.py), computed from the state the rules leave."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from handlers.catalog import Catalog
-from handlers.views import gpu_classes, project_view, vm_badge
+from handlers.core.catalog import Catalog
+from handlers.reads.views import gpu_classes, project_view, vm_badge
 from samples.cluster import A100, RTX, kubevirt_cr, node, vm, vmi
 from tests.support.harness import Harness
 

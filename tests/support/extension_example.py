@@ -18,12 +18,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from handlers.auth import Principal
-from handlers.decisions import Context, vm_subject
-from handlers.delivery import Payload, render_email
-from handlers.gpus import desired_vm, gpu_devices, plan_patch
-from handlers.intents import RULES, Rule, RuleOutcome
-from handlers.messages import (
+from handlers.contracts.delivery import Payload, render_email
+from handlers.contracts.messages import (
     REASON_MAX,
     DecisionKey,
     GPUMutation,
@@ -34,9 +30,13 @@ from handlers.messages import (
     WatchEvent,
     vm_key,
 )
-from handlers.observing import FOLDS, Fold
-from handlers.outcomes import ACCEPTED, Refused
-from handlers.tables import VMS
+from handlers.core.decisions import Context, vm_subject
+from handlers.core.outcomes import ACCEPTED, Refused
+from handlers.core.tables import VMS
+from handlers.decide.intents import RULES, Rule, RuleOutcome
+from handlers.decide.observing import FOLDS, Fold
+from handlers.rules.auth import Principal
+from handlers.rules.gpus import desired_vm, gpu_devices, plan_patch
 
 # ------------------------------------------------------------------ an intent type
 

@@ -12,14 +12,14 @@ import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from handlers.auth import KeySet
-from handlers.config import Config
-from handlers.engine import Engine, Result, Source
-from handlers.inputs import DeadlineTick, IntentInput, ResidentInput, WatchInput
-from handlers.messages import AuditRecord, Command, Notification
-from handlers.state import MemoryState
-from handlers.tables import VMS
-from handlers.topics import INTENTS, K8S_EVENTS
+from handlers.contracts.config import Config
+from handlers.contracts.messages import AuditRecord, Command, Notification
+from handlers.contracts.topics import INTENTS, K8S_EVENTS
+from handlers.core.state import MemoryState
+from handlers.core.tables import VMS
+from handlers.decide.engine import Engine, Result, Source
+from handlers.decide.inputs import DeadlineTick, IntentInput, ResidentInput, WatchInput
+from handlers.rules.auth import KeySet
 from samples.cluster import EXAMPLE_CONFIG
 from streams.common.credentials import SigningKey, jwks, signed
 from streams.common.settings import KafkaSettings

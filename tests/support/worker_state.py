@@ -7,7 +7,7 @@ from typing import Any, cast
 
 from faust.types import EventT
 
-from handlers.tables import TABLES
+from handlers.core.tables import TABLES
 from streams.common.globalview import GlobalView
 from streams.common.settings import KafkaSettings
 from streams.worker.tablestate import TableState

@@ -1,13 +1,13 @@
 """The applier's Kubernetes side: read what a command concerns, once; do what is judged.
 
-    command → :func:`~handlers.judgment.reads` → GETs (or the watched copy) → :class:`~handlers.judgment.Observed`
-        → :func:`~handlers.judgment.judge` → a patch, a create, a delete, a PUT to virt-api
-        → :class:`Applied`, or :class:`~handlers.results.RetryLater`
+    command → :func:`~handlers.rules.judgment.reads` → GETs (or the watched copy) → :class:`~handlers.rules.judgment.Observed`
+        → :func:`~handlers.rules.judgment.judge` → a patch, a create, a delete, a PUT to virt-api
+        → :class:`Applied`, or :class:`~handlers.rules.results.RetryLater`
 
-Every rule is in handlers/ (handlers/judgment.py, handlers/policy.py); here are the reads,
+Every rule is in handlers/ (handlers/rules/judgment.py, handlers/rules/policy.py); here are the reads,
 the writes and the meaning of the API server's answers. A try ends in one of two ways: what
 the command came to (:class:`Applied`), or — the object changed under it (409), the server is
-busy or away (429, 5xx, no answer) — a :class:`~handlers.results.RetryLater`, after which the
+busy or away (429, 5xx, no answer) — a :class:`~handlers.rules.results.RetryLater`, after which the
 command is read and judged afresh. The loop holds it meanwhile (streams/kube/applying/loop.py).
 """
 
@@ -26,10 +26,11 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from handlers import judgment
-from handlers.config import LabelKeys
-from handlers.enforcement import FIELD_MANAGER  # every write names it: managedFields show vmstream's fields
-from handlers.judgment import (
+from handlers.contracts.config import LabelKeys
+from handlers.contracts.messages import Command
+from handlers.rules import judgment
+from handlers.rules.enforcement import FIELD_MANAGER  # every write names it: managedFields show vmstream's fields
+from handlers.rules.judgment import (
     NAMESPACE,
     NODE,
     VM,
@@ -46,9 +47,8 @@ from handlers.judgment import (
     PutSubresource,
     Refusal,
 )
-from handlers.messages import Command
-from handlers.results import Outcome, RetryLater, Tries
-from handlers.running import already_so
+from handlers.rules.results import Outcome, RetryLater, Tries
+from handlers.rules.running import already_so
 from streams.common import metrics
 from streams.kube.informing import PolicyCache, Unknown
 from streams.kube.subresources import EVACUATE_CANCEL_PATH, SUBRESOURCE_HEADERS, SUBRESOURCE_PATH
@@ -132,7 +132,7 @@ class Applied:
     error: str | None = None
     resource_version: str | None = None
     owner: str | None = None
-    refused: bool = False  # by the applier's policy (handlers/policy.py), never sent
+    refused: bool = False  # by the applier's policy (handlers/rules/policy.py), never sent
 
 
 def _seen_owner(command: Command, seen: Observed | None) -> str | None:
@@ -193,7 +193,7 @@ class KubeApplier:
     # --- read ------------------------------------------------------------------------------
 
     def observe(self, command: Command, first: bool = True) -> Observed:
-        """The objects ``command`` is judged on, each read once (:func:`~handlers.judgment.reads`)."""
+        """The objects ``command`` is judged on, each read once (:func:`~handlers.rules.judgment.reads`)."""
         needs = judgment.reads(command)
         target = command.target
         where = {"namespace": target.namespace, "name": target.name}
@@ -270,7 +270,7 @@ class KubeApplier:
     # --- act -------------------------------------------------------------------------------
 
     def _act(self, command: Command, judged: Judgment, seen: Observed, tries: Tries) -> Applied | RetryLater:
-        """Do what was judged: one case per judgment (handlers/judgment.py); mypy fails here
+        """Do what was judged: one case per judgment (handlers/rules/judgment.py); mypy fails here
         when one has none (``assert_never``)."""
         match judged:
             case RetryLater():
@@ -348,7 +348,7 @@ class KubeApplier:
         CustomObjectsApi cannot reach it; ``call_api`` with ``_preload_content=False`` can
         (and ``_host`` sends it elsewhere when virt-api is not aggregated). A restart's
         record is written on the VM first. A 409 to a start or stop is ``noop`` when the VMI
-        shows the VM already so (handlers/running.py).
+        shows the VM already so (handlers/rules/running.py).
         """
         if action.record is not None:
             self._call(self.custom.patch_namespaced_custom_object, *KUBEVIRT, action.namespace, "virtualmachines",

@@ -1,9 +1,9 @@
 """The applier's loop: commands from Kafka, applied by key at once, results published, offsets committed.
 
-    commands topic → :class:`~handlers.messages.Command` → already has a result? skip
+    commands topic → :class:`~handlers.contracts.messages.Command` → already has a result? skip
         → :meth:`KubeApplier.try_once <streams.kube.applying.api.KubeApplier.try_once>`
-          → :class:`~handlers.results.RetryLater`? held, and tried again after its delay
-        → :func:`~handlers.results.decide_result` → notifications, audit, command-results
+          → :class:`~handlers.rules.results.RetryLater`? held, and tried again after its delay
+        → :func:`~handlers.rules.results.decide_result` → notifications, audit, command-results
         → commit the command's offset
 
 Commands of different keys (VMs, nodes) are applied at once by a pool of
@@ -17,7 +17,7 @@ first batch after partitions are assigned, so a rebalance hands over what anothe
 did) it is read to the end, and before every other batch what has arrived of it is taken;
 a command whose id already has a result is skipped, with no second effect and no second
 result. The result is published last and the offset committed after it, so a crash in
-between re-applies a command: the level-based judgment (handlers/judgment.py) makes that a
+between re-applies a command: the level-based judgment (handlers/rules/judgment.py) makes that a
 ``noop``, and a restart is recognised by the record it left on its VM.
 """
 
@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from handlers import policy
-from handlers.decisions import subject_key
-from handlers.engine import Engine, Source
-from handlers.messages import Command, CommandResult, describe_validation_error
-from handlers.results import ResultDecision, RetryLater, Tries, decide_result
-from handlers.topics import AUDIT, COMMAND_RESULTS, COMMANDS, NOTIFICATIONS
+from handlers.contracts.messages import Command, CommandResult, describe_validation_error
+from handlers.contracts.topics import AUDIT, COMMAND_RESULTS, COMMANDS, NOTIFICATIONS
+from handlers.core.decisions import subject_key
+from handlers.decide.engine import Engine, Source
+from handlers.rules import policy
+from handlers.rules.results import ResultDecision, RetryLater, Tries, decide_result
 from streams.common import metrics, spans
 from streams.common.cloudevents import TraceBook, event_source, kafka_headers, ref_of
 from streams.common.codecs import encode_message
@@ -160,7 +160,7 @@ class Lanes:
     other in the order they were read, by one worker of the pool at a time; commands of
     different keys do not wait for each other. Each partition keeps its commands in offset
     order, and :meth:`release` hands out only the prefix of each that is settled. A try that
-    says :class:`~handlers.results.RetryLater` keeps its command at the head of its lane,
+    says :class:`~handlers.rules.results.RetryLater` keeps its command at the head of its lane,
     unsettled, until a later try comes to something.
     """
 

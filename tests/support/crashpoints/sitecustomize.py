@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from faust.types import EventT
 
-    from handlers.engine import Result
+    from handlers.decide.engine import Result
     from streams.worker.tablestate import Deliver, Row
 
 _delay = float(os.environ.get("VMSTREAM_TEST_SEEK_DELAY", "0") or 0)
