@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from handlers.contracts.ids import watch_event_id
 from harness.running import Outputs
 from samples.cluster import RTX
 from streams.kube.subresources import EVACUATE_CANCEL_PATH, SUBRESOURCE_HEADERS
@@ -71,6 +72,17 @@ def cancel_eviction(loop: Loop, name: str, node: str) -> None:
                       auth_settings=["BearerToken"], _preload_content=False)
 
 
+def seen_as_it_is(loop: Loop, name: str) -> None:
+    """The worker has decided the watch event showing the VMI as the API server has it now:
+    a mark virt-api just made has reached it through the watch bridge."""
+    vmi = loop.get("virtualmachineinstances", name) or {}
+    version = vmi["metadata"]["resourceVersion"]
+    events = {watch_event_id("VirtualMachineInstance", NAMESPACE, name, version, type_)
+              for type_ in ("MODIFIED", "RELISTED")}
+    loop.outputs.wait_for(lambda o: events & {a["input"]["ref"] for a in o.seen["audit"]},
+                          timeout=LOOP_DEADLINE, what=f"the worker to decide VMI {name} at version {version}")
+
+
 def marked(loop: Loop, name: str) -> bool:
     status = (loop.get("virtualmachineinstances", name) or {}).get("status") or {}
     return bool(status.get("evacuationNodeName")) or any(
@@ -126,6 +138,7 @@ def test_a_called_off_drain_cancels_the_eviction_marks_it_leaves_behind_end_to_e
     eventually(lambda: loop.cordoned("gpu-node-1"), "gpu-node-1 cordoned", timeout=LOOP_DEADLINE)
     assert loop.evict("ev-1").status == 429  # the evictions of a kubectl drain
     eventually(lambda: marked(loop, "ev-1"), "virt-api to mark the VMI", timeout=LOOP_DEADLINE)
+    seen_as_it_is(loop, "ev-1")  # the drain is called off on a mark the worker knows of
 
     undrain = loop.intent("undrain_node", {"node": "gpu-node-1", "reason": "postponed"}, by=OPS)
     results = loop.result_of(undrain)
