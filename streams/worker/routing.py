@@ -37,16 +37,14 @@ from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException
-from confluent_kafka import TopicPartition as Offset
-from confluent_kafka.admin import AdminClient
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import IllegalGenerationError, KafkaError, RebalanceInProgressError, UnknownMemberIdError
 from mode import Service
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from streams.common import metrics
 from streams.common.group_reading import Partition
-from streams.common.kafka_clients import ADMIN_SECONDS, admin_client
-from streams.common.settings import Settings
+from streams.common.settings import KafkaSettings, Settings
 from streams.common.topics import route_group
 from streams.worker.broker_credentials import aiokafka_options, pace_fetches
 
@@ -195,7 +193,7 @@ class Router(Service):
             log.warning("route offsets not committed: %r", error, extra={"partitions": len(offsets)})
 
     def _inherit(self) -> dict[TopicPartition, int]:
-        groups = GroupOffsets(admin_client(self.settings.kafka))
+        groups = GroupOffsets(self.settings.kafka, client_id=f"{self.group_id}-inherit")
         given = inherit_offsets_patiently(groups, self.group_id, self.settings.worker.app_id, self.topics)
         return {TopicPartition(tp.topic, tp.partition): offset for tp, offset in given.items()}
 
@@ -206,8 +204,8 @@ class Router(Service):
 
 
 # What a write of a group's offsets gets while the group has members: read them again.
-REFUSED_WHILE_MEMBERS = frozenset({KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION,
-                                   KafkaError.REBALANCE_IN_PROGRESS, KafkaError.NON_EMPTY_GROUP})
+REFUSED_WHILE_MEMBERS: tuple[type[Exception], ...] = (
+    UnknownMemberIdError, IllegalGenerationError, RebalanceInProgressError)
 
 
 class Groups(Protocol):
@@ -221,30 +219,52 @@ class Groups(Protocol):
 
 
 class GroupOffsets:
-    """:class:`Groups` on librdkafka's admin client, one group per request."""
+    """:class:`Groups` through aiokafka, the route stage's own client: the offsets read with
+    its admin client, written by a consumer of the group that commits without joining it
+    (a commit the broker refuses while the group has members).
 
-    def __init__(self, admin: AdminClient) -> None:
-        self.admin = admin
+    Not librdkafka's admin client, as the other processes use: version 2.16 crashes the
+    process at a group request after one that met a coordinator still loading, which is
+    what a broker just started answers (tests/kafka/test_route_group.py). Each call runs on
+    an event loop of its own: the route stage asks from a thread, before it starts.
+    """
+
+    def __init__(self, kafka: KafkaSettings, client_id: str) -> None:
+        self.kafka = kafka
+        self.client_id = client_id
 
     def committed(self, group: str) -> dict[Partition, int]:
-        asked = [ConsumerGroupTopicPartitions(group)]
-        listed = self.admin.list_consumer_group_offsets(asked, request_timeout=ADMIN_SECONDS)[group].result()
-        return {Partition(tp.topic, tp.partition): tp.offset for tp in listed.topic_partitions or ()
-                if tp.error is None}
+        return asyncio.run(self._committed(group))
 
     def give(self, group: str, offsets: dict[Partition, int]) -> list[str]:
-        wanted = [ConsumerGroupTopicPartitions(group, [Offset(tp.topic, tp.partition, o) for tp, o in offsets.items()])]
+        return asyncio.run(self._give(group, offsets))
+
+    async def _committed(self, group: str) -> dict[Partition, int]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.kafka.bootstrap_servers, client_id=self.client_id,
+                                    **aiokafka_options(self.kafka))
+        await admin.start()
         try:
-            written = self.admin.alter_consumer_group_offsets(wanted, request_timeout=ADMIN_SECONDS)[group].result()
-        except KafkaException as error:
-            if error.args[0].code() in REFUSED_WHILE_MEMBERS:
-                return [error.args[0].name()]
-            raise
-        return [tp.error.name() for tp in written.topic_partitions or () if tp.error is not None]
+            listed = await admin.list_consumer_group_offsets(group)
+        finally:
+            await admin.close()
+        return {Partition(tp.topic, tp.partition): meta.offset for tp, meta in listed.items()}
+
+    async def _give(self, group: str, offsets: dict[Partition, int]) -> list[str]:
+        writer = AIOKafkaConsumer(bootstrap_servers=self.kafka.bootstrap_servers, client_id=self.client_id,
+                                  group_id=group, enable_auto_commit=False, **aiokafka_options(self.kafka))
+        await writer.start()
+        try:
+            writer.assign([TopicPartition(tp.topic, tp.partition) for tp in offsets])
+            await writer.commit({TopicPartition(tp.topic, tp.partition): offset for tp, offset in offsets.items()})
+        except REFUSED_WHILE_MEMBERS as refused:
+            return [type(refused).__name__]
+        finally:
+            await writer.stop()
+        return []
 
 
 def _retriable(error: BaseException) -> bool:
-    return isinstance(error, KafkaException) and bool(error.args[0].retriable())
+    return isinstance(error, KafkaError) and bool(error.retriable)
 
 
 def inherit_offsets_patiently(groups: Groups, group: str, former: str, topics: Sequence[str], *,

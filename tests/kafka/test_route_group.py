@@ -10,12 +10,15 @@ groups, never from the worker.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
+from harness.localkafka import LocalKafka
 from harness.running import Deployment, Outputs, WorkerProcess
 from streams.common.group_reading import Partition
 from streams.common.topics import ROUTED, SOURCE_HEADER, route_group
@@ -158,3 +161,25 @@ def test_a_stopped_worker_has_committed_all_it_routed_and_its_successor_routes_n
     assert len(routed) == len(set(routed)) == len(first) + len(second) + len(third)  # each once
     audited = [a["input"]["ref"] for a in outputs.seen["audit"]]
     assert sorted(audited) == sorted(first + second + third)  # one decision each, no duplicate
+
+
+# The route stage's first group requests, in a process of its own: a crash is an exit code.
+_INHERIT = """
+import sys
+from streams.common.settings import KafkaSettings
+from streams.worker.routing import GroupOffsets, inherit_offsets_patiently
+
+kafka = KafkaSettings(bootstrap_servers=sys.argv[1])
+print(inherit_offsets_patiently(GroupOffsets(kafka, "app-route-inherit"), "app-route", "app", ["intents"]))
+"""
+
+
+def test_the_route_group_inherits_offsets_on_a_broker_just_started() -> None:
+    """A broker just started answers the first group requests that its coordinator is still
+    loading: the route stage asks again (through aiokafka: librdkafka 2.16's admin client
+    crashes the process there) and finds nothing to inherit."""
+    with LocalKafka() as kafka:
+        done = subprocess.run([sys.executable, "-c", _INHERIT, kafka.bootstrap_servers],
+                              capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "{}"
