@@ -138,7 +138,12 @@ def read_to_end(
     partitions = [Assigned(tp.topic, tp.partition) for tp in partitions]
     if not partitions:
         return
-    watermarks = {tp: client.get_watermark_offsets(tp, timeout=stall) for tp in partitions}
+    # Paused meanwhile: a fetch long-poll in flight would hold each query behind it.
+    client.pause(partitions)
+    try:
+        watermarks = {tp: client.get_watermark_offsets(tp, timeout=stall) for tp in partitions}
+    finally:
+        client.resume(partitions)
     ends = {tp: end for tp, (_, end) in watermarks.items()}
     # Where each partition is: past the last record handed over; none yet, at its first (the
     # end of a partition reported earlier moves no position).
