@@ -13,6 +13,7 @@ import pytest
 from kubernetes import client
 
 from handlers.contracts.ids import watch_event_id
+from harness.localkubevirt import vm_subresource
 from harness.running import Outputs
 from samples.cluster import RTX
 from streams.kube.subresources import EVACUATE_CANCEL_PATH, SUBRESOURCE_HEADERS
@@ -156,14 +157,6 @@ def test_a_called_off_drain_cancels_the_eviction_marks_it_leaves_behind_end_to_e
     assert len(loop.outputs.notifications("drain_will_stop_gpu_vm")) == 1
 
 
-def vm_action(loop: Loop, name: str, action: str) -> None:
-    """start, stop or restart through virt-api, as virtctl asks."""
-    loop.api.call_api(f"/apis/subresources.kubevirt.io/v1/namespaces/{NAMESPACE}/virtualmachines/{name}/{action}",
-                      "PUT", body={}, header_params={"Accept": "application/json, */*",
-                                                     "Content-Type": "application/json"},
-                      auth_settings=["BearerToken"], _preload_content=False)
-
-
 def test_a_rerun_on_failure_vm_that_fails_during_the_notice_comes_back_and_one_that_succeeds_stays_off_end_to_end(
         loop: Loop) -> None:
     loop.node("gpu-node-1", gpus={RTX: 2})
@@ -193,7 +186,7 @@ def test_a_rerun_on_failure_vm_that_fails_during_the_notice_comes_back_and_one_t
 def test_a_manual_vm_whose_vmi_has_ended_can_be_restarted_end_to_end(loop: Loop) -> None:
     loop.node("gpu-node-1", gpus={RTX: 1})
     loop.vm("man-1", run_strategy="Manual", gpu=RTX)
-    vm_action(loop, "man-1", "start")
+    vm_subresource(loop.api, NAMESPACE, "man-1", "start")
     first = loop.running_vmi("man-1")
     loop.agent.finish(NAMESPACE, "man-1")  # the guest shut itself down; Manual leaves the VMI there
     eventually(lambda: ((loop.get("virtualmachineinstances", "man-1") or {}).get("status") or {}).get("phase")
@@ -222,9 +215,9 @@ def test_a_once_vm_is_told_how_its_gpu_change_takes_effect_end_to_end(loop: Loop
     loop.outputs.wait_for(lambda o: o.audits(input__ref=refused), what="the restart's refusal")
     [audit] = loop.outputs.audits(input__ref=refused)
     assert audit["outcome"] == "rejected" and "Once" in audit["reason"]
-    vm_action(loop, "once-1", "stop")
+    vm_subresource(loop.api, NAMESPACE, "once-1", "stop")
     eventually(lambda: loop.get("virtualmachineinstances", "once-1") is None, "the VMI gone", timeout=LOOP_DEADLINE)
-    vm_action(loop, "once-1", "start")
+    vm_subresource(loop.api, NAMESPACE, "once-1", "start")
     second = loop.running_vmi("once-1", other_than=first["metadata"]["uid"])
     assert second["spec"]["domain"]["devices"]["gpus"][0]["deviceName"] == RTX
 
