@@ -29,13 +29,14 @@ from handlers.core.cluster import (
     VMIRecord,
     VMRecord,
 )
+from handlers.core.maintenance import PlanRecord
 from handlers.core.rows import DecidedIntent, DrainEpisode, VMTracking
 
 V = TypeVar("V")
 
 TableName = Literal[
     "vms", "vmis", "tracking", "nodes", "residents", "drains", "maintenances", "processed", "usage", "kubevirt",
-    "namespaces", "revisions",
+    "namespaces", "revisions", "plans",
 ]
 Scope = Literal["partition", "global"]
 
@@ -114,8 +115,13 @@ REVISIONS: Table[dict[str, InstancetypeRevision]] = Table(
     "revisions", dict[str, InstancetypeRevision], key="vm/<ns>/<name>", written_under="that VM (its owner)",
     help="VM key → its instance-type ControllerRevisions by name: the GPUs KubeVirt puts into its VMIs")
 
+PLANS: Table[PlanRecord] = Table(
+    "plans", PlanRecord, key="<plan>", written_under="maintenance/<plan>",
+    help="maintenance plan id → the plan as last told and where each of its nodes is")
+
 TABLES: tuple[Table[Any], ...] = (
     VMS, VMIS, TRACKING, NODES, RESIDENTS, DRAINS, MAINTENANCES, PROCESSED, USAGE, KUBEVIRT, NAMESPACES, REVISIONS,
+    PLANS,
 )
 GLOBAL_TABLES: tuple[Table[Any], ...] = tuple(table for table in TABLES if table.scope == "global")
 BY_NAME: dict[str, Table[Any]] = {table.name: table for table in TABLES}
