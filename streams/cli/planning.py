@@ -50,7 +50,7 @@ class PlanSpec(_Strict):
     node_selector: dict[str, str] | None = Field(None, min_length=1)
     earliest_start: AwareDatetime
     latest_end: AwareDatetime
-    concurrency: int = Field(ge=1)
+    concurrency: int = Field(1, ge=1)
     node_duration_seconds: int = Field(gt=0)
     notice_seconds: int = Field(ge=0)
     reason: str | None = None
@@ -390,8 +390,8 @@ def render(result: WhatIf) -> str:
          str(sum(1 for entry in vms_on[slot.node] if entry.fate == "waits_for_card")),
          "outside" if slot.outside_window else "in"] for slot in plan.slots]))
     lines.append("")
-    lines.append(table(["VM", "node", "told", "stop", "fate", "back", "stops", "h without GPU"], [
-        [f"{entry.namespace}/{entry.name}", entry.node, _when(entry.told_at), _when(entry.stop), entry.fate,
+    lines.append(table(["VM", "node", "stop", "fate", "back", "stops", "h without GPU"], [
+        [f"{entry.namespace}/{entry.name}", entry.node, _when(entry.stop), entry.fate,
          _when(entry.back_at), str(entry.stops), f"{entry.hours_without_gpu:,.1f}"] for entry in plan.vms]))
     waiting = [entry for entry in plan.vms if entry.fate == "waits_for_card"]
     if waiting:
