@@ -170,3 +170,21 @@ def test_the_what_if_needs_its_az_and_its_options_need_it(tmp_path: Path, capsys
     assert code == 2 and "go with --maintenance" in err
     code, _, err = simulate(capsys, "--maintenance", str(tmp_path / "missing.json"), "--az", spec)
     assert code == 2 and "cannot be read" in err
+
+
+def test_the_operators_guide_shows_what_the_what_if_prints(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/operators.md's plan request and AZ give the output it shows (abridged there)."""
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "operators.md").read_text(encoding="utf-8")
+    section = doc.split("## 6. Planning GPU node maintenance with the owners")[1].split("\n## ")[0]
+    blocks = section.split("```")[1::2]  # the code blocks
+    spec, az = [json.loads(block.removeprefix("json\n")) for block in blocks if block.startswith("json\n")][:2]
+    shown = next(block for block in blocks if block.startswith("\nmaintenance plan "))
+    spec_path, az_path = write(tmp_path, spec, az)
+    code, out, _ = simulate(capsys, "--maintenance", spec_path, "--az", az_path, "--at", "2027-01-04T06:00:00Z",
+                            "--compare")
+    assert code == 0
+    printed = out.splitlines()
+    expected = [line for line in shown.strip("\n").splitlines() if line != "…"]
+    assert [line for line in printed if line in expected] == expected
+    intent = json.loads(next(block for block in blocks if '"type": "plan_maintenance"' in block).removeprefix("json\n"))
+    assert intent["spec"] == spec
