@@ -142,6 +142,7 @@ def _without(key: str) -> dict[str, Any]:
 @pytest.mark.parametrize(("spec", "az", "says"), [
     ({**SPEC, "nodes": ["gpu-a"]}, AZ_FILE, "not both"),
     ({**_without("node_selector"), "nodes": ["gpu-z"]}, AZ_FILE, "gpu-z are not in the AZ"),
+    ({**_without("node_selector"), "nodes": ["gpu-a", "gpu-a"]}, AZ_FILE, "a node is named once"),
     ({**SPEC, "node_selector": {"pool": "h100"}}, AZ_FILE, "no node of the AZ has the labels"),
     ({**SPEC, "concurrency": 0}, AZ_FILE, "concurrency"),
     ({**SPEC, "latest_end": "2027-01-06T08:00:00Z"}, AZ_FILE, "latest_end must come after earliest_start"),

@@ -59,6 +59,8 @@ class PlanSpec(_Strict):
     def _one_choice(self) -> PlanSpec:
         if (self.nodes is None) == (self.node_selector is None):
             raise ValueError("give the nodes either by name (nodes) or by label (node_selector), not both")
+        if self.nodes is not None and len(set(self.nodes)) != len(self.nodes):
+            raise ValueError("nodes: a node is named once")
         if self.latest_end <= self.earliest_start:
             raise ValueError("latest_end must come after earliest_start")
         return self
