@@ -21,6 +21,9 @@ their owner's wish (from the stop to the node's return) —,
 owners' notice before their VM's stop (min / median), the plan's duration and what falls
 outside the window; whether the AZ meets the planner's guarantee, and the fewest VMs any
 order must leave without a card; and the load average. ``--seed`` generates another AZ.
+``--write DIR`` also writes each scenario's AZ and plan request as ``vmstream simulate
+--maintenance`` reads them (``<scenario>.az.json``, ``<scenario>.plan.json``), to run the
+same plan as a what-if.
 
 Run it from the repository root::
 
@@ -30,6 +33,7 @@ Run it from the repository root::
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import sys
@@ -53,6 +57,7 @@ from handlers.rules.maintenance import (  # noqa: E402
     plan_maintenance,
     wanted_elsewhere,
 )
+from streams.cli.planning import az_document, spec_document  # noqa: E402
 
 CLASSES = ("a100", "l40s", "rtx6000")
 STRATEGIES = ("Always", "Once", "RerunOnFailure", "Manual", "Halted")
@@ -133,11 +138,29 @@ def load_average() -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--write", type=Path, metavar="DIR",
+                        help="write each scenario's AZ and plan request for `vmstream simulate --maintenance`")
     args = parser.parse_args(argv)
     print(load_average(), flush=True)
     for scenario, (cards, spare_max) in SCENARIOS.items():
-        compare(scenario, generated_az(args.seed, cards=cards, spare_max=spare_max), args.seed)
+        request = generated_az(args.seed, cards=cards, spare_max=spare_max)
+        compare(scenario, request, args.seed)
+        if args.write:
+            write(args.write, scenario, request, args.seed)
     print(load_average(), flush=True)
+
+
+def write(directory: Path, scenario: str, request: MaintenanceRequest, seed: int) -> None:
+    """The AZ and the plan request, in the files `vmstream simulate --maintenance` reads; the
+    planned nodes labelled with their GPU class, the others as spare."""
+    labels = {node.name: {"example.com/gpu-class": next(iter(node.capacity))} for node in request.nodes}
+    labels.update({other.name: {"example.com/pool": "spare"} for other in request.others})
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, document in ((f"{scenario}.az.json", az_document(request, labels)),
+                           (f"{scenario}.plan.json", spec_document(request, f"{scenario}-seed-{seed}"))):
+        (directory / name).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {directory / name}")
+    print(f"published {request.published.isoformat()}: give it with --at")
 
 
 def compare(scenario: str, request: MaintenanceRequest, seed: int) -> None:

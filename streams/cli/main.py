@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from datetime import datetime
 from importlib.metadata import PackageNotFoundError, version
 
 from streams.cli import health, replaying, requesting, tailing
@@ -21,6 +22,11 @@ from streams.serve import notify
 
 
 def _simulate(args: argparse.Namespace) -> int:
+    if args.maintenance is not None:
+        return _simulate_maintenance(args)
+    if args.az or args.compare or args.json or args.at:
+        raise UserError("--az, --at, --compare and --json go with --maintenance",
+                        "give the plan request with --maintenance FILE", exit_code=EXIT_USAGE)
     from handlers.decide.engine import Engine
     from streams.cli.simulating import run
     from streams.common.credentials import key_source
@@ -37,6 +43,26 @@ def _simulate(args: argparse.Namespace) -> int:
                         "give an existing JSON Lines file with --input, or - for stdin", exit_code=EXIT_USAGE) from error
     with source:
         return run(engine, source, sys.stdout, settings.kafka)
+
+
+def _simulate_maintenance(args: argparse.Namespace) -> int:
+    from streams.cli.planning import run
+
+    if args.input is not None:
+        raise UserError("--input and --maintenance are two different simulations",
+                        "give one of them", exit_code=EXIT_USAGE)
+    print(run(args.maintenance, args.az, at=args.at, compare=args.compare, as_json=args.json))
+    return EXIT_OK
+
+
+def _aware_time(text: str) -> datetime:
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 time") from error
+    if parsed.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} has no time zone (add Z or +00:00)")
+    return parsed
 
 
 def _schemas(args: argparse.Namespace) -> int:
@@ -102,9 +128,21 @@ def build_parser() -> argparse.ArgumentParser:
     simulate = commands.add_parser(
         "simulate", help="run the decision engine over JSON Lines, offline",
         description="Decide JSON Lines inputs (the `tail --json` format) with the engine alone: no Kafka, "
-        "no cluster; print every output, deterministically.", epilog=EXIT_CODES_HELP)
+        "no cluster; print every output, deterministically. With --maintenance, plan GPU node maintenance "
+        "instead, as a what-if.", epilog=EXIT_CODES_HELP)
     simulate.add_argument("--config", help="the worker's configuration file (YAML)")
-    simulate.add_argument("--input", default="-", help="JSON Lines input file, or - for stdin")
+    simulate.add_argument("--input", help="JSON Lines input file, or - for stdin (the default)")
+    what_if = simulate.add_argument_group(
+        "maintenance what-if", "Plan GPU node maintenance offline with the planner the worker uses, and print "
+        "each node's slot, each VM's fate and the totals (docs/operators.md).")
+    what_if.add_argument("--maintenance", metavar="FILE",
+                         help="the plan request: a plan_maintenance intent, or its spec alone (JSON)")
+    what_if.add_argument("--az", metavar="FILE", help="the AZ: nodes with labels, cards by class and GPU VMs (JSON)")
+    what_if.add_argument("--at", type=_aware_time, metavar="TIME",
+                         help="when the plan is published (ISO 8601; default: the intent's requested_at, else now)")
+    what_if.add_argument("--compare", action="store_true",
+                         help="the same nodes drained one by one in name order, beside the plan")
+    what_if.add_argument("--json", action="store_true", help="one JSON document instead of tables")
     simulate.set_defaults(handler=_simulate)
 
     schemas = commands.add_parser(
