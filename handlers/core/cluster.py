@@ -17,6 +17,10 @@ from handlers.contracts.messages import vm_key
 
 HOST_PASSTHROUGH = "host-passthrough"
 OWNER_ANNOTATION = "vmstream.io/owner"
+# What the owner wants of a GPU VM after a planned node maintenance stops it
+# (docs/maintenance.md): ``elsewhere`` (the default), ``same_node`` or ``stay_off``.
+AFTER_MAINTENANCE_ANNOTATION = "vmstream.io/after-maintenance"
+AFTER_MAINTENANCE_CHOICES = ("elsewhere", "same_node", "stay_off")
 ENDED_PHASES = frozenset({"Succeeded", "Failed"})
 
 
@@ -66,6 +70,13 @@ def describe_gpus(devices: tuple[str, ...], display: Any = None) -> str:
     if len(devices) == 1:
         return f"GPU {name(devices[0])}"
     return "GPUs " + " and ".join(f"{count} × {name(device)}" for device, count in counts.items())
+
+
+def after_maintenance(annotations: Any) -> str:
+    """The owner's choice in :data:`AFTER_MAINTENANCE_ANNOTATION`; ``elsewhere`` when it is
+    absent or names no choice."""
+    value = annotations.get(AFTER_MAINTENANCE_ANNOTATION) if isinstance(annotations, dict) else None
+    return value if value in AFTER_MAINTENANCE_CHOICES else "elsewhere"
 
 
 def effective_run_strategy(spec: dict[str, Any]) -> str:
@@ -186,6 +197,7 @@ class VMRecord:
     status_run_strategy: str | None = None
     # A start request waits in status.stateChangeRequests: virt-controller starts a VMI for it.
     start_requested: bool = False
+    after_maintenance: str = "elsewhere"  # AFTER_MAINTENANCE_ANNOTATION
 
     @classmethod
     def from_object(cls, obj: dict[str, Any], *, project_label: str, gpu_names: frozenset[str] = frozenset(),
@@ -222,6 +234,7 @@ class VMRecord:
             status_run_strategy=status.get("runStrategy") if isinstance(status.get("runStrategy"), str) else None,
             start_requested=any(isinstance(r, dict) and r.get("action") == "Start"
                                 for r in status.get("stateChangeRequests") or ()),
+            after_maintenance=after_maintenance(metadata.get("annotations")),
         )
 
     @property
@@ -307,6 +320,7 @@ class NodeRecord:
     gpu_allocatable: dict[str, int]
     unschedulable: bool
     ready: bool
+    labels: dict[str, str] = field(default_factory=dict)  # what a maintenance plan's node_selector reads
 
     @classmethod
     def from_object(cls, obj: dict[str, Any]) -> NodeRecord:
@@ -325,6 +339,7 @@ class NodeRecord:
             gpu_allocatable=gpus,
             unschedulable=bool(_get(obj, "spec", "unschedulable")),
             ready=_true_condition(conditions, "Ready") is not None,
+            labels={str(k): str(v) for k, v in (_get(obj, "metadata", "labels") or {}).items()},
         )
 
     @property
@@ -425,6 +440,7 @@ class Resident:
     project: str | None
     template_gpus: tuple[str, ...]  # what the VM comes back with: its whole GPU set
     vm_uid: str = ""  # which VM of that name: one deleted and made again is another VM
+    after_maintenance: str = "elsewhere"  # its owner's choice for a planned maintenance
 
 
 def next_gpus(vm: VMRecord, vmi: VMIRecord | None) -> tuple[str, ...]:
@@ -450,6 +466,7 @@ def resident_of(vm: VMRecord | None, vmi: VMIRecord | None) -> tuple[str, Reside
         project=vm.project if vm else None,
         template_gpus=next_gpus(vm, vmi) if vm else (),
         vm_uid=vm.uid if vm else "",
+        after_maintenance=vm.after_maintenance if vm else "elsewhere",
     )
 
 
@@ -461,6 +478,24 @@ class Claim:
     vm: str  # its key
     due: datetime  # its deadline
     gpus: tuple[str, ...]  # the cards it wants, one device name each
+
+
+@dataclass(frozen=True, slots=True)
+class UsageVM:
+    """A GPU VM as a maintenance plan reads it off its node's usage (cluster-wide)."""
+
+    key: str  # vm/<ns>/<name>
+    vm_uid: str
+    gpus: tuple[str, ...]  # the cards it comes back with, one device name each
+    run_strategy: str | None
+    recipients: tuple[str, ...]  # its owner, or its project's group
+    project: str | None
+    after_maintenance: str = "elsewhere"
+
+    @classmethod
+    def of(cls, resident: Resident) -> UsageVM:
+        return cls(resident.key, resident.vm_uid, resident.template_gpus or resident.gpu_devices,
+                   resident.run_strategy, resident.recipients, resident.project, resident.after_maintenance)
 
 
 @dataclass(frozen=True, slots=True)
@@ -477,6 +512,10 @@ class NodeUsage:
     allocatable: dict[str, int]
     held: dict[str, int]
     claims: tuple[Claim, ...] = ()
+    # What a maintenance plan reads of the node (handlers/rules/plans.py): its GPU VMs that
+    # have a VM, by key, and its labels (a plan's node_selector).
+    vms: tuple[UsageVM, ...] = ()
+    labels: dict[str, str] = field(default_factory=dict)
 
     def free(self, device_name: str) -> int:
         if not self.schedulable:

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from handlers.core.catalog import Catalog
-from handlers.core.cluster import Claim, NodeUsage
+from handlers.core.cluster import Claim, NodeUsage, UsageVM
 from handlers.core.state import DrainEpisode, Overlay, StateView, UsageTotals
 from handlers.core.tables import DRAINS, NODES, RESIDENTS, USAGE
 from handlers.rules.admission import permitted
@@ -154,6 +154,8 @@ def refresh_usage(state: Overlay, node: str) -> tuple[NodeUsage | None, NodeUsag
             allocatable=dict(record.gpu_allocatable) if record else {},
             held=dict(sorted(held.items())),
             claims=claims,
+            vms=tuple(UsageVM.of(residents[key]) for key in sorted(residents) if residents[key].has_vm),
+            labels=dict(record.labels) if record else {},
         )
     before = state.get(USAGE, node)
     if usage != before:
