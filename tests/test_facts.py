@@ -214,7 +214,8 @@ def test_the_watch_bridge_may_list_and_watch_exactly_the_watched_kinds() -> None
 
 
 def test_intent_types_derive_from_the_union() -> None:
-    assert INTENT_TYPES == ("create_vm", "set_gpu", "restart_vm", "drain_node", "undrain_node")
+    assert INTENT_TYPES == ("create_vm", "set_gpu", "restart_vm", "drain_node", "undrain_node", "plan_maintenance",
+                            "reschedule_maintenance", "maintenance_ready", "cancel_maintenance")
     assert [get_args(model.model_fields["type"].annotation) for model in INTENT_MODELS] == [
         (name,) for name in INTENT_TYPES]
 

@@ -177,6 +177,10 @@ SUBJECTS: dict[str, str] = {
     "drain_called_off": "drain called off",
     "gpu_rules_applied": "GPU rules applied",
     "gpu_memory_not_pinned": "GPU memory not pinned",
+    "maintenance_planned": "will be stopped for a planned maintenance",
+    "maintenance_changed": "planned maintenance changed",
+    "maintenance_cancelled": "planned maintenance cancelled",
+    "maintenance_progress": "planned maintenance",
 }
 
 

@@ -26,6 +26,7 @@ from pydantic import (
     JsonValue,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -134,13 +135,15 @@ def label_value_problem(value: str) -> str | None:
     return None
 
 
-def label_key_problem(key: str) -> str | None:
+def label_key_problem(key: str, *, reserved: bool = True) -> str | None:
+    """Why ``key`` cannot be a label key a user sets; ``reserved=False`` for a key that is
+    only read (a node selector's ``kubernetes.io/hostname``)."""
     prefix, _, name = key.rpartition("/")
     if "/" in prefix or (key.count("/") == 1 and not prefix):
         return "a label key is [prefix/]name"
     if prefix and (len(prefix) > 253 or not DNS1123_SUBDOMAIN.match(prefix)):
         return "a label key's prefix is a DNS-1123 subdomain of at most 253 characters"
-    if prefix and prefix != "app.kubernetes.io" and any(
+    if reserved and prefix and prefix != "app.kubernetes.io" and any(
             prefix == d or prefix.endswith("." + d) for d in RESERVED_LABEL_DOMAINS):
         return f"label prefix {prefix} is reserved"
     if not name or label_value_problem(name):
@@ -260,6 +263,91 @@ class UndrainNodeSpec(Spec):
     reason: str | None = Field(None, max_length=REASON_MAX)
 
 
+PLAN_NODES_MAX = 1000  # nodes one maintenance plan names
+SELECTOR_MAX = 16  # labels a node selector matches
+PLAN_DURATION_MAX = 30 * 24 * 3600  # a node's maintenance, in seconds
+PLAN_NOTICE_MAX = 90 * 24 * 3600  # owners' notice before a planned stop, in seconds
+
+
+class PlanRef(Spec):
+    plan: str = Field(min_length=1, description="The maintenance plan's id, a DNS-1123 label.",
+                      json_schema_extra=_DNS1123_SCHEMA)
+
+    _check_plan = field_validator("plan")(_dns1123)
+
+
+def _exactly_one(what: str, *present: bool) -> None:
+    if sum(present) != 1:
+        raise ValueError(f"give exactly one of {what}")
+
+
+class PlanMaintenanceSpec(PlanRef):
+    nodes: list[Annotated[str, Field(min_length=1, max_length=NAME_MAX)]] | None = Field(
+        None, min_length=1, max_length=PLAN_NODES_MAX, description="The nodes to maintain (or node_selector).")
+    node_selector: dict[str, str] | None = Field(
+        None, min_length=1, max_length=SELECTOR_MAX,
+        description="The labels the nodes to maintain carry, all of them (or nodes).")
+    earliest_start: AwareDatetime = Field(description="No node goes before it.")
+    latest_end: AwareDatetime = Field(description="Every node should be back by then; the plan names those "
+                                      "that cannot be.")
+    concurrency: int = Field(1, ge=1, le=PLAN_NODES_MAX, description="Nodes in maintenance at once, at most.")
+    node_duration_seconds: int = Field(ge=1, le=PLAN_DURATION_MAX, description="The time each node needs.")
+    notice_seconds: int = Field(ge=0, le=PLAN_NOTICE_MAX,
+                                description="Owners are told at least this long before their VM is stopped.")
+    reason: str = Field(min_length=1, max_length=REASON_MAX, description="Why; told to every owner.")
+
+    @field_validator("node_selector")
+    @classmethod
+    def _selector_rules(cls, selector: dict[str, str] | None) -> dict[str, str] | None:
+        for key, value in (selector or {}).items():
+            if problem := label_key_problem(key, reserved=False):
+                raise ValueError(f"label {key!r}: {problem}")
+            if problem := label_value_problem(value):
+                raise ValueError(f"label {key!r}: {problem}")
+        return selector
+
+    @model_validator(mode="after")
+    def _whole(self) -> PlanMaintenanceSpec:
+        _exactly_one("nodes and node_selector", self.nodes is not None, self.node_selector is not None)
+        if self.nodes is not None and len(set(self.nodes)) != len(self.nodes):
+            raise ValueError("nodes: a node is named once")
+        if self.latest_end <= self.earliest_start:
+            raise ValueError("latest_end must be after earliest_start")
+        return self
+
+
+class RescheduleMaintenanceSpec(PlanRef):
+    node: str | None = Field(None, min_length=1, max_length=NAME_MAX, description="A planned node to move.")
+    namespace: str | None = Field(None, min_length=1, description="With name: the VM whose stop moves.",
+                                  json_schema_extra=_DNS1123_SCHEMA)
+    name: str | None = Field(None, min_length=1, json_schema_extra=_DNS1123_SCHEMA)
+    start: AwareDatetime = Field(description="The new time: the node's slot start, or the VM's stop.")
+
+    @field_validator("namespace", "name")
+    @classmethod
+    def _label(cls, value: str | None) -> str | None:
+        return None if value is None else _dns1123(value)
+
+    @model_validator(mode="after")
+    def _whole(self) -> RescheduleMaintenanceSpec:
+        if (self.namespace is None) != (self.name is None):
+            raise ValueError("a VM is named by namespace and name, both")
+        _exactly_one("node and (namespace, name)", self.node is not None, self.name is not None)
+        return self
+
+
+class MaintenanceReadySpec(PlanRef):
+    namespace: str = Field(min_length=1, json_schema_extra=_DNS1123_SCHEMA)
+    name: str = Field(min_length=1, json_schema_extra=_DNS1123_SCHEMA)
+
+    _check_namespace = field_validator("namespace")(_dns1123)
+    _check_name = field_validator("name")(_dns1123)
+
+
+class CancelMaintenanceSpec(PlanRef):
+    reason: str = Field(min_length=1, max_length=REASON_MAX, description="Why; told to every owner told.")
+
+
 class IntentBase(Message):
     intent_id: str = Field(min_length=1, max_length=256, description="The same id twice has one effect.")
     requested_by: str = Field(min_length=1, description="The principal asking; told if the intent is refused. "
@@ -320,12 +408,46 @@ class UndrainNodeIntent(IntentBase):
     decided_under = DecisionKey("node/{spec.node}")
 
 
+PLAN_KEY = DecisionKey("maintenance/{spec.plan}")  # a maintenance plan's intents: its row is kept there
+
+
+class PlanMaintenanceIntent(IntentBase):
+    """An operator's maintenance plan of GPU nodes (docs/maintenance.md)."""
+
+    type: Literal["plan_maintenance"]
+    spec: PlanMaintenanceSpec
+    decided_under = PLAN_KEY
+
+
+class RescheduleMaintenanceIntent(IntentBase):
+    """Another slot for a planned node (operators) or one VM's stop (its project or operators)."""
+
+    type: Literal["reschedule_maintenance"]
+    spec: RescheduleMaintenanceSpec
+    decided_under = PLAN_KEY
+
+
+class MaintenanceReadyIntent(IntentBase):
+    """An owner's "stop my VM now" for a plan."""
+
+    type: Literal["maintenance_ready"]
+    spec: MaintenanceReadySpec
+    decided_under = PLAN_KEY
+
+
+class CancelMaintenanceIntent(IntentBase):
+    type: Literal["cancel_maintenance"]
+    spec: CancelMaintenanceSpec
+    decided_under = PLAN_KEY
+
+
 # The intent types are declared here, once: each by its model's ``type`` literal and the key
 # it is decided under (``decided_under``), the set by this union. INTENT_TYPES derives from it;
 # the engine's rules (handlers/decide/intents.py RULES) and the CLI's sub-commands are checked
 # against it (tests/test_facts.py).
 Intent = Annotated[
-    Union[CreateVMIntent, SetGPUIntent, RestartVMIntent, DrainNodeIntent, UndrainNodeIntent],
+    Union[CreateVMIntent, SetGPUIntent, RestartVMIntent, DrainNodeIntent, UndrainNodeIntent,
+          PlanMaintenanceIntent, RescheduleMaintenanceIntent, MaintenanceReadyIntent, CancelMaintenanceIntent],
     Field(discriminator="type"),
 ]
 INTENT_MODELS: tuple[type[IntentBase], ...] = get_args(get_args(Intent)[0])
@@ -502,6 +624,10 @@ NotificationType = Literal[
     "drain_called_off",  # a drain announced to owners was called off before it stopped their VMs
     "gpu_rules_applied",  # a GPU VM observed without the GPU rules: patched (or, enforce: notify, only told)
     "gpu_memory_not_pinned",  # a GPU on an instance-type VM whose memory KubeVirt overcommits
+    "maintenance_planned",  # a GPU VM's owner: when a planned maintenance stops it and what becomes of it
+    "maintenance_changed",  # that notice corrected: its node, stop time, fate or return changed
+    "maintenance_cancelled",  # the plan is off: the VM will not be stopped for it
+    "maintenance_progress",  # the operator who asked: the plan made, a node back, the plan over
 ]
 
 

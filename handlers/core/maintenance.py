@@ -204,3 +204,4 @@ class PlanRecord:
     phases: dict[str, NodePhase] = field(default_factory=dict)  # node → where it is
     told: dict[str, int] = field(default_factory=dict)  # VM uid → notices its owner was told
     cancelled: bool = False
+    recipients: dict[str, tuple[str, ...]] = field(default_factory=dict)  # VM uid → who is told about it

@@ -14,10 +14,14 @@ from typing import Any
 
 from handlers.contracts.config import Config
 from handlers.contracts.messages import (
+    CancelMaintenanceIntent,
     CreateVMIntent,
     DrainNodeIntent,
     GPUMutation,
     IntentBase,
+    MaintenanceReadyIntent,
+    PlanMaintenanceIntent,
+    RescheduleMaintenanceIntent,
     RestartVMIntent,
     SetGPUIntent,
     UndrainNodeIntent,
@@ -34,6 +38,8 @@ from handlers.rules.auth import Principal
 from handlers.rules.drains import call_off_drain, start_drain
 from handlers.rules.enforcement import mark_in_flight, unpinned_overcommit, warn_unpinned
 from handlers.rules.gpus import GPURuleViolation, desired_vm, gpu_devices, plan_patch
+from handlers.rules.maintenance import ready_now, reschedule
+from handlers.rules.plans import accept_plan, apply_change, cancel_plan, not_started, open_plan, planned_vm
 from handlers.rules.restarts import reconcile_pending, restart_judgement
 from handlers.rules.vms import vm_manifest
 
@@ -205,6 +211,83 @@ def undrain_node(ctx: Context, intent: UndrainNodeIntent, principal: Principal) 
     return ACCEPTED
 
 
+def _plan_refusal(principal: Principal, verb: str) -> Refusal:
+    if not principal.operator:
+        return f"{principal.name} may not {verb} maintenance plans: only operators may"
+    return None
+
+
+def plan_maintenance(ctx: Context, intent: PlanMaintenanceIntent, principal: Principal) -> RuleOutcome:
+    refusal = _plan_refusal(principal, "make")
+    if refusal:
+        return Refused(refusal)
+    return accept_plan(ctx, intent.spec, intent.requested_by)
+
+
+def reschedule_maintenance(ctx: Context, intent: RescheduleMaintenanceIntent, principal: Principal) -> RuleOutcome:
+    """A node moves on an operator's word; one VM's stop on its project's (or an operator's)."""
+    spec = intent.spec
+    record = open_plan(ctx, spec.plan)
+    if isinstance(record, Refused):
+        return record
+    if spec.node is not None:
+        refusal = _plan_refusal(principal, "move the nodes of")
+        if refusal:
+            return Refused(refusal)
+        if spec.node not in record.phases:
+            return Refused(f"node {spec.node} is no node of maintenance plan {spec.plan}")
+        target, node, asked = spec.node, spec.node, f"node {spec.node} moved to {spec.start.isoformat()}"
+    else:
+        entry = planned_vm(record, spec.namespace or "", spec.name or "")
+        if isinstance(entry, Refused):
+            return entry
+        refusal = _member_refusal(principal, entry.project, f"{entry.namespace}/{entry.name}")
+        if refusal:
+            return Refused(refusal)
+        target, node = entry.uid, entry.node
+        asked = f"VM {entry.namespace}/{entry.name} stopped at {spec.start.isoformat()}"
+    started = not_started(record, node)
+    if started is not None:
+        return started
+    return apply_change(ctx, record, reschedule(record.plan, target, spec.start, now=ctx.now), asked)
+
+
+def maintenance_ready(ctx: Context, intent: MaintenanceReadyIntent, principal: Principal) -> RuleOutcome:
+    spec = intent.spec
+    record = open_plan(ctx, spec.plan)
+    if isinstance(record, Refused):
+        return record
+    entry = planned_vm(record, spec.namespace, spec.name)
+    if isinstance(entry, Refused):
+        return entry
+    refusal = _member_refusal(principal, entry.project, f"{entry.namespace}/{entry.name}")
+    if refusal:
+        return Refused(refusal)
+    started = not_started(record, entry.node)
+    if started is not None:
+        return started
+    return apply_change(ctx, record, ready_now(record.plan, entry.uid, ctx.now),
+                        f"VM {entry.namespace}/{entry.name} ready now")
+
+
+def _member_refusal(principal: Principal, project: str | None, vm: str) -> Refusal:
+    """A planned VM is its project's members' to answer for, and the operators'."""
+    if principal.operator or (project is not None and project in principal.projects):
+        return None
+    return f"{principal.name} may not answer for VM {vm}: only its project's members and operators may"
+
+
+def cancel_maintenance(ctx: Context, intent: CancelMaintenanceIntent, principal: Principal) -> RuleOutcome:
+    refusal = _plan_refusal(principal, "cancel")
+    if refusal:
+        return Refused(refusal)
+    record = open_plan(ctx, intent.spec.plan)
+    if isinstance(record, Refused):
+        return record
+    cancel_plan(ctx, record, intent.spec.reason, intent.requested_by)
+    return Accepted(f"maintenance plan {intent.spec.plan} cancelled")
+
+
 # The rule of each intent type (its model, in handlers/contracts/messages.py, declares the wire contract
 # and the key it is decided under): the engine decides an intent by this table alone.
 RULES: Mapping[type[IntentBase], Rule] = {
@@ -213,4 +296,8 @@ RULES: Mapping[type[IntentBase], Rule] = {
     RestartVMIntent: restart_vm,
     DrainNodeIntent: drain_node,
     UndrainNodeIntent: undrain_node,
+    PlanMaintenanceIntent: plan_maintenance,
+    RescheduleMaintenanceIntent: reschedule_maintenance,
+    MaintenanceReadyIntent: maintenance_ready,
+    CancelMaintenanceIntent: cancel_maintenance,
 }

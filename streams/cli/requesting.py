@@ -53,12 +53,16 @@ from handlers.contracts.messages import (
     INTENT_TYPES,
     VM_INTENT_TYPES,
     AuditRecord,
+    CancelMaintenanceIntent,
     CommandResult,
     CreateVMIntent,
     DrainNodeIntent,
     Intent,
+    MaintenanceReadyIntent,
     Notification,
+    PlanMaintenanceIntent,
     Preference,
+    RescheduleMaintenanceIntent,
     RestartVMIntent,
     RunStrategy,
     SetGPUIntent,
@@ -86,7 +90,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-AnyIntent = CreateVMIntent | SetGPUIntent | RestartVMIntent | DrainNodeIntent | UndrainNodeIntent
+AnyIntent = (CreateVMIntent | SetGPUIntent | RestartVMIntent | DrainNodeIntent | UndrainNodeIntent
+             | PlanMaintenanceIntent | RescheduleMaintenanceIntent | MaintenanceReadyIntent | CancelMaintenanceIntent)
+PLAN_INTENT_TYPES = ("plan_maintenance", "reschedule_maintenance", "maintenance_ready", "cancel_maintenance")
 OPERATOR_ROLE = AuthPolicy().operator_role
 
 # The exit codes of streams/common/errors.py, under the names of what they mean for an intent.
@@ -153,6 +159,8 @@ def intent_data(args: argparse.Namespace, *, now: datetime | None = None) -> tup
     spec: dict[str, Any]
     if kind in VM_INTENT_TYPES:
         spec = {"namespace": args.namespace, "name": args.name}
+    elif kind in PLAN_INTENT_TYPES:
+        spec, problems = _plan_spec(kind, args)
     else:
         spec = {"node": args.node}
     if kind == "set_gpu":
@@ -179,6 +187,32 @@ def intent_data(args: argparse.Namespace, *, now: datetime | None = None) -> tup
     if args.project is not None:
         data["project"] = args.project
     return data, problems
+
+
+def _plan_spec(kind: str, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    """A maintenance plan's intent's spec, its optional fields left out when unset; and the
+    problems the models cannot see (a selector label without ``=``)."""
+    spec: dict[str, Any] = {"plan": args.plan}
+    problems: list[str] = []
+    if kind == "plan_maintenance":
+        selector, problems = _labels(args.selector)
+        problems = [problem.replace("spec.labels", "spec.node_selector") for problem in problems]
+        spec |= {"earliest_start": args.earliest_start, "latest_end": args.latest_end,
+                 "concurrency": args.concurrency, "node_duration_seconds": args.node_duration_seconds,
+                 "notice_seconds": args.notice_seconds, "reason": args.reason}
+        if args.node:
+            spec["nodes"] = args.node
+        if args.selector:
+            spec["node_selector"] = selector
+    elif kind == "reschedule_maintenance":
+        optional = {"node": args.node, "namespace": args.namespace, "name": args.name}
+        spec |= {field: value for field, value in optional.items() if value is not None}
+        spec["start"] = args.start
+    elif kind == "maintenance_ready":
+        spec |= {"namespace": args.namespace, "name": args.name}
+    else:
+        spec["reason"] = args.reason
+    return spec, problems
 
 
 def validate_intent(data: dict[str, Any]) -> AnyIntent:
@@ -701,3 +735,38 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     undrain = kind("undrain", "undrain_node", "end a node's drain (operators only)")
     undrain.add_argument("--node", required=True, help="the node's name")
     undrain.add_argument("--reason", help="why (optional)")
+
+    def plan(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--plan", required=True, help="the plan's id (a DNS-1123 label)")
+
+    planned = kind("plan-maintenance", "plan_maintenance",
+                   "plan the maintenance of GPU nodes (operators only): owners are told ahead")
+    plan(planned)
+    which = planned.add_mutually_exclusive_group(required=True)
+    which.add_argument("--node", action="append", metavar="NODE", help="a node to maintain; repeatable")
+    which.add_argument("--selector", action="append", metavar="KEY=VALUE",
+                       help="a label the nodes to maintain carry; repeatable")
+    planned.add_argument("--earliest-start", required=True, metavar="TIME", help="RFC 3339, with a zone")
+    planned.add_argument("--latest-end", required=True, metavar="TIME", help="RFC 3339, with a zone")
+    planned.add_argument("--concurrency", type=int, default=1, help="nodes in maintenance at once (default 1)")
+    planned.add_argument("--node-duration-seconds", type=int, required=True, metavar="SECONDS",
+                         help="the time each node needs")
+    planned.add_argument("--notice-seconds", type=int, required=True, metavar="SECONDS",
+                         help="owners are told at least this long before their VM stops")
+    planned.add_argument("--reason", required=True, help="why, told to the VMs' owners")
+
+    moved = kind("reschedule-maintenance", "reschedule_maintenance",
+                 "another slot for a planned node (operators) or a VM's stop (its project)")
+    plan(moved)
+    moved.add_argument("--node", help="the planned node to move")
+    moved.add_argument("--namespace", help="with --name: the VM whose stop moves")
+    moved.add_argument("--name", help="the VM's name")
+    moved.add_argument("--start", required=True, metavar="TIME", help="the new time, RFC 3339 with a zone")
+
+    ready = kind("maintenance-ready", "maintenance_ready", "a planned maintenance may stop this VM now")
+    plan(ready)
+    vm(ready)
+
+    cancel = kind("cancel-maintenance", "cancel_maintenance", "call a maintenance plan off (operators only)")
+    plan(cancel)
+    cancel.add_argument("--reason", required=True, help="why, told to the VMs' owners")

@@ -77,7 +77,12 @@ class Harness:
         """An intent signed for ``by`` (member of ``project``); ``claims`` override the
         credential's (subject, projects, roles, now, lifetime), ``signer=None`` leaves it unsigned."""
         self.tick()
-        key = f"node/{spec['node']}" if "node" in spec else f"vm/{spec.get('namespace')}/{spec.get('name')}"
+        if "plan" in spec:  # a maintenance plan's intents
+            key = f"maintenance/{spec['plan']}"
+        elif "node" in spec:
+            key = f"node/{spec['node']}"
+        else:
+            key = f"vm/{spec.get('namespace')}/{spec.get('name')}"
         value: dict[str, Any] = {"intent_id": intent_id or f"it-{next(self._ids)}", "type": type_,
                                  "requested_by": by, "spec": spec}
         if project is not None:
