@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -125,3 +126,39 @@ def test_a_line_is_read_as_json_reads_it_and_refused_in_its_words(line: str) -> 
 def simulate_lines(lines: list[str]) -> list[str]:
     engine = Engine(load_settings(EXAMPLES / "config.yaml").rules())
     return list(Simulation(engine).feed(lines))
+
+
+def test_a_maintenance_plan_s_slot_drains_its_node_in_simulate() -> None:
+    """simulate fires a plan's slot (the timer's tick under ``maintenance/<plan>``) before the
+    first input at or after it, and decides the node's ``go`` step right after."""
+    from samples.cluster import RTX, iso, node, vm, vmi
+
+    start = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
+
+    def event(n: int, obj: dict[str, Any], at: datetime, type_: str = "ADDED") -> str:
+        metadata = obj["metadata"]
+        key = "/".join(p for p in (obj["kind"], metadata.get("namespace"), metadata["name"]) if p)
+        return json.dumps({"topic": "vmstream.k8s-events", "key": key, "value": {
+            "event_id": f"ev-{n}", "type": type_, "kind": obj["kind"], "object": obj, "observed_at": iso(at)}})
+
+    before = start - timedelta(days=2)
+    plan = {"intent_id": "plan-1", "type": "plan_maintenance", "requested_by": "ops@example.com",
+            "requested_at": iso(before), "spec": {
+                "plan": "fw", "nodes": ["gpu-node-1"], "earliest_start": iso(start),
+                "latest_end": iso(start + timedelta(days=1)), "node_duration_seconds": 3600,
+                "notice_seconds": 86400, "reason": "firmware"}}
+    lines = [
+        event(1, node("gpu-node-1", gpus={RTX: 2}), before),
+        event(2, node("gpu-node-2", gpus={RTX: 2}), before),
+        event(3, vm("spx-proj-a", "vm-1", project="proj-a", owner="alice@example.com", gpu=RTX), before),
+        event(4, vmi("spx-proj-a", "vm-1", node_name="gpu-node-1", gpu=RTX), before),
+        json.dumps({"topic": "vmstream.intents", "key": "maintenance/fw", "value": plan}),
+        event(5, node("gpu-node-1", gpus={RTX: 2}, unschedulable=True, rv=2), start, "MODIFIED"),
+    ]
+    out = [json.loads(line) for line in simulate_lines(lines)]
+    notices = [o["value"] for o in out if o["topic"] == "vmstream.notifications"]
+    assert [n["type"] for n in notices][:2] == ["maintenance_planned", "maintenance_progress"]
+    commands = [(o["value"]["type"], o["value"]["target"]["name"]) for o in out if o["topic"] == "vmstream.commands"]
+    assert commands == [("cordon_node", "gpu-node-1"), ("delete_vmi", "vm-1")]
+    timer = [o["value"] for o in out if o["topic"] == "vmstream.audit" and o["value"]["input"]["topic"] == TIMER]
+    assert [a["input"]["key"] for a in timer][0] == "maintenance/fw"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from handlers.contracts import ids
 from handlers.contracts.config import Config
@@ -68,6 +68,22 @@ class Output:
     value: Command | Notification | AuditRecord | Any
 
 
+PlanStepKind = Literal["go", "back", "call_off"]
+
+
+@dataclass(frozen=True, slots=True)
+class PlanStep:
+    """A step of a maintenance plan between its key and a node's (docs/maintenance.md): the
+    plan tells a node its slot started (``go``: drain it) or that the plan is called off
+    (``call_off``); the node tells the plan it is back (``back``)."""
+
+    plan: str
+    step: PlanStepKind
+    reason: str = ""
+    requested_by: str | None = None
+    told: tuple[str, ...] = ()  # go: the node's VMs whose owners the plan told (by key)
+
+
 @dataclass(frozen=True, slots=True)
 class ResidentUpdate:
     """A VM-keyed decision telling a node-keyed one that a GPU VMI arrived, changed or left.
@@ -87,6 +103,15 @@ class ResidentUpdate:
     # Not about a VM: the cards another node's drain counted may be taken, or wanted by a
     # drain before it; ``node``'s drain plans its promises again (``vm_key`` is empty).
     recheck: bool = False
+    # Not about a VM either: a maintenance plan's step between the plan's key and ``node``'s.
+    plan: PlanStep | None = None
+
+    @property
+    def key(self) -> str:
+        """The decision key it is decided under: its node's, or (a node back) its plan's."""
+        if self.plan is not None and self.plan.step == "back":
+            return f"maintenance/{self.plan.plan}"
+        return f"node/{self.node}"
 
 
 @dataclass(slots=True)
@@ -208,6 +233,10 @@ class Context:
 
     def forward(self, node: str, vm_key: str, resident: Resident | None, *, fate: ObservedFate | None = None) -> None:
         self.forwards.append(ResidentUpdate(node, vm_key, resident, self.cause, fate))
+
+    def step(self, node: str, step: PlanStep) -> None:
+        """Send a maintenance plan's step between the plan and ``node`` (:class:`PlanStep`)."""
+        self.forwards.append(ResidentUpdate(node, "", None, self.cause, None, False, step))
 
     def recheck(self, node: str) -> None:
         """Ask ``node``'s drain to plan its promises again (a card it counted may be gone)."""

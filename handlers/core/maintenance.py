@@ -205,3 +205,22 @@ class PlanRecord:
     told: dict[str, int] = field(default_factory=dict)  # VM uid → notices its owner was told
     cancelled: bool = False
     recipients: dict[str, tuple[str, ...]] = field(default_factory=dict)  # VM uid → who is told about it
+    # Nodes whose slot came while the concurrency limit was full (a node in maintenance not
+    # back by its slot's end): they go once a node is back.
+    held: tuple[str, ...] = ()
+
+    def next_step(self) -> datetime | None:
+        """When a node of the plan is next due to go: the earliest slot start of a node still
+        planned and not held (None: nothing to start by the clock)."""
+        if self.cancelled:
+            return None
+        starts = [slot.start for slot in self.plan.slots
+                  if self.phases.get(slot.node, "planned") == "planned" and slot.node not in self.held]
+        return min(starts, default=None)
+
+    def due(self, now: datetime) -> list[str]:
+        """The nodes whose slot has started by ``now`` and that are still to go, by slot."""
+        if self.cancelled:
+            return []
+        return [slot.node for slot in self.plan.slots if slot.start <= now and slot.node not in self.held
+                and self.phases.get(slot.node, "planned") == "planned"]

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-DrainSource = Literal["intent", "maintenance", "cordon", "eviction"]
+DrainSource = Literal["intent", "maintenance", "cordon", "eviction", "plan"]
 DrainOutcome = Literal["returns_automatically", "waits_for_gpu", "needs_manual_start"]
 DrainScope = Literal["node", "evictions"]
 ObservedFate = Literal["came_back", "waits_for_gpu", "off"]
@@ -75,6 +75,8 @@ class DrainEpisode:
     uids: dict[str, str] = field(default_factory=dict)
     replaced: tuple[str, ...] = ()  # announced VMs that were deleted and made again meanwhile
     told_gpus: dict[str, tuple[str, ...]] = field(default_factory=dict)  # the GPUs each VM was told it comes back with
+    plan: str | None = None  # source "plan": the maintenance plan whose slot started it (told back when the node is)
+    planned: tuple[str, ...] = ()  # source "plan": the VMs whose owners the plan told, days ahead
 
 
 @dataclass(frozen=True, slots=True)

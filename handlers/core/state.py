@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
 from handlers.core.cluster import NodeUsage
+from handlers.core.maintenance import PlanRecord
 from handlers.core.rows import (
     NOTHING_TOLD,
     DecidedIntent,
@@ -32,6 +33,7 @@ from handlers.core.tables import (
     DRAINS,
     GLOBAL_TABLES,
     KUBEVIRT_KEY,
+    PLANS,
     PROCESSED,
     TABLES,
     TRACKING,
@@ -42,7 +44,7 @@ from handlers.core.tables import (
 
 __all__ = [
     "GLOBAL_TABLES", "KUBEVIRT_KEY", "TABLES", "Change", "DeadlineIndex", "DrainEpisode", "DrainOutcome",
-    "DrainScope", "DrainSource", "ExpiryIndex", "MemoryState", "ObservedFate", "Overlay", "StateView", "Table",
+    "DrainScope", "DrainSource", "ExpiryIndex", "MemoryState", "PlanIndex", "ObservedFate", "Overlay", "StateView", "Table",
     "TableName", "TimeIndex", "UsageTotals", "VMTracking", "put_tracking", "tracking_of",
 ]
 
@@ -137,6 +139,26 @@ class DeadlineIndex(TimeIndex):
         return sorted(self.until(now, inclusive=True))
 
 
+class PlanIndex(TimeIndex):
+    """The maintenance plans by the time their next node is due to go: derived from the
+    ``plans`` table alone (:meth:`~handlers.core.maintenance.PlanRecord.next_step`)."""
+
+    @classmethod
+    def of(cls, rows: Iterable[tuple[str, PlanRecord | None]]) -> PlanIndex:
+        index = cls()
+        for plan_id, record in rows:
+            index.note(plan_id, record)
+        return index
+
+    def note(self, plan_id: str, record: PlanRecord | None) -> None:
+        """The ``plans`` row of ``plan_id`` is now ``record`` (None: deleted)."""
+        self.set(plan_id, None if record is None else record.next_step())
+
+    def due(self, now: datetime) -> list[str]:
+        """The plans with a node due at or before ``now``, by id."""
+        return sorted(self.until(now, inclusive=True))
+
+
 class ExpiryIndex(TimeIndex):
     """The ``processed`` rows by the time they were decided: which are past the dedup window.
 
@@ -226,6 +248,7 @@ class MemoryState:
         self.deadlines = DeadlineIndex()  # of the ``drains`` rows
         self.usage_totals = UsageTotals()  # of the ``usage`` rows
         self.decided = ExpiryIndex()  # of the ``processed`` rows
+        self.plans = PlanIndex()  # of the ``plans`` rows
 
     def get(self, table: Table[V], key: str) -> V | None:
         value: V | None = self.tables[table].get(key)
@@ -246,6 +269,8 @@ class MemoryState:
                 self.deadlines.note(change.key, change.value)
             elif change.table == PROCESSED:
                 self.decided.note(change.key, change.value)
+            elif change.table == PLANS:
+                self.plans.note(change.key, change.value)
             if change.value is None:
                 rows.pop(change.key, None)
             else:

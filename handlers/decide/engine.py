@@ -47,16 +47,17 @@ from handlers.contracts.messages import (
     wire_bytes,
 )
 from handlers.core.catalog import Catalog
-from handlers.core.decisions import Context, Decision, Output, ResidentUpdate, subject_of_key
+from handlers.core.decisions import Context, Decision, Output, PlanStep, ResidentUpdate, subject_of_key
 from handlers.core.outcomes import ACCEPTED, Accepted, Duplicate, Judgement, Refused, Unproven, judgement_of
 from handlers.core.rows import DecidedIntent
-from handlers.core.state import Change, ExpiryIndex, StateView, dedup_window
-from handlers.core.tables import DRAINS, PROCESSED
+from handlers.core.state import Change, ExpiryIndex, PlanIndex, StateView, dedup_window
+from handlers.core.tables import DRAINS, PLANS, PROCESSED
 from handlers.decide.inputs import (
     DeadlineTick,
     ForgetTick,
     Input,
     IntentInput,
+    PlanTick,
     RawInput,
     ResidentInput,
     Source,
@@ -73,7 +74,8 @@ from handlers.rules.auth import (
     claimed_principal,
     verify_intent,
 )
-from handlers.rules.drains import due_nodes, fire_deadline, is_due
+from handlers.rules.drains import call_off_drain, due_nodes, fire_deadline, is_due, start_drain
+from handlers.rules.plans import node_back, start_due
 
 # Not Kafka topics: they name, in audit records, decisions that no external input caused.
 TIMER_TOPIC = topics.TIMER
@@ -167,15 +169,18 @@ class Engine:
                 return self.on_tick(state, at, only=node)
             case ForgetTick(at, intent_ids):
                 return self._forget_decided(state, at, intent_ids)
+            case PlanTick(at, plan):
+                return self.on_plan_tick(state, at, plan)
 
-    def due(self, state: StateView, now: datetime) -> list[DeadlineTick | ForgetTick]:
+    def due(self, state: StateView, now: datetime) -> list[DeadlineTick | ForgetTick | PlanTick]:
         """The ticks to send at ``now``: one per node whose drain deadline may be due (the
         state's :class:`~handlers.core.state.DeadlineIndex`); each is decided under its node. And
         one that names the intent ids past the dedup window (the state's
         :class:`~handlers.core.state.ExpiryIndex`, where it keeps one), to forget them: the
         oldest :data:`FORGET_AT_ONCE`, so that a backlog of them (a first start with a
         window, a window shortened) costs each tick a bounded pass."""
-        ticks: list[DeadlineTick | ForgetTick] = [DeadlineTick(now, node) for node in due_nodes(state, now)]
+        ticks: list[DeadlineTick | ForgetTick | PlanTick] = [DeadlineTick(now, node) for node in due_nodes(state, now)]
+        ticks += [PlanTick(now, plan) for plan in due_plans(state, now)]
         index: ExpiryIndex | None = getattr(state, "decided", None)
         horizon = self._horizon(now)
         if index is not None and index.any_before(horizon):
@@ -321,13 +326,41 @@ class Engine:
         return self._closed(ctx, source, observe(ctx, event, self._folds))
 
     def on_resident(self, state: StateView, update: ResidentUpdate, now: datetime) -> Result:
-        """A node's view of its GPU VMIs changed; audited only if it led to an effect."""
+        """A node's view of its GPU VMIs changed, or a maintenance plan's step between the plan
+        and a node (decided under ``update.key``); audited only if it led to an effect."""
         ctx = self._context(state, now, f"{update.cause}@{update.node}")
-        settle_resident(ctx, update)
-        decision = ctx.decide(topic=RESIDENTS_TOPIC, key=f"node/{update.node}", outcome="accepted")
+        if update.plan is None:
+            settle_resident(ctx, update)
+        else:
+            self._plan_step(ctx, update.node, update.plan)
+        decision = ctx.decide(topic=RESIDENTS_TOPIC, key=update.key, outcome="accepted")
         if not decision.has_effects:
             decision.audit = None  # judged NO_EFFECT
         return Result(decision)
+
+    @staticmethod
+    def _plan_step(ctx: Context, node: str, step: PlanStep) -> None:
+        match step.step:
+            case "go":  # under the node's key: its drain, as the plan's (owners told days ahead)
+                start_drain(ctx, node=node, source="plan", reason=step.reason, requested_by=step.requested_by,
+                            notice_seconds=0, plan=step.plan, planned=step.told)
+            case "call_off":
+                episode = ctx.state.get(DRAINS, node)
+                if episode is not None and episode.plan == step.plan:
+                    call_off_drain(ctx, node, why=step.reason, undo_cordon=True)
+            case "back":  # under the plan's key
+                node_back(ctx, step.plan, node)
+
+    def on_plan_tick(self, state: StateView, now: datetime, plan: str) -> list[Result]:
+        """Start the plan's slots due at ``now``: decided as of the earliest of them, however
+        late the timer fires, so a replay reissues byte-identical outputs."""
+        record = state.get(PLANS, plan)
+        due = record.next_step() if record is not None else None
+        if record is None or due is None or due > now:
+            return []
+        ctx = self._context(state, due, f"plan/{plan}/{due.isoformat()}")
+        start_due(ctx, record)
+        return [self._closed(ctx, Source(TIMER_TOPIC, f"maintenance/{plan}"), ACCEPTED)]
 
     def on_tick(self, state: StateView, now: datetime, *, only: str | None = None) -> list[Result]:
         """Fire every drain deadline due at ``now`` (or only ``only``'s); one decision per node.
@@ -344,6 +377,9 @@ class Engine:
             ctx = self._context(state, episode.deadline, f"deadline/{node}/{episode.episode}")
             fire_deadline(ctx, node)
             results.append(self._closed(ctx, Source(TIMER_TOPIC, f"node/{node}"), ACCEPTED))
+        if only is None:  # offline (simulate, the tests): the plans' slots due too
+            for plan in due_plans(state, now):
+                results += self.on_plan_tick(state, now, plan)
         return results
 
     @staticmethod
@@ -461,6 +497,16 @@ class Engine:
             reason=f"malformed: {error}",
         )
         return Result(Decision(audit=audit), [letter], key)
+
+
+def due_plans(state: StateView, now: datetime) -> list[str]:
+    """The maintenance plans with a slot due at ``now``: the state's
+    :class:`~handlers.core.state.PlanIndex` when it keeps one, else every plan looked at."""
+    index: PlanIndex | None = getattr(state, "plans", None)
+    if index is not None:
+        return index.due(now)
+    return sorted(plan_id for plan_id, record in state.items(PLANS)
+                  if (at := record.next_step()) is not None and at <= now)
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,7 +87,16 @@ class ForgetTick:
     intent_ids: tuple[str, ...]
 
 
-Input = IntentInput | WatchInput | ResidentInput | DeadlineTick | ForgetTick
+@dataclass(frozen=True, slots=True)
+class PlanTick:
+    """The time is ``at``: start the slots of maintenance plan ``plan`` that are due (decided
+    under ``maintenance/<plan>``)."""
+
+    at: datetime
+    plan: str
+
+
+Input = IntentInput | WatchInput | ResidentInput | DeadlineTick | ForgetTick | PlanTick
 
 
 def kind_of(input_: Input) -> InputKind:
@@ -117,6 +126,8 @@ def routed_input(kind: str, raw: RawInput, source: Source, at: datetime) -> Inpu
         tick = json.loads(_bytes(raw))
         if "forget" in tick:
             return ForgetTick(at, tuple(str(intent_id) for intent_id in tick["forget"]))
+        if "plan" in tick:
+            return PlanTick(at, str(tick["plan"]))
         return DeadlineTick(at, str(tick["node"]))
     raise MalformedMessage(f"routed message without a known vmstream-kind header: {kind!r}")
 
@@ -124,6 +135,11 @@ def routed_input(kind: str, raw: RawInput, source: Source, at: datetime) -> Inpu
 def tick_value(node: str) -> dict[str, str]:
     """What a tick for ``node`` carries on the routed topic."""
     return {"node": node}
+
+
+def plan_tick_value(plan: str) -> dict[str, str]:
+    """What a tick for maintenance plan ``plan`` carries on the routed topic."""
+    return {"plan": plan}
 
 
 def forget_value(tick: ForgetTick) -> dict[str, list[str]]:

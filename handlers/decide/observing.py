@@ -28,9 +28,9 @@ from handlers.core.cluster import (
     VMRecord,
     resident_of,
 )
-from handlers.core.decisions import Context, ResidentUpdate
+from handlers.core.decisions import Context, PlanStep, ResidentUpdate
 from handlers.core.outcomes import ACCEPTED, Accepted, Ignored
-from handlers.core.state import KUBEVIRT_KEY, ObservedFate, put_tracking, tracking_of
+from handlers.core.state import KUBEVIRT_KEY, DrainEpisode, ObservedFate, put_tracking, tracking_of
 from handlers.core.tables import (
     DRAINS,
     KUBEVIRT,
@@ -259,11 +259,26 @@ def _node(ctx: Context, event: WatchEvent) -> None:
         return
     # A cordon alone is not a drain: it stops nothing (docs/kubevirt.md).
     episode = ctx.state.get(DRAINS, new.name)
+    if back_from_plan(ctx, new, episode):
+        return
     if episode is not None and episode.scope == "node" and episode.cordon_observed and not new.unschedulable:
         # Uncordoned by someone else after the cordon was seen: the drain is called off.
         call_off_drain(ctx, new.name, why="the node was uncordoned", undo_cordon=False)
+        back_from_plan(ctx, new, ctx.state.get(DRAINS, new.name))
         return
     reconcile_drain(ctx, new.name)
+
+
+def back_from_plan(ctx: Context, node: NodeRecord, episode: DrainEpisode | None) -> bool:
+    """A node a maintenance plan drained is back — Ready and schedulable again, its drain
+    over (its GPU VMs gone, or the drain called off by undrain_node): its plan is told, and
+    the episode ends."""
+    if episode is None or episode.plan is None or not episode.completed or not node.schedulable:
+        return False
+    ctx.step(node.name, PlanStep(episode.plan, "back", requested_by=episode.requested_by))
+    ctx.state.put(DRAINS, node.name, None)
+    refresh_usage(ctx.state, node.name)
+    return True
 
 
 def _maintenance(ctx: Context, event: WatchEvent) -> None:

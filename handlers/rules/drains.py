@@ -124,10 +124,15 @@ def start_drain(
     requested_by: str | None,
     notice_seconds: int | None = None,
     scope: DrainScope = "node",
+    plan: str | None = None,
+    planned: tuple[str, ...] = (),
 ) -> DrainEpisode:
     """Open an episode for ``node`` (or join the one already open) and reconcile it.
 
     A ``node`` drain joining an open ``evictions`` episode widens it to the whole node.
+    ``plan``: the maintenance plan whose slot starts it (source ``plan``), told when the node
+    is back. The owners of its ``planned`` VMs were told by the plan, days ahead: the drain
+    tells them nothing more and stops them at once; any other VM gets the drain's own notice.
     """
     notice = ctx.config.drain.notice_seconds if notice_seconds is None else notice_seconds
     existing = ctx.state.get(DRAINS, node)
@@ -141,7 +146,7 @@ def start_drain(
             told = [at for key, at in existing.due.items() if key not in stopped]
             deadline = max([ctx.now + timedelta(seconds=notice), *told])
             widened = replace(existing, scope="node", source=source, reason=reason, requested_by=requested_by,
-                              deadline=deadline, deadline_passed=False, due={})
+                              deadline=deadline, deadline_passed=False, due={}, plan=plan, planned=planned)
             ctx.state.put(DRAINS, node, _cordon(ctx, widened))
         reconcile_drain(ctx, node)
         return existing
@@ -156,6 +161,10 @@ def start_drain(
         deadline=ctx.now + timedelta(seconds=notice),
         scope=scope,
         unmarking=dict(unmarking),
+        plan=plan,
+        planned=planned,
+        # A plan's owners were told days ahead: its VMs stop as soon as the cordon is seen.
+        deadline_passed=plan is not None and notice == 0,
     )
     if scope == "node":
         episode = _cordon(ctx, episode)
@@ -186,6 +195,8 @@ def call_off_drain(ctx: Context, node: str, *, why: str, undo_cordon: bool) -> D
     if uncordoned:
         ctx.command("uncordon_node", node_subject(node), requested_by=episode.requested_by)
     if episode.completed:
+        if episode.plan is not None:  # its plan hears when the node is seen back (back_from_plan)
+            ctx.state.put(DRAINS, node, replace(episode, called_off=True))
         return episode
     stopped = set(episode.stopped)
     spared = [key for key in sorted(episode.warned) if key not in stopped]
@@ -219,8 +230,9 @@ def call_off_drain(ctx: Context, node: str, *, why: str, undo_cordon: bool) -> D
             details={"node": node, "reason": episode.reason, "drain_source": episode.source, "called_off": why,
                      "eviction_mark": "cancelled by vmstream" if key in marked else None},
         )
-    if marked:
-        # Until the marks are seen gone, they are no new eviction (settle_resident).
+    if marked or episode.plan is not None:
+        # Until the marks are seen gone, they are no new eviction (settle_resident); a plan's
+        # hears when the node is seen back (back_from_plan).
         ctx.state.put(DRAINS, node, replace(episode, called_off=True, completed=True, deadline_passed=True,
                                             unmarking={**episode.unmarking, **marked}))
     refresh_usage(ctx.state, node)  # its claims on cards elsewhere are gone
@@ -293,7 +305,7 @@ def reconcile_drain(ctx: Context, node: str) -> None:
     episode = _unmarked(episode, residents)
     if episode.called_off:
         if episode != before:
-            ctx.state.put(DRAINS, node, episode if episode.unmarking else None)
+            ctx.state.put(DRAINS, node, episode if episode.unmarking or episode.plan is not None else None)
         return
     observed = ctx.state.get(NODES, node)
     if observed is not None and observed.unschedulable and not episode.cordon_observed:
@@ -474,7 +486,7 @@ def _announce(ctx: Context, episode: DrainEpisode, newcomers: list[Resident]) ->
     # does a VM made again under an announced one's name, or one come after the deadline.
     late = episode.deadline_passed or episode.deadline <= ctx.now
     own = {r.key: max(full, episode.deadline) for r in newcomers
-           if episode.scope == "evictions" or r.key in episode.replaced or late}
+           if (episode.scope == "evictions" or r.key in episode.replaced or late) and r.key not in episode.planned}
     plans = plan_fates(ctx, episode, newcomers, own)
     announced = dict(episode.announced)
     warned = dict(episode.warned)
@@ -485,6 +497,13 @@ def _announce(ctx: Context, episode: DrainEpisode, newcomers: list[Resident]) ->
     for resident in newcomers:
         plan = plans[resident.key]
         deadline = own.get(resident.key, episode.deadline)
+        if resident.key in episode.planned:  # told by the plan, days ahead (handlers/rules/plans.py)
+            announced[resident.key] = plan.fate
+            warned[resident.key] = (resident.project, tuple(_recipients(ctx, resident)))
+            told_gpus[resident.key] = resident.template_gpus
+            if resident.vm_uid:
+                uids[resident.key] = resident.vm_uid
+            continue
         told = ctx.notify("drain_will_stop_gpu_vm", subject=vm_subject(resident.key),
                           episode=_notice_id(replace(episode, told=counts), resident.key),
                           recipients=_recipients(ctx, resident), project=resident.project, severity="warning",
@@ -521,6 +540,10 @@ def _correct(ctx: Context, episode: DrainEpisode, on_node: list[Resident]) -> Dr
         if (plan.fate, resident.template_gpus) == (was, told):
             continue
         if (was, plan.fate) == ("waits_for_gpu", "returns_automatically") and told == resident.template_gpus:
+            continue
+        if resident.key in episode.planned:  # the plan re-tells its owners (handlers/rules/plans.py)
+            announced[resident.key] = plan.fate
+            told_gpus[resident.key] = resident.template_gpus
             continue
         deadline = episode.due.get(resident.key, episode.deadline)
         project, recipients = episode.warned.get(resident.key, (resident.project, ()))

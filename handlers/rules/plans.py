@@ -17,7 +17,7 @@ from typing import Literal, cast
 
 from handlers.contracts.messages import ObjectRef, PlanMaintenanceSpec
 from handlers.core.cluster import NodeUsage, UsageVM
-from handlers.core.decisions import Context, vm_subject
+from handlers.core.decisions import Context, PlanStep, vm_subject
 from handlers.core.maintenance import (
     GPUVM,
     AfterMaintenance,
@@ -316,5 +316,94 @@ def cancel_plan(ctx: Context, record: PlanRecord, reason: str, by: str) -> list[
               + (f"; node(s) {', '.join(draining)} in maintenance are called off" if draining else "") + ".",
               {"cancelled": reason, "told_it_is_off": [f"vm/{e.namespace}/{e.name}" for e in spared],
                "called_off": draining}, to=[by])
+    for node in draining:
+        ctx.step(node, PlanStep(record.plan_id, "call_off", f"maintenance plan {record.plan_id} cancelled by {by}: "
+                                f"{reason}", by))
     ctx.state.put(PLANS, record.plan_id, replace(record, cancelled=True))
     return draining
+
+
+# ------------------------------------------------------------------------------ carried out
+
+
+def _vm_ref(namespace: str, name: str, uid: str) -> ObjectRef:
+    """The VM by identity (a VM without a uid is planned under its key: then by name)."""
+    return ObjectRef(kind="VirtualMachine", namespace=namespace, name=name, uid=None if uid.startswith("vm/") else uid)
+
+
+def _draining(record: PlanRecord) -> int:
+    return sum(1 for phase in record.phases.values() if phase == "draining")
+
+
+def _go(ctx: Context, record: PlanRecord, node: str) -> PlanRecord:
+    """The node's slot starts: the VMs its owners want back on it, or off, are stopped by
+    vmstream (so that KubeVirt does not start them elsewhere), and the node's own key
+    drains it (a ``go`` step: cordon, then stop its GPU VMs once the cordon is seen)."""
+    for vm in record.plan.request.node(node).vms:
+        if vm.after_maintenance != "elsewhere":
+            ctx.command("stop_vm", _vm_ref(vm.namespace, vm.name, vm.uid), requested_by=record.requested_by)
+    told = tuple(sorted(f"vm/{entry.namespace}/{entry.name}" for entry in record.plan.vms if entry.node == node))
+    ctx.step(node, PlanStep(record.plan_id, "go", f"maintenance plan {record.plan_id}: {record.reason}",
+                            record.requested_by, told))
+    return replace(record, phases={**record.phases, node: "draining"},
+                   held=tuple(held for held in record.held if held != node))
+
+
+def _hold(ctx: Context, record: PlanRecord, node: str) -> PlanRecord:
+    """The node's slot came while the limit is full (a node in maintenance is not back by
+    its slot's end): it waits for one to come back, and its owners are told so."""
+    waiting_for = sorted(other for other, phase in record.phases.items() if phase == "draining")
+    for entry in record.plan.vms:
+        if entry.node != node:
+            continue
+        recipients = list(record.recipients.get(entry.uid, ()))
+        ctx.notify(
+            "maintenance_changed", subject=vm_subject(f"vm/{entry.namespace}/{entry.name}"),
+            episode=_notice_episode(record, entry.uid), recipients=recipients, project=entry.project,
+            severity="warning",
+            message=(f"Correction: node {node} was to be maintained at {when(entry.stop)} ({record.reason}; plan "
+                     f"{record.plan_id}), but node(s) {', '.join(waiting_for)} in maintenance are not back yet: "
+                     f"GPU VM {entry.namespace}/{entry.name} will be stopped once one is, and {fate_text(entry)}."),
+            details={**_vm_details(record, entry), "delayed": True, "waiting_for": waiting_for},
+        )
+        record = replace(record, told={**record.told, entry.uid: record.told.get(entry.uid, 0) + 1})
+    return replace(record, held=(*record.held, node))
+
+
+def _start_what_may(ctx: Context, record: PlanRecord, due: list[str]) -> PlanRecord:
+    """Start the ``due`` nodes, in their slots' order, while the concurrency limit allows;
+    hold the others."""
+    for node in due:
+        if _draining(record) < record.plan.request.concurrency:
+            record = _go(ctx, record, node)
+        elif node not in record.held:
+            record = _hold(ctx, record, node)
+    return record
+
+
+def start_due(ctx: Context, record: PlanRecord) -> PlanRecord:
+    """The clock reached slots of the plan: their nodes go, as the limit allows."""
+    record = _start_what_may(ctx, record, record.due(ctx.now))
+    ctx.state.put(PLANS, record.plan_id, record)
+    return record
+
+
+def node_back(ctx: Context, plan_id: str, node: str) -> None:
+    """A node of the plan is back: the VMs whose owners wanted them back on it are started,
+    the operator is told, and a node held for the limit goes."""
+    record = ctx.state.get(PLANS, plan_id)
+    if record is None or record.phases.get(node) != "draining":
+        return
+    record = replace(record, phases={**record.phases, node: "back"})
+    started = [entry for entry in record.plan.vms if entry.node == node and entry.fate == "back_on_own_node"]
+    for entry in started:
+        ctx.command("start_vm", _vm_ref(entry.namespace, entry.name, entry.uid), requested_by=record.requested_by)
+    left = sorted(other for other, phase in record.phases.items() if phase != "back")
+    _progress(ctx, record, f"back/{node}",
+              f"Node {node} of maintenance plan {record.plan_id} ({record.reason}) is back"
+              + (f"; vmstream starts {len(started)} GPU VM(s) on it again" if started else "")
+              + (f"; {len(left)} node(s) to go or in maintenance." if left else "; every node of the plan is back."),
+              {"node": node, "started": [f"vm/{e.namespace}/{e.name}" for e in started], "left": left})
+    if not record.cancelled:
+        record = _start_what_may(ctx, record, list(record.held))
+    ctx.state.put(PLANS, plan_id, record)

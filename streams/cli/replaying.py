@@ -298,7 +298,7 @@ class Replay:
         for result in results:
             self.state.apply(result.decision.changes)
             self.outputs += result.outputs()
-            self.made |= {(f"node/{update.node}".encode(), encode_resident_update(update))
+            self.made |= {(update.key.encode(), encode_resident_update(update))
                           for update in result.decision.forwards}
 
     # ------------------------------------------------------------------ records

@@ -45,7 +45,16 @@ from handlers.contracts.tracing import span_id
 from handlers.core.rows import DecidedIntent
 from handlers.core.tables import GLOBAL_TABLES, PROCESSED, TABLES, TRACKING, VMIS, VMS, Table
 from handlers.decide.engine import Engine, Result, Source
-from handlers.decide.inputs import DeadlineTick, ForgetTick, forget_value, kind_of, routed_input, tick_value
+from handlers.decide.inputs import (
+    DeadlineTick,
+    ForgetTick,
+    PlanTick,
+    forget_value,
+    kind_of,
+    plan_tick_value,
+    routed_input,
+    tick_value,
+)
 from handlers.reads.figures import Figures, figures
 from handlers.rules.capacity import capacity_report
 from handlers.rules.restarts import pending_detail
@@ -444,7 +453,7 @@ class Worker:
                        TRACEPARENT: trace.child(f"{update.cause}@{update.node}/{update.vm_key}").encode()}
             if trace.state:
                 headers[TRACESTATE] = trace.state.encode()
-            outgoing.append(Outgoing(self.routed_topic, f"node/{update.node}".encode(), encode_resident_update(update),
+            outgoing.append(Outgoing(self.routed_topic, update.key.encode(), encode_resident_update(update),
                                      list(headers.items()), timestamp_ms=_ms(message.timestamp)))
         return outgoing
 
@@ -564,13 +573,17 @@ class Worker:
 
     async def _tick(self) -> None:
         """Send what the rules say is due (``Engine.due``, from the table state's indexes)
-        through the routed partition that decides it: a drain deadline to its node's, the
-        intent ids past the dedup window to the partitions whose changelogs hold them."""
+        through the routed partition that decides it: a drain deadline to its node's, a
+        maintenance plan's slots to the plan's, the intent ids past the dedup window to the
+        partitions whose changelogs hold them."""
         now = datetime.now(UTC)
         for tick in self.engine.due(self.state, now):
             match tick:
                 case DeadlineTick(_, node):  # the node's decision checks its row
                     await self.routed.send(key=f"node/{node or ''}".encode(), value=encode_json(tick_value(node or "")),
+                                           headers={KIND_HEADER: b"tick"})
+                case PlanTick(_, plan):  # the plan's decision checks its row
+                    await self.routed.send(key=f"maintenance/{plan}".encode(), value=encode_json(plan_tick_value(plan)),
                                            headers={KIND_HEADER: b"tick"})
                 case ForgetTick():
                     for key, forgetting in self._forgetting(tick):

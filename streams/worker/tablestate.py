@@ -40,8 +40,8 @@ from pydantic import TypeAdapter, ValidationError
 
 from handlers.contracts.messages import AuditRecord, Command, DeadLetter, Notification
 from handlers.core.decisions import Decision, ResidentUpdate
-from handlers.core.state import Change, DeadlineIndex, ExpiryIndex
-from handlers.core.tables import DRAINS, PROCESSED, Table, TableName, table_named
+from handlers.core.state import Change, DeadlineIndex, ExpiryIndex, PlanIndex
+from handlers.core.tables import DRAINS, PLANS, PROCESSED, Table, TableName, table_named
 from handlers.decide.engine import Result
 from streams.common.codecs import decode_state, encode_state
 from streams.common.durable import Delivered, Record
@@ -355,6 +355,7 @@ class TableState:
         self._encoded: dict[int, bytes] = {}  # a change's value as the journal recorded it, by id
         self._deadlines: DeadlineIndex | None = None  # None: to be rebuilt from the rows
         self._decided: ExpiryIndex | None = None  # likewise
+        self._plans: PlanIndex | None = None  # likewise
         self._to_index: list[str] = []  # processed keys the index has still to read
 
     def get(self, table: Table[V], key: str) -> V | None:
@@ -394,6 +395,13 @@ class TableState:
         return self._deadlines
 
     @property
+    def plans(self) -> PlanIndex:
+        """The maintenance plans among this instance's rows, by when their next node goes."""
+        if self._plans is None:
+            self._plans = PlanIndex.of((plan_id, record) for plan_id, record in self.items(PLANS))
+        return self._plans
+
+    @property
     def decided(self) -> ExpiryIndex:
         """The intent ids this instance's ``processed`` rows hold, by when they were decided.
 
@@ -420,6 +428,7 @@ class TableState:
         indexes from the rows when they are next asked."""
         self._deadlines = None
         self._decided = None
+        self._plans = None
 
     def stage(self, changes: Iterable[Change]) -> None:
         """Make a decision's changes visible to the rest of the batch, not yet recorded."""
@@ -439,6 +448,8 @@ class TableState:
                     self._deadlines.note(change.key, change.value)
                 elif change.table == PROCESSED and self._decided is not None:
                     self._decided.note(change.key, change.value)
+                elif change.table == PLANS and self._plans is not None:
+                    self._plans.note(change.key, change.value)
                 raw = None
                 if change.value is not None:
                     raw = self._encoded.pop(id(change), None) or encode_state(change.table, change.value)

@@ -6,10 +6,14 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from handlers.contracts.messages import Notification
 from handlers.core.cluster import UsageVM
-from handlers.core.tables import PLANS, USAGE
+from handlers.core.tables import DRAINS, PLANS, USAGE
 from samples.cluster import A100, RTX, node, vm, vmi
+from streams.common.codecs import decode_state, encode_state
 from tests.support.harness import START, Harness
 
 ALICE, BOB, OPS = "alice@example.com", "bob@example.com", "ops@example.com"
@@ -272,3 +276,208 @@ def test_a_cancelled_plan_tells_every_owner_it_is_off_and_takes_no_more_answers(
     assert progress.details["cancelled"] == "vendor delay"
     h.intent("maintenance_ready", {"plan": "fw-2026-12", "namespace": NS, "name": "vm-1"}, by=ALICE)
     assert refusal(h) == "maintenance plan fw-2026-12 was cancelled"
+
+
+# ------------------------------------------------------------------ carried out by the drains
+
+
+def cordoned(h: Harness, name: str, *, rv: int = 2) -> None:
+    h.observe(node(name, gpus={RTX: 2}, unschedulable=True, rv=rv), "MODIFIED")
+
+
+def back(h: Harness, name: str, *, rv: int = 3) -> None:
+    """The node is Ready and uncordoned again after its maintenance."""
+    h.observe(labelled(node(name, gpus={RTX: 2}, rv=rv), rack="r1"), "MODIFIED")
+
+
+def stops(h: Harness) -> list[str]:
+    return [c.target.name for c in h.commands("delete_vmi")]
+
+
+def phases(h: Harness) -> dict[str, str]:
+    record = h.state.get(PLANS, "fw-2026-12")
+    assert record is not None
+    return dict(record.phases)
+
+
+def drained_node_1(h: Harness) -> None:
+    """gpu-node-1's slot: cordoned, vm-1 stopped, seen running again on gpu-node-3."""
+    h.wait((START + timedelta(days=1) - h.now).total_seconds())
+    h.tick()
+    cordoned(h, "gpu-node-1")
+    h.observe(vmi(NS, "vm-1", node_name="gpu-node-1", gpu=RTX), "DELETED")
+    h.observe(vmi(NS, "vm-1", node_name="gpu-node-3", gpu=RTX))
+
+
+def test_a_slot_s_start_drains_its_node_through_the_drain_machinery_without_telling_the_owners_again() -> None:
+    h = az()
+    make_plan(h)
+    h.wait(DAY - 1)
+    assert h.tick() == [] and h.commands() == []
+    h.wait(1)
+    h.tick()
+    assert [(c.type, c.target.name) for c in h.commands()] == [("cordon_node", "gpu-node-1")]
+    assert phases(h) == {"gpu-node-1": "draining", "gpu-node-2": "planned"}
+    assert h.notifications("drain_will_stop_gpu_vm") == []  # told by the plan a day ahead
+    episode = h.state.get(DRAINS, "gpu-node-1")
+    assert episode is not None and episode.source == "plan" and episode.plan == "fw-2026-12"
+    h.tick()
+    assert stops(h) == []  # not before the cordon is seen
+    cordoned(h, "gpu-node-1")
+    assert stops(h) == ["vm-1"]
+
+
+def test_a_node_seen_back_is_told_to_its_plan_and_its_operator() -> None:
+    h = az()
+    make_plan(h)
+    drained_node_1(h)
+    [done] = h.notifications("drain_completed")
+    assert done.recipients == [OPS]
+    back(h, "gpu-node-1")
+    assert phases(h)["gpu-node-1"] == "back"
+    progress = h.notifications("maintenance_progress")[-1]
+    assert progress.details["node"] == "gpu-node-1" and progress.details["left"] == ["gpu-node-2"]
+    assert h.state.get(DRAINS, "gpu-node-1") is None
+
+
+def test_vms_wanted_back_on_their_node_are_stopped_by_vmstream_and_started_when_it_is_back() -> None:
+    h = az()
+    make_plan(h)
+    drained_node_1(h)
+    back(h, "gpu-node-1")
+    h.wait(HOUR)
+    h.tick()
+    assert [(c.type, c.target.name) for c in h.commands()][-2:] == [("stop_vm", "vm-2"), ("cordon_node", "gpu-node-2")]
+    # virt-api's stop: runStrategy Halted, the VMI gone (KubeVirt does not start it elsewhere).
+    h.observe(after(vm(NS_B, "vm-2", project="proj-b", owner=BOB, gpu=RTX, run_strategy="Halted", rv=2), "same_node"),
+              "MODIFIED")
+    h.observe(vmi(NS_B, "vm-2", node_name="gpu-node-2", gpu=RTX), "DELETED")
+    assert h.commands("start_vm") == []
+    cordoned(h, "gpu-node-2")
+    h.observe(vmi(NS_B, "vm-3", node_name="gpu-node-2", gpu=RTX), "DELETED")
+    assert h.notifications("drain_completed")[-1].subject.name == "gpu-node-2"
+    assert h.commands("start_vm") == []  # not before the node is back
+    back(h, "gpu-node-2")
+    [start] = h.commands("start_vm")
+    assert start.target.name == "vm-2" and start.target.uid == f"uid-vm-{NS_B}-vm-2"
+    assert phases(h) == {"gpu-node-1": "back", "gpu-node-2": "back"}
+    assert "every node of the plan is back" in h.notifications("maintenance_progress")[-1].message
+
+
+def test_a_node_not_back_by_its_slot_s_end_holds_the_next_and_its_owners_are_told() -> None:
+    h = az()
+    make_plan(h)
+    drained_node_1(h)
+    h.wait(HOUR)  # gpu-node-2's slot; gpu-node-1 is still in maintenance
+    h.tick()
+    assert "gpu-node-2" not in [c.target.name for c in h.commands("cordon_node")]
+    delayed = told(h, "maintenance_changed")
+    assert sorted(delayed) == ["vm-2", "vm-3"] and delayed["vm-2"].details["waiting_for"] == ["gpu-node-1"]
+    h.wait(600)
+    h.tick()
+    assert len(h.notifications("maintenance_changed")) == 2  # told once
+    back(h, "gpu-node-1")
+    assert [c.target.name for c in h.commands("cordon_node")] == ["gpu-node-1", "gpu-node-2"]
+    assert phases(h)["gpu-node-2"] == "draining"
+
+
+def test_a_plan_cancelled_while_a_node_drains_calls_that_drain_off() -> None:
+    h = az()
+    make_plan(h)
+    h.wait(DAY)
+    h.tick()
+    h.intent("cancel_maintenance", {"plan": "fw-2026-12", "reason": "vendor delay"}, by=OPS, project=None)
+    assert [c.target.name for c in h.commands("uncordon_node")] == ["gpu-node-1"]
+    episode = h.state.get(DRAINS, "gpu-node-1")
+    assert episode is not None and episode.called_off  # kept until the node is seen back
+    [off] = [n for n in h.notifications("drain_called_off") if n.subject.kind == "VirtualMachine"]
+    assert off.subject.name == "vm-1" and off.recipients == [ALICE]
+    assert sorted(told(h, "maintenance_cancelled")) == ["vm-2", "vm-3"]  # gpu-node-2's, still to come
+    back(h, "gpu-node-1")
+    assert h.state.get(DRAINS, "gpu-node-1") is None and phases(h)["gpu-node-1"] == "back"
+    h.wait(DAY)
+    h.tick()
+    assert h.commands("cordon_node") == [h.commands("cordon_node")[0]]  # nothing more starts
+
+
+def test_undrain_after_a_plan_s_drain_completed_still_tells_the_plan_when_the_node_is_back() -> None:
+    h = az()
+    make_plan(h)
+    drained_node_1(h)
+    h.intent("undrain_node", {"node": "gpu-node-1"}, by=OPS, project=None)
+    assert [c.target.name for c in h.commands("uncordon_node")] == ["gpu-node-1"]
+    assert phases(h)["gpu-node-1"] == "draining"
+    back(h, "gpu-node-1")
+    assert phases(h)["gpu-node-1"] == "back"
+
+
+def test_a_plan_s_drain_called_off_midway_tells_the_plan_when_the_node_is_back_and_the_held_node_goes() -> None:
+    h = az()
+    make_plan(h)
+    h.wait(DAY)
+    h.tick()  # gpu-node-1 goes; its cordon is not seen yet
+    h.wait(HOUR)
+    h.tick()  # gpu-node-2's slot: held
+    assert phases(h) == {"gpu-node-1": "draining", "gpu-node-2": "planned"}
+    h.intent("undrain_node", {"node": "gpu-node-1"}, by=OPS, project=None)
+    assert [c.target.name for c in h.commands("cordon_node")] == ["gpu-node-1"]
+    back(h, "gpu-node-1")
+    assert phases(h) == {"gpu-node-1": "back", "gpu-node-2": "draining"}
+    assert [c.target.name for c in h.commands("cordon_node")] == ["gpu-node-1", "gpu-node-2"]
+
+
+def test_a_plan_row_and_a_usage_row_read_back_as_written() -> None:
+    h = az()
+    make_plan(h)
+    record = h.state.get(PLANS, "fw-2026-12")
+    usage = h.state.get(USAGE, "gpu-node-2")
+    assert decode_state(PLANS, encode_state(PLANS, record)) == record
+    assert decode_state(USAGE, encode_state(USAGE, usage)) == usage
+
+
+# ------------------------------------------------------------------ properties
+
+STRATEGIES = ("Always", "Once", "RerunOnFailure", "Manual")
+CHOICES = ("elsewhere", "same_node", "stay_off")
+
+
+@st.composite
+def azs(draw: st.DrawFn) -> tuple[Harness, list[str]]:
+    """An AZ of 1 to 3 planned nodes of 1 to 3 RTX each, each card held or not by a GPU VM of
+    any run strategy and choice, and a spare node; and the planned nodes."""
+    h = Harness()
+    planned = [f"gpu-node-{i}" for i in range(1, draw(st.integers(1, 3)) + 1)]
+    h.observe(node("spare", gpus={RTX: draw(st.integers(0, 2))}))
+    for name in planned:
+        cards = draw(st.integers(1, 3))
+        h.observe(node(name, gpus={RTX: cards}))
+        for i in range(draw(st.integers(0, cards))):
+            vm_name = f"{name}-vm-{i}"
+            h.observe(after(vm(NS, vm_name, project="proj-a", owner=ALICE, gpu=RTX,
+                               run_strategy=draw(st.sampled_from(STRATEGIES))), draw(st.sampled_from(CHOICES))))
+            h.observe(vmi(NS, vm_name, node_name=name, gpu=RTX))
+    return h, planned
+
+
+@settings(max_examples=25, deadline=None)
+@given(made=azs(), concurrency=st.integers(1, 2), hours=st.integers(1, 3), move=st.integers(0, 48))
+def test_every_planned_vm_is_told_once_as_planned_and_an_answer_re_tells_exactly_the_changed(
+        made: tuple[Harness, list[str]], concurrency: int, hours: int, move: int) -> None:
+    h, planned = made
+    make_plan(h, nodes=planned, concurrency=concurrency, duration=hours * HOUR)
+    record = h.state.get(PLANS, "fw-2026-12")
+    assert record is not None
+    notices = told(h)
+    assert sorted(notices) == sorted(e.name for e in record.plan.vms)
+    for entry in record.plan.vms:
+        assert (notices[entry.name].deadline, notices[entry.name].details["fate"]) == (entry.stop, entry.fate)
+    h.intent("reschedule_maintenance", {"plan": "fw-2026-12", "node": planned[-1],
+                                        "start": iso(START + timedelta(days=1, hours=move))}, by=OPS, project=None)
+    after_answer = h.state.get(PLANS, "fw-2026-12")
+    assert after_answer is not None
+    changed = sorted(told(h, "maintenance_changed"))
+    if h.results[-1].judgement.outcome == "rejected":
+        assert changed == [] and after_answer == record
+    else:
+        before = {e.uid: e.notice for e in record.plan.vms}
+        assert changed == sorted(e.name for e in after_answer.plan.vms if e.notice != before[e.uid])
