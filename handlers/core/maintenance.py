@@ -208,6 +208,9 @@ class PlanRecord:
     # Nodes whose slot came while the concurrency limit was full (a node in maintenance not
     # back by its slot's end): they go once a node is back.
     held: tuple[str, ...] = ()
+    # GPU VMs found on a planned node after the plan was made (VM key → its node): told at a
+    # slot's start; their recipients and notices are kept under their key.
+    extra: dict[str, str] = field(default_factory=dict)
 
     def next_step(self) -> datetime | None:
         """When a node of the plan is next due to go: the earliest slot start of a node still

@@ -30,7 +30,8 @@ from handlers.core.maintenance import (
 )
 from handlers.core.outcomes import Accepted, Refused
 from handlers.core.tables import PLANS, USAGE
-from handlers.rules.maintenance import Change, Refusal, no_wait_guaranteed, plan_maintenance
+from handlers.rules.drains import restarts_by_itself
+from handlers.rules.maintenance import Change, Refusal, no_wait_guaranteed, plan_maintenance, reschedule
 
 PLAN_KIND = "MaintenancePlan"  # the subject of a plan's notices to operators
 
@@ -280,11 +281,9 @@ def apply_change(ctx: Context, record: PlanRecord, answer: Change | Refusal, ask
     owners whose notice changed told again (``change.owners``)."""
     if isinstance(answer, Refusal):
         return Refused(answer.reason)
-    before = {entry.uid: entry for entry in record.plan.vms}
-    record = replace(record, plan=answer.plan)
-    changed = [entry for entry in answer.plan.vms if entry.notice != before[entry.uid].notice]
-    for entry in changed:
-        record = _tell(ctx, record, entry, "maintenance_changed", "Correction: ")
+    before = {entry.uid: entry.notice for entry in record.plan.vms}
+    changed = [entry for entry in answer.plan.vms if entry.notice != before[entry.uid]]
+    record = _changed_for(ctx, record, answer)
     ctx.state.put(PLANS, record.plan_id, record)
     return Accepted(f"{asked}: {len(changed)} owner notice(s) corrected" if changed
                     else f"{asked}: no owner's notice changed")
@@ -295,26 +294,30 @@ def cancel_plan(ctx: Context, record: PlanRecord, reason: str, by: str) -> list[
     operator who made it gets the tally. The nodes in maintenance already, returned, are
     called off by their own drains."""
     draining = sorted(node for node, phase in record.phases.items() if phase == "draining")
-    spared = [entry for entry in record.plan.vms
+    spared = [(entry.uid, f"vm/{entry.namespace}/{entry.name}", entry.node, entry.project)
+              for entry in record.plan.vms
               if record.phases.get(entry.node, "planned") == "planned" and entry.stop > ctx.now]
-    for entry in spared:
+    spared += [(key, key, node, None) for key, node in sorted(record.extra.items())
+               if record.phases.get(node, "planned") == "planned"]
+    for uid, key, node, project in spared:
+        subject = vm_subject(key)
         ctx.notify(
             "maintenance_cancelled",
-            subject=vm_subject(f"vm/{entry.namespace}/{entry.name}"),
-            episode=_notice_episode(record, entry.uid),
-            recipients=list(record.recipients.get(entry.uid, ())),
-            project=entry.project,
+            subject=subject,
+            episode=_notice_episode(record, uid),
+            recipients=list(record.recipients.get(uid, ())),
+            project=project,
             severity="info",
             message=(f"Maintenance plan {record.plan_id} ({record.reason}) is cancelled ({reason}): GPU VM "
-                     f"{entry.namespace}/{entry.name} will not be stopped for it on {when(entry.stop)}."),
-            details={"plan": record.plan_id, "node": entry.node, "reason": record.reason, "cancelled": reason},
+                     f"{subject.namespace}/{subject.name} will not be stopped for it on node {node}."),
+            details={"plan": record.plan_id, "node": node, "reason": record.reason, "cancelled": reason},
         )
-        record = replace(record, told={**record.told, entry.uid: record.told.get(entry.uid, 0) + 1})
+        record = replace(record, told={**record.told, uid: record.told.get(uid, 0) + 1})
     _progress(ctx, record, "cancelled",
               f"Maintenance plan {record.plan_id} ({record.reason}) is cancelled by {by} ({reason}): "
               f"{len(spared)} GPU VM owner(s) told it is off"
               + (f"; node(s) {', '.join(draining)} in maintenance are called off" if draining else "") + ".",
-              {"cancelled": reason, "told_it_is_off": [f"vm/{e.namespace}/{e.name}" for e in spared],
+              {"cancelled": reason, "told_it_is_off": [key for _, key, _, _ in spared],
                "called_off": draining}, to=[by])
     for node in draining:
         ctx.step(node, PlanStep(record.plan_id, "call_off", f"maintenance plan {record.plan_id} cancelled by {by}: "
@@ -342,7 +345,8 @@ def _go(ctx: Context, record: PlanRecord, node: str) -> PlanRecord:
     for vm in record.plan.request.node(node).vms:
         if vm.after_maintenance != "elsewhere":
             ctx.command("stop_vm", _vm_ref(vm.namespace, vm.name, vm.uid), requested_by=record.requested_by)
-    told = tuple(sorted(f"vm/{entry.namespace}/{entry.name}" for entry in record.plan.vms if entry.node == node))
+    told = tuple(sorted({*(f"vm/{entry.namespace}/{entry.name}" for entry in record.plan.vms if entry.node == node),
+                         *(key for key, on in record.extra.items() if on == node)}))
     ctx.step(node, PlanStep(record.plan_id, "go", f"maintenance plan {record.plan_id}: {record.reason}",
                             record.requested_by, told))
     return replace(record, phases={**record.phases, node: "draining"},
@@ -382,9 +386,73 @@ def _start_what_may(ctx: Context, record: PlanRecord, due: list[str]) -> PlanRec
 
 
 def start_due(ctx: Context, record: PlanRecord) -> PlanRecord:
-    """The clock reached slots of the plan: their nodes go, as the limit allows."""
+    """The clock reached slots of the plan: the GPU VMs that came on planned nodes since are
+    told, and the due nodes go, as the limit allows."""
+    record = _newcomers(ctx, record)
     record = _start_what_may(ctx, record, record.due(ctx.now))
     ctx.state.put(PLANS, record.plan_id, record)
+    return record
+
+
+def _newcomers(ctx: Context, record: PlanRecord) -> PlanRecord:
+    """GPU VMs on nodes still to go that the plan does not know (they came after it was
+    made): each owner is told at once. A node whose slot would give them less than the
+    plan's notice is moved later with the planner's :func:`reschedule` (its other owners
+    told again); if it cannot be, the operator is told. The node going now is left to its
+    drain, which gives them a notice of its own."""
+    known = {f"vm/{entry.namespace}/{entry.name}" for entry in record.plan.vms} | set(record.extra)
+    notice = record.plan.request.notice
+    for node in [slot.node for slot in record.plan.slots
+                 if slot.start > ctx.now and record.phases.get(slot.node, "planned") == "planned"]:
+        came = [vm for vm in _usage_vms(ctx, node) if vm.key not in known]
+        if not came:
+            continue
+        slot = record.plan.slot(node)
+        if slot.start < ctx.now + notice:
+            moved = reschedule(record.plan, node, ctx.now + notice, now=ctx.now)
+            keys = ", ".join(vm.key for vm in came)
+            if isinstance(moved, Change):
+                record = _changed_for(ctx, record, moved)
+            else:
+                _progress(ctx, record, f"short/{node}/{ctx.now.isoformat()}",
+                          f"GPU VM(s) {keys} came on node {node} after maintenance plan {record.plan_id} was made: "
+                          f"they are told now, less than the plan's notice before {when(slot.start)}; node {node} "
+                          f"cannot be moved later ({moved.reason}).",
+                          {"node": node, "vms": [vm.key for vm in came], "not_moved": moved.reason})
+        for vm in came:
+            record = _tell_newcomer(ctx, record, node, vm)
+    return record
+
+
+def _tell_newcomer(ctx: Context, record: PlanRecord, node: str, vm: UsageVM) -> PlanRecord:
+    slot = record.plan.slot(node)
+    _, namespace, name = vm.key.split("/", 2)
+    if restarts_by_itself(vm.run_strategy):
+        fate = ("it starts again by itself on another node if a card of its class is free then: it came after "
+                "the plan was made, so no card is kept for it")
+    else:
+        fate = f"it stays off until it is started (run strategy {vm.run_strategy})"
+    ctx.notify(
+        "maintenance_planned", subject=vm_subject(vm.key), episode=record.plan_id, recipients=list(vm.recipients),
+        project=vm.project, severity="warning",
+        message=(f"Node {node} will be maintained ({record.reason}; plan {record.plan_id}): GPU VM {namespace}/{name} "
+                 f"will be stopped at {when(slot.start)}, and {fate}."),
+        details={"plan": record.plan_id, "node": node, "reason": record.reason, "stop": slot.start.isoformat(),
+                 "fate": None, "fate_text": fate, "back_at": None, "outside_window": slot.outside_window,
+                 "slot": {"start": slot.start.isoformat(), "end": slot.end.isoformat()}, "came_after_plan": True},
+        deadline=slot.start,
+    )
+    return replace(record, extra={**record.extra, vm.key: node}, recipients={**record.recipients, vm.key: vm.recipients},
+                   told={**record.told, vm.key: record.told.get(vm.key, 0) + 1})
+
+
+def _changed_for(ctx: Context, record: PlanRecord, change: Change) -> PlanRecord:
+    """``change`` kept; the owners whose notice it changed told again."""
+    before = {entry.uid: entry for entry in record.plan.vms}
+    record = replace(record, plan=change.plan)
+    for entry in change.plan.vms:
+        if entry.notice != before[entry.uid].notice:
+            record = _tell(ctx, record, entry, "maintenance_changed", "Correction: ")
     return record
 
 

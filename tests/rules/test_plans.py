@@ -426,6 +426,42 @@ def test_a_plan_s_drain_called_off_midway_tells_the_plan_when_the_node_is_back_a
     assert [c.target.name for c in h.commands("cordon_node")] == ["gpu-node-1", "gpu-node-2"]
 
 
+def newcomer(h: Harness, name: str = "vm-4", on: str = "gpu-node-2") -> None:
+    """A GPU VM made after the plan, on a planned node."""
+    h.observe_all(vm(NS, name, project="proj-a", owner=ALICE, gpu=RTX),
+                  vmi(NS, name, node_name=on, gpu=RTX))
+
+
+def test_a_gpu_vm_come_after_the_plan_is_told_at_a_slot_s_start_and_its_node_moved_for_its_full_notice() -> None:
+    h = az()
+    make_plan(h)
+    h.wait(HOUR)
+    newcomer(h)
+    assert told(h).keys() == {"vm-1", "vm-2", "vm-3"}  # the plan learns of it when a slot starts
+    h.wait((START + timedelta(days=1) - h.now).total_seconds())
+    h.tick()  # gpu-node-1's slot: gpu-node-2's (an hour later) would give vm-4 an hour's notice
+    [notice] = [n for n in h.notifications("maintenance_planned") if n.subject.name == "vm-4"]
+    moved = START + timedelta(days=2)
+    assert notice.recipients == [ALICE] and notice.deadline == moved and notice.details["came_after_plan"]
+    changed = told(h, "maintenance_changed")
+    assert sorted(changed) == ["vm-2", "vm-3"] and changed["vm-2"].deadline == moved
+    h.tick()
+    assert len([n for n in h.notifications("maintenance_planned") if n.subject.name == "vm-4"]) == 1  # once
+
+
+def test_a_gpu_vm_come_after_the_plan_whose_node_cannot_move_is_told_and_the_operator_too() -> None:
+    h = az()
+    make_plan(h, end=DAY + 3 * HOUR)  # no room to move gpu-node-2 a day later
+    newcomer(h)
+    h.wait(DAY)
+    h.tick()
+    [notice] = [n for n in h.notifications("maintenance_planned") if n.subject.name == "vm-4"]
+    assert notice.deadline == START + timedelta(days=1, hours=1)
+    short = [n for n in h.notifications("maintenance_progress") if "not_moved" in n.details]
+    assert short and short[0].recipients == [OPS] and "would leave the window" in short[0].details["not_moved"]
+    assert told(h, "maintenance_changed") == {}
+
+
 def test_a_plan_row_and_a_usage_row_read_back_as_written() -> None:
     h = az()
     make_plan(h)
