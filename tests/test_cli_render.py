@@ -132,6 +132,30 @@ def test_what_is_sent_is_what_the_worker_parses() -> None:
         assert parse_intent(encode_intent(intent)) == intent
 
 
+PLAN = ["--plan", "fw-2026-12"]
+WINDOW = ["--earliest-start", "2026-12-01T00:00:00Z", "--latest-end", "2026-12-03T00:00:00Z",
+          "--node-duration-seconds", "3600", "--notice-seconds", "86400", "--reason", "firmware"]
+
+
+def test_a_maintenance_plan_s_intents_are_keyed_by_the_plan_and_read_as_the_worker_reads_them() -> None:
+    for argv in (["plan-maintenance", *OPS, *PLAN, "--node", "n1", "--node", "n2", *WINDOW],
+                 ["plan-maintenance", *OPS, *PLAN, "--selector", "rack=r1", *WINDOW],
+                 ["reschedule-maintenance", *ALICE, *PLAN, *VM, "--start", "2026-12-02T00:00:00Z"],
+                 ["reschedule-maintenance", *OPS, *PLAN, "--node", "n1", "--start", "2026-12-02T00:00:00Z"],
+                 ["maintenance-ready", *ALICE, *PLAN, *VM],
+                 ["cancel-maintenance", *OPS, *PLAN, "--reason", "vendor delay"]):
+        intent = build_intent(parse("intent", *argv), now=NOW)
+        assert intent_key(intent) == "maintenance/fw-2026-12"
+        assert parse_intent(encode_intent(intent)) == intent
+
+
+def test_a_plan_s_selector_is_key_value_pairs_and_a_vm_or_a_node_is_moved_not_both() -> None:
+    assert "spec.node_selector: 'rackr1' is not KEY=VALUE" in problems(
+        "intent", "plan-maintenance", *OPS, *PLAN, "--selector", "rackr1", *WINDOW)
+    assert any("exactly one of node and (namespace, name)" in problem for problem in problems(
+        "intent", "reschedule-maintenance", *OPS, *PLAN, "--node", "n1", *VM, "--start", "2026-12-02T00:00:00Z"))
+
+
 # ---------------------------------------------------------------------------- rendering
 
 
