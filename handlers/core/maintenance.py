@@ -211,6 +211,7 @@ class PlanRecord:
     # GPU VMs found on a planned node after the plan was made (VM key → its node): told at a
     # slot's start; their recipients and notices are kept under their key.
     extra: dict[str, str] = field(default_factory=dict)
+    stopped_early: tuple[str, ...] = ()  # VM uids vmstream stopped before their node went (plan.early)
 
     def next_step(self) -> datetime | None:
         """When a node of the plan is next due to go: the earliest slot start of a node still
@@ -219,7 +220,15 @@ class PlanRecord:
             return None
         starts = [slot.start for slot in self.plan.slots
                   if self.phases.get(slot.node, "planned") == "planned" and slot.node not in self.held]
+        starts += self.early_stops().values()
         return min(starts, default=None)
+
+    def early_stops(self) -> dict[str, datetime]:
+        """The VMs to stop before their node goes (an owner's "ready now", a VM moved
+        earlier), not stopped yet, by uid: their node is still to go."""
+        return {uid: at for uid, at in self.plan.early.items() if uid not in self.stopped_early
+                and self.phases.get(self.plan.entry(uid).node, "planned") == "planned"
+                and at < self.plan.slot(self.plan.entry(uid).node).start}
 
     def due(self, now: datetime) -> list[str]:
         """The nodes whose slot has started by ``now`` and that are still to go, by slot."""

@@ -281,6 +281,9 @@ def apply_change(ctx: Context, record: PlanRecord, answer: Change | Refusal, ask
     owners whose notice changed told again (``change.owners``)."""
     if isinstance(answer, Refusal):
         return Refused(answer.reason)
+    refused = early_refusal(record, answer)
+    if refused is not None:
+        return refused
     before = {entry.uid: entry.notice for entry in record.plan.vms}
     changed = [entry for entry in answer.plan.vms if entry.notice != before[entry.uid]]
     record = _changed_for(ctx, record, answer)
@@ -343,7 +346,7 @@ def _go(ctx: Context, record: PlanRecord, node: str) -> PlanRecord:
     vmstream (so that KubeVirt does not start them elsewhere), and the node's own key
     drains it (a ``go`` step: cordon, then stop its GPU VMs once the cordon is seen)."""
     for vm in record.plan.request.node(node).vms:
-        if vm.after_maintenance != "elsewhere":
+        if vm.after_maintenance != "elsewhere" and vm.uid not in record.stopped_early:
             ctx.command("stop_vm", _vm_ref(vm.namespace, vm.name, vm.uid), requested_by=record.requested_by)
     told = tuple(sorted({*(f"vm/{entry.namespace}/{entry.name}" for entry in record.plan.vms if entry.node == node),
                          *(key for key, on in record.extra.items() if on == node)}))
@@ -385,10 +388,37 @@ def _start_what_may(ctx: Context, record: PlanRecord, due: list[str]) -> PlanRec
     return record
 
 
+def _stop_early(ctx: Context, record: PlanRecord) -> PlanRecord:
+    """Stop the VMs due to stop before their node goes (their owner is ready, or asked for an
+    earlier stop): only VMs that stay off or come back on their node, which virt-api's stop
+    keeps off (:func:`early_refusal`)."""
+    due = sorted(uid for uid, at in record.early_stops().items() if at <= ctx.now)
+    for uid in due:
+        entry = record.plan.entry(uid)
+        ctx.command("stop_vm", _vm_ref(entry.namespace, entry.name, entry.uid), requested_by=record.requested_by)
+    return replace(record, stopped_early=(*record.stopped_early, *due)) if due else record
+
+
+def early_refusal(record: PlanRecord, change: Change) -> Refused | None:
+    """An earlier stop vmstream cannot carry out as told: a VM that KubeVirt starts again by
+    itself, stopped while its node still takes VMs, may be started on that very node by the
+    scheduler and be stopped a second time with it. Such a VM is stopped with its node."""
+    for uid, at in change.plan.early.items():
+        entry = change.plan.entry(uid)
+        if (record.plan.early.get(uid) != at and at < change.plan.slot(entry.node).start
+                and entry.fate in ("lands_elsewhere", "waits_for_card")):
+            return Refused(f"VM {entry.namespace}/{entry.name} starts again by itself: stopped before node "
+                           f"{entry.node} is cordoned, it could be started on that node again; it is stopped with "
+                           f"its node at {when(change.plan.slot(entry.node).start)}")
+    return None
+
+
 def start_due(ctx: Context, record: PlanRecord) -> PlanRecord:
-    """The clock reached slots of the plan: the GPU VMs that came on planned nodes since are
-    told, and the due nodes go, as the limit allows."""
+    """The clock reached slots of the plan (or early stops): the GPU VMs that came on
+    planned nodes since are told, the VMs due to stop early are stopped, and the due nodes
+    go, as the limit allows."""
     record = _newcomers(ctx, record)
+    record = _stop_early(ctx, record)
     record = _start_what_may(ctx, record, record.due(ctx.now))
     ctx.state.put(PLANS, record.plan_id, record)
     return record

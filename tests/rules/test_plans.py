@@ -246,15 +246,32 @@ def test_the_planner_s_refusal_is_the_intent_s_refusal() -> None:
     assert told(h, "maintenance_changed") == {}
 
 
-def test_an_owner_ready_now_is_told_the_new_stop() -> None:
+def test_an_owner_ready_now_is_told_the_new_stop_and_the_vm_is_stopped() -> None:
+    h = az()
+    make_plan(h)
+    h.wait(HOUR)
+    h.intent("maintenance_ready", {"plan": "fw-2026-12", "namespace": NS_B, "name": "vm-3"}, by=BOB,
+             project="proj-b")
+    [changed] = told(h, "maintenance_changed").values()
+    assert changed.subject.name == "vm-3" and changed.deadline == h.now
+    h.tick()
+    [stop] = h.commands("stop_vm")
+    assert stop.target.name == "vm-3" and stop.issued_at == h.now
+    h.wait(DAY)
+    h.tick()
+    assert [c.target.name for c in h.commands("stop_vm")] == ["vm-3"]  # once
+    h.intent("maintenance_ready", {"plan": "fw-2026-12", "namespace": NS, "name": "vm-9"}, by=ALICE)
+    assert "no GPU VM of maintenance plan" in refusal(h)
+
+
+def test_a_vm_that_starts_again_by_itself_is_not_stopped_before_its_node_goes() -> None:
+    """Stopped while its node still takes VMs, the scheduler could start it on that node again."""
     h = az()
     make_plan(h)
     h.wait(HOUR)
     h.intent("maintenance_ready", {"plan": "fw-2026-12", "namespace": NS, "name": "vm-1"}, by=ALICE)
-    [changed] = told(h, "maintenance_changed").values()
-    assert changed.subject.name == "vm-1" and changed.deadline == h.now
-    h.intent("maintenance_ready", {"plan": "fw-2026-12", "namespace": NS, "name": "vm-9"}, by=ALICE)
-    assert "no GPU VM of maintenance plan" in refusal(h)
+    assert "vm-1 starts again by itself" in refusal(h) and "stopped with its node" in refusal(h)
+    assert told(h, "maintenance_changed") == {}
 
 
 def test_an_answer_to_an_unknown_plan_is_refused() -> None:
