@@ -263,7 +263,7 @@ class UndrainNodeSpec(Spec):
     reason: str | None = Field(None, max_length=REASON_MAX)
 
 
-PLAN_NODES_MAX = 1000  # nodes one maintenance plan names
+PLAN_NODES_MAX = 100  # nodes one maintenance plan names (its row is one changelog record: docs/maintenance.md)
 SELECTOR_MAX = 16  # labels a node selector matches
 PLAN_DURATION_MAX = 30 * 24 * 3600  # a node's maintenance, in seconds
 PLAN_NOTICE_MAX = 90 * 24 * 3600  # owners' notice before a planned stop, in seconds

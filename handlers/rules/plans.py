@@ -34,6 +34,9 @@ from handlers.rules.drains import restarts_by_itself
 from handlers.rules.maintenance import Change, Refusal, no_wait_guaranteed, plan_maintenance, reschedule
 
 PLAN_KIND = "MaintenancePlan"  # the subject of a plan's notices to operators
+# A plan's row is one changelog record, under the broker's 1 MB: about 900 bytes a GPU VM
+# (its entry, its request, its recipients), so a plan of more VMs is refused, to be split.
+PLAN_VMS_MAX = 600
 
 
 def plan_subject(plan_id: str) -> ObjectRef:
@@ -226,6 +229,10 @@ def accept_plan(ctx: Context, spec: PlanMaintenanceSpec, requested_by: str) -> A
     if isinstance(nodes, Refused):
         return nodes
     request = maintenance_request(ctx, spec, nodes)
+    vms = sum(len(node.vms) for node in request.nodes)
+    if vms > PLAN_VMS_MAX:
+        return Refused(f"the nodes hold {vms} GPU VMs, more than one plan keeps ({PLAN_VMS_MAX}): "
+                       "split them into several plans")
     plan = plan_maintenance(request)
     recipients = {vm.vm_uid or vm.key: vm.recipients for node in nodes for vm in _usage_vms(ctx, node)}
     record = PlanRecord(plan_id=spec.plan, plan=plan, requested_by=requested_by, reason=spec.reason,

@@ -3,15 +3,19 @@ rows), the operators' intents, the owners' notices and answers (docs/maintenance
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from handlers.contracts.messages import Notification
 from handlers.core.cluster import UsageVM
+from handlers.core.maintenance import GPUVM, MaintenanceRequest, OtherNode, PlannedNode, PlanRecord
 from handlers.core.tables import DRAINS, PLANS, USAGE
+from handlers.rules import plans
+from handlers.rules.maintenance import plan_maintenance
 from samples.cluster import A100, RTX, node, vm, vmi
 from streams.common.codecs import decode_state, encode_state
 from tests.support.harness import START, Harness
@@ -169,6 +173,34 @@ def test_a_plan_id_is_used_once() -> None:
     make_plan(h)
     make_plan(h, nodes=["gpu-node-3"])
     assert "exists already" in refusal(h)
+
+
+def test_a_plan_of_more_gpu_vms_than_its_row_can_keep_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plans, "PLAN_VMS_MAX", 2)
+    h = az()
+    make_plan(h)
+    assert refusal(h) == "the nodes hold 3 GPU VMs, more than one plan keeps (2): split them into several plans"
+    make_plan(h, nodes=["gpu-node-2"])
+    assert h.state.get(PLANS, "fw-2026-12") is not None
+
+
+def test_the_largest_plan_kept_fits_a_changelog_record() -> None:
+    """PLAN_VMS_MAX GPU VMs of long names, 8 to a node, in one row under the broker's 1 MB."""
+    day = datetime(2026, 12, 1, tzinfo=UTC)
+    nodes = tuple(PlannedNode(
+        f"gpu-node-{i:04d}-{'x' * 40}", {"nvidia-rtx-pro-6000-bse": 8},
+        tuple(GPUVM(f"uid-{i:04d}-{j}-{'u' * 30}", f"vm-{i}-{j}-{'n' * 40}", f"spx-project-{'p' * 40}",
+                    f"owner-{i}-{j}@example.com", {"nvidia-rtx-pro-6000-bse": 1}, "Always", project=f"p-{'p' * 40}")
+              for j in range(8)))
+        for i in range(plans.PLAN_VMS_MAX // 8))
+    request = MaintenanceRequest(nodes, (OtherNode("spare", {"nvidia-rtx-pro-6000-bse": 8}),), day,
+                                 day + timedelta(days=60), 4, timedelta(hours=4), timedelta(days=7),
+                                 day - timedelta(days=7))
+    plan = plan_maintenance(request)
+    record = PlanRecord("p" * 63, plan, "ops@example.com", "r" * 1024, "i" * 256,
+                        {slot.node: "planned" for slot in plan.slots}, {vm.uid: 9 for vm in plan.vms},
+                        recipients={vm.uid: (vm.owner,) for vm in plan.vms})
+    assert len(encode_state(PLANS, record)) < 1_000_000
 
 
 def test_a_plan_with_both_nodes_and_a_selector_or_a_window_ending_before_it_starts_is_refused() -> None:
