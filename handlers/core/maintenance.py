@@ -208,9 +208,8 @@ class PlanRecord:
     # Nodes whose slot came while the concurrency limit was full (a node in maintenance not
     # back by its slot's end): they go once a node is back.
     held: tuple[str, ...] = ()
-    # GPU VMs found on a planned node after the plan was made (VM key → its node): told at a
-    # slot's start; their recipients and notices are kept under their key.
-    extra: dict[str, str] = field(default_factory=dict)
+    # Node in maintenance → the VMs vmstream starts on it once it is back (namespace, name, uid).
+    to_start: dict[str, tuple[tuple[str, str, str], ...]] = field(default_factory=dict)
     stopped_early: tuple[str, ...] = ()  # VM uids vmstream stopped before their node went (plan.early)
 
     def next_step(self) -> datetime | None:

@@ -68,7 +68,7 @@ from handlers.rules.drains import restarts_by_itself
 __all__ = [
     "FATES", "GPUVM", "AfterMaintenance", "Change", "Fate", "MaintenancePlan", "MaintenanceRequest", "NodeSlot",
     "OtherNode", "PlannedNode", "Refusal", "Totals", "VMEntry", "name_order_baseline", "no_wait_guaranteed",
-    "plan_maintenance", "ready_now", "reschedule", "wanted_elsewhere",
+    "plan_maintenance", "ready_now", "reschedule", "resimulated", "wanted_elsewhere",
 ]
 
 @dataclass(frozen=True, slots=True)
@@ -377,6 +377,14 @@ def plan_maintenance(request: MaintenanceRequest) -> MaintenancePlan:
         at = min(slot.end for slot in slots if slot.end > at)
     vms = simulation.finish()
     return MaintenancePlan(request, tuple(sorted(slots, key=lambda slot: (slot.start, slot.node))), vms)
+
+
+def resimulated(request: MaintenanceRequest, slots: Iterable[NodeSlot], early: Mapping[str, datetime],
+                ready: frozenset[str] = frozenset()) -> MaintenancePlan:
+    """The plan of these very slots for ``request`` — the AZ as it is now: each VM's fate
+    simulated again (a plan being carried out, planned again at a slot's start)."""
+    ordered = tuple(sorted(slots, key=lambda slot: (slot.start, slot.node)))
+    return MaintenancePlan(request, ordered, _simulated(request, ordered, early), dict(early), ready)
 
 
 def name_order_baseline(request: MaintenanceRequest) -> MaintenancePlan:

@@ -30,8 +30,14 @@ from handlers.core.maintenance import (
 )
 from handlers.core.outcomes import Accepted, Refused
 from handlers.core.tables import PLANS, USAGE
-from handlers.rules.drains import restarts_by_itself
-from handlers.rules.maintenance import Change, Refusal, no_wait_guaranteed, plan_maintenance, reschedule
+from handlers.rules.maintenance import (
+    Change,
+    Refusal,
+    no_wait_guaranteed,
+    plan_maintenance,
+    reschedule,
+    resimulated,
+)
 
 PLAN_KIND = "MaintenancePlan"  # the subject of a plan's notices to operators
 # A plan's row is one changelog record, under the broker's 1 MB: about 900 bytes a GPU VM
@@ -169,7 +175,8 @@ def _vm_details(record: PlanRecord, entry: VMEntry) -> dict[str, object]:
 
 
 def _tell(ctx: Context, record: PlanRecord, entry: VMEntry,
-          type_: Literal["maintenance_planned", "maintenance_changed"], lead: str) -> PlanRecord:
+          type_: Literal["maintenance_planned", "maintenance_changed"], lead: str,
+          more: dict[str, object] | None = None) -> PlanRecord:
     """Tell the VM's owner (and the operators, when it waits for a card) what the plan says
     of it now; the record counts the notice."""
     outside = " Its node's slot falls outside the window the operators gave." if entry.outside_window else ""
@@ -186,7 +193,7 @@ def _tell(ctx: Context, record: PlanRecord, entry: VMEntry,
         message=(f"{lead}Node {entry.node} will be maintained ({record.reason}; plan {record.plan_id}): GPU VM "
                  f"{entry.namespace}/{entry.name} will be stopped at {when(entry.stop)}, and "
                  f"{fate_text(entry)}.{outside}"),
-        details=_vm_details(record, entry),
+        details={**_vm_details(record, entry), **(more or {})},
         deadline=entry.stop,
     )
     return replace(record, told={**record.told, entry.uid: record.told.get(entry.uid, 0) + 1})
@@ -307,8 +314,6 @@ def cancel_plan(ctx: Context, record: PlanRecord, reason: str, by: str) -> list[
     spared = [(entry.uid, f"vm/{entry.namespace}/{entry.name}", entry.node, entry.project)
               for entry in record.plan.vms
               if record.phases.get(entry.node, "planned") == "planned" and entry.stop > ctx.now]
-    spared += [(key, key, node, None) for key, node in sorted(record.extra.items())
-               if record.phases.get(node, "planned") == "planned"]
     for uid, key, node, project in spared:
         subject = vm_subject(key)
         ctx.notify(
@@ -355,11 +360,12 @@ def _go(ctx: Context, record: PlanRecord, node: str) -> PlanRecord:
     for vm in record.plan.request.node(node).vms:
         if vm.after_maintenance != "elsewhere" and vm.uid not in record.stopped_early:
             ctx.command("stop_vm", _vm_ref(vm.namespace, vm.name, vm.uid), requested_by=record.requested_by)
-    told = tuple(sorted({*(f"vm/{entry.namespace}/{entry.name}" for entry in record.plan.vms if entry.node == node),
-                         *(key for key, on in record.extra.items() if on == node)}))
+    told = tuple(sorted(f"vm/{entry.namespace}/{entry.name}" for entry in record.plan.vms if entry.node == node))
+    back = tuple((entry.namespace, entry.name, entry.uid) for entry in record.plan.vms
+                 if entry.node == node and entry.fate == "back_on_own_node")
     ctx.step(node, PlanStep(record.plan_id, "go", f"maintenance plan {record.plan_id}: {record.reason}",
                             record.requested_by, told))
-    return replace(record, phases={**record.phases, node: "draining"},
+    return replace(record, phases={**record.phases, node: "draining"}, to_start={**record.to_start, node: back},
                    held=tuple(held for held in record.held if held != node))
 
 
@@ -424,63 +430,74 @@ def start_due(ctx: Context, record: PlanRecord) -> PlanRecord:
     """The clock reached slots of the plan (or early stops): the GPU VMs that came on
     planned nodes since are told, the VMs due to stop early are stopped, and the due nodes
     go, as the limit allows."""
-    record = _newcomers(ctx, record)
+    record = _replan(ctx, record)
     record = _stop_early(ctx, record)
     record = _start_what_may(ctx, record, record.due(ctx.now))
     ctx.state.put(PLANS, record.plan_id, record)
     return record
 
 
-def _newcomers(ctx: Context, record: PlanRecord) -> PlanRecord:
-    """GPU VMs on nodes still to go that the plan does not know (they came after it was
-    made): each owner is told at once. A node whose slot would give them less than the
-    plan's notice is moved later with the planner's :func:`reschedule` (its other owners
-    told again); if it cannot be, the operator is told. The node going now is left to its
-    drain, which gives them a notice of its own."""
-    known = {f"vm/{entry.namespace}/{entry.name}" for entry in record.plan.vms} | set(record.extra)
-    notice = record.plan.request.notice
-    for node in [slot.node for slot in record.plan.slots
-                 if slot.start > ctx.now and record.phases.get(slot.node, "planned") == "planned"]:
-        came = [vm for vm in _usage_vms(ctx, node) if vm.key not in known]
-        if not came:
+def _given_back(plan: MaintenancePlan, node: str) -> dict[str, int]:
+    """The cards a node in maintenance gives back at its slot's end, by class."""
+    cards = Counter(plan.request.node(node).capacity)
+    for entry in plan.vms:
+        if entry.node == node and entry.fate == "back_on_own_node":
+            cards.subtract(entry.gpus)
+    return {gpu_class: count for gpu_class, count in cards.items() if count > 0}
+
+
+def _replan(ctx: Context, record: PlanRecord) -> PlanRecord:
+    """The nodes still to go, planned again from the AZ as it is now (their GPU VMs as the
+    ``usage`` rows show them, the free cards elsewhere, the nodes in maintenance giving their
+    cards back at their slots' end), in the slots they have: the owners whose notice changed
+    (a card gone, a VM gone elsewhere) are told again, and the owner of a GPU VM that came on
+    a planned node since is told now. A node whose slot would give such a VM less than the
+    plan's notice is moved later with the planner's :func:`reschedule` (its owners told again);
+    if it cannot be, the operator is told."""
+    plan = record.plan
+    rest = [slot for slot in plan.slots if record.phases.get(slot.node, "planned") == "planned"]
+    if not rest:
+        return record
+    draining = [slot for slot in plan.slots if record.phases.get(slot.node) == "draining"]
+    usage = {row.node: row for row in ctx.state.values(USAGE)}
+    nodes = [_planned_node(ctx, usage[slot.node]) if slot.node in usage else plan.request.node(slot.node)
+             for slot in rest]
+    # A node in maintenance gives its cards back at its slot's end (none if it is overdue), but
+    # those of the VMs vmstream starts on it again.
+    nodes += [PlannedNode(slot.node, _given_back(plan, slot.node) if slot.end > ctx.now else {}, ())
+              for slot in draining]
+    keep = {slot.node for slot in (*rest, *draining)}
+    others = tuple(OtherNode(name, free) for name in sorted(usage) if name not in keep and usage[name].schedulable
+                   and (free := _free_by_class(ctx, usage[name])))
+    uids = {vm.uid for node in nodes for vm in node.vms}
+    early = {uid: at for uid, at in plan.early.items() if uid in uids}
+    again = resimulated(replace(plan.request, nodes=tuple(nodes), others=others), (*rest, *draining), early,
+                        frozenset(plan.ready & uids))
+    before = {entry.uid: entry for entry in plan.vms}
+    came = [entry for entry in again.vms if entry.uid not in before]
+    for node in sorted({entry.node for entry in came}):
+        slot = again.slot(node)
+        if slot.start >= ctx.now + plan.request.notice:
             continue
-        slot = record.plan.slot(node)
-        if slot.start < ctx.now + notice:
-            moved = reschedule(record.plan, node, ctx.now + notice, now=ctx.now)
-            keys = ", ".join(vm.key for vm in came)
-            if isinstance(moved, Change):
-                record = _changed_for(ctx, record, moved)
-            else:
-                _progress(ctx, record, f"short/{node}/{ctx.now.isoformat()}",
-                          f"GPU VM(s) {keys} came on node {node} after maintenance plan {record.plan_id} was made: "
-                          f"they are told now, less than the plan's notice before {when(slot.start)}; node {node} "
-                          f"cannot be moved later ({moved.reason}).",
-                          {"node": node, "vms": [vm.key for vm in came], "not_moved": moved.reason})
-        for vm in came:
-            record = _tell_newcomer(ctx, record, node, vm)
+        moved = reschedule(again, node, ctx.now + plan.request.notice, now=ctx.now)
+        if isinstance(moved, Change):
+            again = moved.plan
+            continue
+        keys = [f"vm/{entry.namespace}/{entry.name}" for entry in came if entry.node == node]
+        _progress(ctx, record, f"short/{node}/{ctx.now.isoformat()}",
+                  f"GPU VM(s) {', '.join(keys)} came on node {node} after maintenance plan {record.plan_id} was "
+                  f"made: they are told now, less than the plan's notice before {when(slot.start)}; node {node} "
+                  f"cannot be moved later ({moved.reason}).",
+                  {"node": node, "vms": keys, "not_moved": moved.reason})
+    recipients = {vm.vm_uid or vm.key: vm.recipients for slot in rest for vm in _usage_vms(ctx, slot.node)}
+    record = replace(record, plan=again, recipients={**record.recipients, **recipients})
+    for entry in again.vms:
+        old = before.get(entry.uid)
+        if old is None:
+            record = _tell(ctx, record, entry, "maintenance_planned", "", {"came_after_plan": True})
+        elif entry.notice != old.notice:
+            record = _tell(ctx, record, entry, "maintenance_changed", "Correction: ")
     return record
-
-
-def _tell_newcomer(ctx: Context, record: PlanRecord, node: str, vm: UsageVM) -> PlanRecord:
-    slot = record.plan.slot(node)
-    _, namespace, name = vm.key.split("/", 2)
-    if restarts_by_itself(vm.run_strategy):
-        fate = ("it starts again by itself on another node if a card of its class is free then: it came after "
-                "the plan was made, so no card is kept for it")
-    else:
-        fate = f"it stays off until it is started (run strategy {vm.run_strategy})"
-    ctx.notify(
-        "maintenance_planned", subject=vm_subject(vm.key), episode=record.plan_id, recipients=list(vm.recipients),
-        project=vm.project, severity="warning",
-        message=(f"Node {node} will be maintained ({record.reason}; plan {record.plan_id}): GPU VM {namespace}/{name} "
-                 f"will be stopped at {when(slot.start)}, and {fate}."),
-        details={"plan": record.plan_id, "node": node, "reason": record.reason, "stop": slot.start.isoformat(),
-                 "fate": None, "fate_text": fate, "back_at": None, "outside_window": slot.outside_window,
-                 "slot": {"start": slot.start.isoformat(), "end": slot.end.isoformat()}, "came_after_plan": True},
-        deadline=slot.start,
-    )
-    return replace(record, extra={**record.extra, vm.key: node}, recipients={**record.recipients, vm.key: vm.recipients},
-                   told={**record.told, vm.key: record.told.get(vm.key, 0) + 1})
 
 
 def _changed_for(ctx: Context, record: PlanRecord, change: Change) -> PlanRecord:
@@ -500,15 +517,15 @@ def node_back(ctx: Context, plan_id: str, node: str) -> None:
     if record is None or record.phases.get(node) != "draining":
         return
     record = replace(record, phases={**record.phases, node: "back"})
-    started = [entry for entry in record.plan.vms if entry.node == node and entry.fate == "back_on_own_node"]
-    for entry in started:
-        ctx.command("start_vm", _vm_ref(entry.namespace, entry.name, entry.uid), requested_by=record.requested_by)
+    started = record.to_start.get(node, ())
+    for namespace, name, uid in started:
+        ctx.command("start_vm", _vm_ref(namespace, name, uid), requested_by=record.requested_by)
     left = sorted(other for other, phase in record.phases.items() if phase != "back")
     _progress(ctx, record, f"back/{node}",
               f"Node {node} of maintenance plan {record.plan_id} ({record.reason}) is back"
               + (f"; vmstream starts {len(started)} GPU VM(s) on it again" if started else "")
               + (f"; {len(left)} node(s) to go or in maintenance." if left else "; every node of the plan is back."),
-              {"node": node, "started": [f"vm/{e.namespace}/{e.name}" for e in started], "left": left})
+              {"node": node, "started": [f"vm/{namespace}/{name}" for namespace, name, _ in started], "left": left})
     if not record.cancelled:
         record = _start_what_may(ctx, record, list(record.held))
     ctx.state.put(PLANS, plan_id, record)

@@ -511,6 +511,31 @@ def test_a_gpu_vm_come_after_the_plan_whose_node_cannot_move_is_told_and_the_ope
     assert told(h, "maintenance_changed") == {}
 
 
+def test_a_card_gone_since_the_plan_is_seen_at_a_slot_s_start_and_the_owners_it_changes_are_told_again() -> None:
+    h = Harness()
+    h.observe_all(node("gpu-node-1", gpus={RTX: 1}), node("gpu-node-2", gpus={RTX: 2}), node("gpu-node-3", gpus={RTX: 1}),
+                  vm(NS, "vm-a", project="proj-a", owner=ALICE, gpu=RTX),
+                  vmi(NS, "vm-a", node_name="gpu-node-1", gpu=RTX),
+                  vm(NS_B, "vm-b", project="proj-b", owner=BOB, gpu=RTX),
+                  vmi(NS_B, "vm-b", node_name="gpu-node-2", gpu=RTX),
+                  vm(NS_B, "vm-c", project="proj-b", owner=BOB, gpu=RTX, run_strategy="Manual"),
+                  vmi(NS_B, "vm-c", node_name="gpu-node-2", gpu=RTX))
+    make_plan(h)
+    assert {name: n.details["fate"] for name, n in told(h).items()} == {
+        "vm-a": "lands_elsewhere", "vm-b": "lands_elsewhere", "vm-c": "stays_off"}
+    h.wait(HOUR)
+    h.observe(node("gpu-node-3", gpus={RTX: 1}, unschedulable=True, rv=2), "MODIFIED")  # its spare card gone
+    h.wait((START + timedelta(days=1) - h.now).total_seconds())
+    h.tick()
+    changed = told(h, "maintenance_changed")
+    # vm-a finds no card now and takes gpu-node-1's when it is back: vm-b then finds none either.
+    assert sorted(changed) == ["vm-a", "vm-b"]  # vm-c's notice holds: it is not told again
+    assert all(n.details["fate"] == "waits_for_card" and n.recipients[-1] == OPS for n in changed.values())
+    assert changed["vm-a"].details["back_at"] == iso(START + timedelta(days=1, hours=1))
+    h.tick()
+    assert len(h.notifications("maintenance_changed")) == 2  # told once
+
+
 def test_a_plan_row_and_a_usage_row_read_back_as_written() -> None:
     h = az()
     make_plan(h)
