@@ -11,6 +11,7 @@ import json
 import os
 import signal
 from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -159,6 +160,37 @@ def test_two_instances_decide_a_drain(deployment: Deployment, outputs: Outputs) 
         outputs.wait_for(lambda o: len(o.commands("delete_vmi")) >= 2, what="the deadline's stops")
         assert sorted(c["target"]["name"] for c in outputs.commands("delete_vmi")) == ["batch-1", "train-1"]
         assert [c["type"] for c in outputs.commands("cordon_node")] == ["cordon_node"]
+    finally:
+        for worker in workers:
+            worker.stop(signal.SIGTERM)
+
+
+def test_a_maintenance_plan_s_slot_drains_its_node_through_the_routed_topic(
+        deployment: Deployment, outputs: Outputs) -> None:
+    """The timer's tick under ``maintenance/<plan>``, then the plan's ``go`` step to the node's
+    key: whichever instances own the two keys, the node is cordoned and, the cordon seen, its
+    GPU VMs are stopped; the owners were told by the plan, not by the drain."""
+    workers = [WorkerProcess(deployment, "w1"), WorkerProcess(deployment, "w2")]
+    try:
+        for worker in workers:
+            worker.start()
+        start_cluster(deployment, outputs)
+        for worker in workers:
+            worker.wait_for_capacity(capacity_after(CLUSTER))
+        start = datetime.now(UTC) + timedelta(seconds=5)
+        plan = {"intent_id": "it-plan-1", "type": "plan_maintenance", "requested_by": "ops@example.com",
+                "spec": {"plan": "fw", "nodes": ["gpu-node-1"], "earliest_start": start.isoformat(),
+                         "latest_end": (start + timedelta(hours=2)).isoformat(), "node_duration_seconds": 3600,
+                         "notice_seconds": 0, "reason": "firmware upgrade"}}
+        deployment.publish_lines([intent_line(plan, "maintenance/fw")])
+        outputs.wait_for(lambda o: len(o.notifications("maintenance_planned")) >= 2, what="the owners told")
+        assert sorted(n["subject"]["name"] for n in outputs.notifications("maintenance_planned")) == [
+            "batch-1", "train-1"]
+        outputs.wait_for(lambda o: o.commands("cordon_node"), what="the slot's cordon")
+        deployment.publish_lines(cordon_landed())
+        outputs.wait_for(lambda o: len(o.commands("delete_vmi")) >= 2, what="the slot's stops")
+        assert sorted(c["target"]["name"] for c in outputs.commands("delete_vmi")) == ["batch-1", "train-1"]
+        assert outputs.notifications("drain_will_stop_gpu_vm") == []
     finally:
         for worker in workers:
             worker.stop(signal.SIGTERM)
