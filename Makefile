@@ -53,13 +53,17 @@ check: setup
 	$(BIN)/lint-imports
 
 # check first: it fails in seconds, before the parts are fetched or any broker started.
+# The tests spend most of their time waiting on the parts they start, so they run in
+# $(TEST_PROCESSES) processes (pytest-xdist), each with a broker and a control plane of its
+# own, the tests of one file in one process (fixtures of a file are shared).
+TEST_PROCESSES ?= 2
 test: check parts
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist loadfile
 
 # The middle tier: no API server is started (the tests marked `kube` are left out; a test
 # that asks for the API server is marked so by tests/conftest.py), a Kafka broker is.
 test-kafka: check
-	$(BIN)/python -m pytest -q -m "not kube"
+	$(BIN)/python -m pytest -q -m "not kube" -n $(TEST_PROCESSES) --dist loadfile
 
 test-fast: setup
 	$(BIN)/python -m pytest -q tests/rules tests/test_simulate.py tests/test_schemas.py tests/test_extending.py
