@@ -61,6 +61,7 @@ class PlanVM(_Model):
     name: str
     project: str | None
     owner: str
+    recipients: list[str] = Field(description="Who is told of it: its owner, or its project's recipients")
     node: str
     stop: datetime = Field(description="When it is stopped for the plan")
     fate: Fate = Field(description="What becomes of it after the stop, as its owner is told")
@@ -74,8 +75,8 @@ class PlanVM(_Model):
 
 
 class PlanOwner(_Model):
-    owner: str
-    vms: list[PlanVM] = Field(description="Their GPU VMs of the plan, as they are told, by stop")
+    owner: str = Field(description="One recipient of the owners' notices")
+    vms: list[PlanVM] = Field(description="The GPU VMs of the plan they are told of, as they are told, by stop")
 
 
 class PlanView(_Model):
@@ -85,7 +86,7 @@ class PlanView(_Model):
     cancelled: bool
     nodes: list[PlanNode] = Field(description="By slot start")
     vms: list[PlanVM] = Field(description="By stop")
-    owners: list[PlanOwner] = Field(description="By owner")
+    owners: list[PlanOwner] = Field(description="Per recipient of the owners' notices, by recipient: what each is told")
 
 
 def _project(state: StateView, entry: VMEntry) -> str | None:
@@ -98,9 +99,11 @@ def _shown(state: StateView, record: PlanRecord, project: str | None) -> list[VM
 
 
 def _vm(state: StateView, record: PlanRecord, entry: VMEntry) -> PlanVM:
+    recipients = list(record.recipients.get(entry.uid) or ([entry.owner] if entry.owner else []))
     return PlanVM(
         vm=f"vm/{entry.namespace}/{entry.name}", namespace=entry.namespace, name=entry.name,
-        project=_project(state, entry), owner=entry.owner, node=entry.node, stop=entry.stop, fate=entry.fate,
+        project=_project(state, entry), owner=entry.owner, recipients=recipients, node=entry.node,
+        stop=entry.stop, fate=entry.fate,
         fate_text=fate_text(entry), back_at=entry.back_at, reason=entry.reason, outside_window=entry.outside_window,
         stopped_early=entry.uid in record.stopped_early, notices=record.told.get(entry.uid, 0))
 
@@ -146,7 +149,8 @@ def plan_view(state: StateView, plan_id: str, *, project: str | None) -> PlanVie
              for slot in record.plan.slots if project is None or slot.node in on_node]
     owners: dict[str, list[PlanVM]] = {}
     for item in vms:
-        owners.setdefault(item.owner, []).append(item)
+        for recipient in item.recipients:
+            owners.setdefault(recipient, []).append(item)
     return PlanView(plan=record.plan_id, reason=record.reason,
                     requested_by=record.requested_by if project is None else None, cancelled=record.cancelled,
                     nodes=nodes, vms=vms,

@@ -143,6 +143,7 @@ def test_an_operator_sees_every_plan_per_node_per_vm_and_per_owner() -> None:
     assert vms["vm-2"].fate == "back_on_own_node" and vms["vm-2"].back_at == first + timedelta(hours=2)
     assert vms["vm-3"].fate == "stays_off" and vms["vm-3"].back_at is None and vms["vm-3"].reason
     assert all(v.notices == 1 for v in shown.vms)
+    assert vms["vm-1"].recipients == [ALICE] and vms["vm-2"].recipients == [BOB]
     assert [(o.owner, [v.name for v in o.vms]) for o in shown.owners] == [
         (ALICE, ["vm-1"]), (BOB, ["vm-2", "vm-3"])]
     assert plan_view(h.state, "no-such-plan", project=None) is None
