@@ -371,6 +371,11 @@ def test_openapi_document_describes_the_read_api_with_valid_schemas() -> None:
     """docs/schemas/openapi.json is OpenAPI 3.1, whose schemas are JSON Schema 2020-12."""
     document = json.loads(_committed("openapi.json"))
     assert document["openapi"].startswith("3.1.")
-    assert set(document["paths"]) == {"/v1/gpu-classes", "/v1/vms/{namespace}/{name}", "/v1/projects/{project}"}
+    assert set(document["paths"]) == {"/v1/gpu-classes", "/v1/vms/{namespace}/{name}", "/v1/projects/{project}",
+                                      "/v1/plans", "/v1/plans/{plan}"}
+    plan = document["paths"]["/v1/plans/{plan}"]["get"]
+    assert plan["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/PlanView")
+    assert "404" in plan["responses"] and "404" not in document["paths"]["/v1/plans"]["get"]["responses"]
+    assert {"PlanList", "PlanView", "PlanNode", "PlanVM", "PlanOwner"} <= set(document["components"]["schemas"])
     for schema in document.get("components", {}).get("schemas", {}).values():
         Draft202012Validator.check_schema(schema)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from handlers.contracts.messages import PlanMaintenanceSpec
 from handlers.rules.maintenance import (
     GPUVM,
     MaintenanceRequest,
@@ -20,7 +21,7 @@ from handlers.rules.maintenance import (
     plan_maintenance,
 )
 from streams.cli.main import main
-from streams.cli.planning import AZ, PlanSpec, az_document, plan_json, spec_document, what_if
+from streams.cli.planning import AZ, az_document, plan_json, spec_document, what_if
 from tests.rules.test_maintenance import requests
 
 PUBLISHED = datetime(2027, 1, 4, 8, 0, tzinfo=UTC)
@@ -104,7 +105,7 @@ def test_the_what_if_prints_plan_maintenances_plan_as_json(tmp_path: Path, capsy
 def test_the_what_if_of_any_request_is_the_planners_plan(request: MaintenanceRequest) -> None:
     """The AZ and the request written as the files the what-if reads give the plan
     plan_maintenance makes of the request itself, and the same baseline."""
-    spec = PlanSpec.model_validate(spec_document(request))
+    spec = PlanMaintenanceSpec.model_validate(spec_document(request))
     az = AZ.model_validate(json.loads(json.dumps(az_document(request))))
     result = what_if(spec, az, request.published, compare=True)
     assert result.baseline is not None
@@ -140,12 +141,16 @@ def _without(key: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("spec", "az", "says"), [
-    ({**SPEC, "nodes": ["gpu-a"]}, AZ_FILE, "not both"),
+    ({**SPEC, "nodes": ["gpu-a"]}, AZ_FILE, "give exactly one of nodes and node_selector"),
     ({**_without("node_selector"), "nodes": ["gpu-z"]}, AZ_FILE, "gpu-z are not in the AZ"),
     ({**_without("node_selector"), "nodes": ["gpu-a", "gpu-a"]}, AZ_FILE, "a node is named once"),
     ({**SPEC, "node_selector": {"pool": "h100"}}, AZ_FILE, "no node of the AZ has the labels"),
     ({**SPEC, "concurrency": 0}, AZ_FILE, "concurrency"),
-    ({**SPEC, "latest_end": "2027-01-06T08:00:00Z"}, AZ_FILE, "latest_end must come after earliest_start"),
+    ({**SPEC, "latest_end": "2027-01-06T08:00:00Z"}, AZ_FILE, "latest_end must be after earliest_start"),
+    # The intent's own spec: a plan id and a reason are required, the id a DNS-1123 label.
+    (_without("reason"), AZ_FILE, "reason: Field required"),
+    (_without("plan"), AZ_FILE, "plan: Field required"),
+    ({**SPEC, "plan": "A100_firmware"}, AZ_FILE, "plan: must be a DNS-1123 label"),
     ({**SPEC, "window": 3}, AZ_FILE, "window: Extra inputs are not permitted"),
     (_without("node_duration_seconds"), AZ_FILE, "node_duration_seconds: Field required"),
     ({"type": "drain_node", "spec": SPEC}, AZ_FILE, "not plan_maintenance"),

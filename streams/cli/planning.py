@@ -1,7 +1,8 @@
 """``vmstream simulate --maintenance``: a GPU node maintenance plan made offline, as a what-if.
 
-Two JSON files in: the plan request (the fields of the ``plan_maintenance`` intent, alone or
-as the whole intent with its ``spec``) and the AZ (``--az``: every node with its labels, its
+Two JSON files in: the plan request (the ``plan_maintenance`` intent's spec, read by that
+intent's own model, :class:`~handlers.contracts.messages.PlanMaintenanceSpec`, alone or as the
+whole intent with its ``spec``) and the AZ (``--az``: every node with its labels, its
 cards by GPU class and the GPU VMs on it). The planned nodes are those the request names or
 selects; the other schedulable nodes lend their free cards. The plan itself is
 handlers/rules/maintenance.py's ``plan_maintenance`` (and ``name_order_baseline`` with
@@ -18,8 +19,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from handlers.contracts.messages import PlanMaintenanceSpec
 from handlers.rules.maintenance import (
     FATES,
     GPUVM,
@@ -40,30 +42,6 @@ from streams.common.errors import EXIT_USAGE, UserError
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class PlanSpec(_Strict):
-    """The ``plan_maintenance`` intent's spec (docs/operators.md)."""
-
-    plan: str = Field("what-if", min_length=1)
-    nodes: list[str] | None = Field(None, min_length=1)
-    node_selector: dict[str, str] | None = Field(None, min_length=1)
-    earliest_start: AwareDatetime
-    latest_end: AwareDatetime
-    concurrency: int = Field(1, ge=1)
-    node_duration_seconds: int = Field(gt=0)
-    notice_seconds: int = Field(ge=0)
-    reason: str | None = None
-
-    @model_validator(mode="after")
-    def _one_choice(self) -> PlanSpec:
-        if (self.nodes is None) == (self.node_selector is None):
-            raise ValueError("give the nodes either by name (nodes) or by label (node_selector), not both")
-        if self.nodes is not None and len(set(self.nodes)) != len(self.nodes):
-            raise ValueError("nodes: a node is named once")
-        if self.latest_end <= self.earliest_start:
-            raise ValueError("latest_end must come after earliest_start")
-        return self
 
 
 class AZVM(_Strict):
@@ -108,7 +86,7 @@ def _read_json(path: str, what: str) -> Any:
         raise UserError(f"{what} {path} is not JSON: {error}", "fix the file", exit_code=EXIT_USAGE) from error
 
 
-def read_spec(path: str) -> tuple[PlanSpec, datetime | None]:
+def read_spec(path: str) -> tuple[PlanMaintenanceSpec, datetime | None]:
     """The plan request in ``path``, and the intent's ``requested_at`` if it is a whole intent."""
     document = _read_json(path, "plan request")
     requested_at = None
@@ -119,7 +97,7 @@ def read_spec(path: str) -> tuple[PlanSpec, datetime | None]:
         requested_at = _aware(document.get("requested_at"))
         document = document["spec"]
     try:
-        return PlanSpec.model_validate(document), requested_at
+        return PlanMaintenanceSpec.model_validate(document), requested_at
     except ValidationError as error:
         raise UserError(f"plan request {path} is invalid: {_errors(error)}",
                         "see docs/operators.md, \"Planning GPU node maintenance with the owners\"",
@@ -172,7 +150,7 @@ def _held(node: AZNode) -> dict[str, int]:
     return held
 
 
-def request_of(spec: PlanSpec, az: AZ, published: datetime) -> MaintenanceRequest:
+def request_of(spec: PlanMaintenanceSpec, az: AZ, published: datetime) -> MaintenanceRequest:
     """The planner's request: the nodes the spec names or selects, the other schedulable
     nodes' free cards, the spec's window, limit, duration and notice."""
     by_name: dict[str, AZNode] = {}
@@ -234,9 +212,9 @@ def az_document(request: MaintenanceRequest,
     return {"nodes": nodes}
 
 
-def spec_document(request: MaintenanceRequest, plan: str = "what-if") -> dict[str, Any]:
+def spec_document(request: MaintenanceRequest, plan: str = "what-if", reason: str = "what-if") -> dict[str, Any]:
     """The ``plan_maintenance`` spec of ``request``, its nodes by name."""
-    return {"plan": plan, "nodes": [node.name for node in request.nodes],
+    return {"plan": plan, "reason": reason, "nodes": [node.name for node in request.nodes],
             "earliest_start": _iso(request.earliest_start), "latest_end": _iso(request.latest_end),
             "concurrency": request.concurrency, "node_duration_seconds": int(request.duration.total_seconds()),
             "notice_seconds": int(request.notice.total_seconds())}
@@ -316,7 +294,7 @@ class WhatIf:
         return out
 
 
-def what_if(spec: PlanSpec, az: AZ, published: datetime, *, compare: bool = False) -> WhatIf:
+def what_if(spec: PlanMaintenanceSpec, az: AZ, published: datetime, *, compare: bool = False) -> WhatIf:
     request = request_of(spec, az, published)
     return WhatIf(spec.plan, request, plan_maintenance(request),
                   name_order_baseline(request) if compare else None)

@@ -34,6 +34,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from handlers.reads.figures import NO_GPU, Figures
+from handlers.reads.plan_counts import PlanCounts
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST.split(";")[0]
 
@@ -94,6 +95,34 @@ GC_PAUSE_SECONDS = family(Histogram(
 ), "worker")
 GC_FROZEN = family(Gauge("vmstream_gc_frozen_objects", "Objects in CPython's permanent generation, skipped by "
                          "collections", registry=None), "worker")
+# The worker's, of maintenance plans (docs/maintenance.md): counted from each decision it applies
+# (handlers/reads/plan_counts.py), so each worker counts the plans its partitions decide.
+PLAN_VMS_PLANNED = family(Counter("vmstream_maintenance_vms_planned_total", "GPU VMs taken into a maintenance plan "
+                                  "(their owner told maintenance_planned), at its making or come on a planned node "
+                                  "since", registry=None), "worker")
+PLAN_VM_STOPS = family(Counter("vmstream_maintenance_vm_stops_total", "GPU VM stops maintenance plans made: "
+                               "vmstream's stop_vm for a plan (an early stop, a VM kept off or back on its node) "
+                               "and the stops of the plans' drains", registry=None), "worker")
+PLAN_VMS_WAITING = family(Counter("vmstream_maintenance_vms_waiting_for_card_total", "GPU VMs a maintenance plan "
+                                  "leaves without a card (fate waits_for_card): planned so, or corrected to it",
+                                  registry=None), "worker")
+PLAN_ANSWERS = family(Counter("vmstream_maintenance_answers_total", "Answers to a maintenance plan, by intent "
+                              "(reschedule_maintenance, maintenance_ready) and outcome (accepted, refused)",
+                              ["intent", "outcome"], registry=None), "worker")
+
+
+def record_plan_counts(counts: PlanCounts) -> None:
+    """Add what one decision did to plans to the worker's counters."""
+    if counts.planned:
+        PLAN_VMS_PLANNED.inc(counts.planned)
+    if counts.stops:
+        PLAN_VM_STOPS.inc(counts.stops)
+    if counts.waits_for_card:
+        PLAN_VMS_WAITING.inc(counts.waits_for_card)
+    if counts.answer is not None:
+        PLAN_ANSWERS.labels(*counts.answer).inc()
+
+
 # The worker's (its Faust consumer and its route stage), the applier's and notify's (their group readers).
 CONSUMER_LAG = family(Gauge("vmstream_consumer_lag", "Messages not yet consumed, per topic partition",
                             ["topic", "partition"], registry=None), "worker", "apply", "notify")

@@ -6,13 +6,16 @@ JSON over HTTP, read-only::
     GET /v1/gpu-classes                 the AZ's GPU classes: total / in use / free, permitted
     GET /v1/vms/{namespace}/{name}      a VM's GPU now, after its next restart, what it waits for
     GET /v1/projects/{project}          a project's waiting VMs and the drains that warned it
+    GET /v1/plans                       the maintenance plans (a project token: those holding its VMs)
+    GET /v1/plans/{plan}                one plan per node, per GPU VM and per owner (a project token: its VMs)
     GET /openapi.json                   this API (docs/schemas/openapi.json), /health, /ready
     GET /metrics                        this process's Prometheus metrics, without a token
 
 No answer depends on which replica is asked: each reads every partition of the changelogs,
 not a share of them. Every ``/v1`` page wants ``Authorization: Bearer <token>``: an
 operator token sees everything, a project token (``api.project_tokens``, token → project)
-sees the GPU classes and its own project only; no token 401, another project's VM 403.
+sees the GPU classes and its own project only; no token 401, another project's VM 403, a
+maintenance plan holding none of its project's VMs 404.
 
 It also keeps the compacted topic ``vmstream.gpu-classes`` (one record per class, keyed by
 the class name): each replica reads the topic and publishes a class only when its figures
@@ -43,7 +46,8 @@ from handlers.contracts.events import GPU_CLASS_TYPE
 from handlers.contracts.messages import GPUClassStatus, vm_key
 from handlers.contracts.tracing import ce_headers, derived_trace, parse_traceparent
 from handlers.core.catalog import Catalog
-from handlers.core.tables import DRAINS, KUBEVIRT, NAMESPACES, TRACKING, USAGE, VMIS, VMS, Table
+from handlers.core.tables import DRAINS, KUBEVIRT, NAMESPACES, PLANS, TRACKING, USAGE, VMIS, VMS, Table
+from handlers.reads.plans import PlanList, PlanView, plan_list, plan_view
 from handlers.reads.views import (
     GPUClassList,
     ProjectView,
@@ -65,7 +69,7 @@ from streams.common.topics import GPU_CLASSES, changelog_topic, ensure_topics
 log = logging.getLogger(__name__)
 
 # The worker's tables the answers read, from their changelogs (``Table.stored_as``).
-VIEW_TABLES: tuple[Table[Any], ...] = (VMS, VMIS, TRACKING, DRAINS, USAGE, KUBEVIRT, NAMESPACES)
+VIEW_TABLES: tuple[Table[Any], ...] = (VMS, VMIS, TRACKING, DRAINS, USAGE, KUBEVIRT, NAMESPACES, PLANS)
 PUBLIC = ("/health", "/ready", "/openapi.json", "/metrics")
 
 REQUESTS = family(Counter("vmstream_api_requests_total", "Requests answered, by route and HTTP status",
@@ -187,6 +191,12 @@ class Api:
     def project(self, project: str) -> ProjectView:
         return project_view(self.view, self.catalog, project, tracked=self.view.keys(TRACKING))
 
+    def plans(self, caller: Caller) -> PlanList:
+        return plan_list(self.view, project=None if caller.operator else caller.project)
+
+    def plan(self, plan_id: str, caller: Caller) -> PlanView | None:
+        return plan_view(self.view, plan_id, project=None if caller.operator else caller.project)
+
     def project_of_vm(self, namespace: str, name: str) -> str | None:
         """A VM's project: its label, else its namespace's (docs/auth.md)."""
         raw = self.view.get(VMS, vm_key(namespace, name))
@@ -230,6 +240,8 @@ class Api:
         app.router.add_get("/v1/gpu-classes", self._gpu_classes)
         app.router.add_get("/v1/vms/{namespace}/{name}", self._vm)
         app.router.add_get("/v1/projects/{project}", self._project)
+        app.router.add_get("/v1/plans", self._plans)
+        app.router.add_get("/v1/plans/{plan}", self._plan)
         return app
 
     @aiohttp.web.middleware
@@ -305,6 +317,16 @@ class Api:
             return _problem(403, f"this token is for project {caller.project}, not {project}")
         return _answer(self.project(project))
 
+    async def _plans(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        return _answer(self.plans(request["caller"]))
+
+    async def _plan(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        plan_id = request.match_info["plan"]
+        plan = self.plan(plan_id, request["caller"])
+        if plan is None:  # a project token: also a plan that holds none of its VMs
+            return _problem(404, f"maintenance plan {plan_id} is unknown")
+        return _answer(plan)
+
 
 def _answer(model: BaseModel) -> aiohttp.web.Response:
     return aiohttp.web.Response(body=model.model_dump_json().encode(), content_type="application/json")
@@ -317,28 +339,40 @@ def _problem(status: int, error: str, headers: dict[str, str] | None = None) -> 
 
 # ------------------------------------------------------------------------- OpenAPI
 
-_RESPONSES: dict[str, tuple[str, str, type[BaseModel], str, tuple[str, ...]]] = {
-    # path → (operation id, summary, response model, description, path parameters)
+_RESPONSES: dict[str, tuple[str, str, type[BaseModel], str, tuple[str, ...], str | None]] = {
+    # path → (operation id, summary, response model, description, path parameters, what a 404 means)
     "/v1/gpu-classes": ("listGpuClasses", "The AZ's GPU classes with their cards", GPUClassList,
-                        "Every configured class, plus devices seen on nodes that no class names. Any token.", ()),
+                        "Every configured class, plus devices seen on nodes that no class names. Any token.", (),
+                        None),
     "/v1/vms/{namespace}/{name}": (
         "getVmBadge", "A VM's GPU now and after its next restart", VMBadge,
         "`waits_for: restart` is the console's \"(applies after restart)\". An operator token, or the "
-        "token of the VM's project (its label, else its namespace's).", ("namespace", "name")),
+        "token of the VM's project (its label, else its namespace's).", ("namespace", "name"),
+        "No such VM observed"),
     "/v1/projects/{project}": (
         "getProject", "A project's waiting VMs and announced drains", ProjectView,
-        "An operator token, or this project's token.", ("project",)),
+        "An operator token, or this project's token.", ("project",), None),
+    "/v1/plans": (
+        "listPlans", "The maintenance plans", PlanList,
+        "An operator token: every plan, counted over all its nodes and GPU VMs. A project token: the plans "
+        "that hold one of its project's GPU VMs, counted over those VMs and their nodes.", (), None),
+    "/v1/plans/{plan}": (
+        "getPlan", "One maintenance plan per node, per GPU VM and per owner", PlanView,
+        "Each node's slot and phase; each GPU VM's stop, fate, return and reason; what each owner is told. "
+        "An operator token sees every VM; a project token only its project's VMs (its label, else its "
+        "namespace's), their nodes and owners.", ("plan",),
+        "No such plan, or (a project token) a plan holding none of its project's VMs"),
 }
 
 
 def openapi_document() -> dict[str, Any]:
     """The OpenAPI 3.1 document of the read API, its schemas generated from the models."""
-    models: list[type[BaseModel]] = [GPUClassList, VMBadge, ProjectView, Problem]
+    models: list[type[BaseModel]] = [GPUClassList, VMBadge, ProjectView, PlanList, PlanView, Problem]
     _, top = models_json_schema([(m, "serialization") for m in models], ref_template="#/components/schemas/{model}")
     defs = top.get("$defs", {})
     problem = {"description": "", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Problem"}}}}
     paths: dict[str, Any] = {}
-    for path, (op_id, summary, model, description, params) in _RESPONSES.items():
+    for path, (op_id, summary, model, description, params, not_found) in _RESPONSES.items():
         paths[path] = {"get": {
             "operationId": op_id,
             "summary": summary,
@@ -349,7 +383,7 @@ def openapi_document() -> dict[str, Any]:
                         "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}},
                 "401": {**problem, "description": "No valid bearer token"},
                 "403": {**problem, "description": "The token's project may not see this"},
-                **({"404": {**problem, "description": "No such VM observed"}} if "name" in params else {}),
+                **({"404": {**problem, "description": not_found}} if not_found else {}),
                 "503": {**problem, "description": "The tables are not read yet"},
             },
         }}

@@ -56,6 +56,7 @@ from handlers.decide.inputs import (
     tick_value,
 )
 from handlers.reads.figures import Figures, figures
+from handlers.reads.plan_counts import plan_counts, plan_intent
 from handlers.rules.capacity import capacity_report
 from handlers.rules.restarts import pending_detail
 from streams.common import metrics, spans
@@ -378,13 +379,22 @@ class Worker:
             log.exception("decision failed", extra={"topic": source.topic, "offset": source.offset})
             results = [self.engine.fitted(self.engine.dead_letter(event.value, f"internal error: {error!r}", source, now),
                                           event.value, source, now, encode=self._encode)]
+        intent = plan_intent(source.key, event.value) if kind == "intent" else None
         for result in results:
+            self._count_plans(result, intent)  # against the state before its changes are staged
             self.state.stage(result.decision.changes)
             self._log(result)
         metrics.child(metrics.DECISION_SECONDS, kind).observe(time.perf_counter() - started)
         if began:
             self._decide_spans(event.message, kind, results, began)
         return results
+
+    def _count_plans(self, result: Result, intent: str | None) -> None:
+        """The maintenance counters (streams/common/metrics.py); a failing count costs them, never the decision."""
+        try:
+            metrics.record_plan_counts(plan_counts(self.state, result.decision, intent))
+        except Exception:
+            log.exception("counting a decision's maintenance plans failed")
 
     def _decide_spans(self, message: Record, kind: str, results: list[Result], began: int) -> None:
         """Decide's span of each result, a child of the span the routed record names (route's,

@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -23,7 +24,7 @@ from kafka import KafkaConsumer, TopicPartition
 from handlers.contracts.tracing import derived_trace
 from handlers.decide.engine import Engine
 from handlers.reads.views import gpu_classes, vm_badge
-from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess
+from harness.running import CONFIG, Deployment, Outputs, VmstreamProcess, WorkerProcess, capacity_after
 from harness.scenarios import BOB, Script, cluster
 from samples.cluster import RTX, vm
 from streams.common.settings import load_settings
@@ -239,3 +240,52 @@ def test_the_class_topic_publishes_what_differs_and_a_tombstone_for_a_class_gone
     for name, value in changes:
         topic.apply(name.encode(), value)
     assert topic.changes([status("a", 1), status("b", 0)]) == []
+
+
+def test_a_maintenance_plan_is_served_per_node_per_vm_and_per_owner_each_project_its_own(
+        deployment: Deployment) -> None:
+    """A plan_maintenance decided by a worker, read from its ``plans`` changelog: the operator
+    sees every VM of the plan, a project token only its project's, an unknown plan is 404."""
+    lines = list(cluster().jsonl())
+    start = datetime.now(UTC) + timedelta(days=2)
+    plan = {"intent_id": "it-api-plan-1", "type": "plan_maintenance", "requested_by": "ops@example.com",
+            "spec": {"plan": "fw", "nodes": ["gpu-node-1", "gpu-node-2"], "earliest_start": start.isoformat(),
+                     "latest_end": (start + timedelta(days=1)).isoformat(), "node_duration_seconds": 3600,
+                     "notice_seconds": 86400, "reason": "firmware upgrade"}}
+    outputs = Outputs(deployment)
+    worker = WorkerProcess(deployment, "w1")
+    api = ApiProcess(deployment, "api-1")
+    try:
+        worker.start()
+        api.start()
+        deployment.publish_lines(lines)
+        worker.wait_for_capacity(capacity_after(lines))
+        deployment.publish_lines([json.dumps({"topic": "vmstream.intents", "key": "maintenance/fw", "value": plan})])
+        outputs.wait_for(lambda o: o.audits(input__ref="it-api-plan-1"), what="the plan decided")
+        assert outputs.audits(input__ref="it-api-plan-1")[0]["outcome"] == "accepted"
+
+        shown = api.wait_until("/v1/plans/fw", lambda b: len(b["vms"]) == 3)
+        assert shown["requested_by"] == "ops@example.com" and shown["reason"] == "firmware upgrade"
+        assert sorted(n["node"] for n in shown["nodes"]) == ["gpu-node-1", "gpu-node-2"]
+        assert {n["phase"] for n in shown["nodes"]} == {"planned"}
+        assert sorted(v["name"] for v in shown["vms"]) == ["batch-1", "infer-1", "train-1"]
+        status, listed = api.get("/v1/plans", OPERATOR)
+        assert status == 200 and [(p["plan"], p["vms"]) for p in listed["plans"]] == [("fw", 3)]
+
+        status, mine = api.get("/v1/plans/fw", "proj-a-token")
+        assert status == 200 and mine["requested_by"] is None
+        assert sorted(v["name"] for v in mine["vms"]) == ["batch-1", "train-1"]
+        assert [n["node"] for n in mine["nodes"]] == ["gpu-node-1"]
+        status, theirs = api.get("/v1/plans/fw", "proj-b-token")
+        assert status == 200 and [v["name"] for v in theirs["vms"]] == ["infer-1"]
+        assert [o["owner"] for o in theirs["owners"]] == [BOB]
+        assert api.get("/v1/plans", "proj-b-token")[1]["plans"][0]["vms"] == 1
+        assert api.get("/v1/plans/fw")[0] == 401
+        assert api.get("/v1/plans/nope", OPERATOR)[0] == 404
+        assert api.get("/v1/plans/nope", "proj-a-token")[0] == 404
+        for process in (worker, api):
+            process.check_running()
+    finally:
+        outputs.close()
+        api.stop()
+        worker.stop()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from handlers.core.catalog import Catalog
+from handlers.reads.plans import plan_list, plan_view
 from handlers.reads.views import gpu_classes, project_view, vm_badge
 from samples.cluster import A100, RTX, kubevirt_cr, node, vm, vmi
-from tests.support.harness import Harness
+from tests.support.harness import START, Harness
 
 ALICE, BOB = "alice@example.com", "bob@example.com"
 OPS = "ops@example.com"
@@ -108,3 +110,74 @@ def test_a_project_sees_its_waiting_vms_and_the_drains_that_warned_its_owners_on
     assert [(v.vm, v.outcome, v.stopped) for v in drain.vms] == [("vm/spx-proj-b/g-1", "returns_automatically", False)]
     assert project_view(h.state, catalog(h), "proj-c", tracked=tracked).model_dump() == {
         "project": "proj-c", "pending": [], "drains": []}
+
+
+# ------------------------------------------------------------------ maintenance plans
+
+
+def planned() -> Harness:
+    """tests/rules/test_plans.py's AZ and plan: alice's vm-1 (proj-a) on gpu-node-1, bob's
+    vm-2 and vm-3 (proj-b) on gpu-node-2."""
+    from tests.rules.test_plans import az as plan_az
+    from tests.rules.test_plans import make_plan
+
+    h = plan_az()
+    assert make_plan(h).judgement.outcome == "accepted"
+    return h
+
+
+def test_an_operator_sees_every_plan_per_node_per_vm_and_per_owner() -> None:
+    h = planned()
+    [summary] = plan_list(h.state, project=None).plans
+    assert (summary.plan, summary.reason, summary.requested_by) == ("fw-2026-12", "firmware upgrade", OPS)
+    assert (summary.nodes, summary.vms, summary.waits_for_card, summary.cancelled) == (2, 3, 0, False)
+    shown = plan_view(h.state, "fw-2026-12", project=None)
+    assert shown is not None
+    assert [(n.node, n.phase, n.vms, n.held) for n in shown.nodes] == [
+        ("gpu-node-1", "planned", 1, False), ("gpu-node-2", "planned", 2, False)]
+    first = START + timedelta(days=1)
+    assert shown.nodes[0].start == first and shown.nodes[0].end == first + timedelta(hours=1)
+    vms = {v.name: v for v in shown.vms}
+    assert (vms["vm-1"].node, vms["vm-1"].stop, vms["vm-1"].fate, vms["vm-1"].project) == (
+        "gpu-node-1", first, "lands_elsewhere", "proj-a")
+    assert vms["vm-2"].fate == "back_on_own_node" and vms["vm-2"].back_at == first + timedelta(hours=2)
+    assert vms["vm-3"].fate == "stays_off" and vms["vm-3"].back_at is None and vms["vm-3"].reason
+    assert all(v.notices == 1 for v in shown.vms)
+    assert vms["vm-1"].recipients == [ALICE] and vms["vm-2"].recipients == [BOB]
+    assert [(o.owner, [v.name for v in o.vms]) for o in shown.owners] == [
+        (ALICE, ["vm-1"]), (BOB, ["vm-2", "vm-3"])]
+    assert plan_view(h.state, "no-such-plan", project=None) is None
+
+
+def test_a_project_sees_only_its_own_vms_of_a_plan_and_not_a_plan_without_them() -> None:
+    h = planned()
+    mine = plan_view(h.state, "fw-2026-12", project="proj-a")
+    assert mine is not None and mine.requested_by is None
+    assert [v.name for v in mine.vms] == ["vm-1"]
+    assert [n.node for n in mine.nodes] == ["gpu-node-1"]  # bob's node is not shown
+    assert [o.owner for o in mine.owners] == [ALICE]
+    [summary] = plan_list(h.state, project="proj-a").plans
+    assert (summary.nodes, summary.vms, summary.requested_by) == (1, 1, None)
+    theirs = plan_view(h.state, "fw-2026-12", project="proj-b")
+    assert theirs is not None and sorted(v.name for v in theirs.vms) == ["vm-2", "vm-3"]
+    assert ALICE not in theirs.model_dump_json()
+    assert plan_view(h.state, "fw-2026-12", project="proj-c") is None  # none of its VMs: no such plan
+    assert plan_list(h.state, project="proj-c").plans == []
+
+
+def test_a_plan_shows_its_nodes_phase_and_the_answers_its_owners_gave() -> None:
+    from tests.rules.test_plans import cordoned
+
+    h = planned()
+    h.intent("maintenance_ready", {"plan": "fw-2026-12", "namespace": "spx-proj-b", "name": "vm-3"}, by=BOB,
+             project="proj-b")
+    h.tick()
+    h.wait(24 * 3600)
+    h.tick()
+    cordoned(h, "gpu-node-1")
+    shown = plan_view(h.state, "fw-2026-12", project="proj-b")
+    assert shown is not None
+    vm3 = next(v for v in shown.vms if v.name == "vm-3")
+    assert vm3.stopped_early and vm3.notices == 2 and vm3.stop == START  # "ready now": stopped at once
+    operator = plan_view(h.state, "fw-2026-12", project=None)
+    assert operator is not None and [(n.node, n.phase) for n in operator.nodes][0] == ("gpu-node-1", "draining")
