@@ -156,12 +156,12 @@ def test_a_planned_pool_tells_every_owner_first_then_goes_node_by_node_end_to_en
         loop.seen_by_worker(name)
     loop.worker.wait_until("/capacity", rtx_cards(7, 2), timeout=LOOP_DEADLINE)
 
-    asked = plan(loop, "fw", ["gpu-node-1", "gpu-node-2"], notice=10, duration=5)
+    asked = plan(loop, "fw", ["gpu-node-1", "gpu-node-2"], notice=15, duration=5)
     notices = told(loop, "maintenance_planned", 5)
     planned = progress(loop, "planned")
     assert planned["recipients"] == [OPS]
     slots = {slot["node"]: (parse(slot["start"]), parse(slot["end"])) for slot in planned["details"]["nodes"]}
-    assert slots["gpu-node-1"][0] >= asked + timedelta(seconds=10)  # the notice
+    assert slots["gpu-node-1"][0] >= asked + timedelta(seconds=15)  # the notice
     assert slots["gpu-node-2"][0] >= slots["gpu-node-1"][1]  # one node at a time
     expected = {"train-1": (ALICE, "gpu-node-1", "lands_elsewhere"), "keep-1": (BOB, "gpu-node-1", "back_on_own_node"),
                 "off-1": (CAROL, "gpu-node-1", "stays_off"), "batch-1": (DAVE, "gpu-node-1", "stays_off"),
