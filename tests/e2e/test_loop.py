@@ -60,7 +60,8 @@ class Loop:
         client.CoreV1Api(self.api).create_node(obj)
 
     def vm(self, name: str, *, run_strategy: str, gpu: str | None = None,
-           eviction_strategy: str | None = "External") -> None:
+           eviction_strategy: str | None = "External", owner: str = ALICE,
+           annotations: dict[str, str] | None = None) -> None:
         """A VM; with ``gpu``, the device and ``host-passthrough``, and (by default) the
         eviction strategy vmstream's GPU rules give it."""
         domain: dict[str, Any] = {
@@ -78,7 +79,7 @@ class Loop:
         body = {
             "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
             "metadata": {"name": name, "namespace": NAMESPACE, "labels": {PROJECT_LABEL: "proj-a"},
-                         "annotations": {"vmstream.io/owner": ALICE}},
+                         "annotations": {"vmstream.io/owner": owner, **(annotations or {})}},
             "spec": {"runStrategy": run_strategy, "template": {"spec": template}},
         }
         client.CustomObjectsApi(self.api).create_namespaced_custom_object(*KUBEVIRT, NAMESPACE, "virtualmachines", body)
@@ -128,7 +129,10 @@ class Loop:
 
     def intent(self, type_: str, spec: dict[str, Any], *, by: str, project: str | None = None) -> str:
         intent_id = f"it-{uuid.uuid4().hex[:10]}"
-        key = f"node/{spec['node']}" if "node" in spec else f"vm/{spec['namespace']}/{spec['name']}"
+        if "plan" in spec:  # a maintenance plan's intents are decided under the plan
+            key = f"maintenance/{spec['plan']}"
+        else:
+            key = f"node/{spec['node']}" if "node" in spec else f"vm/{spec['namespace']}/{spec['name']}"
         value: dict[str, Any] = {"intent_id": intent_id, "type": type_, "requested_by": by, "spec": spec}
         if project:
             value["project"] = project
