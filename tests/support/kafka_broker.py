@@ -132,6 +132,18 @@ def committed(kafka: KafkaSettings, group: str) -> dict[Partition, int]:
             if tp.error is None and tp.offset >= 0}
 
 
+def commit(kafka: KafkaSettings, group: str, offsets: dict[Partition, int]) -> None:
+    """Commit ``offsets`` (the next offset to read of each partition) for ``group``, a group
+    with no member: where an earlier process of that group left off."""
+    asked = [ConsumerGroupTopicPartitions(group, [Offset(tp.topic, tp.partition, offset)
+                                                  for tp, offset in offsets.items()])]
+    admin = admin_client(kafka)
+    for altered in admin.alter_consumer_group_offsets(asked, request_timeout=ADMIN_SECONDS).values():
+        for tp in altered.result().topic_partitions or ():
+            if tp.error is not None:
+                raise RuntimeError(f"{group}: {tp.topic}[{tp.partition}] not committed: {tp.error}")
+
+
 def end_offsets(kafka: KafkaSettings, topic: str) -> dict[Partition, int]:
     """Each partition of ``topic``: the offset its next record will take."""
     admin = admin_client(kafka)
