@@ -76,6 +76,16 @@ class TopicReader:
         now (``TimeoutError`` after ``stall`` seconds without one while short of them)."""
         return list(read_to_end(self.consumer, self.partitions, stall=stall))
 
+    def ends(self, *, timeout: float = 30.0) -> dict[Partition, int]:
+        """Each partition's end offset as it is now: the offset its next record will take."""
+        partitions = [Assigned(tp.topic, tp.partition) for tp in self.partitions]
+        self.consumer.pause(partitions)  # else each query waits behind a fetch long-poll in flight
+        try:
+            return {Partition(tp.topic, tp.partition): self.consumer.get_watermark_offsets(tp, timeout=timeout)[1]
+                    for tp in partitions}
+        finally:
+            self.consumer.resume(partitions)
+
     def positions(self) -> dict[Partition, int]:
         """The next offset to read of each partition: past every record and control record
         read, or where its end was reported; -1 while neither."""
