@@ -10,6 +10,8 @@ that a test can say where the Java client would put a key without asking a clien
 
 from __future__ import annotations
 
+import socket
+import struct
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -18,11 +20,12 @@ from confluent_kafka import TopicPartition as Assigned
 
 from streams.common.durable import Delivered, DurableProducer, Record
 from streams.common.group_reading import Partition
-from streams.common.kafka_clients import consumer
+from streams.common.kafka_clients import ADMIN_SECONDS, admin_client, consumer
 from streams.common.reading import Received, partitions_of, poll_records, read_to_end
 from streams.common.settings import KafkaSettings
 
-__all__ = ["Delivered", "Received", "Record", "TopicReader", "murmur2", "murmur2_partition", "publish", "settings"]
+__all__ = ["Delivered", "Received", "Record", "TopicReader", "murmur2", "murmur2_partition", "publish", "settings",
+           "stored_bytes"]
 
 
 def settings(kafka: KafkaSettings | str) -> KafkaSettings:
@@ -146,3 +149,69 @@ def murmur2(data: bytes) -> int:
 def murmur2_partition(key: bytes, partitions: int) -> int:
     """Where the Java client's default partitioner (and librdkafka's ``murmur2``) puts ``key``."""
     return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+# DescribeLogDirs (API key 35), version 1: the last before the flexible encoding; every broker
+# since Kafka 1.1 answers it.
+_DESCRIBE_LOG_DIRS, _VERSION = 35, 1
+
+
+def stored_bytes(kafka: KafkaSettings | str, topic: str, *, timeout: float = ADMIN_SECONDS) -> int:
+    """What the brokers store of ``topic``: its log segments' size, batches as compressed.
+
+    librdkafka has no DescribeLogDirs, so the request is sent here, to each broker over a
+    plain-text connection of its own (the tests' brokers'), its answer read as the protocol
+    lays it out (https://kafka.apache.org/protocol#The_Messages_DescribeLogDirs)."""
+    metadata = admin_client(settings(kafka), client_id="vmstream-tests").list_topics(topic, timeout=timeout)
+    partitions = sorted(metadata.topics[topic].partitions)
+    name = topic.encode()
+    body = (struct.pack(">i", 1) + struct.pack(">h", len(name)) + name
+            + struct.pack(">i", len(partitions)) + b"".join(struct.pack(">i", p) for p in partitions))
+    client_id = b"vmstream-tests"
+    request = struct.pack(">hhih", _DESCRIBE_LOG_DIRS, _VERSION, 1, len(client_id)) + client_id + body
+    total = 0
+    for broker in metadata.brokers.values():
+        with socket.create_connection((broker.host, broker.port), timeout=timeout) as connection:
+            connection.sendall(struct.pack(">i", len(request)) + request)
+            answer = _Answer(_read_exactly(connection, struct.unpack(">i", _read_exactly(connection, 4))[0]))
+        answer.take(">i")  # the correlation id
+        answer.take(">i")  # throttle time
+        for _ in range(answer.take(">i")):
+            error, log_dir = answer.take(">h"), answer.string()
+            if error:
+                raise RuntimeError(f"DescribeLogDirs: broker {broker.id}, {log_dir}: error {error}")
+            for _ in range(answer.take(">i")):
+                stored = answer.string()
+                for _ in range(answer.take(">i")):
+                    _partition, size, _lag, _future = answer.take(">iqqb")
+                    if stored == topic:
+                        total += size
+    return total
+
+
+def _read_exactly(connection: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = connection.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("the broker closed the connection mid-answer")
+        data += chunk
+    return data
+
+
+class _Answer:
+    """A response read front to back."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.at = data, 0
+
+    def take(self, layout: str) -> Any:
+        values = struct.unpack_from(layout, self.data, self.at)
+        self.at += struct.calcsize(layout)
+        return values[0] if len(values) == 1 else values
+
+    def string(self) -> str:
+        size = self.take(">h")
+        text = self.data[self.at:self.at + size].decode()
+        self.at += size
+        return text
