@@ -30,7 +30,6 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-# First: it imports kafka-python with that library's import-time DeprecationWarning silenced.
 from harness.localkafka import KAFKA_VERSION, SINGLE_NODE_SETTINGS, LocalKafka, free_ports, probe
 from harness.running import Deployment
 from streams.common.group_reading import Partition
