@@ -129,6 +129,15 @@ def _topics(bootstrap: str) -> set[str]:
     return set(admin.list_topics(timeout=ADMIN_SECONDS).topics)
 
 
+def _create(bootstrap: str, topic: str) -> None:
+    """Create ``topic``. The client goes with the call, its connections closed by it: one the
+    broker closed on its way down would hold the broker's port a while (TIME_WAIT)."""
+    admin = admin_client(settings(bootstrap), client_id="test-localkafka")
+    created = admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)],
+                                  operation_timeout=ADMIN_SECONDS)
+    created[topic].result()
+
+
 def _produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
     publish(bootstrap, [Record(topic, None, value, partition=0) for value in values], timeout=READ_TIMEOUT)
 
@@ -153,10 +162,7 @@ def test_down_and_up_keep_topics_and_records_unless_reset(
         first = localkafka.status(state_dir)
         assert first is not None
         assert f"export KAFKA_BOOTSTRAP_SERVERS={first.bootstrap_servers}" in capsys.readouterr().out.splitlines()
-        admin = admin_client(settings(first.bootstrap_servers), client_id="test-localkafka")
-        created = admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)],
-                                      operation_timeout=ADMIN_SECONDS)
-        created[topic].result()
+        _create(first.bootstrap_servers, topic)
         _produce(first.bootstrap_servers, topic, values)
         assert localkafka.main(["down", "--state-dir", str(state_dir)]) == 0
         assert not localkafka.probe(first.bootstrap_servers)
