@@ -178,8 +178,8 @@ class NoticeReader:
         # The end as a read_committed reader sees it (the last stable offset), asked before
         # anything is sent: the consumer starts there.
         asked = {Assigned(topic, p): OffsetSpec.latest() for p in range(kit.PARTITIONS)}  # type: ignore[no-untyped-call]  # unannotated in confluent-kafka
-        ends = admin_client(kafka).list_offsets(asked, isolation_level=IsolationLevel.READ_COMMITTED,
-                                                request_timeout=ADMIN_SECONDS)
+        admin = admin_client(kafka)  # held until the answers: it goes with them
+        ends = admin.list_offsets(asked, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=ADMIN_SECONDS)
         self.consumer.assign([Assigned(tp.topic, tp.partition, answer.result().offset) for tp, answer in ends.items()])
         self.told: list[Told] = []
         self.timestamp_types: set[int] = set()

@@ -416,7 +416,8 @@ def end_offsets(bootstrap: str, partitions: Sequence[tuple[str, int]]) -> dict[t
     if not partitions:
         return {}
     asked = {Offset(topic, p): OffsetSpec.latest() for topic, p in partitions}  # type: ignore[no-untyped-call]  # unannotated in confluent-kafka
-    answers = admin_client(KafkaSettings(bootstrap_servers=bootstrap)).list_offsets(asked, request_timeout=ADMIN_SECONDS)
+    admin = admin_client(KafkaSettings(bootstrap_servers=bootstrap))  # held until the answers: it goes with them
+    answers = admin.list_offsets(asked, request_timeout=ADMIN_SECONDS)
     return {(tp.topic, tp.partition): answer.result().offset for tp, answer in answers.items()}
 
 
