@@ -22,7 +22,7 @@ Then
 (b) **NodeMaintenance at once** — one NodeMaintenance watch event per rack node, all sent
     back to back by one producer, each with its own timestamp.
 
-This script's own reader (a kafka-python consumer on ``notifications``, ``read_committed``,
+This script's own reader (a librdkafka consumer on ``notifications``, ``read_committed``,
 positioned at the end before anything is sent) takes every ``drain_will_stop_gpu_vm``
 notification: its Kafka timestamp (set by the worker's producer at the send) minus the
 input's is the latency reported; the moment the reader had it (this machine's wall clock,
@@ -55,8 +55,9 @@ from pathlib import Path
 from typing import Any
 
 import kit  # noqa: E402  (this directory's: percentile, tables, load, broker and reader helpers)
-from kafka import KafkaConsumer, KafkaProducer  # noqa: E402
-from kafka import TopicPartition as SyncTopicPartition  # noqa: E402
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, IsolationLevel, Producer  # noqa: E402
+from confluent_kafka import TopicPartition as Assigned  # noqa: E402
+from confluent_kafka.admin import OffsetSpec  # noqa: E402
 from kit import Worker, percentile  # noqa: E402
 
 from handlers.decide.engine import Engine  # noqa: E402
@@ -64,7 +65,8 @@ from harness.running import CONFIG, Deployment  # noqa: E402
 from harness.scenarios import Script  # noqa: E402
 from samples.cluster import RTX, iso, kubevirt_cr, node, node_maintenance, vm, vmi  # noqa: E402
 from streams.cli.simulating import Simulation  # noqa: E402
-from streams.common.settings import load_settings  # noqa: E402
+from streams.common.kafka_clients import ADMIN_SECONDS, admin_client, consumer  # noqa: E402
+from streams.common.settings import KafkaSettings, load_settings  # noqa: E402
 
 TARGET_SECONDS = 1.0
 TOLD = "drain_will_stop_gpu_vm"
@@ -168,16 +170,17 @@ class Told:
 
 
 class NoticeReader:
-    """This script's own kafka-python consumer of the notifications topic, from its current end."""
+    """This script's own librdkafka consumer of the notifications topic, from its current end."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
-        self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                      isolation_level="read_committed", fetch_max_wait_ms=50)
-        partitions = [SyncTopicPartition(topic, p) for p in range(kit.PARTITIONS)]
-        self.consumer.assign(partitions)
-        self.consumer.seek_to_end(*partitions)
-        for tp in partitions:
-            self.consumer.position(tp)  # resolve the lazy seek before anything is sent
+        kafka = KafkaSettings(bootstrap_servers=bootstrap)
+        self.consumer = consumer(kafka, client_id="vmstream-bench", config={"fetch.wait.max.ms": 50})  # read_committed
+        # The end as a read_committed reader sees it (the last stable offset), asked before
+        # anything is sent: the consumer starts there.
+        asked = {Assigned(topic, p): OffsetSpec.latest() for p in range(kit.PARTITIONS)}  # type: ignore[no-untyped-call]  # unannotated in confluent-kafka
+        admin = admin_client(kafka)  # held until the answers: it goes with them
+        ends = admin.list_offsets(asked, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=ADMIN_SECONDS)
+        self.consumer.assign([Assigned(tp.topic, tp.partition, answer.result().offset) for tp, answer in ends.items()])
         self.told: list[Told] = []
         self.timestamp_types: set[int] = set()
 
@@ -186,17 +189,17 @@ class NoticeReader:
         deadline = time.monotonic() + timeout
         progress = time.monotonic()
         while not done(self.told) and time.monotonic() < deadline and time.monotonic() - progress < idle:
-            batches = self.consumer.poll(timeout_ms=200)
+            messages = [message for message in self.consumer.consume(num_messages=500, timeout=0.2)
+                        if message.error() is None]  # else the end of a partition, or an error librdkafka retries
             now = time.time()
-            for records in batches.values():
-                for record in records:
-                    value = json.loads(record.value)
-                    if value.get("type") != TOLD:
-                        continue
-                    progress = time.monotonic()
-                    self.timestamp_types.add(record.timestamp_type)
-                    self.told.append(Told(value["details"]["node"], value["subject"]["name"],
-                                          record.timestamp / 1000, now))
+            for message in messages:
+                value = json.loads(message.value() or b"")
+                if value.get("type") != TOLD:
+                    continue
+                progress = time.monotonic()
+                kind, stamp = message.timestamp()
+                self.timestamp_types.add(1 if kind == TIMESTAMP_LOG_APPEND_TIME else 0)  # Kafka's own numbering
+                self.told.append(Told(value["details"]["node"], value["subject"]["name"], stamp / 1000, now))
 
     def close(self) -> None:
         self.consumer.close()
@@ -207,23 +210,31 @@ def send_stamped(bootstrap: str, records: list[tuple[str, str, dict[str, Any]]])
 
     The timestamps are the broker's as RecordMetadata reports them (the one set here unless
     the topic stamps LogAppendTime)."""
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
-    try:
-        for topic in {topic for topic, _, _ in records}:
-            producer.partitions_for(topic)  # the metadata first: a send waiting for it is not stamped early
-        futures = []
-        for topic, key, value in records:
-            stamp = int(time.time() * 1000)
-            futures.append((stamp, producer.send(topic, key=key.encode(), value=json.dumps(value).encode(),
-                                                 timestamp_ms=stamp)))
-        producer.flush()
-        stamps = []
-        for stamp, future in futures:
-            metadata = future.get(timeout=30)
-            stamps.append((metadata.timestamp if metadata.timestamp not in (None, -1) else stamp) / 1000)
-        return stamps
-    finally:
-        producer.close()
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0,
+                         "partitioner": "murmur2_random"})  # keys where the Java client puts them
+    for topic in {topic for topic, _, _ in records}:
+        producer.list_topics(topic, timeout=30)  # the metadata first: a send waiting for it is not stamped early
+    reports: list[tuple[int, int] | str | None] = [None] * len(records)  # (timestamp type, timestamp), or the error
+    sent = []
+    for index, (topic, key, value) in enumerate(records):
+        stamp = int(time.time() * 1000)
+
+        def delivered(error: Any, message: Any, index: int = index) -> None:
+            reports[index] = str(error) if error is not None else message.timestamp()
+
+        producer.produce(topic, key=key.encode(), value=json.dumps(value).encode(), timestamp=stamp,
+                         on_delivery=delivered)
+        producer.poll(0)
+        sent.append(stamp)
+    if producer.flush(30) > 0:
+        raise RuntimeError("records not acknowledged in 30 s")
+    stamps = []
+    for stamp, report in zip(sent, reports, strict=True):
+        if not isinstance(report, tuple):
+            raise RuntimeError(f"a record was not written: {report}")
+        _, timestamp = report
+        stamps.append((timestamp if timestamp not in (None, -1) else stamp) / 1000)
+    return stamps
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import kit  # noqa: E402  (this directory's; first: quiets kafka-python's import)
+import kit  # noqa: E402  (this directory's; first: it puts the repository on sys.path)
 
 from harness.hostile import Hostile, interleaved, valid_intent  # noqa: E402
 from harness.localkafka import LocalKafka, free_ports  # noqa: E402  (a broker of its own, restarted on purpose)

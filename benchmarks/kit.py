@@ -36,18 +36,18 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the tree this file sits in is the one measured
 
-from harness.localkafka import LocalKafka  # noqa: E402  (first: quiets kafka-python's import)
+from harness.localkafka import LocalKafka  # noqa: E402
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402  # isort: skip
-from kafka import KafkaConsumer  # noqa: E402
-from kafka import TopicPartition as SyncTopicPartition  # noqa: E402
 from confluent_kafka import ConsumerGroupTopicPartitions  # noqa: E402
-from confluent_kafka.admin import NewTopic  # noqa: E402
+from confluent_kafka import TopicPartition as Offset  # noqa: E402
+from confluent_kafka.admin import NewTopic, OffsetSpec  # noqa: E402
 
 from harness.running import Deployment, WorkerProcess  # noqa: E402
 from harness.scenarios import Script  # noqa: E402
 from samples.cluster import RTX, iso, kubevirt_cr, node, vm, vmi  # noqa: E402
-from streams.common.kafka_clients import ADMIN_SECONDS, admin_client  # noqa: E402
+from streams.common.kafka_clients import ADMIN_SECONDS, admin_client, consumer  # noqa: E402
+from streams.common.reading import assign_from_start, read_to_end  # noqa: E402
 from streams.common.settings import KafkaSettings  # noqa: E402
 from streams.common.topics import ROUTED, TOPICS, route_group  # noqa: E402
 
@@ -272,9 +272,9 @@ def wait_for_leaders(bootstrap: str, names: Sequence[str], timeout: float = 30.0
 def new_deployment(bootstrap: str, workdir: Path) -> Deployment:
     """A deployment whose topics exist and have leaders.
 
-    A process that subscribes to a topic the broker does not list yet (kafka-python's
-    applier: "No partition metadata") is assigned nothing until its next metadata refresh,
-    five minutes later: every topic is waited for before anything is started.
+    A process that subscribes to a topic the broker does not list yet (the applier, when it
+    was on kafka-python: "No partition metadata") is assigned nothing until its next metadata
+    refresh, five minutes later: every topic is waited for before anything is started.
     """
     deployment = Deployment(bootstrap, workdir)
     deployment.create_topics()
@@ -286,20 +286,15 @@ def behind(deployment: Deployment) -> int:
     """Messages the deployment's worker has not committed yet, over every topic it reads: the
     routed topic in its Faust group, intents and watch events in its route group."""
     kafka = deployment.kafka
-    partitions = [SyncTopicPartition(kafka.topic(name), p) for name in ("intents", "k8s-events", ROUTED)
-                  for p in range(kafka.partitions)]
+    partitions = [(kafka.topic(name), p) for name in ("intents", "k8s-events", ROUTED) for p in range(kafka.partitions)]
     groups = [deployment.app_id, route_group(deployment.app_id)]
     admin = admin_client(kafka)
-    consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers)
-    try:
-        found: dict[str, dict[tuple[str, int], int]] = {}
-        for group in groups:
-            listed = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result()
-            found[group] = {(tp.topic, tp.partition): tp.offset for tp in listed.topic_partitions or ()
-                            if tp.error is None and tp.offset >= 0}
-        ends = consumer.end_offsets(partitions)
-    finally:
-        consumer.close()
+    found: dict[str, dict[tuple[str, int], int]] = {}
+    for group in groups:
+        listed = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result()
+        found[group] = {(tp.topic, tp.partition): tp.offset for tp in listed.topic_partitions or ()
+                        if tp.error is None and tp.offset >= 0}
+    ends = end_offsets(kafka.bootstrap_servers, partitions)
     committed = {tp: max((found[group][tp] for group in groups if tp in found[group]), default=0)
                  for tp in partitions}
     return sum(end - committed[tp] for tp, end in ends.items())
@@ -416,33 +411,42 @@ class TopicBytes:
         return self.key_bytes + self.value_bytes
 
 
+def end_offsets(bootstrap: str, partitions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    """Each partition's end offset, asked of the broker: the offset its next record will take."""
+    if not partitions:
+        return {}
+    asked = {Offset(topic, p): OffsetSpec.latest() for topic, p in partitions}  # type: ignore[no-untyped-call]  # unannotated in confluent-kafka
+    admin = admin_client(KafkaSettings(bootstrap_servers=bootstrap))  # held until the answers: it goes with them
+    answers = admin.list_offsets(asked, request_timeout=ADMIN_SECONDS)
+    return {(tp.topic, tp.partition): answer.result().offset for tp, answer in answers.items()}
+
+
+def partitions_of(bootstrap: str, topics: Sequence[str]) -> list[tuple[str, int]]:
+    """Every partition of those of ``topics`` the broker lists."""
+    listed = admin_client(KafkaSettings(bootstrap_servers=bootstrap)).list_topics(timeout=ADMIN_SECONDS).topics
+    return [(topic, p) for topic in topics if topic in listed for p in sorted(listed[topic].partitions)]
+
+
 def topic_bytes(bootstrap: str, topics: Sequence[str], timeout: float = 60.0) -> list[TopicBytes]:
-    """Read each topic from its start to its current end (``read_uncommitted``: what is on disk)."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    """Read each topic from its start to its current end (``read_uncommitted``: what is on disk);
+    ``TimeoutError`` when ``timeout`` seconds pass without a record while a topic is short of it."""
+    reader = consumer(KafkaSettings(bootstrap_servers=bootstrap), client_id="vmstream-bench",
+                      config={"isolation.level": "read_uncommitted"})
     results = []
     try:
         for topic in topics:
-            partitions = [SyncTopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-            if not partitions:
-                results.append(TopicBytes(topic, 0, 0, 0, 0, 0))
-                continue
-            consumer.assign(partitions)
-            consumer.seek_to_beginning(*partitions)
-            ends = consumer.end_offsets(partitions)
+            partitions = assign_from_start(reader, [topic], wait=0.0, missing_ok=True)
             records = key_bytes = value_bytes = 0
             latest: dict[bytes, int] = {}
-            deadline = time.monotonic() + timeout
-            while any(consumer.position(tp) < ends[tp] for tp in partitions) and time.monotonic() < deadline:
-                for batch in consumer.poll(timeout_ms=500).values():
-                    for record in batch:
-                        key, value = record.key or b"", record.value or b""
-                        records += 1
-                        key_bytes += len(key)
-                        value_bytes += len(value)
-                        latest[key] = len(key) + len(value)
+            for record in read_to_end(reader, partitions, stall=timeout):
+                key, value = record.key or b"", record.value or b""
+                records += 1
+                key_bytes += len(key)
+                value_bytes += len(value)
+                latest[key] = len(key) + len(value)
             results.append(TopicBytes(topic, records, key_bytes, value_bytes, len(latest), sum(latest.values())))
     finally:
-        consumer.close()
+        reader.close()
     return results
 
 

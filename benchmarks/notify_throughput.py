@@ -39,7 +39,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import kit  # noqa: E402  (this directory's; first: quiets kafka-python's import)
+import kit  # noqa: E402  (this directory's; first: it puts the repository on sys.path)
 from kit import REPO  # noqa: E402
 
 from harness.localkafka import free_ports  # noqa: E402

@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
-import kit  # noqa: E402  (this directory's; first: quiets kafka-python's import)
+import kit  # noqa: E402  (this directory's; first: it puts the repository on sys.path)
 from kit import REPO  # noqa: E402
 
 from kubernetes import client, config  # noqa: E402  # isort: skip

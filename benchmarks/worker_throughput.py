@@ -84,9 +84,10 @@ from kit import (  # noqa: E402
 )
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402  # isort: skip
-from kafka import KafkaConsumer  # noqa: E402
-from streams.common.kafka_clients import ADMIN_SECONDS, admin_client  # noqa: E402
-from kafka import TopicPartition as SyncTopicPartition  # noqa: E402
+from confluent_kafka import TopicPartition as Assigned  # noqa: E402
+from streams.common.kafka_clients import ADMIN_SECONDS, admin_client, consumer  # noqa: E402
+from streams.common.reading import read_to_end  # noqa: E402
+from streams.common.settings import KafkaSettings  # noqa: E402
 
 from harness.running import CONFIG, Deployment, simulated  # noqa: E402
 from streams.common.settings import load_settings  # noqa: E402
@@ -252,13 +253,8 @@ def deployment_topics(deployment: Deployment) -> list[str]:
                   if name.startswith(deployment.kafka.topic_prefix) or name.startswith(f"{deployment.app_id}-"))
 
 
-def end_offsets(bootstrap: str, topics: Sequence[str]) -> dict[SyncTopicPartition, int]:
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    try:
-        partitions = [SyncTopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or ())]
-        return dict(consumer.end_offsets(partitions))
-    finally:
-        consumer.close()
+def end_offsets(bootstrap: str, topics: Sequence[str]) -> dict[tuple[str, int], int]:
+    return kit.end_offsets(bootstrap, kit.partitions_of(bootstrap, topics))
 
 
 def kind_of_topic(deployment: Deployment, topic: str) -> str:
@@ -269,32 +265,29 @@ def kind_of_topic(deployment: Deployment, topic: str) -> str:
     return topic.removeprefix(deployment.kafka.topic_prefix).removeprefix("vmstream.")
 
 
-def written_between(deployment: Deployment, starts: dict[SyncTopicPartition, int], inputs: int,
+def written_between(deployment: Deployment, starts: dict[tuple[str, int], int], inputs: int,
                     skip: Sequence[str] = ()) -> list[Stream]:
     """What the worker wrote since ``starts`` on each topic, per input (``inputs``): read back."""
-    ends = end_offsets(deployment.bootstrap, sorted({tp.topic for tp in starts}))
-    consumer = KafkaConsumer(bootstrap_servers=deployment.bootstrap, enable_auto_commit=False)
+    ends = end_offsets(deployment.bootstrap, sorted({topic for topic, _ in starts}))
+    reader = consumer(KafkaSettings(bootstrap_servers=deployment.bootstrap), client_id="vmstream-bench",
+                      config={"isolation.level": "read_uncommitted"})
     sizes: dict[str, list[int]] = {}  # topic → [records, key bytes, value bytes, header bytes]
     try:
-        for tp, end in ends.items():
-            start = starts.get(tp, 0)
-            if end <= start or kind_of_topic(deployment, tp.topic) in skip:
+        for (topic, partition), end in ends.items():
+            start = starts.get((topic, partition), 0)
+            if end <= start or kind_of_topic(deployment, topic) in skip:
                 continue
-            consumer.assign([tp])
-            consumer.seek(tp, start)
-            total = sizes.setdefault(tp.topic, [0, 0, 0, 0])
-            deadline = time.monotonic() + 60
-            while consumer.position(tp) < end and time.monotonic() < deadline:
-                for batch in consumer.poll(timeout_ms=500).values():
-                    for record in batch:
-                        if record.offset >= end:
-                            continue
-                        total[0] += 1
-                        total[1] += len(record.key or b"")
-                        total[2] += len(record.value or b"")
-                        total[3] += sum(len(k) + len(v or b"") for k, v in record.headers or ())
+            reader.assign([Assigned(topic, partition, start)])
+            total = sizes.setdefault(topic, [0, 0, 0, 0])
+            for record in read_to_end(reader, [Assigned(topic, partition)], stall=60):
+                if record.offset >= end:
+                    continue
+                total[0] += 1
+                total[1] += len(record.key or b"")
+                total[2] += len(record.value or b"")
+                total[3] += sum(len(k) + len(v or b"") for k, v in record.headers)
     finally:
-        consumer.close()
+        reader.close()
     streams = []
     for topic, (records, key, value, header) in sorted(sizes.items()):
         kind = kind_of_topic(deployment, topic)

@@ -5,18 +5,17 @@ topics and records across ``down`` / ``up`` unless ``--reset``."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
-from kafka import TopicPartition as KafkaTopicPartition
-from kafka.admin import NewTopic
+from confluent_kafka.admin import NewTopic
 
 from harness import localkafka
+from streams.common.kafka_clients import ADMIN_SECONDS, admin_client
 from tests.support.kafka_broker import TopicFactory
+from tests.support.kafka_io import Record, TopicReader, publish, settings
 
 pytestmark = pytest.mark.kafka
 
@@ -126,40 +125,30 @@ def test_up_status_down_manage_a_background_broker(
 
 
 def _topics(bootstrap: str) -> set[str]:
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="test-localkafka")
-    try:
-        return set(admin.list_topics())
-    finally:
-        admin.close()
+    admin = admin_client(settings(bootstrap), client_id="test-localkafka")
+    return set(admin.list_topics(timeout=ADMIN_SECONDS).topics)
+
+
+def _create(bootstrap: str, topic: str) -> None:
+    """Create ``topic``. The client goes with the call, its connections closed by it: one the
+    broker closed on its way down would hold the broker's port a while (TIME_WAIT)."""
+    admin = admin_client(settings(bootstrap), client_id="test-localkafka")
+    created = admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)],
+                                  operation_timeout=ADMIN_SECONDS)
+    created[topic].result()
 
 
 def _produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    try:
-        for value in values:
-            producer.send(topic, value, partition=0)
-        producer.flush(timeout=READ_TIMEOUT)
-    finally:
-        producer.close()
+    publish(bootstrap, [Record(topic, None, value, partition=0) for value in values], timeout=READ_TIMEOUT)
 
 
 def _read_all(bootstrap: str, topic: str) -> list[bytes]:
     """Every value of partition 0, read by a consumer of the test's own."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    reader = TopicReader(bootstrap, [topic], partitions=1)
     try:
-        partition = KafkaTopicPartition(topic, 0)
-        consumer.assign([partition])
-        consumer.seek_to_beginning(partition)
-        end = consumer.end_offsets([partition])[partition]
-        values: list[bytes] = []
-        deadline = time.monotonic() + READ_TIMEOUT
-        while consumer.position(partition) < end:
-            assert time.monotonic() < deadline, f"read {len(values)} of {end} records"
-            for records in consumer.poll(timeout_ms=500).values():
-                values += [record.value for record in records]
-        return values
+        return [record.value or b"" for record in reader.read_to_end(stall=READ_TIMEOUT)]
     finally:
-        consumer.close()
+        reader.close()
 
 
 def test_down_and_up_keep_topics_and_records_unless_reset(
@@ -173,11 +162,7 @@ def test_down_and_up_keep_topics_and_records_unless_reset(
         first = localkafka.status(state_dir)
         assert first is not None
         assert f"export KAFKA_BOOTSTRAP_SERVERS={first.bootstrap_servers}" in capsys.readouterr().out.splitlines()
-        admin = KafkaAdminClient(bootstrap_servers=first.bootstrap_servers, client_id="test-localkafka")
-        try:
-            admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])
-        finally:
-            admin.close()
+        _create(first.bootstrap_servers, topic)
         _produce(first.bootstrap_servers, topic, values)
         assert localkafka.main(["down", "--state-dir", str(state_dir)]) == 0
         assert not localkafka.probe(first.bootstrap_servers)

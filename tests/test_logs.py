@@ -54,14 +54,16 @@ import asyncio, logging, logging.config, sys, threading, time
 from streams.common.logs import logging_config
 logging.config.dictConfig(logging_config("INFO"))
 from aiokafka import AIOKafkaConsumer
-from kafka import KafkaConsumer
+from streams.common.kafka_clients import consumer as librdkafka_consumer
+from streams.common.settings import KafkaSettings
 
 bootstrap, topic = sys.argv[1], sys.argv[2]
 
 def blocking() -> None:
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=topic + "-kp")
+    consumer = librdkafka_consumer(KafkaSettings(bootstrap_servers=bootstrap), group_id=topic + "-rd")
+    consumer.subscribe([topic])
     while True:
-        consumer.poll(timeout_ms=500)
+        consumer.poll(0.5)
 
 async def main() -> None:
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=topic + "-aio")
@@ -80,7 +82,7 @@ asyncio.run(main())
 
 @pytest.mark.kafka
 def test_a_broker_outage_logs_at_a_bounded_rate(tmp_path: Path) -> None:
-    """Two consumers (aiokafka, kafka-python) lose their broker for 20 s: without the limit,
+    """Two consumers (aiokafka, librdkafka) lose their broker for 20 s: without the limit,
     some 1,400 lines; with it, at most a few per kind and period."""
     outage = 20.0
     broker = LocalKafka()

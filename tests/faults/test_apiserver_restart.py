@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer, TopicPartition
 from kubernetes import client, config
 
 from handlers.contracts.messages import Command
@@ -35,6 +34,7 @@ from harness.running import CONFIG, Deployment, VmstreamProcess
 from samples.cluster import A100, PROJECT_LABEL
 from streams.kube.watching import TOPIC
 from tests.support.harness import Harness, config as harness_config
+from tests.support.kafka_io import TopicReader
 from tests.support.kube_apiserver import minimal_vm
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
@@ -71,23 +71,18 @@ class Reader:
     def __init__(self, deployment: Deployment, *topics: str) -> None:
         kafka = deployment.kafka
         self.names = {kafka.topic(name): name for name in topics}
-        self.consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False)
-        partitions = [TopicPartition(topic, p) for topic in self.names for p in range(kafka.partitions)]
-        self.consumer.assign(partitions)
-        self.consumer.seek_to_beginning(*partitions)
+        self.reader = TopicReader(kafka, self.names, partitions=kafka.partitions)
         self.seen: dict[str, list[tuple[str, dict[str, Any]]]] = {name: [] for name in topics}
 
     def poll(self) -> None:
-        for records in self.consumer.poll(timeout_ms=200).values():
-            for record in records:
-                key = record.key.decode() if record.key else ""
-                self.seen[self.names[record.topic]].append((key, json.loads(record.value)))
+        for record in self.reader.poll(0.2):
+            key = record.key.decode() if record.key else ""
+            self.seen[self.names[record.topic]].append((key, json.loads(record.value or b"")))
 
     def read_to_end(self, timeout: float = DEADLINE) -> None:
-        partitions = list(self.consumer.assignment())
-        ends = self.consumer.end_offsets(partitions)
+        ends = self.reader.ends()
         deadline = time.monotonic() + timeout
-        while any(self.consumer.position(tp) < ends[tp] for tp in partitions):
+        while not self.reader.caught_up(ends):
             if time.monotonic() > deadline:
                 raise AssertionError("timed out reading the topics to their end")
             self.poll()
@@ -99,7 +94,7 @@ class Reader:
         return [value for _, value in self.seen["command-results"] if value["command_id"] == command_id]
 
     def close(self) -> None:
-        self.consumer.close()
+        self.reader.close()
 
 
 @pytest.fixture

@@ -138,9 +138,6 @@ def test_kill_9_at_random_points_loses_nothing_and_changes_no_content(
         worker.stop()
 
 
-# kafka-python's clients (this test's reader and publisher) leave unclosed the sockets of
-# their connection attempts while the broker is down: collected here, not in a later test.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning", "ignore::ResourceWarning")
 def test_a_broker_stopped_and_started_on_its_data_loses_nothing_and_changes_no_content(tmp_path: Path) -> None:
     """A broker of its own, stopped twice while intents flow and started again on the same
     data and ports. A worker that gave up meanwhile is started again, as Kubernetes would."""

@@ -19,7 +19,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer, TopicPartition
 
 from handlers.contracts.tracing import derived_trace
 from handlers.decide.engine import Engine
@@ -30,6 +29,7 @@ from samples.cluster import RTX, vm
 from streams.common.settings import load_settings
 from streams.cli.simulating import Simulation
 from streams.common.topics import GPU_CLASSES
+from tests.support.kafka_io import TopicReader
 
 pytestmark = pytest.mark.kafka
 
@@ -109,10 +109,7 @@ class ClassTopic:
 
     def __init__(self, deployment: Deployment) -> None:
         kafka = deployment.kafka
-        self.consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False)
-        partitions = [TopicPartition(kafka.topic(GPU_CLASSES), p) for p in range(kafka.partitions)]
-        self.consumer.assign(partitions)
-        self.consumer.seek_to_beginning(*partitions)
+        self.reader = TopicReader(kafka, [kafka.topic(GPU_CLASSES)], partitions=kafka.partitions)
         self.latest: dict[str, Any] = {}
         self.headers: dict[str, tuple[dict[str, str], bytes | None]] = {}  # the latest record's, and its value
 
@@ -121,17 +118,16 @@ class ClassTopic:
         while self.latest != expected:
             if time.monotonic() > deadline:
                 raise AssertionError(f"the topic holds {self.latest}, not {expected}")
-            for records in self.consumer.poll(timeout_ms=200).values():
-                for record in records:
-                    key = record.key.decode()
-                    self.headers[key] = ({name: value.decode() for name, value in record.headers}, record.value)
-                    if record.value is None:
-                        self.latest.pop(key, None)
-                    else:
-                        self.latest[key] = json.loads(record.value)
+            for record in self.reader.poll(0.2):
+                key = (record.key or b"").decode()
+                self.headers[key] = ({name: value.decode() for name, value in record.headers}, record.value)
+                if record.value is None:
+                    self.latest.pop(key, None)
+                else:
+                    self.latest[key] = json.loads(record.value)
 
     def close(self) -> None:
-        self.consumer.close()
+        self.reader.close()
 
 
 

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer, TopicPartition
 
 from streams.cli import requesting
 from streams.common.credentials import SigningKey, jwks, sign_intent, signed
 from harness.running import Deployment, WorkerProcess
 from harness.scenarios import START, cluster
 from samples.cluster import iso
+from tests.support.kafka_io import TopicReader
 
 pytestmark = pytest.mark.kafka
 
@@ -43,25 +43,21 @@ class Reader:
     def __init__(self, deployment: Deployment) -> None:
         kafka = deployment.kafka
         self.names = {kafka.topic("audit"): "audit", kafka.topic("commands"): "commands"}
-        self.consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False)
-        partitions = [TopicPartition(topic, p) for topic in self.names for p in range(kafka.partitions)]
-        self.consumer.assign(partitions)
-        self.consumer.seek_to_beginning(*partitions)
+        self.reader = TopicReader(kafka, self.names, partitions=kafka.partitions)
         self.seen: dict[str, list[dict[str, Any]]] = {"audit": [], "commands": []}
 
     def until(self, condition: Any, what: str) -> None:
         deadline = time.monotonic() + READ_DEADLINE
         while not condition():
             assert time.monotonic() < deadline, f"not seen within {READ_DEADLINE}s: {what}"
-            for records in self.consumer.poll(timeout_ms=200).values():
-                for record in records:
-                    self.seen[self.names[record.topic]].append(json.loads(record.value))
+            for record in self.reader.poll(0.2):
+                self.seen[self.names[record.topic]].append(json.loads(record.value or b""))
 
     def audits(self, ref: str) -> list[dict[str, Any]]:
         return [a for a in self.seen["audit"] if a["input"]["ref"] == ref]
 
     def close(self) -> None:
-        self.consumer.close()
+        self.reader.close()
 
 
 @pytest.fixture

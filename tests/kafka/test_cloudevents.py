@@ -3,7 +3,7 @@ binding's headers (binary mode) and a W3C ``traceparent`` that links it to its i
 
 A real ``vmstream worker`` decides intents sent with and without a ``traceparent``; the
 applier, run on a real kube-apiserver, records a command's result under the command's
-trace. What was written is read back, headers and all, with a plain kafka-python consumer.
+trace. What was written is read back, headers and all, with a plain consumer of the test's own.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kubernetes import client
 
 from handlers.contracts import ids
@@ -31,6 +30,7 @@ from harness.running import CONFIG, Deployment, WorkerProcess
 from harness.scenarios import cluster
 from samples.cluster import node as node_object
 from streams.common.settings import load_settings
+from tests.support.kafka_io import Record, TopicReader, publish
 from tests.support.kube_apiserver import Kube
 
 pytestmark = pytest.mark.kafka
@@ -54,18 +54,14 @@ class Records:
     def __init__(self, deployment: Deployment) -> None:
         kafka = deployment.kafka
         self.names = {kafka.topic(name): name for name in OUTPUTS}
-        self.consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False)
-        partitions = [TopicPartition(topic, p) for topic in self.names for p in range(kafka.partitions)]
-        self.consumer.assign(partitions)
-        self.consumer.seek_to_beginning(*partitions)
+        self.reader = TopicReader(kafka, self.names, partitions=kafka.partitions)
         self.seen: dict[str, list[tuple[dict[str, Any], dict[str, str]]]] = {name: [] for name in OUTPUTS}
 
     def poll(self) -> None:
-        for batch in self.consumer.poll(timeout_ms=200).values():
-            for record in batch:
-                headers = {name: value.decode() for name, value in record.headers}
-                assert len(headers) == len(record.headers), f"a header twice: {record.headers}"
-                self.seen[self.names[record.topic]].append((json.loads(record.value), headers))
+        for record in self.reader.poll(0.2):
+            headers = {name: value.decode() for name, value in record.headers}
+            assert len(headers) == len(record.headers), f"a header twice: {record.headers}"
+            self.seen[self.names[record.topic]].append((json.loads(record.value or b""), headers))
 
     def wait_for(self, what: str, condition: Any) -> None:
         deadline = time.monotonic() + DEADLINE
@@ -80,7 +76,7 @@ class Records:
         return [(value, headers) for value, headers in self.seen["audit"] if value["input"]["ref"] == ref]
 
     def close(self) -> None:
-        self.consumer.close()
+        self.reader.close()
 
 
 @pytest.fixture
@@ -99,11 +95,7 @@ def records(deployment: Deployment) -> Iterator[Records]:
 
 def send(deployment: Deployment, key: str, value: bytes, headers: list[tuple[str, bytes]],
          topic: str = "intents") -> None:
-    producer = KafkaProducer(bootstrap_servers=deployment.bootstrap)
-    try:
-        producer.send(deployment.kafka.topic(topic), key=key.encode(), value=value, headers=headers).get(timeout=30)
-    finally:
-        producer.close()
+    publish(deployment.kafka, [Record(deployment.kafka.topic(topic), key.encode(), value, headers)])
 
 
 def trace_id(headers: dict[str, str]) -> str:

@@ -1,6 +1,6 @@
 """The applier's and the worker's producer (streams/common/durable.py) against a real
 broker: ``send_all`` returns only once every record is written, says where each went, puts
-a key where kafka-python and the Java client do, and raises instead of returning for what
+a key where the Java client does, and raises instead of returning for what
 was not written; ``send_each`` and ``deliver`` (the worker's, from its event loop) say per
 record, keep an explicit partition, a timestamp to the millisecond and a tombstone. Read
 back with a consumer of the test's own, not with the code under test."""
@@ -12,12 +12,11 @@ import socket
 import threading
 
 import pytest
-from kafka import KafkaConsumer, TopicPartition
-from kafka.partitioner.default import murmur2
 
 from streams.common.durable import Delivered, DurableProducer, NotDelivered, Record
 from streams.common.settings import KafkaSettings
 from tests.support.kafka_broker import TopicFactory
+from tests.support.kafka_io import TopicReader, murmur2_partition
 
 pytestmark = pytest.mark.kafka
 
@@ -29,21 +28,14 @@ def read_back(bootstrap: str, topic: str, partitions: int, *,
               stamps: dict[tuple[int, int], int] | None = None) -> list[Read]:
     """Every record of ``topic`` as (partition, offset, key, value, headers); ``stamps``
     receives each record's timestamp by (partition, offset)."""
-    reader = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=1)
+    reader = TopicReader(bootstrap, [topic], partitions=partitions)
     try:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        reader.assign(tps)
-        reader.seek_to_beginning(*tps)
-        ends = reader.end_offsets(tps)
-        seen: list[Read] = []
-        while any(reader.position(tp) < ends[tp] for tp in tps):
-            for records in reader.poll(timeout_ms=1000).values():
-                seen += [(r.partition, r.offset, r.key, r.value, list(r.headers)) for r in records]
-                if stamps is not None:
-                    stamps.update({(r.partition, r.offset): r.timestamp for r in records})
-        return sorted(seen)
+        records = reader.read_to_end()
     finally:
         reader.close()
+    if stamps is not None:
+        stamps.update({(r.partition, r.offset): r.timestamp for r in records})
+    return sorted((r.partition, r.offset, r.key, r.value, list(r.headers)) for r in records)
 
 
 def test_send_all_returns_where_every_record_is_once_the_broker_has_it(
@@ -63,8 +55,8 @@ def test_send_all_returns_where_every_record_is_once_the_broker_has_it(
         assert place.topic == topic
         key, value, headers = by_place[(place.partition, place.offset)]  # where send_all said, nowhere else
         assert (key, value, headers) == (record.key, record.value, list(record.headers))
-        if record.key is not None:  # the partition kafka-python and the Java client pick
-            assert place.partition == (murmur2(record.key) & 0x7FFFFFFF) % 6
+        if record.key is not None:  # the partition the Java client picks
+            assert place.partition == murmur2_partition(record.key, 6)
 
 
 def test_what_the_broker_takes_is_sent_and_what_it_does_not_is_not_delivered(

@@ -14,13 +14,12 @@ import json
 from collections.abc import Mapping
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.partitioner.default import murmur2
 
 from handlers.core.tables import PROCESSED
 from harness.running import Deployment, Outputs, WorkerProcess
 from harness.scenarios import cluster
 from streams.common.topics import changelog_topic
+from tests.support.kafka_io import Record, TopicReader, murmur2_partition, publish
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.kafka
@@ -36,20 +35,13 @@ class Changelog:
 
     def __init__(self, deployment: Deployment) -> None:
         self.topic = changelog_topic(deployment.app_id, PROCESSED.stored_as)
-        self.reader = KafkaConsumer(bootstrap_servers=deployment.bootstrap, enable_auto_commit=False)
-        self.assigned = False
+        self.reader = TopicReader(deployment.bootstrap, [self.topic], missing_ok=True)
         self.records: list[tuple[int, str, bytes | None]] = []
 
     def poll(self) -> list[tuple[int, str, bytes | None]]:
-        if not self.assigned:
-            partitions = self.reader.partitions_for_topic(self.topic)
-            if not partitions:
-                return self.records  # the worker has not made it yet
-            self.reader.assign([TopicPartition(self.topic, p) for p in partitions])
-            self.reader.seek_to_beginning()
-            self.assigned = True
-        for tp, batch in self.reader.poll(timeout_ms=200).items():
-            self.records += [(tp.partition, json.loads(r.key), r.value) for r in batch]
+        if not self.reader.assigned():
+            return self.records  # the worker has not made it yet
+        self.records += [(r.partition, json.loads(r.key or b""), r.value) for r in self.reader.poll(0.2)]
         return self.records
 
     def of(self, intent_id: str) -> list[tuple[int, bool]]:
@@ -62,13 +54,10 @@ class Changelog:
 
 def publish_misplaced(deployment: Deployment, value: Mapping[str, object]) -> None:
     kafka = deployment.kafka
-    wrong = ((murmur2(KEY.encode()) & 0x7FFFFFFF) % kafka.partitions + 1) % kafka.partitions  # never murmur2's
-    out = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
-    try:
-        assert out.send(kafka.topic("intents"), key=KEY.encode(), value=json.dumps(value).encode(),
-                        partition=wrong).get(timeout=30).partition == wrong
-    finally:
-        out.close()
+    wrong = (murmur2_partition(KEY.encode(), kafka.partitions) + 1) % kafka.partitions  # never murmur2's
+    [written] = publish(kafka, [Record(kafka.topic("intents"), KEY.encode(), json.dumps(value).encode(),
+                                       partition=wrong)])
+    assert written.partition == wrong
 
 
 def test_an_intent_id_past_the_window_is_tombstoned_where_its_row_is_and_is_decided_anew(

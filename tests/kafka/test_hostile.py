@@ -1,7 +1,7 @@
 """Hostile input on a real broker: a bad record costs only itself.
 
 Every class of hostile record (harness/hostile.py) goes to a real worker interleaved with
-valid intents; the test counts with a kafka-python consumer of its own what came out: every
+valid intents; the test counts with a consumer of its own what came out: every
 valid intent has one audit record, every hostile one has one dead letter naming its topic,
 partition and offset (or one rejection). And a message the broker refuses stops the worker
 before it acknowledges the input, which the next worker then decides.
@@ -17,14 +17,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from harness.hostile import Hostile, hostile_events, hostile_intents, interleaved, valid_intent
 from harness.running import Deployment, WorkerProcess
 from harness.scenarios import cluster
 from streams.common.topics import KIND_HEADER, SOURCE_HEADER
 from streams.worker.app import EXIT_UNPUBLISHED, Worker, _origin
+from streams.common.durable import DurableProducer
+from streams.common.group_reading import Partition
+from tests.support.kafka_broker import committed as group_offsets
 from tests.support.kafka_broker import set_topic_config
+from tests.support.kafka_io import Record, TopicReader
 
 pytestmark = pytest.mark.kafka
 
@@ -37,20 +40,16 @@ class Reader:
     def __init__(self, deployment: Deployment) -> None:
         kafka = deployment.kafka
         self.names = {kafka.topic("audit"): "audit", kafka.topic("dlq"): "dlq"}
-        self.consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False,
-                                      max_partition_fetch_bytes=2_000_000)
-        partitions = [TopicPartition(topic, p) for topic in self.names for p in range(kafka.partitions)]
-        self.consumer.assign(partitions)
-        self.consumer.seek_to_beginning(*partitions)
+        self.reader = TopicReader(kafka, self.names, partitions=kafka.partitions,
+                                  config={"max.partition.fetch.bytes": 2_000_000})
         self.audit: list[dict[str, Any]] = []
         self.dlq: list[dict[str, Any]] = []
         self.largest = 0
 
     def poll(self) -> None:
-        for records in self.consumer.poll(timeout_ms=200).values():
-            for record in records:
-                self.largest = max(self.largest, len(record.value) + len(record.key or b""))
-                getattr(self, self.names[record.topic]).append(json.loads(record.value))
+        for record in self.reader.poll(0.2):
+            self.largest = max(self.largest, len(record.value or b"") + len(record.key or b""))
+            getattr(self, self.names[record.topic]).append(json.loads(record.value or b""))
 
     def wait_for(self, condition: Any, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
@@ -61,7 +60,7 @@ class Reader:
             self.poll()
 
     def close(self) -> None:
-        self.consumer.close()
+        self.reader.close()
 
 
 
@@ -72,9 +71,8 @@ def reader(deployment: Deployment) -> Iterator[Reader]:
     reader.close()
 
 
-def producer(deployment: Deployment) -> KafkaProducer:
-    return KafkaProducer(bootstrap_servers=deployment.bootstrap, acks="all", linger_ms=5,
-                         max_request_size=1_100_000)
+def producer(deployment: Deployment) -> DurableProducer:
+    return DurableProducer(deployment.kafka, client_id="vmstream-tests", timeout=30, linger_ms=5)
 
 
 def test_every_hostile_record_is_one_dead_letter_and_every_valid_intent_is_decided(
@@ -84,20 +82,25 @@ def test_every_hostile_record_is_one_dead_letter_and_every_valid_intent_is_decid
     try:
         deployment.publish_lines(CLUSTER)
         reader.wait_for(lambda: len(reader.audit) >= len(CLUSTER), 60, "the cluster's events decided")
-        sends: list[tuple[Hostile, Any]] = []
+        sends: list[Hostile | None] = []  # None: a valid intent
+        records: list[Record] = []
         valid: list[str] = []
         out = producer(deployment)
         every_class = len(hostile_intents(0)) + len(hostile_events(0))
         for _, item in interleaved(hostile=2 * every_class, valid=40):
             if isinstance(item, Hostile):
-                sends.append((item, out.send(deployment.kafka.topic(item.topic), key=item.key, value=item.value)))
+                sends.append(item)
+                records.append(Record(deployment.kafka.topic(item.topic), item.key, item.value))
             else:
                 key, value, intent_id = valid_intent(item)
-                out.send(deployment.kafka.topic("intents"), key=key, value=value)
+                sends.append(None)
+                records.append(Record(deployment.kafka.topic("intents"), key, value))
                 valid.append(intent_id)
-        out.flush()
-        placed = [(hostile, future.get(timeout=30)) for hostile, future in sends]
-        out.close()
+        try:
+            delivered = out.send_all(records)
+        finally:
+            out.close()
+        placed = [(hostile, where) for hostile, where in zip(sends, delivered, strict=True) if hostile is not None]
         assert {h.kind for h, _ in placed} >= {"tombstone", "nested-100k-deep", "near-broker-limit", "no-key"}
 
         letters = {(h.topic, m.partition, m.offset) for h, m in placed if h.fate == "dead_letter"}
@@ -131,15 +134,9 @@ def test_every_hostile_record_is_one_dead_letter_and_every_valid_intent_is_decid
         assert worker.stop() == 0, worker.tail()
 
 
-def committed(deployment: Deployment, partition: TopicPartition) -> int | None:
+def committed(deployment: Deployment, partition: Partition) -> int | None:
     """The worker's committed offset of ``partition``, asked without joining its group."""
-    consumer = KafkaConsumer(bootstrap_servers=deployment.bootstrap, group_id=deployment.app_id,
-                             enable_auto_commit=False)
-    try:
-        offset: int | None = consumer.committed(partition)
-        return offset
-    finally:
-        consumer.close()
+    return group_offsets(deployment.kafka, deployment.app_id).get(partition)
 
 
 def limit_audit(deployment: Deployment, max_message_bytes: str) -> None:
@@ -154,8 +151,10 @@ def test_an_output_the_broker_refuses_stops_the_worker_before_its_input_is_commi
     try:
         key, value, intent_id = valid_intent(0)
         out = producer(deployment)
-        placed = out.send(deployment.kafka.topic("intents"), key=key, value=value).get(timeout=30)
-        out.close()
+        try:
+            [placed] = out.send_all([Record(deployment.kafka.topic("intents"), key, value)])
+        finally:
+            out.close()
         deadline = time.monotonic() + 60
         assert first.process is not None
         while first.process.poll() is None:
@@ -163,7 +162,7 @@ def test_an_output_the_broker_refuses_stops_the_worker_before_its_input_is_commi
             time.sleep(0.1)  # polling interval
         assert first.process.returncode == EXIT_UNPUBLISHED, first.tail()
         assert "not published after 5 attempts" in first.tail()
-        offset = committed(deployment, TopicPartition(deployment.kafka.topic("intents"), placed.partition))
+        offset = committed(deployment, Partition(deployment.kafka.topic("intents"), placed.partition))
         assert offset is None or offset <= placed.offset, (offset, placed.offset)
     finally:
         first.stop()

@@ -18,7 +18,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer, TopicPartition
 
 from handlers.contracts import ids
 from handlers.contracts.messages import AuditInput, AuditRecord, CommandResult, ObjectRef
@@ -27,6 +26,7 @@ from streams.common.codecs import encode_message
 from streams.common.settings import KafkaSettings
 from streams.common.signing import Keyring
 from tests.kafka.test_requesting import SET_GPU, audit_for, cli, kafka, produce  # noqa: F401 (kafka: a fixture)
+from tests.support.kafka_io import TopicReader
 
 pytestmark = pytest.mark.kafka
 
@@ -85,21 +85,17 @@ class ApplierStandIn(threading.Thread):
 
     def _first_intent(self) -> tuple[str, str, dict[str, Any]]:
         topic = self.kafka.topic("intents")
-        consumer = KafkaConsumer(bootstrap_servers=self.kafka.bootstrap_servers, enable_auto_commit=False)
+        reader = TopicReader(self.kafka, [topic])
         try:
-            partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
-            consumer.assign(partitions)
-            consumer.seek_to_beginning(*partitions)
             self.ready.set()
             deadline = time.monotonic() + DEADLINE
             while time.monotonic() < deadline:
-                for records in consumer.poll(timeout_ms=200).values():
-                    record = records[0]
-                    body = json.loads(record.value)
-                    return record.key.decode(), body["intent_id"], body
+                for record in reader.poll(0.2)[:1]:
+                    body = json.loads(record.value or b"")
+                    return (record.key or b"").decode(), body["intent_id"], body
             raise AssertionError("no intent was published")
         finally:
-            consumer.close()
+            reader.close()
 
     def check(self) -> None:
         self.join(DEADLINE)

@@ -32,7 +32,6 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 from aiosmtpd.controller import Controller
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from handlers.contracts.messages import Notification, ObjectRef
 from handlers.contracts.tracing import derived_trace, span_id
@@ -42,6 +41,7 @@ from streams.common.settings import Settings, read_yaml
 from streams.common.topics import DELIVERIES as LEDGER
 from streams.serve.notify import Notifier, ensure_ledger
 from tests.support.kafka_broker import committed, end_offsets
+from tests.support.kafka_io import Record, TopicReader, publish
 from tests.support.waiting import eventually, stop
 
 pytestmark = pytest.mark.kafka
@@ -209,36 +209,22 @@ class Setup:
         if source is not None:
             trace = trace_of(list(headers.items()), notification.notification_id)
             headers = kafka_headers(notification, source=source, trace=trace, time=datetime.now(UTC))
-        producer = KafkaProducer(bootstrap_servers=self.settings.kafka.bootstrap_servers, acks="all")
-        try:
-            producer.send(self.topic("notifications"), key=key.encode(),
-                          value=notification.model_dump_json(exclude_none=True).encode(),
-                          headers=list(headers.items()) or None).get(timeout=DEADLINE)
-            return headers
-        finally:
-            producer.close()
+        publish(self.settings.kafka, [Record(self.topic("notifications"), key.encode(),
+                                             notification.model_dump_json(exclude_none=True).encode(),
+                                             list(headers.items()))], timeout=DEADLINE)
+        return headers
 
     def read(self, logical: str, *, with_headers: bool = False) -> list[dict[str, Any]]:
         """Every record of a topic up to its current end, as (key, value); its headers under
         ``_headers`` when asked."""
         topic = self.topic(logical)
-        consumer = KafkaConsumer(bootstrap_servers=self.settings.kafka.bootstrap_servers, enable_auto_commit=False)
+        reader = TopicReader(self.settings.kafka, [topic])
         try:
-            partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
-            consumer.assign(partitions)
-            consumer.seek_to_beginning(*partitions)
-            end = consumer.end_offsets(partitions)
-            found: list[dict[str, Any]] = []
-            deadline = time.monotonic() + DEADLINE
-            while not all(consumer.position(tp) >= end[tp] for tp in partitions):
-                assert time.monotonic() < deadline, f"{topic} not read to its end within {DEADLINE}s"
-                for batch in consumer.poll(timeout_ms=200).values():
-                    found += [{"key": r.key.decode() if r.key else None, **json.loads(r.value),
-                               **({"_headers": {n: v.decode() for n, v in r.headers}} if with_headers else {})}
-                              for r in batch]
-            return found
+            return [{"key": r.key.decode() if r.key else None, **json.loads(r.value or b""),
+                     **({"_headers": {n: v.decode() for n, v in r.headers}} if with_headers else {})}
+                    for r in reader.read_to_end(stall=DEADLINE)]
         finally:
-            consumer.close()
+            reader.close()
 
     def all_committed(self) -> bool:
         """notify's group has committed every notification published so far."""

@@ -4,7 +4,7 @@ Two workers share one consumer group. The cluster's state is published first; th
 are written to partitions murmur2 would not pick for their key — as a Go (sarama, FNV-1a) or
 librdkafka (CRC32) producer places them. Each must still be decided on its VM's state: the
 worker re-keys intents onto a topic it partitions itself. The test counts the outcomes with
-a kafka-python consumer of its own, and asks both workers' ``/pending``: a console asks one
+a consumer of its own, and asks both workers' ``/pending``: a console asks one
 replica behind a Service, and either must give the whole cluster's list.
 """
 
@@ -15,13 +15,12 @@ import time
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from confluent_kafka import ConsumerGroupState
-from kafka.partitioner.default import murmur2
 
 from streams.common.kafka_clients import ADMIN_SECONDS, admin_client
 from harness.running import Deployment, WorkerProcess, capacity_after, simulated
 from harness.scenarios import cluster
+from tests.support.kafka_io import Record, TopicReader, murmur2_partition, publish
 
 pytestmark = pytest.mark.kafka
 
@@ -36,11 +35,6 @@ def intents() -> list[tuple[str, dict[str, Any]]]:
                                  "project": project,
                                  "spec": {"namespace": ns, "name": name, "gpu_class": gpu_class}})
             for ns, name, project, by in VMS for i, gpu_class in enumerate([None, "nvidia-rtx-pro-6000-bse"])]
-
-
-def murmur2_partition(key: str, partitions: int) -> int:
-    """Where a Java or kafka-python producer puts ``key`` (Kafka's default partitioner)."""
-    return int(murmur2(key.encode()) & 0x7FFFFFFF) % partitions
 
 
 def expected_pending() -> list[str]:
@@ -59,11 +53,7 @@ class Audit:
         kafka = deployment.kafka
         # Committed records only: a batch a worker aborted (a rebalance) and decided again
         # would otherwise count twice.
-        self.consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False,
-                                      isolation_level="read_committed")
-        partitions = [TopicPartition(kafka.topic("audit"), p) for p in range(kafka.partitions)]
-        self.consumer.assign(partitions)
-        self.consumer.seek_to_beginning(*partitions)
+        self.reader = TopicReader(kafka, [kafka.topic("audit")], partitions=kafka.partitions, committed_only=True)
         self.records: list[dict[str, Any]] = []
 
     def wait_for(self, condition: Any, timeout: float, what: str) -> None:
@@ -71,11 +61,10 @@ class Audit:
         while not condition(self.records):
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out waiting for {what}: {len(self.records)} audit records")
-            for records in self.consumer.poll(timeout_ms=200).values():
-                self.records += [json.loads(record.value) for record in records]
+            self.records += [json.loads(record.value or b"") for record in self.reader.poll(0.2)]
 
     def close(self) -> None:
-        self.consumer.close()
+        self.reader.close()
 
 
 def wait_for_two_members(deployment: Deployment, timeout: float = 90.0) -> None:
@@ -114,17 +103,15 @@ def test_misplaced_intents_are_decided_on_their_vms_state_and_pending_is_cluster
         for worker in workers:
             worker.wait_for_capacity(capacity_after(CLUSTER), 90)
 
-        out = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
         placed = {}
         for key, value in intents():
-            right = murmur2_partition(key, kafka.partitions)
+            right = murmur2_partition(key.encode(), kafka.partitions)
             wrong = (right + 1 + len(key) % (kafka.partitions - 1)) % kafka.partitions  # never murmur2's
             assert wrong != right
-            metadata = out.send(kafka.topic("intents"), key=key.encode(), value=json.dumps(value).encode(),
-                                partition=wrong).get(timeout=30)
+            [metadata] = publish(kafka, [Record(kafka.topic("intents"), key.encode(), json.dumps(value).encode(),
+                                                partition=wrong)])
             assert metadata.partition == wrong
             placed[value["intent_id"]] = wrong
-        out.close()
 
         audit.wait_for(lambda rs: set(placed) <= {r["input"]["ref"] for r in rs}, 90, "every intent audited")
         decided = {r["input"]["ref"]: r for r in audit.records if r["input"]["ref"] in placed}

@@ -23,15 +23,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.partitioner.default import murmur2
+from confluent_kafka import TopicPartition
 
 from handlers.contracts.messages import AuditRecord
 from harness.running import CONFIG, Deployment, VmstreamProcess, WorkerProcess, capacity_after
 from harness.scenarios import cluster, cordon_landed
 from streams.common.codecs import encode_message
+from streams.common.kafka_clients import ADMIN_SECONDS, admin_client
 from streams.common.settings import KafkaSettings
 from streams.common.topics import KIND_HEADER, SOURCE_HEADER
+from tests.support.kafka_io import Record as Sent
+from tests.support.kafka_io import TopicReader, murmur2, publish
 from tests.support.kube_apiserver import Kube
 
 pytestmark = pytest.mark.kafka
@@ -60,23 +62,14 @@ class Record:
 
 def read_all(kafka: KafkaSettings) -> list[Record]:
     """Every record of the replayed topics, read to their end offsets by the test itself."""
-    consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False)
+    reader = TopicReader(kafka, [kafka.topic(name) for name in REPLAYED], partitions=kafka.partitions)
     try:
-        partitions = [TopicPartition(kafka.topic(name), p) for name in REPLAYED for p in range(kafka.partitions)]
-        consumer.assign(partitions)
-        consumer.seek_to_beginning(*partitions)
-        ends = consumer.end_offsets(partitions)
         names = {kafka.topic(name): name for name in REPLAYED}
-        records: list[Record] = []
-        deadline = time.monotonic() + 60
-        while any(consumer.position(tp) < end for tp, end in ends.items()):
-            assert time.monotonic() < deadline, "could not read the stream to its end"
-            for tp, batch in consumer.poll(timeout_ms=200).items():
-                records += [Record(names[tp.topic], tp.partition, r.offset, r.key, r.value, r.timestamp,
-                                   list(r.headers or ())) for r in batch]
+        records = [Record(names[r.topic], r.partition, r.offset, r.key, r.value, r.timestamp, list(r.headers))
+                   for r in reader.read_to_end(stall=60)]
         return sorted(records, key=lambda r: (r.topic, r.partition, r.offset))
     finally:
-        consumer.close()
+        reader.close()
 
 
 def run_replay(deployment: Deployment) -> subprocess.CompletedProcess[str]:
@@ -109,19 +102,18 @@ def stream(kafka_bootstrap: str, kube: Kube, tmp_path_factory: pytest.TempPathFa
         # gpu-node-2 was seen counted 0 cards where replay, in record time order, counted 2.
         for worker in workers:
             worker.wait_for_capacity(capacity_after(CLUSTER), 90)
-        out = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
+        sent = []
         for i, (ns, name, project, by) in enumerate(VMS):
             key = f"vm/{ns}/{name}"
             value = {"intent_id": f"it-{name}", "type": "set_gpu", "requested_by": by, "project": project,
                      "spec": {"namespace": ns, "name": name, "gpu_class": None if i % 2 else "nvidia-a100"}}
             wrong = ((murmur2(key.encode()) & 0x7FFFFFFF) + 1 + i) % kafka.partitions
-            out.send(kafka.topic("intents"), key=key.encode(), value=json.dumps(value).encode(), partition=wrong)
-        out.send(kafka.topic("intents"), key=b"vm/spx-proj-a/web-1", value=b"{not json")
+            sent.append(Sent(kafka.topic("intents"), key.encode(), json.dumps(value).encode(), partition=wrong))
+        sent.append(Sent(kafka.topic("intents"), b"vm/spx-proj-a/web-1", b"{not json"))
         drain = {"intent_id": "it-drain-1", "type": "drain_node", "requested_by": "ops@example.com",
                  "spec": {"node": "gpu-node-1", "reason": "firmware upgrade", "notice_seconds": 2}}
-        out.send(kafka.topic("intents"), key=b"node/gpu-node-1", value=json.dumps(drain).encode())
-        out.flush()
-        out.close()
+        sent.append(Sent(kafka.topic("intents"), b"node/gpu-node-1", json.dumps(drain).encode()))
+        publish(kafka, sent)
         deployment.publish_lines(cordon_landed())  # no watch bridge here: the applier's cordon, as watched
 
         def unsettled() -> list[str]:
@@ -164,13 +156,7 @@ def republish_as_a_restarted_watch_bridge(kafka: KafkaSettings) -> None:
     again = [latest[key] for key in sorted(latest, key=lambda key: key or b"")][:REPUBLISHED]
     audited = sum(r.topic == "audit" for r in records)
     time.sleep(1.1)  # a restart takes a while: their times differ from the first decisions' by seconds
-    out = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
-    try:
-        for record in again:
-            out.send(kafka.topic("k8s-events"), key=record.key, value=record.value, headers=record.headers)
-        out.flush()
-    finally:
-        out.close()
+    publish(kafka, [Sent(kafka.topic("k8s-events"), record.key, record.value, record.headers) for record in again])
     deadline = time.monotonic() + 60
     while sum(r.topic == "audit" for r in read_all(kafka)) < audited + len(again):
         assert time.monotonic() < deadline, "the events published again were not decided"
@@ -209,19 +195,21 @@ def altered(record: Record, **changes: Any) -> bytes:
 def test_a_record_dropped_forged_or_altered_is_reported_and_exits_1(stream: tuple[Deployment, list[Record]]) -> None:
     deployment, _ = stream
     kafka = deployment.kafka
-    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
-    out = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
+    admin = admin_client(kafka, client_id="vmstream-tests")
 
     def drop(topic: str, match: Callable[[Record], bool] = lambda _: True) -> Record:
         """Drop the first record of a partition (of those that match): DeleteRecords."""
         records = [r for r in read_all(kafka) if r.topic == topic]
         heads = [r for r in records if r is next(x for x in records if x.partition == r.partition)]
         record = next(r for r in heads if match(r))
-        admin.delete_records({TopicPartition(kafka.topic(topic), record.partition): record.offset + 1})
+        deleted = admin.delete_records([TopicPartition(kafka.topic(topic), record.partition, record.offset + 1)],
+                                       request_timeout=ADMIN_SECONDS)
+        for answer in deleted.values():
+            answer.result()
         return record
 
     def write(topic: str, key: bytes | None, value: bytes) -> None:
-        out.send(kafka.topic(topic), key=key, value=value).get(timeout=30)
+        publish(kafka, [Sent(kafka.topic(topic), key, value)])
 
     keyring = deployment.signing.keyring()
 
@@ -234,54 +222,50 @@ def test_a_record_dropped_forged_or_altered_is_reported_and_exits_1(stream: tupl
         assert replayed.returncode == 1, replayed.stdout + replayed.stderr
         assert named in replayed.stdout, replayed.stdout
 
-    try:
-        clean = run_replay(deployment)
-        assert clean.returncode == 0, clean.stdout + clean.stderr
+    clean = run_replay(deployment)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
 
-        # Dropped: a notification of the worker, a result of the applier.
-        notice = drop("notifications", lambda r: r.json()["type"] != "command_failed").json()
-        reported(f"notifications {notice['notification_id']}: decided again, but not recorded")
-        unapplied = drop("command-results").json()["command_id"]
-        reported(f"command {unapplied}: no result")
+    # Dropped: a notification of the worker, a result of the applier.
+    notice = drop("notifications", lambda r: r.json()["type"] != "command_failed").json()
+    reported(f"notifications {notice['notification_id']}: decided again, but not recorded")
+    unapplied = drop("command-results").json()["command_id"]
+    reported(f"command {unapplied}: no result")
 
-        records = read_all(kafka)
-        # Forged: a command the worker never decided, a second result for a command.
-        command = first(records, "commands")
-        write("commands", command.key, altered(command, command_id="cmd-forged", cause="nobody"))
-        reported("commands cmd-forged: recorded, but decided by nobody")
-        result = first(records, "command-results")
-        twice = result.json()["command_id"]
-        write("command-results", result.key, altered(result, outcome="noop", error=None))
-        reported(f"command {twice}: 2 different results")
+    records = read_all(kafka)
+    # Forged: a command the worker never decided, a second result for a command.
+    command = first(records, "commands")
+    write("commands", command.key, altered(command, command_id="cmd-forged", cause="nobody"))
+    reported("commands cmd-forged: recorded, but decided by nobody")
+    result = first(records, "command-results")
+    twice = result.json()["command_id"]
+    write("command-results", result.key, altered(result, outcome="noop", error=None))
+    reported(f"command {twice}: 2 different results")
 
-        # Forged: a "rejected" beside an accepted intent's record, unsealed as anyone could write
-        # it: named as unsealed, and not taken for the decision (which is not "different").
-        audit = first(records, "audit", lambda a: a["input"]["ref"] == "it-train-1")
-        where = f"{kafka.topic('intents')} vm/spx-proj-a/train-1 it-train-1"
-        forged = {k: v for k, v in json.loads(altered(audit, outcome="rejected", reason="forged")).items() if k != "mac"}
-        write("audit", audit.key, json.dumps(forged).encode())
-        replayed = run_replay(deployment)
-        assert replayed.returncode == 1, replayed.stdout + replayed.stderr
-        assert (f"audit {audit.json()['audit_id']} [{where}]: not sealed by the worker or an applier "
-                "(it carries no MAC): ignored") in replayed.stdout, replayed.stdout
-        assert " 0 different, " in replayed.stdout and "1 unsealed audit records ignored" in replayed.stdout
+    # Forged: a "rejected" beside an accepted intent's record, unsealed as anyone could write
+    # it: named as unsealed, and not taken for the decision (which is not "different").
+    audit = first(records, "audit", lambda a: a["input"]["ref"] == "it-train-1")
+    where = f"{kafka.topic('intents')} vm/spx-proj-a/train-1 it-train-1"
+    forged = {k: v for k, v in json.loads(altered(audit, outcome="rejected", reason="forged")).items() if k != "mac"}
+    write("audit", audit.key, json.dumps(forged).encode())
+    replayed = run_replay(deployment)
+    assert replayed.returncode == 1, replayed.stdout + replayed.stderr
+    assert (f"audit {audit.json()['audit_id']} [{where}]: not sealed by the worker or an applier "
+            "(it carries no MAC): ignored") in replayed.stdout, replayed.stdout
+    assert " 0 different, " in replayed.stdout and "1 unsealed audit records ignored" in replayed.stdout
 
-        # Altered by a holder of the key (sealed): a difference, its line naming the input.
-        write("audit", audit.key, sealed(altered(audit, outcome="rejected", reason="forged")))
-        reported(f"{audit.json()['audit_id']} [{where}] outcome: replayed 'accepted', recorded 'rejected'")
-        # Altered: a command's target, an audit record of the applier.
-        stop = first(records, "commands", lambda c: c["type"] == "delete_vmi")
-        write("commands", stop.key, altered(stop, target={**stop.json()["target"], "name": "someone-else"}))
-        reported(f"commands {stop.json()['command_id']}: recorded otherwise (target)")
-        applied = first(records, "audit", lambda a: a["input"]["topic"] == kafka.topic("commands")
-                        and a["input"]["ref"] not in (unapplied, twice))
-        write("audit", applied.key, sealed(altered(applied, reason="all went well")))
-        reported(f"audit {applied.json()['audit_id']}: not the record of command {applied.json()['input']['ref']}")
+    # Altered by a holder of the key (sealed): a difference, its line naming the input.
+    write("audit", audit.key, sealed(altered(audit, outcome="rejected", reason="forged")))
+    reported(f"{audit.json()['audit_id']} [{where}] outcome: replayed 'accepted', recorded 'rejected'")
+    # Altered: a command's target, an audit record of the applier.
+    stop = first(records, "commands", lambda c: c["type"] == "delete_vmi")
+    write("commands", stop.key, altered(stop, target={**stop.json()["target"], "name": "someone-else"}))
+    reported(f"commands {stop.json()['command_id']}: recorded otherwise (target)")
+    applied = first(records, "audit", lambda a: a["input"]["topic"] == kafka.topic("commands")
+                    and a["input"]["ref"] not in (unapplied, twice))
+    write("audit", applied.key, sealed(altered(applied, reason="all went well")))
+    reported(f"audit {applied.json()['audit_id']}: not the record of command {applied.json()['input']['ref']}")
 
-        # The routed copy of an input dropped: that input was never routed.
-        routed = drop("worker-routed", lambda r: dict(r.headers).get(KIND_HEADER) in (b"event", b"intent"))
-        origin = json.loads(dict(routed.headers)[SOURCE_HEADER])
-        reported(f"input {origin['topic']}:{origin['partition']}:{origin['offset']} was never routed")
-    finally:
-        out.close()
-        admin.close()
+    # The routed copy of an input dropped: that input was never routed.
+    routed = drop("worker-routed", lambda r: dict(r.headers).get(KIND_HEADER) in (b"event", b"intent"))
+    origin = json.loads(dict(routed.headers)[SOURCE_HEADER])
+    reported(f"input {origin['topic']}:{origin['partition']}:{origin['offset']} was never routed")

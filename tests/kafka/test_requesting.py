@@ -17,8 +17,6 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.consumer.fetcher import ConsumerRecord
 
 from handlers.contracts.messages import AuditInput, AuditRecord, Notification, ObjectRef, SetGPUIntent, parse_intent
 from handlers.contracts.tracing import derived_trace
@@ -28,6 +26,7 @@ from streams.common.cloudevents import trace_of
 from streams.common.codecs import encode_message
 from streams.common.settings import KafkaSettings
 from streams.common.topics import ensure_topics
+from tests.support.kafka_io import Received, Record, TopicReader, publish
 from tests.support.kafka_broker import delete_topics
 
 pytestmark = pytest.mark.kafka
@@ -58,32 +57,17 @@ def cli(*argv: str) -> int:
     return code
 
 
-def read_all(kafka: KafkaSettings, logical: str) -> list[ConsumerRecord]:
+def read_all(kafka: KafkaSettings, logical: str) -> list[Received]:
     """Every record of a topic up to its current end, polled with a deadline."""
-    topic = kafka.topic(logical)
-    consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False)
+    reader = TopicReader(kafka, [kafka.topic(logical)])
     try:
-        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
-        consumer.assign(partitions)
-        consumer.seek_to_beginning(*partitions)
-        end = consumer.end_offsets(partitions)
-        records: list[ConsumerRecord] = []
-        deadline = time.monotonic() + DEADLINE
-        while not all(consumer.position(tp) >= end[tp] for tp in partitions):
-            assert time.monotonic() < deadline, f"{topic} not read to its end within {DEADLINE}s"
-            for batch in consumer.poll(timeout_ms=200).values():
-                records.extend(batch)
-        return records
+        return reader.read_to_end(stall=DEADLINE)
     finally:
-        consumer.close()
+        reader.close()
 
 
 def produce(kafka: KafkaSettings, logical: str, key: str, value: bytes) -> None:
-    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
-    try:
-        producer.send(kafka.topic(logical), key=key.encode(), value=value).get(timeout=DEADLINE)
-    finally:
-        producer.close()
+    publish(kafka, [Record(kafka.topic(logical), key.encode(), value)], timeout=DEADLINE)
 
 
 def audit_for(kafka: KafkaSettings, ref: str, key: str, outcome: str, *, reason: str | None = None,
@@ -104,14 +88,14 @@ class WorkerStandIn(threading.Thread):
         self.kafka = kafka
         self.outcome = outcome
         self.reason = reason
-        self.intent: ConsumerRecord | None = None
+        self.intent: Received | None = None
         self.error: BaseException | None = None
         self.ready = threading.Event()  # subscribed: whatever is published next is seen
 
     def run(self) -> None:
         try:
             self.intent = self._first_intent()
-            key, ref = self.intent.key.decode(), json.loads(self.intent.value)["intent_id"]
+            key, ref = (self.intent.key or b"").decode(), json.loads(self.intent.value or b"")["intent_id"]
             notification = Notification(
                 notification_id=f"n-{ref}", type="gpu_change_pending_restart", recipients=["bob@example.com"],
                 subject=ObjectRef(kind="VirtualMachine", namespace="spx-proj-b", name="dev-1"), severity="info",
@@ -127,23 +111,20 @@ class WorkerStandIn(threading.Thread):
         finally:
             self.ready.set()
 
-    def _first_intent(self) -> ConsumerRecord:
+    def _first_intent(self) -> Received:
         topic = self.kafka.topic("intents")
-        consumer = KafkaConsumer(bootstrap_servers=self.kafka.bootstrap_servers, enable_auto_commit=False)
+        reader = TopicReader(self.kafka, [topic])
         try:
-            partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
-            consumer.assign(partitions)
-            consumer.seek_to_beginning(*partitions)
             self.ready.set()
             deadline = time.monotonic() + DEADLINE
             while time.monotonic() < deadline:
-                for batch in consumer.poll(timeout_ms=200).values():
-                    return batch[0]
+                for record in reader.poll(0.2):
+                    return record
             raise AssertionError(f"no intent on {topic} within {DEADLINE}s")
         finally:
-            consumer.close()
+            reader.close()
 
-    def result(self) -> ConsumerRecord:
+    def result(self) -> Received:
         self.join(DEADLINE)
         if self.error is not None:
             raise self.error
@@ -208,7 +189,7 @@ def test_wait_reports_the_decision_written_after_the_publish(
 
     assert cli("intent", *SET_GPU, "--id", intent_id, "--wait=decided", "--timeout", str(DEADLINE)) == code
 
-    assert json.loads(stand_in.result().value)["intent_id"] == intent_id
+    assert json.loads(stand_in.result().value or b"")["intent_id"] == intent_id
     out = capsys.readouterr().out.splitlines()
     assert out[1].startswith(f"{outcome} {intent_id} ({kafka.topic('intents')} vm/spx-proj-b/dev-1): ")
     assert "an older decision" not in "\n".join(out)
@@ -226,7 +207,7 @@ def test_no_decision_in_time_is_exit_3_and_the_intent_stays_published(
     assert cli("intent", *SET_GPU, "--id", "it-late", "--wait", "--timeout", "1") == requesting.EXIT_TIMEOUT
     assert time.monotonic() - started < DEADLINE
     assert "no decision on it-late within 1s" in capsys.readouterr().err
-    assert [json.loads(r.value)["intent_id"] for r in read_all(kafka, "intents")] == ["it-late"]
+    assert [json.loads(r.value or b"")["intent_id"] for r in read_all(kafka, "intents")] == ["it-late"]
 
 
 def test_without_topics_nothing_is_published_and_the_exit_is_4(

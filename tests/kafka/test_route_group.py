@@ -15,14 +15,16 @@ import sys
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.structs import OffsetAndMetadata
 
 from harness.localkafka import LocalKafka
 from harness.running import Deployment, Outputs, WorkerProcess
 from streams.common.group_reading import Partition
 from streams.common.topics import ROUTED, SOURCE_HEADER, route_group
+from tests.support.kafka_broker import commit
 from tests.support.kafka_broker import committed as group_offsets
+from tests.support.kafka_broker import end_offsets as topic_ends
+from tests.support.kafka_io import Record, TopicReader
+from tests.support.kafka_io import publish as write
 
 pytestmark = pytest.mark.kafka
 
@@ -37,52 +39,42 @@ def intent(ident: str) -> tuple[str, dict[str, Any]]:
 def publish(deployment: Deployment, idents: list[str]) -> None:
     """One intent per id, spread over every partition of the intents topic."""
     kafka = deployment.kafka
-    out = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
-    try:
-        for n, ident in enumerate(idents):
-            key, value = intent(ident)
-            out.send(kafka.topic("intents"), key=key.encode(), value=json.dumps(value).encode(),
-                     partition=n % kafka.partitions)
-        out.flush(timeout=30)
-    finally:
-        out.close()
+    records = []
+    for n, ident in enumerate(idents):
+        key, value = intent(ident)
+        records.append(Record(kafka.topic("intents"), key.encode(), json.dumps(value).encode(),
+                              partition=n % kafka.partitions))
+    write(kafka, records)
 
 
-def intents_partitions(deployment: Deployment) -> list[TopicPartition]:
+def intents_partitions(deployment: Deployment) -> list[Partition]:
     kafka = deployment.kafka
-    return [TopicPartition(kafka.topic("intents"), p) for p in range(kafka.partitions)]
+    return [Partition(kafka.topic("intents"), p) for p in range(kafka.partitions)]
 
 
-def end_offsets(deployment: Deployment, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
-    reader = KafkaConsumer(bootstrap_servers=deployment.kafka.bootstrap_servers)
-    try:
-        return dict(reader.end_offsets(partitions))
-    finally:
-        reader.close()
+def end_offsets(deployment: Deployment, partitions: list[Partition]) -> dict[Partition, int]:
+    found: dict[Partition, int] = {}
+    for topic in {tp.topic for tp in partitions}:
+        found.update(topic_ends(deployment.kafka, topic))
+    return {tp: found[tp] for tp in partitions}
 
 
-def committed(deployment: Deployment, group: str, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
-    found = group_offsets(deployment.kafka, group)  # by (topic, partition): the same tuples
-    return {tp: found[Partition(*tp)] for tp in partitions if Partition(*tp) in found}
+def committed(deployment: Deployment, group: str, partitions: list[Partition]) -> dict[Partition, int]:
+    found = group_offsets(deployment.kafka, group)
+    return {tp: found[tp] for tp in partitions if tp in found}
 
 
 def routed_origins(deployment: Deployment) -> list[tuple[str, int, int]]:
     """(topic, partition, offset) of every intent or event on the routed topic, to its end."""
     kafka = deployment.kafka
-    reader = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False)
-    partitions = [TopicPartition(kafka.topic(ROUTED), p) for p in range(kafka.partitions)]
-    reader.assign(partitions)
-    reader.seek_to_beginning(*partitions)
-    ends = reader.end_offsets(partitions)
+    reader = TopicReader(kafka, [kafka.topic(ROUTED)], partitions=kafka.partitions)
     origins = []
     try:
-        while any(reader.position(tp) < ends[tp] for tp in partitions):
-            for records in reader.poll(timeout_ms=500).values():
-                for record in records:
-                    source = dict(record.headers or ()).get(SOURCE_HEADER)
-                    if source is not None:
-                        origin = json.loads(source)
-                        origins.append((origin["topic"], origin["partition"], origin["offset"]))
+        for record in reader.read_to_end():
+            source = dict(record.headers).get(SOURCE_HEADER)
+            if source is not None:
+                origin = json.loads(source)
+                origins.append((origin["topic"], origin["partition"], origin["offset"]))
     finally:
         reader.close()
     return origins
@@ -98,11 +90,7 @@ def test_an_upgraded_worker_routes_from_where_its_faust_group_left_off(deploymen
     handed = end_offsets(deployment, partitions)
     assert all(handed[tp] > 0 for tp in partitions)  # every partition has some of the old ones
     # The older worker's group, as it left the intents: committed past the old ones.
-    former = KafkaConsumer(bootstrap_servers=deployment.kafka.bootstrap_servers, group_id=deployment.app_id,
-                           enable_auto_commit=False)
-    former.assign(partitions)
-    former.commit({tp: OffsetAndMetadata(offset, "", -1) for tp, offset in handed.items()})
-    former.close()
+    commit(deployment.kafka, deployment.app_id, handed)
     publish(deployment, new)
 
     outputs = Outputs(deployment)

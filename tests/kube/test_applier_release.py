@@ -12,6 +12,7 @@ results are read by the test's own consumer, the committed offset by the group's
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -19,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer, TopicPartition
 from kubernetes import client
 
 from handlers.contracts import ids
@@ -28,9 +28,12 @@ from handlers.core.decisions import subject_key
 from harness.running import CONFIG, Deployment
 from streams.common.codecs import encode_message
 from streams.common.durable import Delivered, DurableProducer, Record
-from streams.common.settings import Settings, load_settings
+from streams.common.settings import KafkaSettings, Settings, load_settings
 from streams.common.topics import ensure_topics
 from streams.kube.applying import Applier, KubeApplier
+from streams.common.group_reading import Partition
+from tests.support.kafka_broker import committed as group_offsets
+from tests.support.kafka_io import TopicReader
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 
@@ -54,27 +57,23 @@ def settings_for(deployment: Deployment, **apply: Any) -> Settings:
 
 def results_of(bootstrap: str, topic: str, count: int, timeout: float = 60.0) -> list[bytes]:
     """The first ``count`` records of ``topic``, read by a consumer of the test's own."""
-    reader = KafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False,
-                           consumer_timeout_ms=int(timeout * 1000))
-    reader.assign([TopicPartition(topic, 0)])
+    reader = TopicReader(bootstrap, [topic], partitions=1)
     try:
         values: list[bytes] = []
-        for record in reader:
-            values.append(record.value)
-            if len(values) == count:
-                break
+        last = time.monotonic()  # the last record's arrival: ``timeout`` without one ends the read
+        while len(values) < count and time.monotonic() - last < timeout:
+            for record in reader.poll(min(0.2, timeout)):
+                values.append(record.value or b"")
+                last = time.monotonic()
+                if len(values) == count:
+                    break
         return values
     finally:
         reader.close()
 
 
 def committed(bootstrap: str, group: str, topic: str) -> int | None:
-    reader = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
-    try:
-        offset: int | None = reader.committed(TopicPartition(topic, 0))
-        return offset
-    finally:
-        reader.close()
+    return group_offsets(KafkaSettings(bootstrap_servers=bootstrap), group).get(Partition(topic, 0))
 
 
 class Counting:

@@ -17,7 +17,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from kafka import KafkaConsumer, TopicPartition
 from kubernetes import client
 
 from handlers.contracts import ids
@@ -31,6 +30,8 @@ from streams.common.durable import Delivered, DurableProducer, NotDelivered, Rec
 from streams.common.settings import load_settings
 from streams.common.topics import ensure_topics
 from streams.kube.applying import Applied, Applier, KubeApplier
+from streams.common.group_reading import Partition
+from tests.support.kafka_broker import committed as group_offsets
 
 pytestmark = [pytest.mark.kube, pytest.mark.kafka]
 
@@ -103,9 +104,5 @@ def test_a_result_not_published_stops_every_later_commit(
     assert not thread.is_alive(), "the applier did not stop on a result it could not publish"
     assert [type(error) for error in failure] == [NotDelivered]
 
-    reader = KafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=group, enable_auto_commit=False)
-    try:
-        committed = reader.committed(TopicPartition(kafka.topic("commands"), 0))
-    finally:
-        reader.close()
+    committed = group_offsets(kafka, group).get(Partition(kafka.topic("commands"), 0))
     assert committed is None, f"committed past the command whose result was never written: {committed}"

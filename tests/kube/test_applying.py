@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import pytest
-from kafka import KafkaConsumer, TopicPartition
+from confluent_kafka import ConsumerGroupState
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from prometheus_client.parser import text_string_to_metric_families
@@ -40,9 +40,12 @@ from harness.running import CONFIG, Deployment
 from samples.cluster import A100, PROJECT_LABEL, RTX
 from samples.cluster import node as node_object
 from streams.common.codecs import encode_message
+from streams.common.kafka_clients import ADMIN_SECONDS, admin_client
 from streams.common.settings import load_settings
 from streams.kube.applying import Applier, KubeApplier
 from tests.support.harness import START, Harness, config
+from tests.support.kafka_broker import committed, end_offsets
+from tests.support.kafka_io import TopicReader, murmur2_partition
 from tests.support.kube_apiserver import Kube, minimal_vm, reconciled_vm
 from tests.support.kubevirt_schema import validate_vm
 from tests.support.api_proxy import ApiProxy
@@ -72,17 +75,13 @@ class Published:
     def __init__(self, deployment: Deployment) -> None:
         kafka = deployment.kafka
         self.names = {kafka.topic(name): name for name in self.TOPICS}
-        self.consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False)
-        partitions = [TopicPartition(topic, p) for topic in self.names for p in range(kafka.partitions)]
-        self.consumer.assign(partitions)
-        self.consumer.seek_to_beginning(*partitions)
+        self.reader = TopicReader(kafka, self.names, partitions=kafka.partitions)
         self.seen: dict[str, list[tuple[str, dict[str, Any]]]] = {name: [] for name in self.TOPICS}
 
     def poll(self) -> None:
-        for records in self.consumer.poll(timeout_ms=200).values():
-            for record in records:
-                key = record.key.decode() if record.key else ""
-                self.seen[self.names[record.topic]].append((key, json.loads(record.value)))
+        for record in self.reader.poll(0.2):
+            key = record.key.decode() if record.key else ""
+            self.seen[self.names[record.topic]].append((key, json.loads(record.value or b"")))
 
     def results(self, command_id: str) -> list[dict[str, Any]]:
         self.poll()
@@ -104,7 +103,7 @@ class Published:
                 if value.get("details", {}).get("command_id") == command_id]
 
     def close(self) -> None:
-        self.consumer.close()
+        self.reader.close()
 
 
 @pytest.fixture(scope="module")
@@ -608,20 +607,18 @@ def test_a_command_published_twice_is_applied_once(
         second = Applier(settings, KubeApplier(second_api), group_id=group)
         thread = threading.Thread(target=second.run, args=(stop,), daemon=True)
         thread.start()
-        # Only to read the group's committed offsets; it never joins the group.
-        offsets = KafkaConsumer(bootstrap_servers=deployment.bootstrap, group_id=group, enable_auto_commit=False)
+        # The group's committed offsets, asked of the broker; nothing joins the group.
         try:
-            topic = deployment.kafka.topic("commands")
-            ends = offsets.end_offsets([TopicPartition(topic, p) for p in range(deployment.kafka.partitions)])
+            ends = end_offsets(deployment.kafka, deployment.kafka.topic("commands"))
 
             def caught_up() -> bool:
-                return all(end == 0 or (offsets.committed(tp) or 0) >= end for tp, end in ends.items())
+                done = committed(deployment.kafka, group)
+                return all(end == 0 or done.get(tp, 0) >= end for tp, end in ends.items())
 
             eventually(caught_up, "the second applier to go through every command")
         finally:
             stop.set()
             thread.join(30)
-            offsets.close()
     published.poll()
     counts: dict[str, int] = {}
     for _, value in published.seen["command-results"]:
@@ -794,13 +791,10 @@ def test_partitions_taken_away_while_a_command_is_in_flight_leave_the_applier_ap
     The members are static, ``apply-a`` and ``apply-b``: the range assignor hands out
     partitions in the order of the member ids, which begin with the instance ids, so the
     last partition is the second member's. The VM is named so that its key lands there."""
-    from kafka.admin import KafkaAdminClient
-    from kafka.partitioner.default import murmur2
-
     own = Deployment(kafka_bootstrap, tmp_path_factory.mktemp("handover"))  # its own topics and group
     partitions = own.kafka.partitions
     name = next(f"vm-r{i}" for i in range(10_000)
-                if (murmur2(subject_key(vm_ref(kube_namespace, f"vm-r{i}")).encode()) & 0x7FFFFFFF) % partitions
+                if murmur2_partition(subject_key(vm_ref(kube_namespace, f"vm-r{i}")).encode(), partitions)
                 == partitions - 1)
     make_node()
     manifest = minimal_vm(name)
@@ -809,7 +803,7 @@ def test_partitions_taken_away_while_a_command_is_in_flight_leave_the_applier_ap
     running_vmi(api, kube_namespace, name)
     own.create_topics()
     results = Published(own)
-    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    admin = admin_client(own.kafka, client_id="vmstream-tests")
     group = f"{own.app_id}-applier"
     arrived, held = threading.Event(), threading.Event()
 
@@ -828,19 +822,21 @@ def test_partitions_taken_away_while_a_command_is_in_flight_leave_the_applier_ap
         assert arrived.wait(DEADLINE), "the restart never reached virt-api"
         processes.append(spawn_applier(own, kube, api_proxy, "applier-2", env=member("apply-b")))
 
-        def state() -> str:
-            return str(admin.describe_groups([group])[group].get("group_state"))
+        def state() -> ConsumerGroupState:
+            described = admin.describe_consumer_groups([group], request_timeout=ADMIN_SECONDS)[group].result()
+            return described.state  # type: ignore[no-any-return]  # unannotated in confluent-kafka
 
-        eventually(lambda: state() in ("PreparingRebalance", "CompletingRebalance"),
+        rebalancing = (ConsumerGroupState.PREPARING_REBALANCING, ConsumerGroupState.COMPLETING_REBALANCING)
+        eventually(lambda: state() in rebalancing,
                    "the group to rebalance while the restart is held", timeout=DEADLINE)
         # The broker's view, for a while: the rebalance cannot end while the first applier
         # is still finishing the restart in its revoke callback.
         watched_until = time.monotonic() + HANDOVER_WATCH_SECONDS
         seen = {state()}
-        while "Stable" not in seen and time.monotonic() < watched_until:
+        while ConsumerGroupState.STABLE not in seen and time.monotonic() < watched_until:
             time.sleep(0.05)
             seen.add(state())
-        assert "Stable" not in seen, "the partitions were handed over while a command read from them was in flight"
+        assert ConsumerGroupState.STABLE not in seen, "the partitions were handed over while a command read from them was in flight"
         held.set()
         assert results.result(restart)["outcome"] == "applied"
 
@@ -857,6 +853,5 @@ def test_partitions_taken_away_while_a_command_is_in_flight_leave_the_applier_ap
         held.set()
         for process in processes:
             stop(process)
-        admin.close()
         results.close()
         own.delete_topics()

@@ -1,7 +1,7 @@
 """The fault suite's own tools: a workload whose answers are known, and a reader of its own.
 
-What is counted is read here with a plain kafka-python consumer, never with vmstream's
-code: :class:`Ledger` reads the commands, notifications and audit records from the start
+What is counted is read here with a plain consumer of the suite's own, never with the
+worker's: :class:`Ledger` reads the commands, notifications and audit records from the start
 of their topics and keeps every distinct content seen under each id. An intent is *lost*
 when no audit record names it; an id has *two contents* when two records carry it with
 different bytes (a repeat with the same bytes is what consumers drop).
@@ -20,15 +20,16 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.localkafka import probe  # first: quiets kafka-python's import-time warning
-
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition  # isort: skip
-
+from harness.localkafka import probe
 from harness.running import Deployment
 from samples.cluster import A100, RTX, kubevirt_cr, node, vm, vmi
+from streams.common.durable import Delivered, DurableProducer
+from streams.common.durable import Record as Outgoing
+from tests.support.kafka_io import TopicReader
 
 # The directory whose sitecustomize.py arms the crash points in a worker it is put in front of.
 FAULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "crashpoints")
@@ -126,27 +127,29 @@ class Workload:
 
 
 class Publisher:
-    """Publishes records with kafka-python, optionally paced, optionally on a thread."""
+    """Publishes records (``acks=all``, retried until delivered or two minutes are up),
+    optionally paced, optionally on a thread."""
 
     def __init__(self, deployment: Deployment) -> None:
         self.deployment = deployment
-        self.producer = KafkaProducer(bootstrap_servers=deployment.bootstrap, acks="all", linger_ms=5,
-                                      retries=2147483647, max_block_ms=120_000, request_timeout_ms=30_000)
+        self.producer = DurableProducer(deployment.kafka, client_id="vmstream-chaos-publisher", linger_ms=5)
         self.sent = 0
         self.error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
     def publish(self, records: Iterable[Record], *, per_second: float | None = None) -> None:
         started = time.monotonic()
+        sent: list[Future[Delivered]] = []
         for topic, key, value in records:
-            self.producer.send(self.deployment.kafka.topic(topic), key=key.encode(),
-                               value=json.dumps(value).encode())
+            sent.append(self.producer.send(Outgoing(self.deployment.kafka.topic(topic), key.encode(),
+                                                    json.dumps(value).encode())))
             self.sent += 1
             if per_second:
                 ahead = started + self.sent / per_second - time.monotonic()
                 if ahead > 0:
                     time.sleep(ahead)  # pacing the load, not waiting for an outcome
-        self.producer.flush()
+        for future in sent:  # every record acknowledged, or the first failure raised
+            future.result()
 
     def start(self, records: Sequence[Record], *, per_second: float) -> None:
         def run() -> None:
@@ -179,11 +182,8 @@ class Ledger:
     def __init__(self, deployment: Deployment) -> None:
         kafka = deployment.kafka
         self.topics = {kafka.topic(name): name for name in IDS}
-        self.consumer = KafkaConsumer(bootstrap_servers=deployment.bootstrap, enable_auto_commit=False,
-                                      group_id=None, reconnect_backoff_max_ms=1000)
-        partitions = [TopicPartition(topic, p) for topic in self.topics for p in range(kafka.partitions)]
-        self.consumer.assign(partitions)
-        self.consumer.seek_to_beginning(*partitions)
+        self.reader = TopicReader(kafka, self.topics, partitions=kafka.partitions,
+                                  config={"reconnect.backoff.max.ms": 1000})
         self.contents: dict[str, set[bytes]] = {}  # id → every distinct content seen
         self.records = 0
         self.audited: dict[str, set[str]] = {}  # input ref → audit outcomes
@@ -191,19 +191,19 @@ class Ledger:
         self.named: set[str] = set()  # ids of the commands and notifications audit records name
 
     def poll(self, timeout_ms: int = 200) -> None:
-        for records in self.consumer.poll(timeout_ms=timeout_ms).values():
-            for record in records:
-                name = self.topics[record.topic]
-                value = json.loads(record.value)
-                ident = value[IDS[name]]
-                first = ident not in self.contents
-                self.contents.setdefault(ident, set()).add(record.value)
-                self.records += 1
-                if name == "audit":
-                    self.audited.setdefault(value["input"]["ref"], set()).add(value["outcome"])
-                    self.named.update([*(value.get("commands") or ()), *(value.get("notifications") or ())])
-                    if first and value["input"]["topic"].endswith("k8s-events"):
-                        self.event_audits += 1
+        for record in self.reader.poll(timeout_ms / 1000):
+            name = self.topics[record.topic]
+            raw = record.value or b""
+            value = json.loads(raw)
+            ident = value[IDS[name]]
+            first = ident not in self.contents
+            self.contents.setdefault(ident, set()).add(raw)
+            self.records += 1
+            if name == "audit":
+                self.audited.setdefault(value["input"]["ref"], set()).add(value["outcome"])
+                self.named.update([*(value.get("commands") or ()), *(value.get("notifications") or ())])
+                if first and value["input"]["topic"].endswith("k8s-events"):
+                    self.event_audits += 1
 
     def wait_until(self, condition: Callable[[Ledger], bool], *, timeout: float, what: str,
                    while_waiting: Callable[[], None] | None = None) -> None:
@@ -221,10 +221,9 @@ class Ledger:
         a decision's audit record and its messages in one batch, but Kafka makes no two
         partitions' records visible at once: the audits can all be in while a message they
         name is not yet. A named message that never comes fails the test here."""
-        partitions = list(self.consumer.assignment())
-        ends = self.consumer.end_offsets(partitions)
+        ends = self.reader.ends()
         deadline = time.monotonic() + timeout
-        while any(self.consumer.position(tp) < end for tp, end in ends.items()) or self.unseen():
+        while not self.reader.caught_up(ends) or self.unseen():
             if time.monotonic() > deadline:
                 raise AssertionError(f"not read to the end in {timeout:.0f}s: {len(self.unseen())} messages named "
                                      f"by audit records never seen; {self.summary()}")
@@ -247,7 +246,7 @@ class Ledger:
                 f"{len(self.two_contents())} ids with two contents")
 
     def close(self) -> None:
-        self.consumer.close()
+        self.reader.close()
 
 
 def broker_answers(bootstrap: str) -> bool:

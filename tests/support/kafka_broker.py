@@ -30,11 +30,10 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-# First: it imports kafka-python with that library's import-time DeprecationWarning silenced.
 from harness.localkafka import KAFKA_VERSION, SINGLE_NODE_SETTINGS, LocalKafka, free_ports, probe
 from harness.running import Deployment
 from streams.common.group_reading import Partition
-from streams.common.kafka_clients import ADMIN_SECONDS, admin_client
+from streams.common.kafka_clients import ADMIN_SECONDS, admin_client, consumer
 from streams.common.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -130,6 +129,20 @@ def committed(kafka: KafkaSettings, group: str) -> dict[Partition, int]:
     listed = admin.list_consumer_group_offsets(asked, request_timeout=ADMIN_SECONDS)[group].result()
     return {Partition(tp.topic, tp.partition): tp.offset for tp in listed.topic_partitions or ()
             if tp.error is None and tp.offset >= 0}
+
+
+def commit(kafka: KafkaSettings, group: str, offsets: dict[Partition, int]) -> None:
+    """Commit ``offsets`` (the next offset to read of each partition) for ``group``, as a
+    former member that never joins it again would: where an earlier process left off. The
+    consumer finds the group's coordinator first (a broker just started may not have one yet)."""
+    former = consumer(kafka, client_id="vmstream-tests", group_id=group)
+    try:
+        listed = [Offset(tp.topic, tp.partition, offset) for tp, offset in offsets.items()]
+        for tp in former.commit(offsets=listed, asynchronous=False) or ():
+            if tp.error is not None:
+                raise RuntimeError(f"{group}: {tp.topic}[{tp.partition}] not committed: {tp.error}")
+    finally:
+        former.close()
 
 
 def end_offsets(kafka: KafkaSettings, topic: str) -> dict[Partition, int]:

@@ -77,14 +77,15 @@ if _crash_after > 0:
 
     def _write_and_die(rows: Sequence[Row]) -> None:
         """Send the rows up to the fatal one ourselves, in order, each acknowledged, and die."""
-        from kafka import KafkaProducer
+        from streams.common.durable import DurableProducer, Record
+        from streams.common.settings import KafkaSettings
 
         try:
-            producer = KafkaProducer(bootstrap_servers=os.environ["VMSTREAM_KAFKA__BOOTSTRAP_SERVERS"], acks="all")
+            kafka = KafkaSettings(bootstrap_servers=os.environ["VMSTREAM_KAFKA__BOOTSTRAP_SERVERS"])
+            producer = DurableProducer(kafka, client_id="vmstream-crashpoint", timeout=30)
             for row in rows:
                 record = row.record
-                producer.send(record.topic, key=record.key, value=record.value,
-                              partition=record.partition).get(timeout=30)
+                producer.send_all([Record(record.topic, record.key, record.value, partition=record.partition)])
         finally:  # the rows written or not (a broker down), the process dies here
             os._exit(CRASH_EXIT_CODE)
 
