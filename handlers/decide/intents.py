@@ -177,14 +177,15 @@ def restart_vm(ctx: Context, intent: RestartVMIntent, principal: Principal) -> R
     return judgement
 
 
-def _operator_refusal(principal: Principal, verb: str) -> Refusal:
+def _operator_refusal(principal: Principal, what: str) -> Refusal:
+    """Refused unless an operator asks: ``what`` is what they may not do ("drain nodes")."""
     if not principal.operator:
-        return f"{principal.name} may not {verb} nodes: only operators may"
+        return f"{principal.name} may not {what}: only operators may"
     return None
 
 
 def drain_node(ctx: Context, intent: DrainNodeIntent, principal: Principal) -> RuleOutcome:
-    refusal = _operator_refusal(principal, "drain")
+    refusal = _operator_refusal(principal, "drain nodes")
     if refusal:
         return Refused(refusal)
     if ctx.state.get(NODES, intent.spec.node) is None:
@@ -201,7 +202,7 @@ def drain_node(ctx: Context, intent: DrainNodeIntent, principal: Principal) -> R
 
 
 def undrain_node(ctx: Context, intent: UndrainNodeIntent, principal: Principal) -> RuleOutcome:
-    refusal = _operator_refusal(principal, "undrain")
+    refusal = _operator_refusal(principal, "undrain nodes")
     if refusal:
         return Refused(refusal)
     # vmstream undoes only what it did itself: its own cordon (handlers/rules/drains.py).
@@ -211,14 +212,8 @@ def undrain_node(ctx: Context, intent: UndrainNodeIntent, principal: Principal) 
     return ACCEPTED
 
 
-def _plan_refusal(principal: Principal, verb: str) -> Refusal:
-    if not principal.operator:
-        return f"{principal.name} may not {verb} maintenance plans: only operators may"
-    return None
-
-
 def plan_maintenance(ctx: Context, intent: PlanMaintenanceIntent, principal: Principal) -> RuleOutcome:
-    refusal = _plan_refusal(principal, "make")
+    refusal = _operator_refusal(principal, "make maintenance plans")
     if refusal:
         return Refused(refusal)
     return accept_plan(ctx, intent.spec, intent.requested_by)
@@ -231,7 +226,7 @@ def reschedule_maintenance(ctx: Context, intent: RescheduleMaintenanceIntent, pr
     if isinstance(record, Refused):
         return record
     if spec.node is not None:
-        refusal = _plan_refusal(principal, "move the nodes of")
+        refusal = _operator_refusal(principal, "move the nodes of maintenance plans")
         if refusal:
             return Refused(refusal)
         if spec.node not in record.phases:
@@ -278,7 +273,7 @@ def _member_refusal(principal: Principal, project: str | None, vm: str) -> Refus
 
 
 def cancel_maintenance(ctx: Context, intent: CancelMaintenanceIntent, principal: Principal) -> RuleOutcome:
-    refusal = _plan_refusal(principal, "cancel")
+    refusal = _operator_refusal(principal, "cancel maintenance plans")
     if refusal:
         return Refused(refusal)
     record = open_plan(ctx, intent.spec.plan)

@@ -35,6 +35,7 @@ from handlers.rules.maintenance import (
     no_wait_guaranteed,
     plan_maintenance,
 )
+from streams.cli.simulating import parse_time
 from streams.common.errors import EXIT_USAGE, UserError
 
 # ------------------------------------------------------------------------------ the input
@@ -94,7 +95,7 @@ def read_spec(path: str) -> tuple[PlanMaintenanceSpec, datetime | None]:
         if document.get("type") != "plan_maintenance":
             raise UserError(f"plan request {path} is a {document.get('type')!r} intent, not plan_maintenance",
                             "give a plan_maintenance intent, or its spec alone", exit_code=EXIT_USAGE)
-        requested_at = _aware(document.get("requested_at"))
+        requested_at = parse_time(document.get("requested_at"))
         document = document["spec"]
     try:
         return PlanMaintenanceSpec.model_validate(document), requested_at
@@ -111,16 +112,6 @@ def read_az(path: str) -> AZ:
         raise UserError(f"AZ {path} is invalid: {_errors(error)}",
                         "see docs/operators.md, \"Planning GPU node maintenance with the owners\"",
                         exit_code=EXIT_USAGE) from error
-
-
-def _aware(value: Any) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo is not None else None
 
 
 def _refused(message: str) -> UserError:

@@ -26,7 +26,8 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 SIMULATION_INPUT = "simulate-input"
 
 
-def _parse_time(value: Any) -> datetime | None:
+def parse_time(value: Any) -> datetime | None:
+    """An ISO 8601 time with its zone (``Z`` too), else None."""
     if not isinstance(value, str):
         return None
     try:
@@ -39,9 +40,9 @@ def _parse_time(value: Any) -> datetime | None:
 def input_time(line: dict[str, Any], previous: datetime) -> datetime:
     """The input's timestamp, else its value's ``requested_at``/``observed_at``, else the last."""
     value = line.get("value")
-    parsed = _parse_time(line.get("timestamp"))
+    parsed = parse_time(line.get("timestamp"))
     if parsed is None and isinstance(value, dict):
-        parsed = _parse_time(value.get("requested_at")) or _parse_time(value.get("observed_at"))
+        parsed = parse_time(value.get("requested_at")) or parse_time(value.get("observed_at"))
     return previous if parsed is None else max(parsed, previous)  # time never runs backwards
 
 
