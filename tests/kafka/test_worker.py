@@ -10,6 +10,7 @@ import io
 import json
 import os
 import signal
+from contextlib import contextmanager
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -136,16 +137,26 @@ def test_state_survives_a_restart(deployment: Deployment, outputs: Outputs, stor
         second.stop()
 
 
-def test_two_instances_decide_a_drain(deployment: Deployment, outputs: Outputs) -> None:
-    """Whichever instance owns the node, it sees the node's GPU VMs and the AZ's free cards."""
+@contextmanager
+def two_workers(deployment: Deployment, outputs: Outputs) -> Iterator[None]:
+    """Two instances of one group, the cluster published and seen by both: usage is a global
+    table, so each must see the other's nodes before deciding."""
     workers = [WorkerProcess(deployment, "w1"), WorkerProcess(deployment, "w2")]
     try:
         for worker in workers:
             worker.start()
         start_cluster(deployment, outputs)
-        # Usage is a global table: each instance must see the other's nodes before deciding.
         for worker in workers:
             worker.wait_for_capacity(capacity_after(CLUSTER))
+        yield
+    finally:
+        for worker in workers:
+            worker.stop(signal.SIGTERM)
+
+
+def test_two_instances_decide_a_drain(deployment: Deployment, outputs: Outputs) -> None:
+    """Whichever instance owns the node, it sees the node's GPU VMs and the AZ's free cards."""
+    with two_workers(deployment, outputs):
         drain = {"intent_id": "it-drain-1", "type": "drain_node", "requested_by": "ops@example.com",
                  "spec": {"node": "gpu-node-1", "reason": "firmware upgrade", "notice_seconds": 2}}
         deployment.publish_lines([intent_line(drain, "node/gpu-node-1")])
@@ -160,9 +171,6 @@ def test_two_instances_decide_a_drain(deployment: Deployment, outputs: Outputs) 
         outputs.wait_for(lambda o: len(o.commands("delete_vmi")) >= 2, what="the deadline's stops")
         assert sorted(c["target"]["name"] for c in outputs.commands("delete_vmi")) == ["batch-1", "train-1"]
         assert [c["type"] for c in outputs.commands("cordon_node")] == ["cordon_node"]
-    finally:
-        for worker in workers:
-            worker.stop(signal.SIGTERM)
 
 
 def test_a_maintenance_plan_s_slot_drains_its_node_through_the_routed_topic(
@@ -170,13 +178,7 @@ def test_a_maintenance_plan_s_slot_drains_its_node_through_the_routed_topic(
     """The timer's tick under ``maintenance/<plan>``, then the plan's ``go`` step to the node's
     key: whichever instances own the two keys, the node is cordoned and, the cordon seen, its
     GPU VMs are stopped; the owners were told by the plan, not by the drain."""
-    workers = [WorkerProcess(deployment, "w1"), WorkerProcess(deployment, "w2")]
-    try:
-        for worker in workers:
-            worker.start()
-        start_cluster(deployment, outputs)
-        for worker in workers:
-            worker.wait_for_capacity(capacity_after(CLUSTER))
+    with two_workers(deployment, outputs):
         start = datetime.now(UTC) + timedelta(seconds=5)
         plan = {"intent_id": "it-plan-1", "type": "plan_maintenance", "requested_by": "ops@example.com",
                 "spec": {"plan": "fw", "nodes": ["gpu-node-1"], "earliest_start": start.isoformat(),
@@ -191,9 +193,6 @@ def test_a_maintenance_plan_s_slot_drains_its_node_through_the_routed_topic(
         outputs.wait_for(lambda o: len(o.commands("delete_vmi")) >= 2, what="the slot's stops")
         assert sorted(c["target"]["name"] for c in outputs.commands("delete_vmi")) == ["batch-1", "train-1"]
         assert outputs.notifications("drain_will_stop_gpu_vm") == []
-    finally:
-        for worker in workers:
-            worker.stop(signal.SIGTERM)
 
 
 def test_replay_reproduces_the_audit_stream_and_catches_an_altered_record(
