@@ -201,12 +201,14 @@ class Follower:
             await asyncio.sleep(0.1)  # metadata refresh interval
 
     async def assign_from_start(self, partitions: list[Assigned]) -> dict[Assigned, int]:
-        """Assign ``partitions`` from their beginning; their end offsets as they are now."""
-        self._consumer.assign([Assigned(tp.topic, tp.partition, OFFSET_BEGINNING) for tp in partitions])
+        """Assign ``partitions`` from their beginning; their end offsets as they are now, asked
+        before the assignment: after it, each query waits behind the fetch long-poll in flight
+        (half a second a partition, nine seconds of a worker's start)."""
         ends = {}
         for tp in partitions:
             _, high = await self._call(lambda tp=tp: self._consumer.get_watermark_offsets(tp, timeout=10.0))
             ends[tp] = high
+        self._consumer.assign([Assigned(tp.topic, tp.partition, OFFSET_BEGINNING) for tp in partitions])
         return ends
 
     async def poll(self, timeout: float) -> list[Received]:
