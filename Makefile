@@ -44,12 +44,12 @@ parts: setup
 demo: parts
 	$(BIN)/python -m harness demo
 
-# Static checks, seconds: the types (mypy --strict, the tests' too) and the architecture
+# Static checks, seconds: the types (mypy --strict, the tests' and benchmarks' too) and the architecture
 # (lint-imports: the rules import no I/O library, Faust only in the worker, the kubernetes
 # client only at the Kubernetes edge and in the harness, the product never the harness, the
 # rule tests never the harness). Both configured in pyproject.toml.
 check: setup
-	$(BIN)/mypy handlers streams harness samples tests
+	$(BIN)/mypy handlers streams harness samples tests benchmarks
 	$(BIN)/lint-imports
 
 # check first: it fails in seconds, before the parts are fetched or any broker started.

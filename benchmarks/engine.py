@@ -365,7 +365,7 @@ def run_scale(vms: int, config: Path, seed: int) -> dict[str, Any]:
 
 
 def median(rounds: list[dict[str, Any]], field: str) -> float:
-    return statistics.median(r[field] for r in rounds)
+    return float(statistics.median(r[field] for r in rounds))
 
 
 def spread(rates: list[float]) -> float:

@@ -53,7 +53,7 @@ from samples.cluster import A100  # noqa: E402
 from samples.cluster import node as node_object  # noqa: E402
 from streams.common.codecs import encode_message  # noqa: E402
 from streams.common.durable import DurableProducer, Record  # noqa: E402
-from streams.common.kafka_clients import admin_client  # noqa: E402
+from streams.common.kafka_clients import ADMIN_SECONDS, admin_client  # noqa: E402
 
 PERIOD = 0.1  # one input every 100 ms
 DEADLINE = 240.0  # a recovery slower than this is reported as such
@@ -154,8 +154,10 @@ def worker_killed(bootstrap: str, label: str) -> float:
             workers.append(WorkerProcess(deployment, f"w{len(workers) + 1}", env=env))
             workers[-1].start(timeout=DEADLINE)
 
-        return recovery(feeder, outputs, lambda topic, audit: (audit.get("input") or {}).get("ref"),
-                        lambda: workers[-1].stop(signal.SIGKILL), restart)
+        def kill() -> None:
+            workers[-1].stop(signal.SIGKILL)
+
+        return recovery(feeder, outputs, lambda topic, audit: (audit.get("input") or {}).get("ref"), kill, restart)
     finally:
         if feeder is not None:
             feeder.close()
@@ -228,8 +230,10 @@ def kills(args: argparse.Namespace, bootstrap: str, stack: ExitStack) -> dict[st
     rows: dict[str, list[float]] = {}
     for _ in range(args.runs):
         for label in args.rows.split(","):
-            for process, run in (("worker", lambda: worker_killed(bootstrap, label)),
-                                 ("applier", lambda: applier_killed(bootstrap, kubeconfig, label))):
+            runs: tuple[tuple[str, Callable[[], float]], ...] = (
+                ("worker", lambda: worker_killed(bootstrap, label)),
+                ("applier", lambda: applier_killed(bootstrap, kubeconfig, label)))
+            for process, run in runs:
                 rows.setdefault(f"{process} {label}", []).append(run())
                 print(f"{process:7} {label:6}: {rows[f'{process} {label}'][-1]:6.1f} s  ({kit.load_average()})",
                       flush=True)
@@ -300,11 +304,8 @@ def backlogs(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
 def changelog_records(deployment: Deployment) -> int:
     """Records in the deployment's changelogs: what a new instance reads before /ready."""
     prefix = f"{deployment.app_id}-state-"
-    admin = admin_client(deployment.kafka)
-    try:
-        topics = [name for name in admin.list_topics() if name.startswith(prefix) and name.endswith("-changelog")]
-    finally:
-        admin.close()
+    listed = admin_client(deployment.kafka).list_topics(timeout=ADMIN_SECONDS).topics
+    topics = [name for name in listed if name.startswith(prefix) and name.endswith("-changelog")]
     return sum(t.records for t in kit.topic_bytes(deployment.bootstrap, topics))
 
 

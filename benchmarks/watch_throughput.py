@@ -49,7 +49,7 @@ from kubernetes import client, config  # noqa: E402  # isort: skip
 from harness.localkube import LocalKube  # noqa: E402
 from streams.common.durable import DurableProducer  # noqa: E402
 from streams.common.kafka_clients import COMPRESSION, consumer  # noqa: E402
-from streams.common.reading import assign_from_start  # noqa: E402
+from streams.common.reading import assign_from_start, poll_records  # noqa: E402
 from streams.common.settings import KafkaSettings  # noqa: E402
 from streams.kube.watching import TOPIC, Publisher, last_published, select_kinds  # noqa: E402
 
@@ -131,18 +131,20 @@ class Arrivals:
     """When each (key, type) first arrived on k8s-events (monotonic clock)."""
 
     def __init__(self, kafka: KafkaSettings) -> None:
-        self.consumer = consumer(kafka, enable_auto_commit=False, fetch_max_wait_ms=50)
+        self.consumer = consumer(kafka, client_id="vmstream-bench-arrivals", config={"fetch.wait.max.ms": 50})
         assign_from_start(self.consumer, [kafka.topic(TOPIC)])  # the deployment's topic is new
         self.first: dict[tuple[str, str], float] = {}
         self.count = 0
 
     def poll(self) -> None:
-        for records in self.consumer.poll(timeout_ms=100).values():
-            now = time.monotonic()
-            for record in records:
-                self.count += 1
-                event = json.loads(record.value)
-                self.first.setdefault((record.key.decode(), event["type"]), now)
+        records = poll_records(self.consumer, 0.1)
+        now = time.monotonic()
+        for record in records:
+            if record.key is None or record.value is None:
+                continue
+            self.count += 1
+            event = json.loads(record.value)
+            self.first.setdefault((record.key.decode(), event["type"]), now)
 
     def wait(self, keys: list[str], type_: str, timeout: float) -> float:
         """Poll until every key has an event of ``type_``; the arrival time of the last."""
