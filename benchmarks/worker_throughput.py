@@ -45,6 +45,7 @@ for this machine at its load — which the report prints. Run it from the reposi
     .venv/bin/python benchmarks/worker_throughput.py --rates 250,500,1000,2000 --duration 10 --saturation 10000
     .venv/bin/python benchmarks/worker_throughput.py --quick      # smoke run (≈ 3 min)
     .venv/bin/python benchmarks/worker_throughput.py --only idle  # an idle worker's CPU
+    .venv/bin/python benchmarks/worker_throughput.py --only preloaded --saturation 10000 --repeat 3
 
 ``--only idle``: what a ready worker with nothing to decide costs, its CPU over
 ``--duration`` seconds (set ``VMSTREAM_WORKER__FETCH_IDLE_WAIT_MS`` to compare pacings).
@@ -698,8 +699,11 @@ def verdict(rows: dict[str, Row]) -> tuple[list[str], bool]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--only", choices=("throughput", "idle"), default="throughput",
-                        help="the runs against the pass-through (default), or an idle worker's CPU")
+    parser.add_argument("--only", choices=("throughput", "preloaded", "idle"), default="throughput",
+                        help="the runs against the pass-through (default), the worker's preloaded run alone, "
+                             "or an idle worker's CPU")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="with --only preloaded: that many runs, each on a fresh deployment")
     parser.add_argument("--vms", type=int, default=1_000, help="VMs the intents act on (default 1,000)")
     parser.add_argument("--nodes", type=int, default=64, help="8-card nodes they run on (default 64)")
     parser.add_argument("--rates", type=lambda text: [float(r) for r in text.split(",") if float(r)],
@@ -739,12 +743,29 @@ def idle(options: Options) -> int:
     return 0
 
 
+async def preloaded_only(options: Options, repeat: int) -> int:
+    """The worker's preloaded run alone, ``repeat`` times: the figure to compare two trees by,
+    run from each in turn (``cd TREE && PYTHONPATH=TREE TREE/.venv/bin/python benchmarks/…``)."""
+    rows = []
+    for _ in range(repeat):
+        rows.append(row := await preloaded("worker", options))
+        cpu = f"{1000 * row.cpu.total / row.messages:.3f} ms" if row.cpu and row.messages else "-"
+        print(f"  {row.run}: {row.rate:,.0f} intents/s, CPU per intent {cpu} (load {row.load1:.2f}); {row.note}",
+              flush=True)
+    print(throughput_table(rows))
+    deleted = sum(len(deployment.delete_topics()) for deployment in options.deployments)
+    print(f"deleted the runs' {deleted} topics")
+    return 0
+
+
 async def measure(args: argparse.Namespace, bootstrap: str, workdir: Path) -> int:
     options = Options(bootstrap, workdir, args.vms, args.nodes, args.duration, args.warmup, args.saturation)
     print(f"worker throughput, broker {bootstrap}")
     kit.print_load("at the start")
     if args.only == "idle":
         return idle(options)
+    if args.only == "preloaded":
+        return await preloaded_only(options, args.repeat)
     print(f"  intents on {args.vms:,} VMs over {args.nodes} nodes; steady {', '.join(f'{r:,.0f}/s' for r in args.rates)} "
           f"for {args.duration:.0f} s (+{args.warmup:.0f} s warm-up); preloaded {args.saturation:,} intents")
     # The worker's preloaded run first: the pass-through writes what it measured the worker writing.
