@@ -119,6 +119,17 @@ def poll_records(client: Consumer, timeout: float, *, max_records: int = FOLLOW_
     return records
 
 
+def watermarks(client: Consumer, partitions: list[Assigned], *, timeout: float) -> dict[Assigned, tuple[int, int]]:
+    """The first and the end offset of each of ``partitions``, which ``client`` is assigned,
+    asked of the broker. They are paused meanwhile: a fetch long-poll in flight would hold
+    each query behind it (half a second a partition)."""
+    client.pause(partitions)
+    try:
+        return {tp: client.get_watermark_offsets(tp, timeout=timeout) for tp in partitions}
+    finally:
+        client.resume(partitions)
+
+
 def read_to_end(
     client: Consumer,
     partitions: Iterable[Assigned],
@@ -138,16 +149,11 @@ def read_to_end(
     partitions = [Assigned(tp.topic, tp.partition) for tp in partitions]
     if not partitions:
         return
-    # Paused meanwhile: a fetch long-poll in flight would hold each query behind it.
-    client.pause(partitions)
-    try:
-        watermarks = {tp: client.get_watermark_offsets(tp, timeout=stall) for tp in partitions}
-    finally:
-        client.resume(partitions)
-    ends = {tp: end for tp, (_, end) in watermarks.items()}
+    marks = watermarks(client, partitions, timeout=stall)
+    ends = {tp: end for tp, (_, end) in marks.items()}
     # Where each partition is: past the last record handed over; none yet, at its first (the
     # end of a partition reported earlier moves no position).
-    at = {tp: tp.offset if tp.offset >= 0 else watermarks[tp][0] for tp in client.position(partitions)}
+    at = {tp: tp.offset if tp.offset >= 0 else marks[tp][0] for tp in client.position(partitions)}
     short = {tp for tp, end in ends.items() if at.get(tp, end) < end}
     progressed = time.monotonic()
     while short:

@@ -21,7 +21,7 @@ from confluent_kafka import TopicPartition as Assigned
 from streams.common.durable import Delivered, DurableProducer, Record
 from streams.common.group_reading import Partition
 from streams.common.kafka_clients import ADMIN_SECONDS, admin_client, consumer
-from streams.common.reading import Received, partitions_of, poll_records, read_to_end
+from streams.common.reading import Received, partitions_of, poll_records, read_to_end, watermarks
 from streams.common.settings import KafkaSettings
 
 __all__ = ["Delivered", "Received", "Record", "TopicReader", "murmur2", "murmur2_partition", "publish", "settings",
@@ -82,12 +82,8 @@ class TopicReader:
     def ends(self, *, timeout: float = 30.0) -> dict[Partition, int]:
         """Each partition's end offset as it is now: the offset its next record will take."""
         partitions = [Assigned(tp.topic, tp.partition) for tp in self.partitions]
-        self.consumer.pause(partitions)  # else each query waits behind a fetch long-poll in flight
-        try:
-            return {Partition(tp.topic, tp.partition): self.consumer.get_watermark_offsets(tp, timeout=timeout)[1]
-                    for tp in partitions}
-        finally:
-            self.consumer.resume(partitions)
+        marks = watermarks(self.consumer, partitions, timeout=timeout)
+        return {Partition(tp.topic, tp.partition): end for tp, (_, end) in marks.items()}
 
     def positions(self) -> dict[Partition, int]:
         """The next offset to read of each partition: past every record and control record
