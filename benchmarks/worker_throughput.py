@@ -88,10 +88,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer  # noqa: E402  # isort: 
 from confluent_kafka import TopicPartition as Assigned  # noqa: E402
 from streams.common.kafka_clients import ADMIN_SECONDS, admin_client, consumer  # noqa: E402
 from streams.common.reading import read_to_end  # noqa: E402
-from streams.common.settings import KafkaSettings  # noqa: E402
 
 from harness.running import CONFIG, Deployment, simulated  # noqa: E402
-from streams.common.settings import load_settings  # noqa: E402
+from streams.common.settings import KafkaSettings, load_settings  # noqa: E402
 
 TARGET_RATIO = 0.5  # the worker's saturation throughput over the pass-through's
 TARGET_P99_MS = 100.0  # at the steady rate of TARGET_RATE
@@ -743,6 +742,13 @@ def idle(options: Options) -> int:
     return 0
 
 
+def delete_topics(options: Options) -> None:
+    """The runs' topics, deleted at the end, not between runs: the broker deletes the files a
+    minute later, in the middle of another run."""
+    deleted = sum(len(deployment.delete_topics()) for deployment in options.deployments)
+    print(f"deleted the runs' {deleted} topics")
+
+
 async def preloaded_only(options: Options, repeat: int) -> int:
     """The worker's preloaded run alone, ``repeat`` times: the figure to compare two trees by,
     run from each in turn (``cd TREE && PYTHONPATH=TREE TREE/.venv/bin/python benchmarks/…``)."""
@@ -753,8 +759,7 @@ async def preloaded_only(options: Options, repeat: int) -> int:
         print(f"  {row.run}: {row.rate:,.0f} intents/s, CPU per intent {cpu} (load {row.load1:.2f}); {row.note}",
               flush=True)
     print(throughput_table(rows))
-    deleted = sum(len(deployment.delete_topics()) for deployment in options.deployments)
-    print(f"deleted the runs' {deleted} topics")
+    delete_topics(options)
     return 0
 
 
@@ -799,9 +804,7 @@ async def measure(args: argparse.Namespace, bootstrap: str, workdir: Path) -> in
                  for key, r in rows.items()},
         "targets_met": ok,
     })
-    # Not between runs: the broker deletes the files a minute later, in the middle of another run.
-    deleted = sum(len(deployment.delete_topics()) for deployment in options.deployments)
-    print(f"deleted the runs' {deleted} topics")
+    delete_topics(options)
     return 1 if args.check and not ok else 0
 
 
