@@ -87,7 +87,12 @@ def consumer(kafka: KafkaSettings, *, client_id: str = "vmstream-cli", group_id:
 
     librdkafka wants a group id even for a consumer that never joins one, and looks for its
     coordinator: a process that is a member of a group names that one (``group_id``), which
-    its principal may describe; the group is neither joined nor committed to."""
+    its principal may describe; the group is neither joined nor committed to.
+
+    Where librdkafka cannot start at the offset asked for (out of range; or the query for
+    the first offset failed, as it does while a new topic's leader moves) it starts at the
+    first record there is, not at the end: every reader here reads to the end, and would
+    take a partition started at its end as read."""
     return Consumer({
         **librdkafka_options(kafka),
         "group.id": group_id or client_id,
@@ -95,6 +100,7 @@ def consumer(kafka: KafkaSettings, *, client_id: str = "vmstream-cli", group_id:
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         "enable.partition.eof": True,
+        "auto.offset.reset": "earliest",
         "isolation.level": "read_committed",
         **(config or {}),  # librdkafka's own names
     }, logger=LIBRDKAFKA_LOG)

@@ -14,7 +14,7 @@ import time
 from typing import Any, cast
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from streams.common.durable import DurableProducer, Record
 from streams.common.kafka_clients import consumer
@@ -83,3 +83,26 @@ def test_a_partition_still_empty_is_at_its_end_on_a_second_read(
     finally:
         producer.close()
         reader.close()
+
+
+def test_a_reader_whose_offset_is_not_there_reads_from_the_first_record_not_the_end(
+        kafka_bootstrap: str, kafka_topic_factory: TopicFactory) -> None:
+    """Where librdkafka cannot start a reader at its offset (out of range, or the query for
+    the first offset failed: a leader moving on a topic created a moment ago) it starts it
+    where ``auto.offset.reset`` says. Its default, the end, would have every ledger skip the
+    records of that partition and take it as read to the end."""
+    kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
+    topic = kafka_topic_factory("read-reset", partitions=1)
+    producer = DurableProducer(kafka, client_id="read-reset")
+    producer.send_all([Record(topic, None, b"%d" % i) for i in range(5)])
+    producer.close()
+    reader = consumer(kafka, client_id="read-reset")
+    try:
+        reader.assign([TopicPartition(topic, 0, 1_000)])  # past the end: not there
+        read: list[bytes | None] = []
+        deadline = time.monotonic() + 30
+        while len(read) < 5 and time.monotonic() < deadline:
+            read += [r.value for r in poll_records(reader, 0.5)]
+    finally:
+        reader.close()
+    assert read == [b"%d" % i for i in range(5)]
