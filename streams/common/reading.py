@@ -22,6 +22,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as Assigned
+from tenacity import Retrying, retry_if_exception, wait_exponential
 
 from streams.common.kafka_clients import LIBRDKAFKA_LOG, consumer
 from streams.common.settings import KafkaSettings
@@ -122,12 +123,33 @@ def poll_records(client: Consumer, timeout: float, *, max_records: int = FOLLOW_
 def watermarks(client: Consumer, partitions: list[Assigned], *, timeout: float) -> dict[Assigned, tuple[int, int]]:
     """The first and the end offset of each of ``partitions``, which ``client`` is assigned,
     asked of the broker. They are paused meanwhile: a fetch long-poll in flight would hold
-    each query behind it (half a second a partition)."""
+    each query behind it (half a second a partition). An answer the broker cannot give yet
+    (a broker just started, a leader moving: a retriable error) is asked again until
+    ``timeout`` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    retrying = Retrying(retry=retry_if_exception(_retriable), reraise=True,
+                        stop=lambda _: time.monotonic() >= deadline, wait=wait_exponential(multiplier=0.05, max=1.0))
     client.pause(partitions)
     try:
-        return {tp: client.get_watermark_offsets(tp, timeout=timeout) for tp in partitions}
+        marks = {}
+        for tp in partitions:
+            for attempt in retrying:
+                with attempt:
+                    left = max(deadline - time.monotonic(), 0.1)
+                    marks[tp] = client.get_watermark_offsets(tp, timeout=left)
+        return marks
     finally:
         client.resume(partitions)
+
+
+# What a broker answers while it cannot say yet. librdkafka marks none of them retriable here.
+NOT_YET = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                     KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.UNKNOWN_LEADER_EPOCH,
+                     KafkaError.FENCED_LEADER_EPOCH, KafkaError._TRANSPORT})
+
+
+def _retriable(error: BaseException) -> bool:
+    return isinstance(error, KafkaException) and error.args[0].code() in NOT_YET
 
 
 def read_to_end(

@@ -85,6 +85,43 @@ def test_a_partition_still_empty_is_at_its_end_on_a_second_read(
         reader.close()
 
 
+def test_a_broker_that_cannot_say_yet_is_asked_again_and_a_refusal_is_not(
+        kafka_bootstrap: str, kafka_topic_factory: TopicFactory) -> None:
+    """A broker just started, or a leader moving, answers an offset query with "not leader"
+    for a moment: a ledger reading to the end then asks again, not dies. A refusal (not
+    authorised) is no moment's state: it is raised at once."""
+    kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
+    topic = kafka_topic_factory("read-not-yet", partitions=2)
+    producer = DurableProducer(kafka, client_id="read-not-yet")
+    producer.send_all([Record(topic, None, b"%d" % i, partition=i % 2) for i in range(6)])
+    producer.close()
+    reader = consumer(kafka, client_id="read-not-yet")
+    answers: list[int] = []
+
+    def failing(code: int, times: int) -> Any:
+        def watermarks(tp: TopicPartition, **options: Any) -> tuple[int, int]:
+            answers.append(code if len(answers) < times else 0)
+            if len(answers) <= times:
+                raise KafkaException(KafkaError(code))
+            return reader.get_watermark_offsets(tp, **options)
+        return watermarks
+
+    try:
+        partitions = assign_from_start(reader, [topic])
+        read = list(read_to_end(cast(Consumer, Snapshot(reader, failing(KafkaError.NOT_LEADER_FOR_PARTITION, 2))),
+                                partitions, stall=30))
+        assert sorted(r.value or b"" for r in read) == [b"%d" % i for i in range(6)]
+        assert answers == [KafkaError.NOT_LEADER_FOR_PARTITION] * 2 + [0, 0]
+        answers.clear()
+        with pytest.raises(KafkaException) as refused:
+            list(read_to_end(cast(Consumer, Snapshot(reader, failing(KafkaError.TOPIC_AUTHORIZATION_FAILED, 5))),
+                             partitions, stall=30))
+        assert refused.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+        assert len(answers) == 1, "a refusal was asked again"
+    finally:
+        reader.close()
+
+
 def test_a_reader_whose_offset_is_not_there_reads_from_the_first_record_not_the_end(
         kafka_bootstrap: str, kafka_topic_factory: TopicFactory) -> None:
     """Where librdkafka cannot start a reader at its offset (out of range, or the query for
