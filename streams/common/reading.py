@@ -123,23 +123,27 @@ def poll_records(client: Consumer, timeout: float, *, max_records: int = FOLLOW_
 def watermarks(client: Consumer, partitions: list[Assigned], *, timeout: float) -> dict[Assigned, tuple[int, int]]:
     """The first and the end offset of each of ``partitions``, which ``client`` is assigned,
     asked of the broker. They are paused meanwhile: a fetch long-poll in flight would hold
-    each query behind it (half a second a partition). An answer the broker cannot give yet
-    (a broker just started, a leader moving: a retriable error) is asked again until
-    ``timeout`` seconds have passed."""
+    each query behind it (half a second a partition)."""
+    client.pause(partitions)
+    try:
+        return _asked(client, partitions, timeout=timeout)
+    finally:
+        client.resume(partitions)
+
+
+def _asked(client: Consumer, partitions: list[Assigned], *, timeout: float) -> dict[Assigned, tuple[int, int]]:
+    """The first and the end offset of each of ``partitions``. An answer the broker cannot
+    give yet (a broker just started, a leader moving) is asked again until ``timeout``
+    seconds have passed."""
     deadline = time.monotonic() + timeout
     retrying = Retrying(retry=retry_if_exception(_retriable), reraise=True,
                         stop=lambda _: time.monotonic() >= deadline, wait=wait_exponential(multiplier=0.05, max=1.0))
-    client.pause(partitions)
-    try:
-        marks = {}
-        for tp in partitions:
-            for attempt in retrying:
-                with attempt:
-                    left = max(deadline - time.monotonic(), 0.1)
-                    marks[tp] = client.get_watermark_offsets(tp, timeout=left)
-        return marks
-    finally:
-        client.resume(partitions)
+    marks = {}
+    for tp in partitions:
+        for attempt in retrying:
+            with attempt:
+                marks[tp] = client.get_watermark_offsets(tp, timeout=max(deadline - time.monotonic(), 0.1))
+    return marks
 
 
 # What a broker answers while it cannot say yet. librdkafka marks none of them retriable here.
@@ -169,9 +173,34 @@ def read_to_end(
     reports the end of the partition there (``enable.partition.eof``: past transaction
     markers too, which are never handed over as records)."""
     partitions = [Assigned(tp.topic, tp.partition) for tp in partitions]
-    if not partitions:
-        return
-    marks = watermarks(client, partitions, timeout=stall)
+    if partitions:
+        yield from _read_up_to(client, watermarks(client, partitions, timeout=stall), stall=stall, stop=stop)
+
+
+def read_from_start(
+    client: Consumer,
+    topics: Iterable[str],
+    *,
+    wait: float = 60.0,
+    missing_ok: bool = False,
+    stall: float = 30.0,
+    stop: threading.Event | None = None,
+) -> Iterator[Received]:
+    """:func:`assign_from_start` and :func:`read_to_end` for a ``client`` that reads
+    ``topics`` once. The end offsets are asked before the assignment: asked after it, while
+    librdkafka looks up where each partition begins, the first record comes half a second
+    later (a watch bridge's read-back, a replay)."""
+    partitions = partitions_of(client, topics, wait=wait, missing_ok=missing_ok)
+    if partitions:
+        marks = _asked(client, partitions, timeout=stall)
+        client.assign([Assigned(tp.topic, tp.partition, OFFSET_BEGINNING) for tp in partitions])
+        yield from _read_up_to(client, marks, stall=stall, stop=stop)
+
+
+def _read_up_to(client: Consumer, marks: dict[Assigned, tuple[int, int]], *, stall: float,
+                stop: threading.Event | None) -> Iterator[Received]:
+    """The records of the partitions of ``marks`` up to their end offsets there (read_to_end)."""
+    partitions = list(marks)
     ends = {tp: end for tp, (_, end) in marks.items()}
     # Where each partition is: past the last record handed over; none yet, at its first (the
     # end of a partition reported earlier moves no position).

@@ -86,7 +86,7 @@ from streams.common.durable import Delivered, DurableProducer, Record
 from streams.common.kafka_clients import ADMIN_SECONDS, COMPRESSION, admin_client, consumer
 from streams.common.metrics import DEAD_LETTERS, family
 from streams.common.probes import ProbeServer, add_probe_arguments
-from streams.common.reading import assign_from_start, read_to_end
+from streams.common.reading import read_from_start
 from streams.common.settings import KafkaSettings, read_yaml
 
 if TYPE_CHECKING:
@@ -675,9 +675,9 @@ def last_published(
                       config={"max.partition.fetch.bytes": 8 * 1024 * 1024, "fetch.max.bytes": 64 * 1024 * 1024})
     started = time.monotonic()
     try:
-        assigned = assign_from_start(reader, [topic], wait=0, missing_ok=True)
         last: dict[bytes, bytes | None] = {}
-        for record in read_to_end(reader, assigned, stall=READ_BACK_STALL_SECONDS, stop=stop):
+        for record in read_from_start(reader, [topic], wait=0, missing_ok=True, stall=READ_BACK_STALL_SECONDS,
+                                      stop=stop):
             if record.key is not None:
                 last[record.key] = record.value
         if stop is not None and stop.is_set():

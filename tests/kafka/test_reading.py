@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from streams.common.durable import DurableProducer, Record
 from streams.common.kafka_clients import consumer
-from streams.common.reading import assign_from_start, poll_records, read_to_end
+from streams.common.reading import assign_from_start, poll_records, read_from_start, read_to_end
 from streams.common.settings import KafkaSettings
 from tests.support.kafka_broker import TopicFactory
 
@@ -143,3 +143,24 @@ def test_a_reader_whose_offset_is_not_there_reads_from_the_first_record_not_the_
     finally:
         reader.close()
     assert read == [b"%d" % i for i in range(5)]
+
+
+def test_read_from_start_reads_every_partition_to_its_end_and_a_missing_topic_as_empty(
+        kafka_bootstrap: str, kafka_topic_factory: TopicFactory) -> None:
+    """A one-time reader (a watch bridge's read-back, a replay): the end offsets asked before
+    the partitions are assigned; an empty partition is at its end at once."""
+    kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
+    topic = kafka_topic_factory("read-from-start", partitions=3)
+    producer = DurableProducer(kafka, client_id="read-from-start")
+    producer.send_all([Record(topic, None, b"%02d" % i, partition=i % 2) for i in range(40)])  # partition 2 empty
+    producer.close()
+    reader, idle = consumer(kafka, client_id="read-from-start"), consumer(kafka, client_id="read-nothing")
+    try:
+        read = list(read_from_start(reader, [topic], stall=30))
+        nothing = list(read_from_start(idle, ["vmstream.nowhere"], wait=0, missing_ok=True))
+    finally:
+        reader.close()
+        idle.close()
+    assert sorted(r.value or b"" for r in read) == [b"%02d" % i for i in range(40)]
+    assert {r.partition for r in read} == {0, 1}
+    assert nothing == []
