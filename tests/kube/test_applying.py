@@ -34,7 +34,7 @@ from handlers.contracts import ids
 from handlers.contracts.messages import Command, CommandType, GPUMutation, ObjectRef
 from handlers.core.cluster import OWNER_ANNOTATION
 from handlers.core.decisions import subject_key
-from handlers.core.tables import TRACKING
+from handlers.core.state import tracking_of
 from harness.processes import free_ports
 from harness.publishing import publish as publish_records
 from harness.running import CONFIG, Deployment
@@ -510,7 +510,7 @@ def test_restart_through_virt_api_applies_a_pending_gpu_change(
 
     harness.observe(eventually(restart_required, "RestartRequired"), "MODIFIED")
     pending = f"vm/{kube_namespace}/vm-r"
-    assert harness.state.get(TRACKING, pending) is not None
+    assert tracking_of(harness.state, pending).pending_episode is not None
     assert len(harness.notifications("gpu_change_pending_restart")) == 1
     [restart] = harness.intent("restart_vm", {"namespace": kube_namespace, "name": "vm-r"},
                                by=OWNER).decision.commands
@@ -523,13 +523,12 @@ def test_restart_through_virt_api_applies_a_pending_gpu_change(
     assert second["spec"]["domain"]["devices"]["gpus"] == [{"name": "gpu-0", "deviceName": A100}]
     assert second["spec"]["domain"]["cpu"]["model"] == "host-passthrough"
     # The new VMI ends the pending restart, whatever the VM's RestartRequired says by then.
-    # KubeVirt 1.7.0 clears that condition only when it starts or stops a VMI
-    # (cleanupRestartRequired, pkg/virt-controller/watch/vm/vm.go); a sync that still sees the
-    # old ControllerRevision sets it again, for good (kubevirt/kubevirt#16719, cleared by
-    # #16606 after 1.7.0).
+    # KubeVirt 1.7.0 removes that condition only when it starts or stops a VMI
+    # (cleanupRestartRequired, pkg/virt-controller/watch/vm/vm.go); set again after the start,
+    # it stays (docs/kubevirt.md, "RestartRequired and the GPU notice").
     harness.observe(second)
     harness.observe(eventually(lambda: get(api, "virtualmachines", kube_namespace, "vm-r"), "the VM"), "MODIFIED")
-    assert harness.state.get(TRACKING, pending) is None
+    assert tracking_of(harness.state, pending).pending_episode is None
     assert len(harness.notifications("gpu_change_pending_restart")) == 1
 
     # Applied again (a crash before its result was recorded): the VMI created since the
