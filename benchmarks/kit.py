@@ -47,7 +47,7 @@ from harness.running import Deployment, WorkerProcess  # noqa: E402
 from harness.scenarios import Script  # noqa: E402
 from samples.cluster import RTX, iso, kubevirt_cr, node, vm, vmi  # noqa: E402
 from streams.common.kafka_clients import ADMIN_SECONDS, admin_client, consumer  # noqa: E402
-from streams.common.reading import assign_from_start, read_to_end  # noqa: E402
+from streams.common import reading  # noqa: E402
 from streams.common.settings import KafkaSettings  # noqa: E402
 from streams.common.topics import ROUTED, TOPICS, route_group  # noqa: E402
 
@@ -435,10 +435,10 @@ def topic_bytes(bootstrap: str, topics: Sequence[str], timeout: float = 60.0) ->
     results = []
     try:
         for topic in topics:
-            partitions = assign_from_start(reader, [topic], wait=0.0, missing_ok=True)
+            partitions = reading.partitions_of(reader, [topic], wait=0.0, missing_ok=True)
             records = key_bytes = value_bytes = 0
             latest: dict[bytes, int] = {}
-            for record in read_to_end(reader, partitions, stall=timeout):
+            for record in reading.read_to_end(reader, partitions, stall=timeout):
                 key, value = record.key or b"", record.value or b""
                 records += 1
                 key_bytes += len(key)

@@ -51,7 +51,7 @@ from handlers.rules.results import decide_result
 from streams.common.codecs import encode_resident_update
 from streams.common.credentials import key_source
 from streams.common.kafka_clients import consumer
-from streams.common.reading import Received, read_from_start
+from streams.common.reading import Received, partitions_of, read_to_end
 from streams.common.settings import KafkaSettings
 from streams.common.signing import MAC_FIELD, Keyring, KeyringError
 from streams.common.topics import KIND_HEADER, ROUTED, ROUTED_INPUTS, SOURCE_HEADER
@@ -63,7 +63,7 @@ def read_topics(kafka: KafkaSettings, topics: list[str], *, idle_seconds: float 
     """Every committed record of ``topics`` up to their end offsets now (a bounded read)."""
     client = consumer(kafka, client_id="vmstream-replay")
     try:
-        yield from read_from_start(client, topics, wait=0, missing_ok=True, stall=idle_seconds)
+        yield from read_to_end(client, partitions_of(client, topics, wait=0, missing_ok=True), stall=idle_seconds)
     finally:
         client.close()
 

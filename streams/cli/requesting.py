@@ -319,7 +319,7 @@ class OutcomeWatch:
         from confluent_kafka import TopicPartition
 
         from streams.common.kafka_clients import consumer
-        from streams.common.reading import partitions_of
+        from streams.common.reading import partitions_of, watermarks
 
         self.audit_topic = kafka.topic(AUDIT)
         self.notifications_topic = kafka.topic(NOTIFICATIONS)
@@ -340,9 +340,8 @@ class OutcomeWatch:
                     raise RequestError(f"no topic {topic!r} on {kafka.bootstrap_servers} "
                                        "(create them with `vmstream topics create`)")
                 partitions += found
-            self._client.assign([TopicPartition(tp.topic, tp.partition,
-                                                self._client.get_watermark_offsets(tp, timeout=settle)[1])
-                                 for tp in partitions])
+            marks = watermarks(self._client, partitions, timeout=settle)
+            self._client.assign([TopicPartition(tp.topic, tp.partition, end) for tp, (_, end) in marks.items()])
         except BaseException:
             self._client.close()
             raise

@@ -325,12 +325,13 @@ class Tail:
     ) -> int:
         from confluent_kafka import TopicPartition
 
+        from streams.common.reading import watermarks
+
         deadline = None if timeout is None else time.monotonic() + timeout
         client, partitions = _open(kafka, self.topic)
         try:
             start, end = {}, {}
-            for tp in partitions:
-                begin, end[tp] = client.get_watermark_offsets(tp, timeout=timeout or POLL_SECONDS * 10)
+            for tp, (begin, end[tp]) in watermarks(client, partitions, timeout=timeout or POLL_SECONDS * 10).items():
                 start[tp] = begin if from_beginning else max(begin, end[tp] - last)
             client.assign([TopicPartition(tp.topic, tp.partition, start[tp]) for tp in partitions])
             at = dict(start)  # each partition's next offset to read

@@ -91,8 +91,8 @@ def consumer(kafka: KafkaSettings, *, client_id: str = "vmstream-cli", group_id:
 
     Where librdkafka cannot start at the offset asked for (out of range; or the query for
     the first offset failed, as it does while a new topic's leader moves) it starts at the
-    first record there is, not at the end: every reader here reads to the end, and would
-    take a partition started at its end as read."""
+    first record there is, not at the end: a reader reading to the end would take a
+    partition started at its end as read, its records skipped."""
     return Consumer({
         **librdkafka_options(kafka),
         "group.id": group_id or client_id,

@@ -121,33 +121,37 @@ def poll_records(client: Consumer, timeout: float, *, max_records: int = FOLLOW_
 
 
 def watermarks(client: Consumer, partitions: list[Assigned], *, timeout: float) -> dict[Assigned, tuple[int, int]]:
-    """The first and the end offset of each of ``partitions``, which ``client`` is assigned,
-    asked of the broker. They are paused meanwhile: a fetch long-poll in flight would hold
-    each query behind it (half a second a partition)."""
-    client.pause(partitions)
+    """The first and the end offset of each of ``partitions``, asked of the broker, each
+    within ``timeout`` seconds. An answer the broker cannot give yet (a broker just started,
+    a leader moving) is asked for again until then.
+
+    Those ``client`` is assigned are paused meanwhile: a fetch long-poll in flight would hold
+    each query behind it (half a second a partition). Better still, ask before assigning: a
+    partition paused while librdkafka looks up where it begins hands over its first record
+    half a second late."""
+    assigned = {Assigned(tp.topic, tp.partition) for tp in client.assignment()}
+    paused = [tp for tp in partitions if Assigned(tp.topic, tp.partition) in assigned]
+    if paused:
+        client.pause(paused)
     try:
-        return _asked(client, partitions, timeout=timeout)
+        return {tp: _asked(client, tp, timeout=timeout) for tp in partitions}
     finally:
-        client.resume(partitions)
+        if paused:
+            client.resume(paused)
 
 
-def _asked(client: Consumer, partitions: list[Assigned], *, timeout: float) -> dict[Assigned, tuple[int, int]]:
-    """The first and the end offset of each of ``partitions``. An answer the broker cannot
-    give yet (a broker just started, a leader moving) is asked again until ``timeout``
-    seconds have passed."""
+def _asked(client: Consumer, tp: Assigned, *, timeout: float) -> tuple[int, int]:
     deadline = time.monotonic() + timeout
-    retrying = Retrying(retry=retry_if_exception(_retriable), reraise=True,
-                        stop=lambda _: time.monotonic() >= deadline, wait=wait_exponential(multiplier=0.05, max=1.0))
-    marks = {}
-    for tp in partitions:
-        for attempt in retrying:
-            with attempt:
-                marks[tp] = client.get_watermark_offsets(tp, timeout=max(deadline - time.monotonic(), 0.1))
-    return marks
+    for attempt in Retrying(retry=retry_if_exception(_retriable), reraise=True,
+                            stop=lambda _: time.monotonic() >= deadline,
+                            wait=wait_exponential(multiplier=0.05, max=1.0)):
+        with attempt:
+            return client.get_watermark_offsets(tp, timeout=max(deadline - time.monotonic(), 0.1))
+    raise AssertionError("unreachable: Retrying returns or raises")
 
 
 # What a broker answers while it cannot say yet. librdkafka marks none of them retriable here.
-NOT_YET = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+NOT_YET = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
                      KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.UNKNOWN_LEADER_EPOCH,
                      KafkaError.FENCED_LEADER_EPOCH, KafkaError._TRANSPORT})
 
@@ -169,32 +173,21 @@ def read_to_end(
     them). ``TimeoutError`` after ``stall`` seconds without a record while a partition is
     short of its end; ends early when ``stop`` is set.
 
+    A partition ``client`` is not assigned yet is assigned from its beginning, its offsets
+    asked first: asked after, while librdkafka looks up where the partition begins, the first
+    record comes half a second later (a ledger's first read, a watch bridge's read-back).
+
     A partition is at its end once a record at or past the end offset comes, or librdkafka
     reports the end of the partition there (``enable.partition.eof``: past transaction
     markers too, which are never handed over as records)."""
     partitions = [Assigned(tp.topic, tp.partition) for tp in partitions]
-    if partitions:
-        yield from _read_up_to(client, watermarks(client, partitions, timeout=stall), stall=stall, stop=stop)
-
-
-def read_from_start(
-    client: Consumer,
-    topics: Iterable[str],
-    *,
-    wait: float = 60.0,
-    missing_ok: bool = False,
-    stall: float = 30.0,
-    stop: threading.Event | None = None,
-) -> Iterator[Received]:
-    """:func:`assign_from_start` and :func:`read_to_end` for a ``client`` that reads
-    ``topics`` once. The end offsets are asked before the assignment: asked after it, while
-    librdkafka looks up where each partition begins, the first record comes half a second
-    later (a watch bridge's read-back, a replay)."""
-    partitions = partitions_of(client, topics, wait=wait, missing_ok=missing_ok)
-    if partitions:
-        marks = _asked(client, partitions, timeout=stall)
-        client.assign([Assigned(tp.topic, tp.partition, OFFSET_BEGINNING) for tp in partitions])
-        yield from _read_up_to(client, marks, stall=stall, stop=stop)
+    if not partitions:
+        return
+    assigned = {Assigned(tp.topic, tp.partition) for tp in client.assignment()}
+    marks = watermarks(client, partitions, timeout=stall)  # the new ones asked before they are assigned
+    if new := [tp for tp in partitions if tp not in assigned]:
+        client.incremental_assign([Assigned(tp.topic, tp.partition, OFFSET_BEGINNING) for tp in new])
+    yield from _read_up_to(client, marks, stall=stall, stop=stop)
 
 
 def _read_up_to(client: Consumer, marks: dict[Assigned, tuple[int, int]], *, stall: float,
@@ -261,10 +254,8 @@ class Follower:
         """Assign ``partitions`` from their beginning; their end offsets as they are now, asked
         before the assignment: after it, each query waits behind the fetch long-poll in flight
         (half a second a partition, nine seconds of a worker's start)."""
-        ends = {}
-        for tp in partitions:
-            _, high = await self._call(lambda tp=tp: self._consumer.get_watermark_offsets(tp, timeout=10.0))
-            ends[tp] = high
+        marks = await self._call(lambda: watermarks(self._consumer, partitions, timeout=10.0))
+        ends = {tp: end for tp, (_, end) in marks.items()}
         self._consumer.assign([Assigned(tp.topic, tp.partition, OFFSET_BEGINNING) for tp in partitions])
         return ends
 

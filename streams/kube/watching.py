@@ -86,7 +86,7 @@ from streams.common.durable import Delivered, DurableProducer, Record
 from streams.common.kafka_clients import ADMIN_SECONDS, COMPRESSION, admin_client, consumer
 from streams.common.metrics import DEAD_LETTERS, family
 from streams.common.probes import ProbeServer, add_probe_arguments
-from streams.common.reading import read_from_start
+from streams.common.reading import partitions_of, read_to_end
 from streams.common.settings import KafkaSettings, read_yaml
 
 if TYPE_CHECKING:
@@ -676,8 +676,8 @@ def last_published(
     started = time.monotonic()
     try:
         last: dict[bytes, bytes | None] = {}
-        for record in read_from_start(reader, [topic], wait=0, missing_ok=True, stall=READ_BACK_STALL_SECONDS,
-                                      stop=stop):
+        partitions = partitions_of(reader, [topic], wait=0, missing_ok=True)
+        for record in read_to_end(reader, partitions, stall=READ_BACK_STALL_SECONDS, stop=stop):
             if record.key is not None:
                 last[record.key] = record.value
         if stop is not None and stop.is_set():

@@ -61,7 +61,7 @@ from streams.common.group_reading import GroupReader, Received
 from streams.common.kafka_clients import consumer
 from streams.common.metrics import DEAD_LETTERS, family
 from streams.common.probes import ProbeServer, add_probe_arguments
-from streams.common.reading import assign_from_start, read_to_end
+from streams.common.reading import partitions_of, read_to_end
 from streams.common.settings import NotifySettings, Settings, SmtpSettings
 from streams.common.topics import DELIVERIES as LEDGER  # the logical name of the ledger topic (compacted)
 from streams.common.topics import ensure_topics
@@ -293,7 +293,7 @@ class DeliveryLedger:
         self.topic = settings.kafka.topic(LEDGER)
         self.consumer: Consumer = consumer(settings.kafka, client_id=f"{settings.notify.group_id}-ledger",
                                            group_id=settings.notify.group_id)
-        self.partitions = assign_from_start(self.consumer, [self.topic], wait=timeout)
+        self.partitions = partitions_of(self.consumer, [self.topic], wait=timeout)  # assigned by the first read
         self.done: set[str] = set()
 
     def catch_up(self, timeout: float = 60.0) -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from streams.common.durable import DurableProducer, NotDelivered, Record
 from streams.common.kafka_clients import consumer
-from streams.common.reading import read_from_start
+from streams.common.reading import partitions_of, read_to_end
 from harness.running import Deployment
 from handlers.contracts.topics import INTENT_TIMESTAMP_BEFORE_MS
 
@@ -45,7 +45,7 @@ def test_an_intent_stamped_further_back_than_the_bound_is_refused_by_the_broker(
 
     reader = consumer(deployment.kafka, client_id="back-dating")
     try:
-        values = [record.value for record in read_from_start(reader, [topic], stall=30)]
+        values = [record.value for record in read_to_end(reader, partitions_of(reader, [topic]), stall=30)]
     finally:
         reader.close()
     assert values == [b'{"current":true}']

@@ -38,7 +38,7 @@ from harness.processes import free_ports
 from streams.common.durable import Delivered, DurableProducer, Record
 from streams.common.group_reading import GroupReader
 from streams.common.kafka_clients import ADMIN_SECONDS, admin_client, consumer, librdkafka_options
-from streams.common.reading import read_from_start
+from streams.common.reading import partitions_of, read_to_end
 from streams.common.settings import KafkaSettings
 from streams.common.topics import ensure_topics
 from streams.worker.broker_credentials import aiokafka_options
@@ -138,7 +138,7 @@ def test_a_reader_reads_what_the_durable_producer_wrote(secured: Secured) -> Non
     [written] = send(kafka, Record(topic, b"k", secured.mode.encode()))
     reader = consumer(kafka, client_id="auth-test")
     try:
-        [record] = read_from_start(reader, [topic], stall=DEADLINE)
+        [record] = read_to_end(reader, partitions_of(reader, [topic]), stall=DEADLINE)
     finally:
         reader.close()
     assert (record.offset, record.key, record.value) == (written.offset, b"k", secured.mode.encode())

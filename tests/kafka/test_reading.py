@@ -1,5 +1,7 @@
-"""``read_to_end`` (streams/common/reading.py) on a real broker: what it reads past the end
-offsets it took is not yielded and not lost either.
+"""Reading to the end (streams/common/reading.py) on a real broker: what is read past the end
+offsets taken is not yielded and not lost either; partitions not assigned yet are read from
+their start; a broker that cannot say yet is asked again; a reader whose offset is gone starts
+at the first record, not the end.
 
 The ledgers (the applier's results, notify's deliveries) read to the end at start and after
 a rebalance, then read on. A record that arrived after the end offsets were taken, on a
@@ -18,9 +20,10 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from streams.common.durable import DurableProducer, Record
 from streams.common.kafka_clients import consumer
-from streams.common.reading import assign_from_start, poll_records, read_from_start, read_to_end
+from streams.common.reading import assign_from_start, partitions_of, poll_records, read_to_end
 from streams.common.settings import KafkaSettings
 from tests.support.kafka_broker import TopicFactory
+from tests.support.kafka_io import publish
 
 pytestmark = pytest.mark.kafka
 
@@ -92,9 +95,7 @@ def test_a_broker_that_cannot_say_yet_is_asked_again_and_a_refusal_is_not(
     authorised) is no moment's state: it is raised at once."""
     kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
     topic = kafka_topic_factory("read-not-yet", partitions=2)
-    producer = DurableProducer(kafka, client_id="read-not-yet")
-    producer.send_all([Record(topic, None, b"%d" % i, partition=i % 2) for i in range(6)])
-    producer.close()
+    publish(kafka, [Record(topic, None, b"%d" % i, partition=i % 2) for i in range(6)])
     reader = consumer(kafka, client_id="read-not-yet")
     answers: list[int] = []
 
@@ -130,9 +131,7 @@ def test_a_reader_whose_offset_is_not_there_reads_from_the_first_record_not_the_
     records of that partition and take it as read to the end."""
     kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
     topic = kafka_topic_factory("read-reset", partitions=1)
-    producer = DurableProducer(kafka, client_id="read-reset")
-    producer.send_all([Record(topic, None, b"%d" % i) for i in range(5)])
-    producer.close()
+    publish(kafka, [Record(topic, None, b"%d" % i) for i in range(5)])
     reader = consumer(kafka, client_id="read-reset")
     try:
         reader.assign([TopicPartition(topic, 0, 1_000)])  # past the end: not there
@@ -145,22 +144,24 @@ def test_a_reader_whose_offset_is_not_there_reads_from_the_first_record_not_the_
     assert read == [b"%d" % i for i in range(5)]
 
 
-def test_read_from_start_reads_every_partition_to_its_end_and_a_missing_topic_as_empty(
+def test_partitions_not_assigned_yet_are_read_from_their_start_and_then_read_on(
         kafka_bootstrap: str, kafka_topic_factory: TopicFactory) -> None:
-    """A one-time reader (a watch bridge's read-back, a replay): the end offsets asked before
-    the partitions are assigned; an empty partition is at its end at once."""
+    """A ledger's first read, a watch bridge's read-back: the partitions are assigned by the
+    read, after their end offsets were asked; an empty partition is at its end at once, and
+    a second read goes on from where the first stopped."""
     kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
     topic = kafka_topic_factory("read-from-start", partitions=3)
-    producer = DurableProducer(kafka, client_id="read-from-start")
-    producer.send_all([Record(topic, None, b"%02d" % i, partition=i % 2) for i in range(40)])  # partition 2 empty
-    producer.close()
-    reader, idle = consumer(kafka, client_id="read-from-start"), consumer(kafka, client_id="read-nothing")
+    publish(kafka, [Record(topic, None, b"%02d" % i, partition=i % 2) for i in range(40)])  # partition 2 empty
+    reader = consumer(kafka, client_id="read-from-start")
     try:
-        read = list(read_from_start(reader, [topic], stall=30))
-        nothing = list(read_from_start(idle, ["vmstream.nowhere"], wait=0, missing_ok=True))
+        partitions = partitions_of(reader, [topic])
+        read = list(read_to_end(reader, partitions, stall=30))
+        publish(kafka, [Record(topic, None, b"later", partition=2)])
+        later = [r.value for r in read_to_end(reader, partitions, stall=30)]
+        nothing = list(read_to_end(reader, partitions_of(reader, ["vmstream.nowhere"], wait=0, missing_ok=True)))
     finally:
         reader.close()
-        idle.close()
     assert sorted(r.value or b"" for r in read) == [b"%02d" % i for i in range(40)]
     assert {r.partition for r in read} == {0, 1}
+    assert later == [b"later"]
     assert nothing == []

@@ -73,6 +73,7 @@ def test_the_ledger_skips_its_own_results_and_judges_the_rest(
 
     monkeypatch.setattr(loop, "open_sealed", counting_open)
     ledger = ResultLedger(settings, keyring=keyring)
+    ledger.catch_up()  # as the applier does at start: the first read assigns the partitions
     producer = DurableProducer(settings.kafka, client_id="vmstream-test")
     try:
         own_ids, own = zip(*(result_record(settings, keyring, f"own-{i}") for i in range(5)), strict=True)
@@ -99,6 +100,7 @@ def test_a_result_at_an_offset_not_its_own_is_opened_even_if_its_command_is_know
     settings = settings_of(deployment)
     keyring = settings.signing.keyring()
     ledger = ResultLedger(settings, keyring=keyring)
+    ledger.catch_up()  # as the applier does at start: the first read assigns the partitions
     producer = DurableProducer(settings.kafka, client_id="vmstream-test")
     try:
         command_id, record = result_record(settings, Keyring({"k-x": b"y" * 32}, active="k-x"), "known")
@@ -141,6 +143,7 @@ def test_only_offsets_of_its_own_topic_and_partitions_are_kept_and_passed_ones_a
     settings = settings_of(deployment)
     keyring = settings.signing.keyring()
     ledger = ResultLedger(settings, keyring=keyring)
+    ledger.catch_up()  # as the applier does at start: the first read assigns the partitions
     producer = DurableProducer(settings.kafka, client_id="vmstream-test")
     try:
         results = settings.kafka.topic(COMMAND_RESULTS)

@@ -47,7 +47,7 @@ from streams.common.codecs import encode_message
 from streams.common.durable import Delivered, DurableProducer, Record
 from streams.common.group_reading import GroupReader, Partition, Received
 from streams.common.kafka_clients import consumer
-from streams.common.reading import assign_from_start, poll_records, read_to_end
+from streams.common.reading import partitions_of, poll_records, read_to_end
 from streams.common.settings import Settings
 from streams.common.signing import Keyring, KeyringError, open_sealed
 from streams.kube.applying.api import Applied, KubeApplier
@@ -67,9 +67,10 @@ LEDGER_FETCH_BYTES, LEDGER_FETCH_WAIT_MS = 64 * 1024, 250  # the ledger fetches 
 class ResultLedger:
     """Which commands already have a result, read from the command-results topic itself.
 
-    The topic is the record (no local state to lose): read from the beginning at start-up,
-    then read to the end again after a rebalance, and what has arrived taken before every
-    other batch, so results another applier published count too.
+    The topic is the record (no local state to lose): read from the beginning at start-up
+    (the first :meth:`catch_up`, before which it reads nothing), then read to the end again
+    after a rebalance, and what has arrived taken before every other batch, so results
+    another applier published count too.
     Only results sealed by an applier count (streams/common/signing.py), and not those refusing an
     unsealed command: anyone could publish either under a real command's id.
     """
@@ -86,7 +87,7 @@ class ResultLedger:
             # other appliers did matters after a rebalance, which reads to the end anyway.
             config={"fetch.min.bytes": LEDGER_FETCH_BYTES, "fetch.wait.max.ms": LEDGER_FETCH_WAIT_MS},
         )
-        self.partitions = assign_from_start(self.consumer, [self.topic], wait=timeout)
+        self.partitions = partitions_of(self.consumer, [self.topic], wait=timeout)  # assigned by the first read
         self.done: set[str] = set()
         # partition → offsets of the results this applier wrote there, oldest first, until read back
         self.written: dict[int, deque[int]] = {tp.partition: deque() for tp in self.partitions}
