@@ -45,6 +45,7 @@ from typing import Any
 import kit  # noqa: E402  (this directory's: puts the repository on sys.path)
 
 from handlers.contracts.messages import Command, ObjectRef  # noqa: E402
+from handlers.contracts.topics import AUDIT, COMMAND_RESULTS  # noqa: E402
 from handlers.core.decisions import subject_key  # noqa: E402
 from harness.publishing import publish  # noqa: E402
 from harness.running import CONFIG, Deployment, Outputs, WorkerProcess  # noqa: E402
@@ -157,7 +158,8 @@ def worker_killed(bootstrap: str, label: str) -> float:
         def kill() -> None:
             workers[-1].stop(signal.SIGKILL)
 
-        return recovery(feeder, outputs, lambda topic, audit: (audit.get("input") or {}).get("ref"), kill, restart)
+        return recovery(feeder, outputs, lambda topic, audit: (audit.get("input") or {}).get("ref") if topic == AUDIT.name
+                        else None, kill, restart)
     finally:
         if feeder is not None:
             feeder.close()
@@ -219,7 +221,9 @@ def applier_killed(bootstrap: str, kubeconfig: Path, label: str) -> float:
             processes.append(stack.enter_context(
                 applier_process(deployment, kubeconfig, env, f"apply-{len(processes) + 1}")))
 
-        return recovery(feeder, outputs, lambda topic, result: result.get("command_id"), kill, restart)
+        # Outputs reads the commands topic too, where each command carries the same id: only a result counts.
+        return recovery(feeder, outputs, lambda topic, result: result.get("command_id") if topic == COMMAND_RESULTS.name
+                        else None, kill, restart)
     raise AssertionError("unreachable")
 
 
