@@ -153,7 +153,9 @@ def _asked(client: Consumer, tp: Assigned, *, timeout: float) -> tuple[int, int]
 # What a broker answers while it cannot say yet. librdkafka marks none of them retriable here.
 NOT_YET = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
                      KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.UNKNOWN_LEADER_EPOCH,
-                     KafkaError.FENCED_LEADER_EPOCH, KafkaError._TRANSPORT})
+                     KafkaError.FENCED_LEADER_EPOCH, KafkaError._TRANSPORT,
+                     # librdkafka's own metadata, not refreshed yet after a broker's restart
+                     KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC})
 
 
 def _retriable(error: BaseException) -> bool:
