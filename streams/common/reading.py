@@ -189,13 +189,6 @@ def read_to_end(
     marks = watermarks(client, partitions, timeout=stall)  # the new ones asked before they are assigned
     if new := [tp for tp in partitions if tp not in assigned]:
         client.incremental_assign([Assigned(tp.topic, tp.partition, OFFSET_BEGINNING) for tp in new])
-    yield from _read_up_to(client, marks, stall=stall, stop=stop)
-
-
-def _read_up_to(client: Consumer, marks: dict[Assigned, tuple[int, int]], *, stall: float,
-                stop: threading.Event | None) -> Iterator[Received]:
-    """The records of the partitions of ``marks`` up to their end offsets there (read_to_end)."""
-    partitions = list(marks)
     ends = {tp: end for tp, (_, end) in marks.items()}
     # Where each partition is: past the last record handed over; none yet, at its first (the
     # end of a partition reported earlier moves no position).
