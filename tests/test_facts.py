@@ -27,6 +27,7 @@ from handlers.contracts.messages import (
     INTENT_MODELS,
     INTENT_TYPES,
     IntentBase,
+    PLAN_INTENT_TYPES,
     VM_INTENT_TYPES,
     WATCHED_KINDS,
     Command,
@@ -222,6 +223,10 @@ def test_intent_types_derive_from_the_union() -> None:
 
 def test_vm_intents_are_those_of_vm_intent_models() -> None:
     assert VM_INTENT_TYPES == ("create_vm", "set_gpu", "restart_vm")
+
+
+def test_plan_intents_are_those_decided_under_a_plan_s_key() -> None:
+    assert PLAN_INTENT_TYPES == ("plan_maintenance", "reschedule_maintenance", "maintenance_ready", "cancel_maintenance")
 
 
 def test_the_engine_has_a_rule_for_exactly_the_intent_types() -> None:

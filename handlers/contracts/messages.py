@@ -445,12 +445,10 @@ class CancelMaintenanceIntent(IntentBase):
 # it is decided under (``decided_under``), the set by this union. INTENT_TYPES derives from it;
 # the engine's rules (handlers/decide/intents.py RULES) and the CLI's sub-commands are checked
 # against it (tests/test_facts.py).
-Intent = Annotated[
-    Union[CreateVMIntent, SetGPUIntent, RestartVMIntent, DrainNodeIntent, UndrainNodeIntent,
-          PlanMaintenanceIntent, RescheduleMaintenanceIntent, MaintenanceReadyIntent, CancelMaintenanceIntent],
-    Field(discriminator="type"),
-]
-INTENT_MODELS: tuple[type[IntentBase], ...] = get_args(get_args(Intent)[0])
+AnyIntent = Union[CreateVMIntent, SetGPUIntent, RestartVMIntent, DrainNodeIntent, UndrainNodeIntent,
+                  PlanMaintenanceIntent, RescheduleMaintenanceIntent, MaintenanceReadyIntent, CancelMaintenanceIntent]
+Intent = Annotated[AnyIntent, Field(discriminator="type")]  # parsed by its ``type``
+INTENT_MODELS: tuple[type[IntentBase], ...] = get_args(AnyIntent)
 INTENT_TYPES: tuple[str, ...] = tuple(
     tag for model in INTENT_MODELS for tag in get_args(model.model_fields["type"].annotation))
 VM_INTENT_TYPES: tuple[str, ...] = tuple(  # those about a VM
@@ -465,6 +463,8 @@ def intent_type(model: type[IntentBase]) -> str:
 
 
 INTENT_MODEL_OF: Mapping[str, type[IntentBase]] = {intent_type(model): model for model in INTENT_MODELS}
+PLAN_INTENT_TYPES: tuple[str, ...] = tuple(  # those about a maintenance plan
+    intent_type(model) for model in INTENT_MODELS if model.decided_under is PLAN_KEY)
 
 
 class IntentEnvelope(Message):

@@ -51,22 +51,15 @@ from handlers.contracts import ids
 from handlers.contracts.config import AuthPolicy
 from handlers.contracts.messages import (
     INTENT_TYPES,
+    PLAN_INTENT_TYPES,
     VM_INTENT_TYPES,
+    AnyIntent,
     AuditRecord,
-    CancelMaintenanceIntent,
     CommandResult,
-    CreateVMIntent,
-    DrainNodeIntent,
     Intent,
-    MaintenanceReadyIntent,
     Notification,
-    PlanMaintenanceIntent,
     Preference,
-    RescheduleMaintenanceIntent,
-    RestartVMIntent,
     RunStrategy,
-    SetGPUIntent,
-    UndrainNodeIntent,
 )
 from handlers.contracts.topics import AUDIT, COMMAND_RESULTS, INTENTS, NOTIFICATIONS
 from streams.cli.tailing import (
@@ -90,9 +83,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-AnyIntent = (CreateVMIntent | SetGPUIntent | RestartVMIntent | DrainNodeIntent | UndrainNodeIntent
-             | PlanMaintenanceIntent | RescheduleMaintenanceIntent | MaintenanceReadyIntent | CancelMaintenanceIntent)
-PLAN_INTENT_TYPES = ("plan_maintenance", "reschedule_maintenance", "maintenance_ready", "cancel_maintenance")
 OPERATOR_ROLE = AuthPolicy().operator_role
 
 # The exit codes of streams/common/errors.py, under the names of what they mean for an intent.
