@@ -330,9 +330,9 @@ class Tail:
         deadline = None if timeout is None else time.monotonic() + timeout
         client, partitions = _open(kafka, self.topic)
         try:
-            start, end = {}, {}
-            for tp, (begin, end[tp]) in watermarks(client, partitions, timeout=timeout or POLL_SECONDS * 10).items():
-                start[tp] = begin if from_beginning else max(begin, end[tp] - last)
+            marks = watermarks(client, partitions, timeout=timeout or POLL_SECONDS * 10)
+            end = {tp: high for tp, (_, high) in marks.items()}
+            start = {tp: low if from_beginning else max(low, high - last) for tp, (low, high) in marks.items()}
             client.assign([TopicPartition(tp.topic, tp.partition, start[tp]) for tp in partitions])
             at = dict(start)  # each partition's next offset to read
             # What was there at start: in order as read with --from-beginning, else the last
